@@ -1,0 +1,26 @@
+# Sourced by scripts/*: make sure .venv exists and holds this checkout, with the
+# extras named in HK_EXTRAS (e.g. "test,compat"). Reinstalls only when pyproject.toml
+# or the extras change, so a second run starts at once.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+extras="${HK_EXTRAS:-}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "creating $VENV" >&2
+    "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.hyperkafka-installed"
+want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) [$extras]"
+have="$(cat "$stamp" 2>/dev/null || true)"
+case "$have" in
+    *"$want"*) ;;
+    *)
+        spec="$ROOT"
+        [ -n "$extras" ] && spec="$ROOT[$extras]"
+        echo "installing hyperkafka${extras:+ [$extras]} into $VENV" >&2
+        "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+        "$VENV/bin/python" -m pip install -q -e "$spec" >&2
+        printf '%s\n%s\n' "$have" "$want" > "$stamp"
+        ;;
+esac
