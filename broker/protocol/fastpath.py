@@ -155,16 +155,23 @@ def _read_array_len(buf: memoryview, pos: int, flexible: bool) -> tuple[int, int
 # ----------------------------------------------------------------------------- Fetch
 
 
-@functools.cache
+_TAG_TABLES: dict[type[Any], tuple[tuple[int, str, Any], ...]] = {}
+
+
 def _tag_table(cls: type[Any]) -> tuple[tuple[int, str, Any], ...]:
     """(tag, field name, default) of a kio dataclass's tagged fields, by tag order."""
+    cached = _TAG_TABLES.get(cls)
+    if cached is not None:
+        return cached
     out = []
     for f in fields(cls):
         tag = f.metadata.get("tag")
         if tag is not None:
             default = f.default if f.default is not MISSING else None
             out.append((int(tag), f.name, default))
-    return tuple(sorted(out))
+    table = tuple(sorted(out))
+    _TAG_TABLES[cls] = table
+    return table
 
 
 def _write_tags(out: bytearray, entity: Any) -> None:

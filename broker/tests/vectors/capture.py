@@ -188,13 +188,19 @@ def _kafka_python(bootstrap: str) -> None:
                           headers=[("h", b"v"), ("empty", b"")], partition=i % 2)
         producer.flush()
         producer.close()
+    tps = [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)]
+    # assign() first: fetches without depending on the group protocol.
+    plain = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                          auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    plain.assign(tps)
+    print("kafka-python assign consumed", sum(1 for _ in plain))
+    plain.close()
     consumer = KafkaConsumer(TOPIC, bootstrap_servers=bootstrap, group_id="vectors-kp-g",
                              auto_offset_reset="earliest", consumer_timeout_ms=4000)
     n = sum(1 for _ in consumer)
     print("kafka-python consumed", n)
     with contextlib.suppress(Exception):
         consumer.commit()
-    tps = [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)]
     with contextlib.suppress(Exception):
         consumer.offsets_for_times({tp: int(time.time() * 1000) - 60_000 for tp in tps})
     with contextlib.suppress(Exception):
