@@ -12,6 +12,7 @@ Imports only the standard library.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -182,10 +183,8 @@ class FaultyFileSystem(FileSystem):
         random prefix of its unsynced changes over the old content (a torn write).
         "keep": process crash only (page cache survives); just closes the descriptors."""
         for fd in list(self._path_of):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._path_of.clear()
         if mode == "keep":
             return

@@ -258,7 +258,7 @@ def _column(entries: bytes | bytearray, typecode: str, byte_offset: int) -> arra
         return out
     width = out.itemsize
     if sys.byteorder == "little" and byte_offset % width == 0:
-        mv = memoryview(entries)[: n * ENTRY_SIZE].cast(typecode)
+        mv = memoryview(entries)[: n * ENTRY_SIZE].cast(typecode)  # type: ignore[call-overload]
         step = ENTRY_SIZE // width
         out.frombytes(mv[byte_offset // width :: step].tobytes())
     else:
@@ -281,10 +281,10 @@ class _Segment:
         "first_leaf",
         "idx_dirty",
         "idx_fd",
+        "idx_path",
         "idx_written",
         "log_fd",
         "log_path",
-        "idx_path",
         "log_size",
         "max_ts",
         "positions",
@@ -334,7 +334,7 @@ class _Segment:
         if not self.bases:
             return self.base_offset
         (delta,) = struct.unpack_from("<i", self.entries, (self.count - 1) * ENTRY_SIZE + 24)
-        return int(self.bases[-1]) + delta + 1
+        return int(self.bases[-1]) + int(delta) + 1
 
 
 # ---------------------------------------------------------------------------- ranges
@@ -520,7 +520,7 @@ class PartitionLog:
     def _open_rw(self, name: str) -> int:
         return self.fs.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT)
 
-    def _recover(self) -> None:  # noqa: C901 - one place for every crash state, by design
+    def _recover(self) -> None:
         fs = self.fs
         self._head_fd = self._open_rw("head")
         self._tree_fd = self._open_rw("tree")
@@ -614,11 +614,10 @@ class PartitionLog:
                 fs.ftruncate(seg.log_fd, scanned_to)
                 seg.log_size = scanned_to
                 cut = True
-            if seg.count == 0 and (expect_leaf is not None or nxt is not None):
-                # empty segment in the middle or an empty leftover: remove unless last
-                if nxt is not None:
-                    self._drop_segment_files(seg)
-                    continue
+            if seg.count == 0 and nxt is not None:
+                # an empty segment that is not the last one holds nothing: remove it
+                self._drop_segment_files(seg)
+                continue
             self._segments.append(seg)
             expect_leaf = seg.first_leaf + seg.count
             expect_offset = seg.next_offset()
