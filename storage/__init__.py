@@ -1,4 +1,21 @@
 """Signed, append-only partition archives in Hypercore 11's format.
 
-Synchronous and Trio-free; never imports `broker` or protocol types.
+Synchronous and Trio-free; never imports `broker` or protocol types. Layout and crash
+semantics: storage/FORMAT.md. Public API: `Store`, `PartitionLog`, `FsyncPolicy`,
+`LogConfig`, `TopicRecord`, `FileRange`, `CommitJob`, `Head`; errors in `storage.errors`.
 """
+
+from storage.catalog import TopicRecord
+from storage.log import CommitJob, FileRange, FsyncPolicy, Head, LogConfig, PartitionLog
+from storage.store import Store
+
+__all__ = [
+    "CommitJob",
+    "FileRange",
+    "FsyncPolicy",
+    "Head",
+    "LogConfig",
+    "PartitionLog",
+    "Store",
+    "TopicRecord",
+]

@@ -1,0 +1,43 @@
+"""Typed errors of the storage package. Imports nothing else from the project."""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class: anything storage raises on purpose."""
+
+
+class OffsetOutOfRange(StorageError):
+    """The offset is below the log start offset or above the high watermark."""
+
+    def __init__(self, offset: int, log_start_offset: int, high_watermark: int) -> None:
+        super().__init__(
+            f"offset {offset} outside [{log_start_offset}, {high_watermark}]"
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.high_watermark = high_watermark
+
+
+class TopicExists(StorageError):
+    pass
+
+
+class UnknownTopic(StorageError):
+    pass
+
+
+class CorruptBatch(StorageError):
+    """A batch is malformed (append) or its stored bytes fail authentication (read)."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message if offset is None else f"{message} (offset {offset})")
+        self.offset = offset
+
+
+class ArchiveDamaged(StorageError):
+    """Signed history is missing or does not verify; the log is read-only below `offset`."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message if offset is None else f"{message} (first bad offset {offset})")
+        self.offset = offset

@@ -1,0 +1,1348 @@
+"""One topic partition as a signed, append-only archive (storage/FORMAT.md is the spec).
+
+Owns: segments, the dense batch index, the tree-node file, the two-slot head file, group
+commit with fsync policies, the high watermark, reads as sendfile-ready byte ranges,
+recovery at open, lazy authentication of old batches on first read, and retention.
+
+Threading: everything runs on one owner thread (the broker's event loop) except
+`CommitJob.run`, which may run in a worker thread while appends continue. The job only
+touches what `prepare_commit` handed it (copies of the frontier and of the new index
+bytes and tree nodes, and descriptors that stay open while a job is in flight) plus the
+head file, which nothing else writes while a job is in flight.
+
+May import the standard library, crc32c, `storage.hypercore`, `storage.fs`,
+`storage.errors`, `storage.batch`. Never `broker`, trio or protocol types.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import logging
+import os
+import struct
+import sys
+import time
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from hashlib import blake2b
+
+import crc32c
+
+from storage import batch as B
+from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
+from storage.fs import FileSystem, OsFileSystem
+from storage.hypercore import (
+    Frontier,
+    KeyPair,
+    Node,
+    archive_key,
+    flat_tree,
+    sign_head,
+    tree_hash,
+    verify_head,
+)
+
+log = logging.getLogger(__name__)
+
+
+class FsyncPolicy(enum.StrEnum):
+    ALWAYS = "always"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+_POLICY_CODE = {FsyncPolicy.ALWAYS: 0, FsyncPolicy.INTERVAL: 1, FsyncPolicy.NEVER: 2}
+_CODE_POLICY = {v: k for k, v in _POLICY_CODE.items()}
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1 = forever
+    retention_bytes: int = -1  # -1 = unlimited
+    flush_interval_ms: int = 1000  # INTERVAL policy: max time between fsyncs
+
+
+# ---------------------------------------------------------------------------- formats
+
+IDX_MAGIC = b"HKBIDX01"
+IDX_HEADER_SIZE = 64
+ENTRY_SIZE = 64
+_IDX_HEADER = struct.Struct("<8sqQ36x")  # 60 bytes, then crc
+_ENTRY = struct.Struct("<qqIIi32s")  # 60 bytes, then crc
+_U32 = struct.Struct("<I")
+_BE_I32 = struct.Struct(">i")
+_BE_I64 = struct.Struct(">q")
+_BE_BASE_EPOCH = struct.Struct(">q")  # baseOffset; leader epoch written separately
+
+HEAD_MAGIC = b"HKHEAD01"
+SLOT_SIZE = 4096
+_SLOT_FIXED = struct.Struct("<8sIIQQQQ32s68sqqQ16sqI")  # 200 bytes
+_ROOT = struct.Struct("<QQ32s")
+FLAG_CLEAN = 1
+MAX_ROOTS = 64
+NODE_SIZE = 40
+_NODE = struct.Struct("<Q32s")
+
+LEAF_PREFIX = b"\x00"
+
+
+def segment_name(base_offset: int, ext: str) -> str:
+    return f"{base_offset:020d}.{ext}"
+
+
+def compute_leaf(data: bytes | bytearray | memoryview, size: int) -> bytes:
+    """Hypercore leaf hash, without concatenating (no copy of a large batch)."""
+    h = blake2b(digest_size=32)
+    h.update(LEAF_PREFIX + size.to_bytes(8, "little"))
+    h.update(data)
+    return h.digest()
+
+
+def _boot_id() -> bytes:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return bytes.fromhex(f.read().strip().replace("-", ""))[:16].ljust(16, b"\0")
+    except (OSError, ValueError):
+        return bytes(16)
+
+
+BOOT_ID = _boot_id()
+
+
+@dataclass(frozen=True)
+class Head:
+    """A signed head as stored in a head slot."""
+
+    fork: int
+    length: int
+    byte_length: int
+    tree_hash: bytes
+    signature: bytes
+    next_offset: int
+    log_start_offset: int
+    min_index: int
+    roots: tuple[Node, ...]
+    seq: int = 0
+    flags: int = 0
+    boot_id: bytes = bytes(16)
+    written_ms: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return bool(self.flags & FLAG_CLEAN)
+
+    @property
+    def policy(self) -> FsyncPolicy:
+        return _CODE_POLICY.get((self.flags >> 8) & 0xFF, FsyncPolicy.NEVER)
+
+    def encode(self) -> bytes:
+        if len(self.roots) > MAX_ROOTS:
+            raise StorageError("too many roots")
+        body = bytearray(SLOT_SIZE)
+        _SLOT_FIXED.pack_into(
+            body,
+            0,
+            HEAD_MAGIC,
+            0,
+            self.flags,
+            self.seq,
+            self.fork,
+            self.length,
+            self.byte_length,
+            self.tree_hash,
+            self.signature,
+            self.next_offset,
+            self.log_start_offset,
+            self.min_index,
+            self.boot_id,
+            self.written_ms,
+            len(self.roots),
+        )
+        pos = _SLOT_FIXED.size
+        for r in self.roots:
+            _ROOT.pack_into(body, pos, r.index, r.size, r.hash)
+            pos += _ROOT.size
+        _U32.pack_into(body, 8, crc32c.crc32c(memoryview(body)[12:]))
+        return bytes(body)
+
+    @classmethod
+    def decode(cls, slot: bytes) -> Head | None:
+        """None when the slot is empty or fails its CRC (torn)."""
+        if len(slot) < SLOT_SIZE or slot[:8] != HEAD_MAGIC:
+            return None
+        (crc,) = _U32.unpack_from(slot, 8)
+        if crc32c.crc32c(memoryview(slot)[12:SLOT_SIZE]) != crc:
+            return None
+        (_, _, flags, seq, fork, length, byte_length, th, sig, nxt, lso, mi, boot, ms, nroots) = (
+            _SLOT_FIXED.unpack_from(slot, 0)
+        )
+        if nroots > MAX_ROOTS:
+            return None
+        roots = tuple(
+            Node(*_ROOT.unpack_from(slot, _SLOT_FIXED.size + i * _ROOT.size)) for i in range(nroots)
+        )
+        return cls(fork, length, byte_length, th, sig, nxt, lso, mi, roots, seq, flags, boot, ms)
+
+
+def read_head_slots(fs: FileSystem, fd: int) -> tuple[Head | None, bool]:
+    """(best valid head, whether a non-empty slot failed its check)."""
+    data = fs.pread_exact(fd, 2 * SLOT_SIZE, 0)
+    best: Head | None = None
+    corrupt = False
+    for i in range(2):
+        slot = data[i * SLOT_SIZE : (i + 1) * SLOT_SIZE]
+        h = Head.decode(slot)
+        if h is None:
+            if slot.strip(b"\0"):
+                corrupt = True
+            continue
+        if best is None or h.seq > best.seq:
+            best = h
+    return best, corrupt
+
+
+def check_head(head: Head, public_key: bytes, key: bytes) -> str | None:
+    """Why a head does not verify, or None."""
+    try:
+        if tree_hash(head.roots) != head.tree_hash:
+            return "head roots do not hash to the head's tree hash"
+        if flat_tree.full_roots(2 * head.length) != [r.index for r in head.roots]:
+            return "head roots are not the roots of its length"
+        if sum(r.size for r in head.roots) != head.byte_length:
+            return "head byte length does not match its roots"
+    except Exception as exc:  # malformed roots from disk: report, do not crash
+        return f"head roots malformed: {exc}"
+    if head.length and not verify_head(
+        public_key, key, head.tree_hash, head.length, head.fork, head.signature
+    ):
+        return "head signature does not verify"
+    return None
+
+
+def encode_index_header(base_offset: int, first_leaf: int) -> bytes:
+    body = _IDX_HEADER.pack(IDX_MAGIC, base_offset, first_leaf)
+    return body + _U32.pack(crc32c.crc32c(body))
+
+
+def decode_index_header(data: bytes) -> tuple[int, int] | None:
+    if len(data) < IDX_HEADER_SIZE or data[:8] != IDX_MAGIC:
+        return None
+    if crc32c.crc32c(data[:60]) != _U32.unpack_from(data, 60)[0]:
+        return None
+    _, base, first = _IDX_HEADER.unpack_from(data, 0)
+    return base, first
+
+
+def encode_entry(
+    base: int, max_ts: int, position: int, size: int, last_delta: int, leaf: bytes
+) -> bytes:
+    body = _ENTRY.pack(base, max_ts, position, size, last_delta, leaf)
+    return body + _U32.pack(crc32c.crc32c(body))
+
+
+def entry_ok(entries: bytes | bytearray | memoryview, k: int) -> bool:
+    o = k * ENTRY_SIZE
+    mv = memoryview(entries)
+    return bool(crc32c.crc32c(mv[o : o + 60]) == _U32.unpack_from(entries, o + 60)[0])
+
+
+def _column(entries: bytes | bytearray, typecode: str, byte_offset: int) -> array:  # type: ignore[type-arg]
+    """Pull one fixed-offset column out of the 64-byte entries with a strided copy."""
+    out: array = array(typecode)  # type: ignore[type-arg]
+    n = len(entries) // ENTRY_SIZE
+    if not n:
+        return out
+    width = out.itemsize
+    if sys.byteorder == "little" and byte_offset % width == 0:
+        mv = memoryview(entries)[: n * ENTRY_SIZE].cast(typecode)  # type: ignore[call-overload]
+        step = ENTRY_SIZE // width
+        out.frombytes(mv[byte_offset // width :: step].tobytes())
+    else:
+        fmt = "<" + typecode
+        out.extend(struct.unpack_from(fmt, entries, k * ENTRY_SIZE + byte_offset)[0] for k in range(n))
+    return out
+
+
+# ---------------------------------------------------------------------------- segments
+
+
+class _Segment:
+    """A `.log` + `.bidx` pair; the index lives in memory as raw entries plus columns."""
+
+    __slots__ = (
+        "base_offset",
+        "bases",
+        "created_ms",
+        "entries",
+        "first_leaf",
+        "idx_dirty",
+        "idx_fd",
+        "idx_path",
+        "idx_written",
+        "log_fd",
+        "log_path",
+        "log_size",
+        "max_ts",
+        "positions",
+        "synced_log",
+    )
+
+    def __init__(self, base_offset: int, first_leaf: int, log_fd: int, idx_fd: int,
+                 log_path: str, idx_path: str) -> None:
+        self.base_offset = base_offset
+        self.first_leaf = first_leaf
+        self.log_fd = log_fd
+        self.idx_fd = idx_fd
+        self.log_path = log_path
+        self.idx_path = idx_path
+        self.log_size = 0
+        self.entries = bytearray()
+        self.idx_written = 0  # entries already written to the .bidx file
+        self.idx_dirty = False  # written but not fsynced
+        self.bases: array = array("q")  # type: ignore[type-arg]
+        self.positions: array = array("q")  # type: ignore[type-arg]
+        self.max_ts: array = array("q")  # type: ignore[type-arg]
+        self.created_ms = 0
+        self.synced_log = True
+
+    @property
+    def count(self) -> int:
+        return len(self.bases)
+
+    def set_entries(self, entries: bytearray) -> None:
+        self.entries = entries
+        self.bases = _column(entries, "q", 0)
+        self.max_ts = _column(entries, "q", 8)
+        self.positions = array("q", _column(entries, "I", 16))
+
+    def end_of(self, k: int) -> int:
+        """Byte position just past entry k."""
+        return self.positions[k + 1] if k + 1 < len(self.positions) else self.log_size
+
+    def size_of(self, k: int) -> int:
+        return int(_U32.unpack_from(self.entries, k * ENTRY_SIZE + 20)[0])
+
+    def leaf_of(self, k: int) -> bytes:
+        o = k * ENTRY_SIZE + 28
+        return bytes(self.entries[o : o + 32])
+
+    def next_offset(self) -> int:
+        if not self.bases:
+            return self.base_offset
+        (delta,) = struct.unpack_from("<i", self.entries, (self.count - 1) * ENTRY_SIZE + 24)
+        return int(self.bases[-1]) + int(delta) + 1
+
+
+# ---------------------------------------------------------------------------- ranges
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """Whole batches `[base_offset, end_offset)` at `position` in file descriptor `fd`,
+    `size` bytes: hand it to os.sendfile, or `read()` it. Empty when size == 0."""
+
+    fd: int
+    position: int
+    size: int
+    base_offset: int
+    end_offset: int
+
+    def read(self) -> bytes:
+        if not self.size:
+            return b""
+        data = os.pread(self.fd, self.size, self.position)
+        while len(data) < self.size:  # short read on a regular file is rare but legal
+            more = os.pread(self.fd, self.size - len(data), self.position + len(data))
+            if not more:
+                raise StorageError("segment shorter than its index")
+            data += more
+        return data
+
+
+# ---------------------------------------------------------------------------- commit
+
+
+@dataclass
+class CommitJob:
+    """One group commit, built by `prepare_commit`; `run()` may execute in any thread."""
+
+    log: PartitionLog
+    frontier: Frontier
+    next_offset: int
+    log_start_offset: int
+    min_index: int
+    fork: int
+    seq: int
+    index_writes: list[tuple[int, int, bytes]]
+    nodes: list[Node]
+    sync_fds: list[int]
+    sync_derived: bool
+    sync_head: bool
+    sync_dir: bool
+    sign: bool
+    flags: int
+    head: Head | None = None
+    done: bool = False
+    error: BaseException | None = field(default=None, repr=False)
+
+    def run(self) -> None:
+        lg = self.log
+        fs = lg.fs
+        try:
+            for fd, pos, data in self.index_writes:
+                fs.pwrite_all(fd, data, pos)
+            if self.nodes:
+                lg._write_nodes(self.nodes)
+            for fd in self.sync_fds:
+                fs.fsync(fd)
+            if self.sync_dir:
+                fs.fsync_dir(lg.path)
+            if self.sync_derived:
+                fs.fsync(lg._tree_fd)
+            fr = self.frontier
+            if self.sign:
+                sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)
+            else:
+                assert lg._head is not None
+                sig = lg._head.signature
+            head = Head(
+                fork=self.fork,
+                length=fr.length,
+                byte_length=fr.byte_length,
+                tree_hash=fr.tree_hash(),
+                signature=sig,
+                next_offset=self.next_offset,
+                log_start_offset=self.log_start_offset,
+                min_index=self.min_index,
+                roots=tuple(fr.roots()),
+                seq=self.seq,
+                flags=self.flags,
+                boot_id=BOOT_ID,
+                written_ms=int(time.time() * 1000),
+            )
+            fs.pwrite_all(lg._head_fd, head.encode(), (self.seq % 2) * SLOT_SIZE)
+            if self.sync_head:
+                fs.fsync(lg._head_fd)
+            self.head = head
+            self.done = True
+        except BaseException as exc:
+            # fsyncgate: after a failed fsync the page cache can no longer be trusted.
+            self.error = exc
+            lg._poisoned = exc
+            raise StorageError(f"commit failed: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------- the log
+
+
+class PartitionLog:
+    """A partition archive. Create with `PartitionLog.open`."""
+
+    def __init__(self, path: str, keypair: KeyPair, policy: FsyncPolicy, config: LogConfig,
+                 fs: FileSystem) -> None:
+        self.path = path
+        self.keypair = keypair
+        self.public_key = keypair.public_key
+        self.key = archive_key(keypair.public_key)
+        self.policy = policy
+        self.config = config
+        self.fs = fs
+        self._segments: list[_Segment] = []
+        self._seg_bases: list[int] = []
+        self._frontier = Frontier()
+        self._pending_nodes: list[Node] = []
+        self._head: Head | None = None
+        self._head_seq = 0
+        self._fork = 0
+        self.log_start_offset = 0
+        self.log_end_offset = 0
+        self.high_watermark = 0
+        self._published_length = 0
+        self._min_index = 0
+        self._job: CommitJob | None = None
+        self._poisoned: BaseException | None = None
+        self.damage: ArchiveDamaged | None = None  # set: read-only, nothing served past it
+        self._bad_offset: int | None = None  # first batch that failed authentication
+        self._new_segments = False
+        self._last_sync_ms = time.monotonic() * 1000
+        self._last_derived_sync_ms = self._last_sync_ms
+        self._dirty = False  # written since the last fsync
+        # Authentication of batches that were on disk at open (FORMAT.md section 9).
+        self._leaf_ok = bytearray()  # per leaf, offset by _leaf_ok_base
+        self._leaf_ok_base = 0
+        self._node_ok: bytearray | None = None
+        self._open_roots: dict[int, Node] = {}
+        self._doomed: list[_Segment] = []
+        self._head_fd = -1
+        self._tree_fd = -1
+        self._closed = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def fork(self) -> int:
+        return self._fork
+
+    @property
+    def head(self) -> Head | None:
+        """The last published head."""
+        return self._head
+
+    @property
+    def length(self) -> int:
+        """Number of batches appended (blocks in the archive, including unpublished)."""
+        return self._frontier.length
+
+    def set_config(self, config: LogConfig) -> None:
+        self.config = config
+
+    # ------------------------------------------------------------------ open / recovery
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], keypair: KeyPair, *,
+             fsync: FsyncPolicy = FsyncPolicy.INTERVAL, config: LogConfig | None = None,
+             fs: FileSystem | None = None) -> PartitionLog:
+        fs = fs or OsFileSystem()
+        p = os.fspath(path)
+        fs.makedirs(p)
+        self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
+        try:
+            self._recover()
+        except BaseException:
+            self._close_fds()
+            raise
+        return self
+
+    def _open_rw(self, name: str) -> int:
+        return self.fs.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT)
+
+    def _recover(self) -> None:
+        fs = self.fs
+        self._head_fd = self._open_rw("head")
+        self._tree_fd = self._open_rw("tree")
+        head, corrupt_slot = read_head_slots(fs, self._head_fd)
+        names = sorted(fs.listdir(self.path))
+        bases = sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
+        for n in names:  # index files without a log: nothing to index
+            if n.endswith(".bidx") and n[:-5].isdigit() and int(n[:-5]) not in bases:
+                fs.unlink(os.path.join(self.path, n))
+        if head is not None:
+            why = check_head(head, self.public_key, self.key)
+            if why is not None:
+                self._open_damaged(ArchiveDamaged(f"{self.path}: {why}", head.log_start_offset),
+                                   bases, None)
+                return
+            self._head_seq = head.seq
+            self._fork = head.fork
+        elif corrupt_slot and bases:
+            self._open_damaged(ArchiveDamaged(f"{self.path}: both head slots invalid", 0), bases, None)
+            return
+        min_index = head.min_index if head else 0
+        signed_len = head.length if head else 0
+        power_loss = (
+            head is not None
+            and not head.clean
+            and head.policy is not FsyncPolicy.ALWAYS
+            and head.boot_id != BOOT_ID
+        )
+
+        # Load segments in order, checking the structure; cut at the first inconsistency.
+        expect_leaf: int | None = None
+        expect_offset: int | None = None
+        cut = False  # something was truncated or dropped
+        rebuilt_from: int | None = None  # first leaf whose entry was rebuilt from the log
+        for bi, base in enumerate(bases):
+            seg = self._open_segment_files(base)
+            if cut:
+                self._drop_segment_files(seg)
+                continue
+            hdr = decode_index_header(fs.pread_exact(seg.idx_fd, IDX_HEADER_SIZE, 0))
+            log_size = fs.size(seg.log_fd)
+            seg.log_size = log_size
+            if expect_leaf is None:
+                first_leaf = hdr[1] if hdr and hdr[0] == base else min_index
+            else:
+                first_leaf = expect_leaf
+            if expect_offset is not None and base != expect_offset:
+                cut = True
+                self._drop_segment_files(seg)
+                continue
+            # A segment wholly below min_index is a leftover of an interrupted retention.
+            nxt = bases[bi + 1] if bi + 1 < len(bases) else None
+            if head is not None and nxt is not None and nxt <= head.log_start_offset:
+                self._drop_segment_files(seg)
+                continue
+            if hdr is None or hdr != (base, first_leaf):
+                fs.ftruncate(seg.idx_fd, 0)
+                fs.pwrite_all(seg.idx_fd, encode_index_header(base, first_leaf), 0)
+                raw = bytearray()
+            else:
+                size = fs.size(seg.idx_fd) - IDX_HEADER_SIZE
+                raw = bytearray(fs.pread_exact(seg.idx_fd, size - size % ENTRY_SIZE, IDX_HEADER_SIZE))
+            seg.first_leaf = first_leaf
+            seg.created_ms = int(time.time() * 1000)  # segment.ms counts from this open
+            seg.set_entries(raw)
+            seg.idx_written = seg.count
+            seg.log_size = log_size
+            # Structural check: entries contiguous from 0 and inside the log. The sum of
+            # sizes equals the end of the last entry iff no gaps (positions increase).
+            good = self._structural_prefix(seg, log_size)
+            # Entries at or past the signed length are the tail: check them fully.
+            # After a power loss of a non-`always` writer anything unsynced may be torn,
+            # so everything is checked (slow, but only then).
+            tail_from = 0 if power_loss else max(0, signed_len - first_leaf)
+            k = tail_from
+            while k < good:
+                if not self._check_entry_against_log(seg, k):
+                    break
+                k += 1
+            if k < seg.count:
+                good = min(good, k)
+            if good < seg.count:
+                self._truncate_entries(seg, good)
+                cut = True
+            # Batches in the log past the last entry: rebuild their entries.
+            end = seg.end_of(seg.count - 1) if seg.count else 0
+            scanned_to, added_from = self._scan_log_tail(seg, end, log_size)
+            if added_from is not None and rebuilt_from is None:
+                rebuilt_from = added_from
+            if scanned_to < log_size:
+                fs.ftruncate(seg.log_fd, scanned_to)
+                seg.log_size = scanned_to
+                cut = True
+            if seg.count == 0 and nxt is not None:
+                # an empty segment that is not the last one holds nothing: remove it
+                self._drop_segment_files(seg)
+                continue
+            self._segments.append(seg)
+            expect_leaf = seg.first_leaf + seg.count
+            expect_offset = seg.next_offset()
+        self._seg_bases = [s.base_offset for s in self._segments]
+        total = expect_leaf if expect_leaf is not None else min_index
+        if self._segments:
+            self.log_start_offset = self._segments[0].base_offset
+            self.log_end_offset = self._segments[-1].next_offset()
+        elif head is not None:
+            self.log_start_offset = head.log_start_offset
+            self.log_end_offset = head.next_offset
+        self._min_index = self._segments[0].first_leaf if self._segments else min_index
+        if head is not None:
+            self.log_start_offset = max(self.log_start_offset, head.log_start_offset)
+
+        if head is not None and total < signed_len:
+            lost_at = self.log_end_offset
+            if not power_loss:
+                self._segments_ready()
+                self._open_damaged(
+                    ArchiveDamaged(
+                        f"{self.path}: data ends at block {total} but the signed head covers "
+                        f"{signed_len}; refusing to write (would sign a different tree)",
+                        lost_at,
+                    ),
+                    None,
+                    head,
+                    keep_segments=True,
+                )
+                return
+
+        # Frontier at the end of the data.
+        self._segments_ready()
+        if head is not None and rebuilt_from is None and total >= signed_len and not power_loss:
+            # the common case: continue from the roots in the verified head, no hashing
+            self._frontier = Frontier.from_roots(list(head.roots))
+            self._fold(signed_len, total)
+        elif head is not None and not power_loss:
+            # index entries below the head were rebuilt from the log: recompute and compare
+            start = min(rebuilt_from if rebuilt_from is not None else total, signed_len)
+            ok = False
+            for attempt in ("stored", "leaves"):
+                fr = self._frontier_at(start, use_stored=attempt == "stored")
+                if fr is None:
+                    continue
+                self._frontier = fr
+                self._pending_nodes = []
+                self._fold(start, signed_len)
+                if self._frontier.tree_hash() == head.tree_hash:
+                    ok = True
+                    break
+            if not ok:
+                self._open_damaged(
+                    ArchiveDamaged(f"{self.path}: tree rebuilt from the data differs from the "
+                                   "signed head", self._offset_of_leaf(start)),
+                    None, head, keep_segments=True)
+                return
+            self._fold(signed_len, total)
+        else:
+            # no head, or after a power loss: the data is the truth, rebuilt from its leaves
+            fr = self._frontier_at(total, use_stored=False)
+            if fr is None:
+                self._open_damaged(
+                    ArchiveDamaged(f"{self.path}: cannot rebuild the tree below block "
+                                   f"{self._min_index}", self.log_start_offset),
+                    None, head, keep_segments=True)
+                return
+            self._frontier = fr
+        self._head = head
+        if head is not None:
+            self.high_watermark = head.next_offset if total >= signed_len else self.log_end_offset
+            self._published_length = min(signed_len, total)
+            self._open_roots = {r.index: r for r in head.roots}
+        else:
+            self.high_watermark = self.log_start_offset
+        # Leaves below the signed length are authenticated lazily on first read.
+        self._leaf_ok_base = self._min_index
+        verified_below = min(signed_len, total) if head is not None else self._min_index
+        if rebuilt_from is not None:
+            verified_below = min(verified_below, rebuilt_from)
+        verified_below = max(verified_below, self._min_index)
+        self._leaf_ok = bytearray(verified_below - self._min_index) + b"\x01" * (total - verified_below)
+
+        fork_bump = power_loss
+        if head is not None and power_loss:
+            log.warning(
+                "%s: unclean shutdown of a %s writer across a reboot: heads signed after the "
+                "last durable one may be lost; truncating to %d blocks under fork %d -> %d",
+                self.path, head.policy.value, total, head.fork, head.fork + 1,
+            )
+        if fork_bump:
+            self._fork += 1
+            self.high_watermark = self.log_start_offset
+            self._published_length = 0
+        if fork_bump or total > self._published_length:
+            self.commit(force_sync=True)
+
+    def _segments_ready(self) -> None:
+        self._seg_bases = [s.base_offset for s in self._segments]
+
+    def _open_damaged(self, exc: ArchiveDamaged, bases: list[int] | None, head: Head | None,
+                      keep_segments: bool = False) -> None:
+        """Read-only: serve what is present up to the damage, never write."""
+        log.error("%s", exc)
+        self.damage = exc
+        if not keep_segments and bases is not None:
+            for base in bases:
+                seg = self._open_segment_files(base)
+                hdr = decode_index_header(self.fs.pread_exact(seg.idx_fd, IDX_HEADER_SIZE, 0))
+                size = self.fs.size(seg.idx_fd) - IDX_HEADER_SIZE
+                raw = bytearray(self.fs.pread_exact(seg.idx_fd, max(0, size - size % ENTRY_SIZE),
+                                                    IDX_HEADER_SIZE)) if hdr else bytearray()
+                seg.first_leaf = hdr[1] if hdr else 0
+                seg.log_size = self.fs.size(seg.log_fd)
+                seg.set_entries(raw)
+                good = self._structural_prefix(seg, seg.log_size)
+                self._truncate_entries(seg, good, write=False)
+                self._segments.append(seg)
+            self._segments_ready()
+        if self._segments:
+            self.log_start_offset = self._segments[0].base_offset
+            self.log_end_offset = self._segments[-1].next_offset()
+        self._head = head
+        # Serve nothing unauthenticated: only what is below both the damage and the head.
+        limit = exc.offset if exc.offset is not None else self.log_start_offset
+        if head is not None:
+            limit = min(limit, head.next_offset)
+        self.high_watermark = max(self.log_start_offset, min(limit, self.log_end_offset))
+        self._open_roots = {r.index: r for r in head.roots} if head else {}
+        self._min_index = self._segments[0].first_leaf if self._segments else 0
+        self._leaf_ok_base = self._min_index
+        total = (self._segments[-1].first_leaf + self._segments[-1].count) if self._segments else 0
+        self._leaf_ok = bytearray(max(0, total - self._min_index))
+        if not self._open_roots:
+            self.high_watermark = self.log_start_offset
+
+    def _structural_prefix(self, seg: _Segment, log_size: int) -> int:
+        """Number of leading entries that are contiguous and inside the log file."""
+        n = seg.count
+        if not n:
+            return 0
+        sizes_total = sum(_column(seg.entries, "I", 20))
+        last_end = seg.positions[-1] + seg.size_of(n - 1)
+        if seg.positions[0] == 0 and sizes_total == last_end and last_end <= log_size:
+            return n
+        # Slow path (only after a crash): walk.
+        pos = 0
+        for k in range(n):
+            if seg.positions[k] != pos or not entry_ok(seg.entries, k):
+                return k
+            pos += seg.size_of(k)
+            if pos > log_size:
+                return k
+        return n
+
+    def _check_entry_against_log(self, seg: _Segment, k: int) -> bool:
+        if not entry_ok(seg.entries, k):
+            return False
+        pos, size = seg.positions[k], seg.size_of(k)
+        data = self.fs.pread_exact(seg.log_fd, size, pos)
+        if len(data) != size or not self._batch_ok(data):
+            return False
+        base = _BE_I64.unpack_from(data, 0)[0]
+        return base == seg.bases[k] and compute_leaf(data, size) == seg.leaf_of(k)
+
+    @staticmethod
+    def _batch_ok(data: bytes) -> bool:
+        if len(data) < B.HEADER_SIZE or data[B.MAGIC_AT] != B.MAGIC:
+            return False
+        if 12 + _BE_I32.unpack_from(data, B.BATCH_LENGTH)[0] != len(data):
+            return False
+        return B.batch_crc_ok(data)
+
+    def _scan_log_tail(self, seg: _Segment, start: int, log_size: int) -> tuple[int, int | None]:
+        """Parse whole, CRC-valid batches from `start`; add their entries. Returns (end of
+        the last good batch, first leaf added or None)."""
+        pos = start
+        added_from: int | None = None
+        expect = seg.next_offset()
+        while pos + B.HEADER_SIZE <= log_size:
+            hdr = self.fs.pread_exact(seg.log_fd, B.HEADER_SIZE, pos)
+            size = 12 + _BE_I32.unpack_from(hdr, B.BATCH_LENGTH)[0]
+            if size < B.HEADER_SIZE or pos + size > log_size:
+                break
+            data = self.fs.pread_exact(seg.log_fd, size, pos)
+            if not self._batch_ok(data):
+                break
+            base = _BE_I64.unpack_from(data, 0)[0]
+            if seg.count and base != expect:
+                break
+            delta = _BE_I32.unpack_from(data, B.LAST_OFFSET_DELTA)[0]
+            max_ts = _BE_I64.unpack_from(data, B.MAX_TIMESTAMP)[0]
+            entry = encode_entry(base, max_ts, pos, size, delta, compute_leaf(data, size))
+            if added_from is None:
+                added_from = seg.first_leaf + seg.count
+            self._add_entry(seg, entry, base, max_ts, pos)
+            pos += size
+            expect = base + delta + 1
+        if added_from is not None:
+            seg.log_size = pos
+            self._flush_entries(seg)
+        return pos, added_from
+
+    def _flush_entries(self, seg: _Segment) -> None:
+        if seg.idx_written < seg.count:
+            off = seg.idx_written * ENTRY_SIZE
+            self.fs.pwrite_all(seg.idx_fd, bytes(seg.entries[off:]), IDX_HEADER_SIZE + off)
+            seg.idx_written = seg.count
+
+    def _truncate_entries(self, seg: _Segment, n: int, write: bool = True) -> None:
+        del seg.entries[n * ENTRY_SIZE :]
+        seg.set_entries(seg.entries)
+        seg.idx_written = min(seg.idx_written, n)
+        if write:
+            self.fs.ftruncate(seg.idx_fd, IDX_HEADER_SIZE + n * ENTRY_SIZE)
+            end = seg.end_of(n - 1) if n else 0
+            seg.log_size = end
+            self.fs.ftruncate(seg.log_fd, end)
+
+    def _stored_roots(self, length: int) -> Frontier | None:
+        roots = []
+        for idx in flat_tree.full_roots(2 * length):
+            n = self._read_node(idx)
+            if n is None:
+                return None
+            roots.append(n)
+        try:
+            return Frontier.from_roots(roots)
+        except Exception:
+            return None
+
+    def _frontier_at(self, length: int, *, use_stored: bool) -> Frontier | None:
+        """The tree at `length` blocks. use_stored: the roots stored in the tree file (must
+        be checked by the caller). Otherwise the roots at min_index from the tree file
+        (durable: fsynced before retention deleted those leaves) plus the index leaf
+        hashes from min_index on."""
+        if length == 0:
+            return Frontier()
+        if use_stored:
+            return self._stored_roots(length)
+        mi = self._min_index
+        fr = Frontier() if mi == 0 else self._stored_roots(mi)
+        if fr is None or length < mi:
+            return None
+        self._frontier = fr
+        self._pending_nodes = []
+        self._fold(mi, length)
+        return self._frontier
+
+    def _fold(self, start: int, end: int) -> None:
+        """Append index leaves [start, end) to the frontier, collecting the nodes."""
+        fr = self._frontier
+        nodes = self._pending_nodes
+        leaf_index = start
+        while leaf_index < end:
+            seg, k = self._locate_leaf(leaf_index)
+            stop = min(end - seg.first_leaf, seg.count)
+            ent = seg.entries
+            for kk in range(k, stop):
+                o = kk * ENTRY_SIZE
+                nodes.extend(fr.append(bytes(ent[o + 28 : o + 60]), _U32.unpack_from(ent, o + 20)[0]))
+            leaf_index = seg.first_leaf + stop
+
+    def _locate_leaf(self, leaf_index: int) -> tuple[_Segment, int]:
+        lo, hi = 0, len(self._segments) - 1
+        while lo < hi:  # segments are few; binary search on first_leaf
+            mid = (lo + hi + 1) // 2
+            if self._segments[mid].first_leaf <= leaf_index:
+                lo = mid
+            else:
+                hi = mid - 1
+        seg = self._segments[lo]
+        return seg, leaf_index - seg.first_leaf
+
+    def _offset_of_leaf(self, leaf_index: int) -> int:
+        if not self._segments:
+            return self.log_start_offset
+        total = self._segments[-1].first_leaf + self._segments[-1].count
+        if leaf_index >= total:
+            return self._segments[-1].next_offset()
+        seg, k = self._locate_leaf(leaf_index)
+        return int(seg.bases[k])
+
+    def _open_segment_files(self, base: int) -> _Segment:
+        lp = os.path.join(self.path, segment_name(base, "log"))
+        ip = os.path.join(self.path, segment_name(base, "bidx"))
+        seg = _Segment(base, 0, -1, -1, lp, ip)
+        seg.log_fd = self.fs.open(lp, os.O_RDWR | os.O_CREAT)
+        seg.idx_fd = self.fs.open(ip, os.O_RDWR | os.O_CREAT)
+        return seg
+
+    def _drop_segment_files(self, seg: _Segment) -> None:
+        self.fs.close(seg.log_fd)
+        self.fs.close(seg.idx_fd)
+        self.fs.unlink(seg.log_path)
+        self.fs.unlink(seg.idx_path)
+
+    # ------------------------------------------------------------------ tree file
+
+    def _write_nodes(self, nodes: list[Node]) -> None:
+        """Write nodes at 40 * index, coalescing runs of adjacent indices into one pwrite."""
+        nodes = sorted(nodes, key=lambda n: n.index)
+        i = 0
+        while i < len(nodes):
+            j = i
+            buf = bytearray(_NODE.pack(nodes[i].size, nodes[i].hash))
+            while j + 1 < len(nodes) and nodes[j + 1].index == nodes[j].index + 1:
+                j += 1
+                buf += _NODE.pack(nodes[j].size, nodes[j].hash)
+            self.fs.pwrite_all(self._tree_fd, buf, nodes[i].index * NODE_SIZE)
+            i = j + 1
+
+    def _read_node(self, index: int) -> Node | None:
+        data = self.fs.pread_exact(self._tree_fd, NODE_SIZE, index * NODE_SIZE)
+        if len(data) != NODE_SIZE or data == bytes(NODE_SIZE):
+            return None
+        size, h = _NODE.unpack(data)
+        return Node(index, size, h)
+
+    def node(self, index: int) -> Node | None:
+        """A stored tree node (for proofs); None if never written."""
+        return self._read_node(index)
+
+    # ------------------------------------------------------------------ append
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StorageError("log is closed")
+        if self.damage is not None:
+            raise self.damage
+        if self._poisoned is not None:
+            raise StorageError(f"log failed earlier and must be reopened: {self._poisoned}")
+
+    def append(self, batch: bytearray, *, leader_epoch: int = 0) -> tuple[int, int]:
+        """Assign offsets to `batch` (written into it in place) and append it.
+        Returns (base_offset, last_offset). Invisible to readers until a head covers it."""
+        self._check_writable()
+        size = len(batch)
+        if size < B.HEADER_SIZE or batch[B.MAGIC_AT] != B.MAGIC:
+            raise CorruptBatch("not a record batch v2")
+        if 12 + _BE_I32.unpack_from(batch, B.BATCH_LENGTH)[0] != size:
+            raise CorruptBatch("batch length does not match its size")
+        (delta,) = _BE_I32.unpack_from(batch, B.LAST_OFFSET_DELTA)
+        if delta < 0:
+            raise CorruptBatch("negative lastOffsetDelta")
+        (max_ts,) = _BE_I64.unpack_from(batch, B.MAX_TIMESTAMP)
+        base = self.log_end_offset
+        _BE_I64.pack_into(batch, B.BASE_OFFSET, base)
+        _BE_I32.pack_into(batch, B.LEADER_EPOCH, leader_epoch)
+        seg = self._active_for(size)
+        pos = seg.log_size
+        self.fs.pwrite_all(seg.log_fd, batch, pos)
+        seg.log_size = pos + size
+        seg.synced_log = False
+        leaf = compute_leaf(batch, size)
+        entry = encode_entry(base, max_ts, pos, size, delta, leaf)
+        self._add_entry(seg, entry, base, max_ts, pos)
+        self._pending_nodes.extend(self._frontier.append(leaf, size))
+        self._leaf_ok.append(1)
+        self.log_end_offset = base + delta + 1
+        self._dirty = True
+        return base, base + delta
+
+    @staticmethod
+    def _add_entry(seg: _Segment, entry: bytes, base: int, max_ts: int, pos: int) -> None:
+        seg.entries += entry
+        seg.bases.append(base)
+        seg.max_ts.append(max_ts)
+        seg.positions.append(pos)
+
+    def _active_for(self, size: int) -> _Segment:
+        now_ms = int(time.time() * 1000)
+        if self._segments:
+            seg = self._segments[-1]
+            if not seg.count:
+                seg.created_ms = now_ms
+                return seg
+            too_big = seg.log_size + size > self.config.segment_bytes
+            too_old = now_ms - seg.created_ms >= self.config.segment_ms
+            if not (too_big or too_old) and seg.log_size + size < (1 << 32):
+                return seg
+        # roll: the previous segment's buffered index entries go out with the next commit
+        seg = self._open_segment_files(self.log_end_offset)
+        seg.first_leaf = self._frontier.length
+        self.fs.pwrite_all(seg.idx_fd, encode_index_header(seg.base_offset, seg.first_leaf), 0)
+        seg.created_ms = now_ms
+        self._segments.append(seg)
+        self._seg_bases.append(seg.base_offset)
+        self._new_segments = True
+        return seg
+
+    # ------------------------------------------------------------------ commit
+
+    def prepare_commit(self, *, force_sync: bool = False) -> CommitJob | None:
+        """Snapshot what is new for a group commit (owner thread, cheap). None when there
+        is nothing to sign and no fsync is due. At most one job may be in flight."""
+        self._check_writable()
+        if self._job is not None:
+            raise StorageError("a commit job is already in flight")
+        now = time.monotonic() * 1000
+        new = self._frontier.length != self._published_length or (
+            self._head is not None and self._fork != self._head.fork
+        )
+        interval = self.config.flush_interval_ms
+        policy = self.policy
+        due = (
+            force_sync
+            or policy is FsyncPolicy.ALWAYS
+            or (policy is FsyncPolicy.INTERVAL and now - self._last_sync_ms >= interval)
+        )
+        if not new and not (due and self._dirty):
+            return None
+        # .bidx and tree are derived from the log: under `always` they are synced on the
+        # interval only (recovery rebuilds a lagging tail), else together with the data.
+        if force_sync:
+            derived_due = True
+        elif policy is FsyncPolicy.ALWAYS:
+            derived_due = now - self._last_derived_sync_ms >= interval
+        else:
+            derived_due = due
+        sync_fds: list[int] = []
+        index_writes: list[tuple[int, int, bytes]] = []
+        for seg in self._segments:
+            if seg.idx_written < seg.count:
+                off = seg.idx_written * ENTRY_SIZE
+                index_writes.append((seg.idx_fd, IDX_HEADER_SIZE + off, bytes(seg.entries[off:])))
+                seg.idx_written = seg.count
+                seg.idx_dirty = True
+            if due and not seg.synced_log:
+                sync_fds.append(seg.log_fd)
+                seg.synced_log = True
+            if derived_due and seg.idx_dirty:
+                sync_fds.append(seg.idx_fd)
+                seg.idx_dirty = False
+        if due:
+            self._last_sync_ms = now
+            self._dirty = False
+        if derived_due:
+            self._last_derived_sync_ms = now
+        sync_dir = due and self._new_segments
+        if sync_dir:
+            self._new_segments = False
+        self._head_seq += 1
+        job = CommitJob(
+            log=self,
+            frontier=self._frontier.copy(),
+            next_offset=self.log_end_offset,
+            log_start_offset=self.log_start_offset,
+            min_index=self._min_index,
+            fork=self._fork,
+            seq=self._head_seq,
+            index_writes=index_writes,
+            nodes=self._pending_nodes,
+            sync_fds=sync_fds,
+            sync_derived=derived_due,
+            sync_head=due,
+            sync_dir=sync_dir,
+            sign=new or self._head is None,
+            flags=_POLICY_CODE[self.policy] << 8,
+        )
+        self._pending_nodes = []
+        self._job = job
+        return job
+
+    def publish(self, job: CommitJob) -> Head:
+        """Owner thread, after `job.run()` returned: the new head becomes visible."""
+        if job is not self._job:
+            raise StorageError("not this log's job in flight")
+        self._job = None
+        if not job.done or job.head is None:
+            raise StorageError("commit job did not complete") from job.error
+        head = job.head
+        self._head = head
+        self._published_length = head.length
+        self.high_watermark = head.next_offset
+        return head
+
+    def abandon(self, job: CommitJob) -> None:
+        """Forget a job whose run() raised (the log is poisoned then anyway)."""
+        if job is self._job:
+            self._job = None
+
+    def commit(self, *, force_sync: bool = False) -> Head | None:
+        """prepare_commit + run + publish in a row (tests, shutdown, recovery)."""
+        job = self.prepare_commit(force_sync=force_sync)
+        if job is None:
+            return None
+        try:
+            job.run()
+        except BaseException:
+            self.abandon(job)
+            raise
+        return self.publish(job)
+
+    # ------------------------------------------------------------------ reads
+
+    def _find(self, offset: int) -> tuple[_Segment, int]:
+        si = bisect.bisect_right(self._seg_bases, offset) - 1
+        seg = self._segments[si]
+        return seg, bisect.bisect_right(seg.bases, offset) - 1
+
+    def read(self, offset: int, max_bytes: int) -> FileRange:
+        """Whole batches starting with the one containing `offset`, up to max_bytes (at
+        least one batch), never past the high watermark, within one segment."""
+        hwm = self.high_watermark
+        if self._bad_offset is not None:
+            hwm = min(hwm, self._bad_offset)
+        if offset < self.log_start_offset or offset > self.high_watermark:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self.high_watermark)
+        if offset >= hwm:
+            if self._bad_offset is not None and offset >= self._bad_offset and offset < self.high_watermark:
+                raise CorruptBatch("stored batch fails authentication", self._bad_offset)
+            return FileRange(-1, 0, 0, offset, offset)
+        seg, i = self._find(offset)
+        end_i = bisect.bisect_left(seg.bases, hwm, i)
+        start = seg.positions[i]
+        limit = start + max_bytes
+        e = bisect.bisect_right(seg.positions, limit, i + 1, end_i)
+        t = end_i if (e == end_i and seg.end_of(end_i - 1) <= limit) else max(i + 1, e - 1)
+        t = self._authenticate(seg, i, t)
+        if t == i:
+            raise CorruptBatch("stored batch fails authentication", int(seg.bases[i]))
+        end = seg.end_of(t - 1)
+        end_offset = int(seg.bases[t]) if t < seg.count else seg.next_offset()
+        return FileRange(seg.log_fd, start, end - start, int(seg.bases[i]), end_offset)
+
+    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
+        return self.read(offset, max_bytes).read()
+
+    def _authenticate(self, seg: _Segment, i: int, t: int) -> int:
+        """Check entries [i, t) of `seg` not yet authenticated; return the end of the
+        authenticated prefix (t when all hold)."""
+        lo = seg.first_leaf + i - self._leaf_ok_base
+        hi = seg.first_leaf + t - self._leaf_ok_base
+        if self._leaf_ok.find(0, lo, hi) < 0:
+            return t
+        for k in range(i, t):
+            li = seg.first_leaf + k - self._leaf_ok_base
+            if self._leaf_ok[li]:
+                continue
+            if not self._authenticate_leaf(seg, k):
+                bad = int(seg.bases[k])
+                if self._bad_offset is None or bad < self._bad_offset:
+                    self._bad_offset = bad
+                    log.error("%s: batch at offset %d fails authentication; not serving it "
+                              "or anything after it", self.path, bad)
+                return k
+            self._leaf_ok[li] = 1
+        return t
+
+    def _authenticate_leaf(self, seg: _Segment, k: int) -> bool:
+        """Leaf hash of the stored bytes, then up the stored tree to a trusted node (a root
+        of the head verified at open, or a node authenticated before)."""
+        leaf_index = seg.first_leaf + k
+        size = seg.size_of(k)
+        data = self.fs.pread_exact(seg.log_fd, size, seg.positions[k])
+        if len(data) != size:
+            return False
+        cur = Node(2 * leaf_index, size, compute_leaf(data, size))
+        if self._node_ok is None:
+            top = max(self._open_roots) + 1 if self._open_roots else 0
+            self._node_ok = bytearray(top + 1)
+        ok = self._node_ok
+        path: list[int] = []
+        while True:
+            idx = cur.index
+            root = self._open_roots.get(idx)
+            if root is not None:
+                good = root.hash == cur.hash and root.size == cur.size
+                break
+            if idx < len(ok) and ok[idx]:
+                stored = self._read_node(idx)
+                good = stored is not None and stored.hash == cur.hash and stored.size == cur.size
+                break
+            if idx >= len(ok):
+                return False  # above every root verified at open: not ours to judge
+            sib = self._read_node(flat_tree.sibling(idx))
+            if sib is None:
+                return False
+            path.append(sib.index)
+            path.append(idx)
+            left, right = (cur, sib) if idx < sib.index else (sib, cur)
+            h = blake2b(b"\x01" + (left.size + right.size).to_bytes(8, "little") + left.hash
+                        + right.hash, digest_size=32).digest()
+            cur = Node(flat_tree.parent(idx), left.size + right.size, h)
+        if good:
+            for idx in path:
+                if idx < len(ok):
+                    ok[idx] = 1
+            # the sibling's stored hash is now authenticated, but its stored bytes on disk
+            # must equal what we read; they do, we read them from the tree file.
+        return good
+
+    def batch_for_timestamp(self, timestamp_ms: int) -> bytes | None:
+        """The first batch whose maxTimestamp >= timestamp_ms (the broker scans records)."""
+        hwm = self.high_watermark
+        for seg in self._segments:
+            if not seg.count or seg.bases[0] >= hwm:
+                break
+            for k, ts in enumerate(seg.max_ts):
+                if seg.bases[k] >= hwm:
+                    return None
+                if ts >= timestamp_ms:
+                    return self.read_bytes(int(seg.bases[k]), 1)
+        return None
+
+    def batch_with_max_timestamp(self) -> bytes | None:
+        """The first batch holding the largest maxTimestamp below the high watermark."""
+        best: tuple[int, int] | None = None
+        hwm = self.high_watermark
+        for seg in self._segments:
+            for k, ts in enumerate(seg.max_ts):
+                base = int(seg.bases[k])
+                if base >= hwm:
+                    break
+                if best is None or ts > best[0]:
+                    best = (ts, base)
+        return None if best is None else self.read_bytes(best[1], 1)
+
+    def batch_headers(self, start_offset: int = 0) -> Iterator[bytes]:
+        """Raw 61-byte headers of the batches from the one containing start_offset up to
+        the log end (including appended but unpublished ones), for rebuilding producer
+        state. Not authenticated (the broker only uses them as hints)."""
+        for seg in list(self._segments):
+            if seg.count and seg.next_offset() <= start_offset:
+                continue
+            k = max(0, bisect.bisect_right(seg.bases, start_offset) - 1)
+            for kk in range(k, seg.count):
+                yield self.fs.pread_exact(seg.log_fd, B.HEADER_SIZE, seg.positions[kk])
+
+    # ------------------------------------------------------------------ retention
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Drop whole old segments by retention_ms / retention_bytes. Returns the number of
+        segments dropped. Never the active segment, never data above the high watermark;
+        skipped while a commit job is in flight. Tree nodes are kept (proofs)."""
+        for seg in self._doomed:  # ranges handed out before the last retention are stale now
+            self.fs.close(seg.log_fd)
+            self.fs.close(seg.idx_fd)
+        self._doomed = []
+        if self._job is not None or self.damage is not None or self._poisoned is not None:
+            return 0
+        cfg = self.config
+        total = sum(s.log_size for s in self._segments)
+        drop = 0
+        for seg in self._segments[:-1]:
+            if seg.next_offset() > self.high_watermark or not seg.count:
+                break
+            by_time = cfg.retention_ms >= 0 and max(seg.max_ts) < now_ms - cfg.retention_ms
+            by_size = cfg.retention_bytes >= 0 and total - seg.log_size >= cfg.retention_bytes
+            if not (by_time or by_size):
+                break
+            drop += 1
+            total -= seg.log_size
+        if not drop:
+            return 0
+        dropped = self._segments[:drop]
+        keep = self._segments[drop:]
+        # The tree file's nodes for these leaves can no longer be rebuilt: make them durable
+        # (and the data the head covers) before the head that forgets the segments.
+        self.commit(force_sync=True)
+        self.fs.fsync(self._tree_fd)
+        self._segments = keep
+        self._segments_ready()
+        self.log_start_offset = keep[0].base_offset
+        new_min = keep[0].first_leaf
+        self._leaf_ok = self._leaf_ok[new_min - self._leaf_ok_base :]
+        self._leaf_ok_base = new_min
+        self._min_index = new_min
+        head = self._head
+        assert head is not None
+        self._head_seq += 1
+        new_head = Head(
+            head.fork, head.length, head.byte_length, head.tree_hash, head.signature,
+            head.next_offset, self.log_start_offset, new_min, head.roots, self._head_seq,
+            _POLICY_CODE[self.policy] << 8, BOOT_ID, int(time.time() * 1000),
+        )
+        self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
+        self.fs.fsync(self._head_fd)
+        self._head = new_head
+        for seg in dropped:
+            self.fs.unlink(seg.log_path)
+            self.fs.unlink(seg.idx_path)
+        self.fs.fsync_dir(self.path)
+        self._doomed = dropped
+        return drop
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Commit pending data, make everything durable, mark the head clean, close."""
+        if self._closed:
+            return
+        try:
+            if self.damage is None and self._poisoned is None and self._job is None:
+                self.commit(force_sync=True)
+                if self._head is not None:
+                    for seg in self._segments:
+                        self.fs.fsync(seg.log_fd)
+                        self.fs.fsync(seg.idx_fd)
+                    self.fs.fsync(self._tree_fd)
+                    h = self._head
+                    self._head_seq += 1
+                    clean = Head(
+                        h.fork, h.length, h.byte_length, h.tree_hash, h.signature,
+                        h.next_offset, h.log_start_offset, h.min_index, h.roots,
+                        self._head_seq, FLAG_CLEAN | (_POLICY_CODE[self.policy] << 8),
+                        BOOT_ID, int(time.time() * 1000),
+                    )
+                    self.fs.pwrite_all(self._head_fd, clean.encode(),
+                                       (self._head_seq % 2) * SLOT_SIZE)
+                    self.fs.fsync(self._head_fd)
+        finally:
+            self._closed = True
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        for seg in self._segments + self._doomed:
+            for fd in (seg.log_fd, seg.idx_fd):
+                if fd >= 0:
+                    self.fs.close(fd)
+            seg.log_fd = seg.idx_fd = -1
+        self._segments = []
+        self._doomed = []
+        for fd in (self._head_fd, self._tree_fd):
+            if fd >= 0:
+                self.fs.close(fd)
+        self._head_fd = self._tree_fd = -1

@@ -1,0 +1,240 @@
+"""The node's data directory: node seed, catalog archive, and a cache of partition logs.
+
+Owns the directory layout of storage/FORMAT.md section 1, key derivation per partition,
+and the catalog's life cycle. May import the standard library and the rest of `storage`;
+never `broker`, trio or protocol types.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+
+from storage.catalog import TopicRecord, apply_change, decode_changes, encode_change
+from storage.errors import StorageError, TopicExists, UnknownTopic
+from storage.fs import FileSystem, OsFileSystem
+from storage.hypercore import KeyPair, archive_key, derive_keypair
+from storage.log import FsyncPolicy, LogConfig, PartitionLog
+
+log = logging.getLogger(__name__)
+
+SEED_FILE = "node.seed"
+CATALOG_DIR = "__catalog"
+CATALOG_NAME = b"hyperkafka/catalog"
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def partition_key_name(topic_id: uuid.UUID, partition: int) -> bytes:
+    """The derivation name of a partition's key pair (FORMAT.md section 1): by topic id,
+    so a re-created topic never reuses an archive key."""
+    return b"hyperkafka/partition/" + topic_id.bytes + b"/" + str(partition).encode()
+
+
+def partition_dir(data_dir: str, topic: str, partition: int) -> str:
+    return os.path.join(data_dir, f"{topic}-{partition}")
+
+
+def log_config_from(configs: Mapping[str, str], base: LogConfig | None = None) -> LogConfig:
+    """Map Kafka topic configs onto LogConfig (unknown keys are the broker's business)."""
+    b = base or LogConfig()
+
+    def get(name: str, default: int) -> int:
+        v = configs.get(name)
+        return default if v is None else int(v)
+
+    return LogConfig(
+        segment_bytes=get("segment.bytes", b.segment_bytes),
+        segment_ms=get("segment.ms", b.segment_ms),
+        retention_ms=get("retention.ms", b.retention_ms),
+        retention_bytes=get("retention.bytes", b.retention_bytes),
+        flush_interval_ms=get("flush.ms", b.flush_interval_ms),
+    )
+
+
+def load_seed(fs: FileSystem, data_dir: str, create: bool) -> bytes:
+    path = os.path.join(data_dir, SEED_FILE)
+    if fs.exists(path):
+        seed = fs.read_file(path)
+        if len(seed) != 32:
+            raise StorageError(f"{path}: node seed must be 32 bytes")
+        return seed
+    if not create:
+        raise StorageError(f"{path}: no node seed")
+    seed = secrets.token_bytes(32)
+    fs.write_file_atomic(path, seed, mode=0o600)
+    return seed
+
+
+class Store:
+    """A node's storage. Use `Store.open`."""
+
+    def __init__(self, data_dir: str, seed: bytes, fsync: FsyncPolicy, fs: FileSystem) -> None:
+        self.data_dir = data_dir
+        self.fsync = fsync
+        self.fs = fs
+        self._seed = seed
+        self._catalog_keys = derive_keypair(seed, CATALOG_NAME)
+        self.node_public_key: bytes = self._catalog_keys.public_key
+        self.catalog_key: bytes = archive_key(self.node_public_key)
+        self._topics: dict[str, TopicRecord] = {}
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._catalog: PartitionLog | None = None
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str], *, fsync: FsyncPolicy = FsyncPolicy.INTERVAL,
+             fs: FileSystem | None = None) -> Store:
+        fs = fs or OsFileSystem()
+        d = os.fspath(data_dir)
+        fs.makedirs(d)
+        self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs)
+        self._catalog = PartitionLog.open(os.path.join(d, CATALOG_DIR), self._catalog_keys,
+                                          fsync=FsyncPolicy.ALWAYS, fs=fs)
+        for batch in self._catalog_batches():
+            for change in decode_changes(batch):
+                apply_change(self._topics, change)
+        self._remove_orphans()
+        return self
+
+    def _catalog_batches(self) -> Iterator[bytes]:
+        cat = self._catalog
+        assert cat is not None
+        offset = cat.log_start_offset
+        while offset < cat.high_watermark:
+            r = cat.read(offset, 1 << 20)
+            data = r.read()
+            pos = 0
+            while pos < len(data):
+                size = 12 + int.from_bytes(data[pos + 8 : pos + 12], "big")
+                yield data[pos : pos + size]
+                pos += size
+            offset = r.end_offset
+
+    def _remove_orphans(self) -> None:
+        """Partition directories no topic owns (a delete interrupted by a crash)."""
+        for name in self.fs.listdir(self.data_dir):
+            path = os.path.join(self.data_dir, name)
+            if name == CATALOG_DIR or not os.path.isdir(path):
+                continue
+            topic, _, part = name.rpartition("-")
+            owned = (not name.endswith("-delete") and part.isdigit() and topic in self._topics
+                     and int(part) < self._topics[topic].partitions)
+            if not owned:
+                log.warning("removing orphan partition directory %s", name)
+                self._remove_dir(path)
+
+    def _remove_dir(self, path: str) -> None:
+        for n in self.fs.listdir(path):
+            self.fs.unlink(os.path.join(path, n))
+        os.rmdir(path)
+
+    def _append_change(self, change: dict[str, object]) -> None:
+        cat = self._catalog
+        assert cat is not None
+        cat.append(encode_change(change, int(time.time() * 1000)))
+        cat.commit()  # `always`: durable before we return
+        apply_change(self._topics, change)
+
+    # ------------------------------------------------------------------ catalog API
+
+    def topics(self) -> Mapping[str, TopicRecord]:
+        return dict(self._topics)
+
+    def create_topic(self, name: str, partitions: int, configs: Mapping[str, str],
+                     topic_id: uuid.UUID | None = None) -> TopicRecord:
+        if not _TOPIC_RE.match(name) or name in (".", ".."):
+            raise StorageError(f"illegal topic name {name!r}")
+        if partitions < 1:
+            raise StorageError("a topic needs at least one partition")
+        if name in self._topics:
+            raise TopicExists(name)
+        tid = topic_id or uuid.uuid4()
+        if tid.int == 0:
+            raise StorageError("topic id must be non-zero")
+        keys = [archive_key(self._partition_keypair(tid, p).public_key) for p in range(partitions)]
+        self._append_change({"op": "create", "name": name, "topic_id": tid.bytes,
+                             "partitions": partitions, "configs": dict(configs), "keys": keys})
+        return self._topics[name]
+
+    def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicRecord:
+        if name not in self._topics:
+            raise UnknownTopic(name)
+        self._append_change({"op": "configs", "name": name, "configs": dict(configs)})
+        rec = self._topics[name]
+        for (t, _p), lg in self._logs.items():
+            if t == name:
+                lg.set_config(log_config_from(rec.configs))
+        return rec
+
+    def delete_topic(self, name: str) -> None:
+        rec = self._topics.get(name)
+        if rec is None:
+            raise UnknownTopic(name)
+        self._append_change({"op": "delete", "name": name, "topic_id": rec.topic_id.bytes})
+        for p in range(rec.partitions):
+            lg = self._logs.pop((name, p), None)
+            if lg is not None:
+                lg.close()
+            path = partition_dir(self.data_dir, name, p)
+            if os.path.isdir(path):
+                doomed = f"{path}.{rec.topic_id.hex}-delete"
+                self.fs.rename(path, doomed)
+                self._remove_dir(doomed)
+
+    # ------------------------------------------------------------------ partitions
+
+    def _partition_keypair(self, topic_id: uuid.UUID, partition: int) -> KeyPair:
+        return derive_keypair(self._seed, partition_key_name(topic_id, partition))
+
+    def partition_keypair(self, topic: str, partition: int) -> KeyPair:
+        rec = self._record(topic, partition)
+        return self._partition_keypair(rec.topic_id, partition)
+
+    def _record(self, topic: str, partition: int) -> TopicRecord:
+        rec = self._topics.get(topic)
+        if rec is None:
+            raise UnknownTopic(topic)
+        if not 0 <= partition < rec.partitions:
+            raise UnknownTopic(f"{topic} has no partition {partition}")
+        return rec
+
+    def archive_key(self, topic: str, partition: int) -> bytes:
+        return self._record(topic, partition).archive_keys[partition]
+
+    def log(self, topic: str, partition: int, config: LogConfig | None = None) -> PartitionLog:
+        """The partition's log, opened (and recovered) on first use, then cached."""
+        lg = self._logs.get((topic, partition))
+        if lg is not None:
+            if config is not None:
+                lg.set_config(config)
+            return lg
+        rec = self._record(topic, partition)
+        lg = PartitionLog.open(
+            partition_dir(self.data_dir, topic, partition),
+            self._partition_keypair(rec.topic_id, partition),
+            fsync=self.fsync,
+            config=config or log_config_from(rec.configs),
+            fs=self.fs,
+        )
+        self._logs[(topic, partition)] = lg
+        return lg
+
+    def open_logs(self) -> Mapping[tuple[str, int], PartitionLog]:
+        return dict(self._logs)
+
+    def close(self) -> None:
+        """Commit pending data and close every file."""
+        errors: list[BaseException] = []
+        for lg in list(self._logs.values()) + ([self._catalog] if self._catalog else []):
+            try:
+                lg.close()
+            except BaseException as exc:  # close the rest, then report
+                errors.append(exc)
+        self._logs.clear()
+        self._catalog = None
+        if errors:
+            raise StorageError(f"{len(errors)} logs failed to close: {errors[0]}") from errors[0]
