@@ -1,0 +1,102 @@
+"""The `hyperkafka` command: `serve`, `keys`, `verify`.
+
+Flags override the properties file given with --config, which overrides defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from broker.config import (
+    BrokerConfig,
+    ConfigError,
+    apply_properties,
+    parse_host_port,
+    read_properties,
+)
+from storage import FsyncPolicy
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hyperkafka", description="A Kafka-compatible broker of signed, Hypercore-compatible archives.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a broker")
+    serve.add_argument("--data-dir", type=Path, help="where archives live (default ./hyperkafka-data)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092)")
+    serve.add_argument("--advertised", metavar="HOST:PORT", help="address clients are told to use (default: --listen)")
+    serve.add_argument("--node-id", type=int, help="this broker's id (default 0)")
+    serve.add_argument("--config", type=Path, metavar="FILE", help="a server.properties-style file")
+    serve.add_argument("--fsync", choices=[p.value for p in FsyncPolicy], help="when data reaches the disk before a head is signed (default interval)")
+    serve.add_argument("--num-partitions", type=int, help="partitions of an auto-created topic (default 1)")
+    serve.add_argument("--no-auto-create", action="store_true", help="do not create unknown topics on Metadata or Produce")
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+
+    keys = sub.add_parser("keys", help="print the node key and every partition's archive key")
+    keys.add_argument("--data-dir", type=Path, default=Path("hyperkafka-data"))
+
+    verify = sub.add_parser("verify", help="check every archive offline against its signed head")
+    verify.add_argument("--data-dir", type=Path, default=Path("hyperkafka-data"))
+    verify.add_argument("--topic", help="only this topic")
+    return parser
+
+
+def build_config(args: argparse.Namespace) -> BrokerConfig:
+    config = BrokerConfig()
+    if args.config:
+        config = apply_properties(config, read_properties(args.config))
+    if args.data_dir:
+        config.data_dir = args.data_dir
+    if args.listen:
+        config.listen_host, config.listen_port = parse_host_port(args.listen)
+    if args.advertised:
+        config.advertised_host, config.advertised_port = parse_host_port(args.advertised)
+    if args.node_id is not None:
+        config.node_id = args.node_id
+    if args.fsync:
+        config.fsync = FsyncPolicy(args.fsync)
+    if args.num_partitions is not None:
+        config.num_partitions = args.num_partitions
+    if args.no_auto_create:
+        config.auto_create_topics = False
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "keys":
+        from storage.cli import keys_command
+
+        return keys_command(str(args.data_dir))
+    if args.command == "verify":
+        from storage.cli import verify_command
+
+        return verify_command(str(args.data_dir), args.topic)
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = build_config(args)
+    except (ConfigError, OSError) as exc:
+        print(f"hyperkafka: {exc}", file=sys.stderr)
+        return 2
+
+    import trio
+
+    from broker.server import run
+
+    failed = False
+    try:
+        trio.run(run, config)
+    except* OSError as group:  # cannot bind, data dir unusable: say so in one line
+        failed = True
+        for error in group.exceptions:
+            logging.getLogger("hyperkafka").error("cannot start: %s", error)
+    return 1 if failed else 0

@@ -1,0 +1,327 @@
+"""Broker and topic configuration, spelled the way Kafka spells it.
+
+Owns: the broker's settings (`BrokerConfig`, read from a server.properties-style file
+and command-line flags), the registry of topic configs with their Kafka defaults and the
+broker settings they inherit from, and the mapping of a topic's effective configs onto
+`storage.LogConfig`. Imports nothing from the protocol codec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage import FsyncPolicy, LogConfig
+
+LONG_MAX = 9223372036854775807
+
+
+class ConfigError(ValueError):
+    """A config name or value that Kafka would refuse (INVALID_CONFIG)."""
+
+
+class ConfigType(enum.IntEnum):
+    # DescribeConfigs v3+ ConfigType codes.
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    SHORT = 4
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+    CLASS = 8
+    PASSWORD = 9
+
+
+class ConfigSource(enum.IntEnum):
+    # DescribeConfigs v1+ ConfigSource codes.
+    UNKNOWN = 0
+    DYNAMIC_TOPIC_CONFIG = 1
+    DYNAMIC_BROKER_CONFIG = 2
+    DYNAMIC_DEFAULT_BROKER_CONFIG = 3
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+
+
+@dataclass(frozen=True)
+class ConfigDef:
+    name: str
+    type: ConfigType
+    default: str
+    doc: str
+    broker_synonym: str | None = None  # the broker setting a topic inherits this from
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+
+
+def _topic_configs() -> dict[str, ConfigDef]:
+    L, INT, S, B, D, LS = (
+        ConfigType.LONG,
+        ConfigType.INT,
+        ConfigType.STRING,
+        ConfigType.BOOLEAN,
+        ConfigType.DOUBLE,
+        ConfigType.LIST,
+    )
+    defs = [
+        ConfigDef("cleanup.policy", LS, "delete", "Retention policy; only delete is supported on signed archives.", "log.cleanup.policy", ("delete",)),
+        ConfigDef("compression.type", S, "producer", "Batches are stored as the producer compressed them.", "compression.type", ("producer",)),
+        ConfigDef("delete.retention.ms", L, "86400000", "Unused: no compaction.", "log.cleaner.delete.retention.ms", minimum=0),
+        ConfigDef("file.delete.delay.ms", L, "60000", "Unused: segments are deleted at once.", "log.segment.delete.delay.ms", minimum=0),
+        ConfigDef("flush.messages", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.messages", minimum=1),
+        ConfigDef("flush.ms", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.ms", minimum=0),
+        ConfigDef("index.interval.bytes", INT, "4096", "Unused: the batch index is dense.", "log.index.interval.bytes", minimum=0),
+        ConfigDef("local.retention.bytes", L, "-2", "No tiered storage.", "log.local.retention.bytes", minimum=-2),
+        ConfigDef("local.retention.ms", L, "-2", "No tiered storage.", "log.local.retention.ms", minimum=-2),
+        ConfigDef("max.compaction.lag.ms", L, str(LONG_MAX), "Unused: no compaction.", "log.cleaner.max.compaction.lag.ms", minimum=1),
+        ConfigDef("max.message.bytes", INT, "1048588", "Largest record batch accepted, after compression.", "message.max.bytes", minimum=0),
+        ConfigDef("message.timestamp.after.max.ms", L, "3600000", "How far ahead of the broker clock a CreateTime timestamp may be.", "log.message.timestamp.after.max.ms", minimum=0),
+        ConfigDef("message.timestamp.before.max.ms", L, str(LONG_MAX), "How far behind the broker clock a CreateTime timestamp may be.", "log.message.timestamp.before.max.ms", minimum=0),
+        ConfigDef("message.timestamp.type", S, "CreateTime", "CreateTime keeps the producer's timestamps; LogAppendTime stamps batches on append.", "log.message.timestamp.type", ("CreateTime", "LogAppendTime")),
+        ConfigDef("min.cleanable.dirty.ratio", D, "0.5", "Unused: no compaction.", "log.cleaner.min.cleanable.ratio"),
+        ConfigDef("min.compaction.lag.ms", L, "0", "Unused: no compaction.", "log.cleaner.min.compaction.lag.ms", minimum=0),
+        ConfigDef("min.insync.replicas", INT, "1", "Replicas that must hold a head before acks=all is answered.", "min.insync.replicas", minimum=1),
+        ConfigDef("preallocate", B, "false", "Unused.", "log.preallocate"),
+        ConfigDef("remote.storage.enable", B, "false", "No tiered storage.", None, ("false",)),
+        ConfigDef("retention.bytes", L, "-1", "Size above which whole old segments are dropped; -1 keeps everything.", "log.retention.bytes"),
+        ConfigDef("retention.ms", L, "604800000", "Age after which whole old segments are dropped; -1 keeps everything.", "log.retention.ms", minimum=-1),
+        ConfigDef("segment.bytes", INT, "1073741824", "Size at which a new segment is started.", "log.segment.bytes", minimum=14),
+        ConfigDef("segment.index.bytes", INT, "10485760", "Unused: index entries are fixed-size.", "log.index.size.max.bytes", minimum=4),
+        ConfigDef("segment.jitter.ms", L, "0", "Unused.", "log.roll.jitter.ms", minimum=0),
+        ConfigDef("segment.ms", L, "604800000", "Age at which a new segment is started.", "log.roll.ms", minimum=1),
+        ConfigDef("unclean.leader.election.enable", B, "false", "Never: a signed archive is never rewritten.", "unclean.leader.election.enable", ("false",)),
+    ]
+    return {d.name: d for d in defs}
+
+
+TOPIC_CONFIGS: Mapping[str, ConfigDef] = _topic_configs()
+
+
+def _check_value(d: ConfigDef, value: str) -> str:
+    if d.choices and value not in d.choices:
+        raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be one of {list(d.choices)}")
+    if d.type in (ConfigType.INT, ConfigType.LONG, ConfigType.SHORT):
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"Invalid value {value} for configuration {d.name}: not a number") from None
+        if d.minimum is not None and number < d.minimum:
+            raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be at least {d.minimum}")
+        if d.type == ConfigType.INT and number > 2**31 - 1:
+            raise ConfigError(f"Invalid value {value} for configuration {d.name}: out of int range")
+    elif d.type == ConfigType.BOOLEAN:
+        if value.lower() not in ("true", "false"):
+            raise ConfigError(f"Invalid value {value} for configuration {d.name}: expected true or false")
+        value = value.lower()
+    elif d.type == ConfigType.DOUBLE:
+        try:
+            float(value)
+        except ValueError:
+            raise ConfigError(f"Invalid value {value} for configuration {d.name}: not a number") from None
+    return value
+
+
+def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
+    """Check topic config overrides as CreateTopics/AlterConfigs must; None values are dropped."""
+    out: dict[str, str] = {}
+    for name, value in configs.items():
+        d = TOPIC_CONFIGS.get(name)
+        if d is None:
+            raise ConfigError(f"Unknown topic config name: {name}")
+        if value is None:
+            continue
+        out[name] = _check_value(d, value)
+    return out
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    name: str
+    value: str
+    source: ConfigSource
+    type: ConfigType
+    doc: str
+    read_only: bool = False
+    sensitive: bool = False
+    synonyms: tuple[tuple[str, str, ConfigSource], ...] = ()
+
+
+@dataclass
+class BrokerConfig:
+    """Everything `hyperkafka serve` is told, from flags and an optional properties file."""
+
+    data_dir: Path = Path("hyperkafka-data")
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9092
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    node_id: int = 0
+    rack: str | None = None
+    fsync: FsyncPolicy = FsyncPolicy.INTERVAL
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    auto_create_topics: bool = True
+    delete_topic_enable: bool = True
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    max_connections: int = 10_000
+    shutdown_grace_s: float = 10.0
+    log_retention_check_ms: int = 300_000
+    # Broker-level topic defaults (log.retention.ms, message.max.bytes, ...) by broker name.
+    topic_defaults: dict[str, str] = field(default_factory=dict)
+    # Every name set in the properties file, for DescribeConfigs on the broker resource.
+    static: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        host = self.advertised_host or self.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return host, self.advertised_port or self.listen_port
+
+    def topic_default(self, d: ConfigDef) -> tuple[str, ConfigSource]:
+        if d.broker_synonym and d.broker_synonym in self.topic_defaults:
+            return self.topic_defaults[d.broker_synonym], ConfigSource.STATIC_BROKER_CONFIG
+        return d.default, ConfigSource.DEFAULT_CONFIG
+
+    def describe_topic(self, overrides: Mapping[str, str]) -> list[ConfigEntry]:
+        """Every topic config with its effective value and where that value comes from."""
+        entries = []
+        for d in TOPIC_CONFIGS.values():
+            default, default_source = self.topic_default(d)
+            synonyms: list[tuple[str, str, ConfigSource]] = []
+            if d.name in overrides:
+                value, source = overrides[d.name], ConfigSource.DYNAMIC_TOPIC_CONFIG
+                synonyms.append((d.name, value, source))
+            else:
+                value, source = default, default_source
+            if d.broker_synonym and default_source == ConfigSource.STATIC_BROKER_CONFIG:
+                synonyms.append((d.broker_synonym, default, default_source))
+            synonyms.append((d.broker_synonym or d.name, d.default, ConfigSource.DEFAULT_CONFIG))
+            entries.append(ConfigEntry(d.name, value, source, d.type, d.doc, synonyms=tuple(synonyms)))
+        return entries
+
+    def effective(self, overrides: Mapping[str, str], name: str) -> str:
+        if name in overrides:
+            return overrides[name]
+        return self.topic_default(TOPIC_CONFIGS[name])[0]
+
+    def log_config(self, overrides: Mapping[str, str]) -> LogConfig:
+        def num(name: str) -> int:
+            return int(self.effective(overrides, name))
+
+        return LogConfig(
+            segment_bytes=num("segment.bytes"),
+            segment_ms=num("segment.ms"),
+            retention_ms=num("retention.ms"),
+            retention_bytes=num("retention.bytes"),
+        )
+
+    def describe_broker(self) -> list[ConfigEntry]:
+        host, port = self.advertised
+        values: list[tuple[str, str, ConfigType, str]] = [
+            ("node.id", str(self.node_id), ConfigType.INT, "This broker's id."),
+            ("broker.id", str(self.node_id), ConfigType.INT, "This broker's id."),
+            ("listeners", f"PLAINTEXT://{self.listen_host}:{self.listen_port}", ConfigType.STRING, "Where the broker listens."),
+            ("advertised.listeners", f"PLAINTEXT://{host}:{port}", ConfigType.STRING, "What clients are told to connect to."),
+            ("log.dirs", str(self.data_dir), ConfigType.STRING, "The data directory."),
+            ("hyperkafka.fsync", self.fsync.value, ConfigType.STRING, "always, interval or never."),
+            ("num.partitions", str(self.num_partitions), ConfigType.INT, "Partitions of an auto-created topic."),
+            ("default.replication.factor", str(self.default_replication_factor), ConfigType.INT, "Replication factor of an auto-created topic."),
+            ("auto.create.topics.enable", str(self.auto_create_topics).lower(), ConfigType.BOOLEAN, "Create unknown topics on Metadata and Produce."),
+            ("delete.topic.enable", str(self.delete_topic_enable).lower(), ConfigType.BOOLEAN, "Allow DeleteTopics."),
+            ("socket.request.max.bytes", str(self.socket_request_max_bytes), ConfigType.INT, "Largest request frame accepted."),
+        ]
+        for d in TOPIC_CONFIGS.values():
+            if d.broker_synonym:
+                value, _ = self.topic_default(d)
+                values.append((d.broker_synonym, value, d.type, d.doc))
+        seen: set[str] = set()
+        entries = []
+        for name, value, type_, doc in values:
+            if name in seen:
+                continue
+            seen.add(name)
+            source = ConfigSource.STATIC_BROKER_CONFIG if name in self.static else ConfigSource.DEFAULT_CONFIG
+            entries.append(ConfigEntry(name, value, source, type_, doc, read_only=True, synonyms=((name, value, source),)))
+        return entries
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    if "://" in text:
+        text = text.split("://", 1)[1]
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"expected HOST:PORT, got {text!r}")
+    host = host.strip("[]")
+    return host, int(port)
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """A Java .properties subset: key=value or key: value, # and ! comments."""
+    props: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        for sep in ("=", ":"):
+            if sep in line:
+                key, value = line.split(sep, 1)
+                props[key.strip()] = value.strip()
+                break
+        else:
+            raise ConfigError(f"{path}: cannot parse line {raw!r}")
+    return props
+
+
+_BOOL = {"true": True, "false": False}
+
+
+def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerConfig:
+    """Fold a server.properties mapping into `config`; unknown names are an error."""
+    broker_synonyms = {d.broker_synonym for d in TOPIC_CONFIGS.values() if d.broker_synonym}
+    changes: dict[str, object] = {}
+    for key, value in props.items():
+        try:
+            if key in ("node.id", "broker.id"):
+                changes["node_id"] = int(value)
+            elif key == "listeners":
+                changes["listen_host"], changes["listen_port"] = parse_host_port(value.split(",")[0])
+            elif key == "advertised.listeners":
+                changes["advertised_host"], changes["advertised_port"] = parse_host_port(value.split(",")[0])
+            elif key in ("log.dirs", "log.dir"):
+                changes["data_dir"] = Path(value.split(",")[0])
+            elif key == "hyperkafka.fsync":
+                changes["fsync"] = FsyncPolicy(value)
+            elif key == "broker.rack":
+                changes["rack"] = value
+            elif key == "num.partitions":
+                changes["num_partitions"] = int(value)
+            elif key == "default.replication.factor":
+                changes["default_replication_factor"] = int(value)
+            elif key == "auto.create.topics.enable":
+                changes["auto_create_topics"] = _BOOL[value.lower()]
+            elif key == "delete.topic.enable":
+                changes["delete_topic_enable"] = _BOOL[value.lower()]
+            elif key == "socket.request.max.bytes":
+                changes["socket_request_max_bytes"] = int(value)
+            elif key == "max.connections":
+                changes["max_connections"] = int(value)
+            elif key == "log.retention.check.interval.ms":
+                changes["log_retention_check_ms"] = int(value)
+            elif key in ("log.retention.hours", "log.retention.minutes"):
+                factor = 3_600_000 if key.endswith("hours") else 60_000
+                config.topic_defaults.setdefault("log.retention.ms", str(int(value) * factor))
+            elif key in broker_synonyms:
+                d = next(d for d in TOPIC_CONFIGS.values() if d.broker_synonym == key)
+                config.topic_defaults[key] = _check_value(d, value)
+            else:
+                raise ConfigError(f"unknown broker config {key!r}")
+        except (ValueError, KeyError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"bad value for {key}: {value!r}") from None
+        config.static[key] = value
+    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,165 @@
+"""CreateTopics, DeleteTopics and DescribeConfigs: topic administration.
+
+Topics live in the node's catalog (itself a signed archive), so a created topic is
+durable before the response says so. Every DescribeConfigs answer lists every config
+with its value and source (topic override, broker file, or Kafka's default), since an
+empty list breaks clients (librdkafka test 0092).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.api import Reply, RequestContext, api
+from broker.config import ConfigEntry, ConfigSource
+from broker.handlers import errors
+from broker.node import TopicError
+from broker.shape import field_of
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+RESOURCE_BROKER_LOGGER = 8
+
+
+@api(19, "CreateTopics", (2, 7))
+async def create_topics(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    results = []
+    seen: set[str] = set()
+    for t in req.topics:
+        entry: dict[str, Any] = {
+            "name": t.name,
+            "topic_id": None,
+            "error_code": errors.NONE,
+            "error_message": None,
+            "num_partitions": -1,
+            "replication_factor": -1,
+            "configs": None,
+        }
+        results.append(entry)
+        if t.name in seen:
+            entry.update(error_code=errors.INVALID_REQUEST, error_message=f"Create topics request from client contains a duplicate topic {t.name}")
+            continue
+        seen.add(t.name)
+        partitions, replication = t.num_partitions, t.replication_factor
+        if t.assignments:
+            if partitions != -1 or replication != -1:
+                entry.update(error_code=errors.INVALID_REQUEST, error_message="Both numPartitions or replicationFactor and replicasAssignments were set.")
+                continue
+            partitions = len(t.assignments)
+            replication = len(t.assignments[0].broker_ids)
+            if any(list(a.broker_ids) != [node.config.node_id] for a in t.assignments):
+                entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only broker {node.config.node_id} exists")
+                continue
+        try:
+            topic = node.create_topic(
+                t.name,
+                partitions,
+                replication,
+                {c.name: c.value for c in t.configs},
+                validate_only=req.validate_only,
+            )
+        except TopicError as exc:
+            entry.update(error_code=exc.code, error_message=exc.message)
+            continue
+        overrides = topic.record.configs if topic else {c.name: c.value for c in t.configs if c.value is not None}
+        entry.update(
+            topic_id=topic.topic_id if topic else None,
+            num_partitions=len(topic.partitions) if topic else (partitions if partitions != -1 else node.config.num_partitions),
+            replication_factor=1,
+            configs=[
+                {
+                    "name": e.name,
+                    "value": e.value,
+                    "read_only": e.read_only,
+                    "config_source": e.source,
+                    "is_sensitive": e.sensitive,
+                }
+                for e in node.config.describe_topic(overrides)
+            ],
+        )
+    return {"throttle_time": 0, "topics": results}
+
+
+@api(20, "DeleteTopics", (1, 6))
+async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    if ctx.api_version >= 6:
+        wanted = [(t.name, t.topic_id) for t in req.topics]
+    else:
+        wanted = [(name, None) for name in req.topic_names]
+    by_id = {t.topic_id: t.name for t in node.topics.values()}
+    responses = []
+    for name, topic_id in wanted:
+        entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": errors.NONE, "error_message": None}
+        responses.append(entry)
+        if name is None:
+            if topic_id is None or topic_id not in by_id:
+                entry.update(error_code=errors.UNKNOWN_TOPIC_ID, error_message="This server does not host this topic ID.")
+                continue
+            name = entry["name"] = by_id[topic_id]
+        try:
+            topic = node.topics.get(name)
+            if topic is not None:
+                entry["topic_id"] = topic.topic_id
+            node.delete_topic(name)
+        except TopicError as exc:
+            entry.update(error_code=exc.code, error_message=exc.message)
+    return {"throttle_time": 0, "responses": responses}
+
+
+def _describe(entries: list[ConfigEntry], keys: Any, synonyms: bool, documentation: bool) -> list[dict[str, Any]]:
+    wanted = set(keys) if keys else None
+    out = []
+    for e in entries:
+        if wanted is not None and e.name not in wanted:
+            continue
+        out.append(
+            {
+                "name": e.name,
+                "value": e.value,
+                "read_only": e.read_only,
+                "is_default": e.source == ConfigSource.DEFAULT_CONFIG,
+                "config_source": e.source,
+                "is_sensitive": e.sensitive,
+                "synonyms": [{"name": n, "value": v, "source": s} for n, v, s in e.synonyms] if synonyms else [],
+                "config_type": e.type,
+                "documentation": e.doc if documentation else None,
+            }
+        )
+    return out
+
+
+@api(32, "DescribeConfigs", (1, 4))
+async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    synonyms = field_of(req, "include_synonyms", False)
+    documentation = field_of(req, "include_documentation", False)
+    results = []
+    for r in req.resources:
+        entry: dict[str, Any] = {
+            "error_code": errors.NONE,
+            "error_message": None,
+            "resource_type": r.resource_type,
+            "resource_name": r.resource_name,
+            "configs": [],
+        }
+        results.append(entry)
+        if r.resource_type == RESOURCE_TOPIC:
+            topic = node.topics.get(r.resource_name)
+            if topic is None:
+                entry.update(error_code=errors.UNKNOWN_TOPIC_OR_PARTITION, error_message=f"Topic {r.resource_name} does not exist")
+                continue
+            configs = node.config.describe_topic(topic.record.configs)
+        elif r.resource_type == RESOURCE_BROKER:
+            if r.resource_name not in ("", str(node.config.node_id)):
+                entry.update(error_code=errors.INVALID_REQUEST, error_message=f"Unexpected broker id {r.resource_name}")
+                continue
+            configs = node.config.describe_broker()
+        elif r.resource_type == RESOURCE_BROKER_LOGGER:
+            configs = []
+        else:
+            entry.update(error_code=errors.INVALID_REQUEST, error_message=f"Unsupported resource type {r.resource_type}")
+            continue
+        entry["configs"] = _describe(configs, r.configuration_keys, synonyms, documentation)
+    return {"throttle_time": 0, "results": results}

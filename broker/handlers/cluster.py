@@ -1,0 +1,109 @@
+"""ApiVersions, Metadata, DescribeCluster: what a client learns before anything else."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from broker.api import Reply, RequestContext, advertised, api
+from broker.handlers import errors
+from broker.node import Node, Topic, TopicError, check_topic_name
+from broker.shape import field_of
+
+LEADER_EPOCH = 0  # one writer per archive, never re-elected: the epoch never moves
+_ZERO_UUID = uuid.UUID(int=0)
+_SOFTWARE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")
+
+
+@api(18, "ApiVersions", (0, 4))
+async def api_versions(ctx: RequestContext, req: Any) -> Reply:
+    keys = [{"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in advertised()]
+    error = errors.NONE
+    if ctx.api_version >= 3:
+        name = field_of(req, "client_software_name", "")
+        version = field_of(req, "client_software_version", "")
+        if not (_SOFTWARE.match(name) and _SOFTWARE.match(version)):
+            error = errors.INVALID_REQUEST
+    # No supported/finalized features: old librdkafka mis-parses tagged fields here.
+    return {"error_code": error, "api_keys": keys, "throttle_time": 0}
+
+
+def brokers(node: Node) -> list[dict[str, Any]]:
+    host, port = node.config.advertised
+    return [{"node_id": node.config.node_id, "broker_id": node.config.node_id, "host": host, "port": port, "rack": node.config.rack}]
+
+
+def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
+    me = node.config.node_id
+    return {
+        "error_code": errors.NONE,
+        "name": topic.name,
+        "topic_id": topic.topic_id,
+        "is_internal": topic.name.startswith("__"),
+        "partitions": [
+            {
+                "error_code": errors.KAFKA_STORAGE_ERROR if p.failed else errors.NONE,
+                "partition_index": p.index,
+                "leader_id": me,
+                "leader_epoch": LEADER_EPOCH,
+                "replica_nodes": [me],
+                "isr_nodes": [me],
+                "offline_replicas": [me] if p.failed else [],
+            }
+            for p in topic.partitions
+        ],
+    }
+
+
+@api(3, "Metadata", (0, 12))
+async def metadata(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    requested = req.topics
+    if requested is None or (ctx.api_version == 0 and not requested):
+        topics = [describe_topic(node, t) for t in node.visible_topics()]
+    else:
+        # v4+ lets the client forbid auto-creation; earlier versions always allow it.
+        allow_create = field_of(req, "allow_auto_topic_creation", True) and node.config.auto_create_topics
+        topics = []
+        for entry in requested:
+            name = entry.name
+            if name is None:  # v10+ may address topics by id only
+                topics.append({"error_code": errors.UNKNOWN_TOPIC_ID, "name": None, "topic_id": field_of(entry, "topic_id"), "partitions": []})
+                continue
+            topic = node.topics.get(name)
+            if topic is None:
+                try:
+                    check_topic_name(name)
+                    if not allow_create:
+                        raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, "unknown topic")
+                    topic = node.create_topic(name)
+                except TopicError as exc:
+                    topics.append({"error_code": exc.code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
+                    continue
+            assert topic is not None
+            topics.append(describe_topic(node, topic))
+    return {
+        "throttle_time": 0,
+        "brokers": brokers(node),
+        "cluster_id": node.cluster_id,
+        "controller_id": node.config.node_id,
+        "topics": topics,
+    }
+
+
+@api(60, "DescribeCluster", (0, 1))
+async def describe_cluster(ctx: RequestContext, req: Any) -> Reply:
+    endpoint_type = field_of(req, "endpoint_type", 1)
+    if endpoint_type != 1:
+        return {"error_code": errors.UNSUPPORTED_ENDPOINT_TYPE, "error_message": "only broker endpoints", "cluster_id": ctx.node.cluster_id, "endpoint_type": endpoint_type, "brokers": []}
+    return {
+        "throttle_time": 0,
+        "error_code": errors.NONE,
+        "error_message": None,
+        "endpoint_type": 1,
+        "cluster_id": ctx.node.cluster_id,
+        "controller_id": ctx.node.config.node_id,
+        "brokers": brokers(ctx.node),
+    }
+

@@ -1,0 +1,106 @@
+"""ListOffsets and OffsetForLeaderEpoch.
+
+ListOffsets: -1 is the high watermark (also for read_committed: with no transactions the
+last stable offset is the high watermark), -2 the log start offset, -3 the record with
+the largest timestamp (KIP-734), and t >= 0 the first record whose timestamp is >= t,
+found through the batch index and then by reading the records of that one batch
+(LogAppendTime batches answer with the batch's append time, as Kafka does).
+
+OffsetForLeaderEpoch: an archive has one writer and its leader epoch is always 0, so
+epoch 0 ends at the log end offset and any later epoch is unknown (-1, -1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.api import Reply, RequestContext, api
+from broker.handlers import errors
+from broker.handlers.cluster import LEADER_EPOCH
+from broker.node import Partition
+from broker.protocol import records
+from broker.protocol.errors import RecordBatchError
+
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+
+def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
+    """(error, offset, timestamp) for one ListOffsets query."""
+    plog = partition.log
+    if timestamp == LATEST:
+        return errors.NONE, plog.high_watermark, -1
+    if timestamp == EARLIEST:
+        return errors.NONE, plog.log_start_offset, -1
+    if timestamp == MAX_TIMESTAMP:
+        batch = plog.batch_with_max_timestamp()
+    elif timestamp >= 0:
+        batch = plog.batch_for_timestamp(timestamp)
+    else:
+        return errors.UNSUPPORTED_VERSION, -1, -1
+    if batch is None:
+        return errors.NONE, -1, -1
+    try:
+        if timestamp >= 0:
+            found = records.find_offset_for_timestamp(batch, timestamp)
+        else:
+            found = _max_timestamp_record(batch)
+    except RecordBatchError:
+        return errors.CORRUPT_MESSAGE, -1, -1
+    if found is None or found[0] >= plog.high_watermark:
+        return errors.NONE, -1, -1
+    return errors.NONE, found[0], found[1]
+
+
+def _max_timestamp_record(batch: bytes) -> tuple[int, int] | None:
+    header = records.parse_batch_header(batch)
+    if header.is_log_append_time:
+        return header.base_offset, header.max_timestamp
+    best: tuple[int, int] | None = None
+    for record in records.iter_records(batch):
+        if best is None or record.timestamp > best[1]:
+            best = (record.offset, record.timestamp)
+    return best
+
+
+@api(2, "ListOffsets", (1, 7))
+async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            partition = node.partition(t.name, p.partition_index)
+            entry: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+            if partition is None:
+                entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
+            elif partition.failed:
+                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
+            elif getattr(p, "current_leader_epoch", -1) > LEADER_EPOCH:
+                entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
+            else:
+                error, offset, timestamp = _lookup(partition, p.timestamp)
+                entry.update(error_code=error, offset=offset, timestamp=timestamp, leader_epoch=LEADER_EPOCH if offset >= 0 else -1)
+            parts.append(entry)
+        topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}
+
+
+@api(23, "OffsetForLeaderEpoch", (2, 4))
+async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            partition = node.partition(t.topic, p.partition)
+            entry: dict[str, Any] = {"partition": p.partition, "error_code": errors.NONE, "leader_epoch": -1, "end_offset": -1}
+            current = getattr(p, "current_leader_epoch", -1)
+            if partition is None:
+                entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
+            elif current > LEADER_EPOCH:
+                entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
+            elif 0 <= p.leader_epoch <= LEADER_EPOCH:
+                entry.update(leader_epoch=LEADER_EPOCH, end_offset=partition.log.high_watermark)
+            parts.append(entry)
+        topics.append({"topic": t.topic, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}

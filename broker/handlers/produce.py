@@ -1,0 +1,204 @@
+"""Produce and InitProducerId: the write path.
+
+Per partition, in this order and without yielding to the event loop (so checks and the
+append are atomic per partition): topic lookup (auto-create), batch checks (one v2 batch,
+CRC-32C, record count vs lastOffsetDelta, size, codec vs version, timestamps), the
+idempotence verdict, LogAppendTime stamping, then `PartitionLog.append`. The response
+waits (in `Deferred`, so the connection keeps reading) until the group commit has
+published a signed head covering every appended batch: a produce is acknowledged only
+once durable as the fsync policy says. acks=0 gets no response at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from broker.api import NO_RESPONSE, Deferred, Reply, RequestContext, api
+from broker.handlers import errors
+from broker.idempotence import Verdict, last_sequence
+from broker.node import Partition, Topic, TopicError, ms_now
+from broker.protocol import records
+from broker.protocol.errors import ProtocolError, RecordBatchError
+from broker.shape import field_of
+
+log = logging.getLogger("hyperkafka.produce")
+
+ZSTD = 4
+
+
+class CloseConnection(ProtocolError):
+    """A Kafka outcome the client can only learn by losing its connection."""
+
+
+class _PartitionResult:
+    __slots__ = ("base_offset", "error", "log_append_time", "message", "partition", "wait_for")
+
+    def __init__(self, error: int = errors.NONE, message: str | None = None) -> None:
+        self.error = error
+        self.message = message
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.partition: Partition | None = None
+        self.wait_for = -1  # last offset that must be covered by a head before answering
+
+
+def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: bytes | None) -> _PartitionResult:
+    if not 0 <= index < len(topic.partitions):
+        return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
+    partition = topic.partitions[index]
+    if partition.failed:
+        return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
+    if not data:
+        return _PartitionResult(errors.INVALID_RECORD, "Produce requests with version 3+ must have exactly one record batch")
+    if len(data) > topic.max_message_bytes:
+        return _PartitionResult(
+            errors.MESSAGE_TOO_LARGE,
+            f"The batch of {len(data)} bytes is larger than max.message.bytes ({topic.max_message_bytes})",
+        )
+    try:
+        # Records are not decoded: the batch is stored and served as the client built it,
+        # and consumers check its CRC; per-record Python work would cap the write path.
+        batch = records.validate_batch(data, decode=False)
+    except RecordBatchError as exc:
+        return _PartitionResult(exc.error_code, str(exc))
+    if batch.is_control:
+        return _PartitionResult(errors.INVALID_RECORD, "Clients may not write control batches")
+    if batch.is_transactional:
+        return _PartitionResult(errors.INVALID_RECORD, "Transactions are not supported by this broker")
+    if batch.compression == ZSTD and ctx.api_version < 7:
+        return _PartitionResult(errors.UNSUPPORTED_COMPRESSION_TYPE, "zstd needs Produce v7 or later")
+    if batch.compression > ZSTD:
+        return _PartitionResult(errors.UNSUPPORTED_COMPRESSION_TYPE, f"Unknown compression codec {batch.compression}")
+    if batch.producer_id >= 0 and batch.base_sequence < 0:
+        return _PartitionResult(errors.INVALID_RECORD, "An idempotent batch needs a base sequence")
+
+    now = ms_now()
+    if (
+        not topic.log_append_time
+        and not batch.is_log_append_time
+        and (batch.max_timestamp - now > topic.timestamp_after_max_ms or now - batch.base_timestamp > topic.timestamp_before_max_ms)
+    ):
+        return _PartitionResult(errors.INVALID_TIMESTAMP, "Timestamp is out of the range the topic accepts")
+
+    outcome = None
+    if batch.producer_id >= 0:
+        first_seq = batch.base_sequence
+        last_seq = last_sequence(first_seq, batch.last_offset_delta)
+        outcome = partition.producers.check(batch.producer_id, batch.producer_epoch, first_seq, last_seq)
+        if outcome.verdict is Verdict.DUPLICATE:
+            assert outcome.duplicate_of is not None
+            result = _PartitionResult()
+            result.base_offset = outcome.duplicate_of.first_offset
+            result.partition, result.wait_for = partition, outcome.duplicate_of.last_offset
+            return result
+        if outcome.verdict is Verdict.FENCED:
+            return _PartitionResult(errors.INVALID_PRODUCER_EPOCH, outcome.message)
+        if outcome.verdict is Verdict.OUT_OF_ORDER:
+            return _PartitionResult(errors.OUT_OF_ORDER_SEQUENCE_NUMBER, outcome.message)
+
+    buf = bytearray(data)
+    result = _PartitionResult()
+    if topic.log_append_time:
+        records.set_log_append_time(buf, now)
+        result.log_append_time = now
+    try:
+        base, last = partition.log.append(buf)
+    except Exception as exc:  # the disk refused: this partition goes offline, the broker lives
+        partition.failed = f"append failed: {exc}"
+        log.exception("append to %s-%d failed", topic.name, index)
+        return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
+    if outcome is not None:
+        partition.producers.record(
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            last_sequence(batch.base_sequence, batch.last_offset_delta),
+            base,
+            last,
+            now if topic.log_append_time else batch.max_timestamp,
+        )
+    ctx.node.mark_dirty(partition)
+    result.base_offset, result.partition, result.wait_for = base, partition, last
+    return result
+
+
+@api(0, "Produce", (0, 11), accepted_min=3)
+async def produce(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    acks = req.acks
+    if field_of(req, "transactional_id") is not None:
+        results = {
+            (t.name, p.index): _PartitionResult(errors.INVALID_REQUEST, "Transactions are not supported by this broker")
+            for t in req.topic_data
+            for p in t.partition_data
+        }
+    elif acks not in (0, 1, -1):
+        results = {
+            (t.name, p.index): _PartitionResult(errors.INVALID_REQUIRED_ACKS) for t in req.topic_data for p in t.partition_data
+        }
+    else:
+        results = {}
+        for t in req.topic_data:
+            try:
+                topic = node.topic_for_write(t.name)
+            except TopicError as exc:
+                for p in t.partition_data:
+                    results[(t.name, p.index)] = _PartitionResult(exc.code, exc.message)
+                continue
+            for p in t.partition_data:
+                results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records)
+
+    if acks == 0:
+        failed = [r for r in results.values() if r.error != errors.NONE]
+        if failed:
+            # The client will never read an error code: Kafka closes the connection so
+            # the producer notices and refreshes its metadata. So do we.
+            raise CloseConnection(f"acks=0 produce failed: {failed[0].message or failed[0].error}")
+        return NO_RESPONSE
+    timeout_s = max(req.timeout.total_seconds(), 0.0)
+
+    async def finish() -> dict[str, Any]:
+        with trio.move_on_after(timeout_s) as scope:
+            for r in results.values():
+                if r.partition is not None and r.error == errors.NONE:
+                    try:
+                        await r.partition.wait_durable(r.wait_for)
+                    except TopicError as exc:
+                        r.error, r.message = exc.code, exc.message
+        if scope.cancelled_caught:
+            for r in results.values():
+                if r.partition is not None and r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
+                    r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (name, index), r in results.items():
+            ok = r.error == errors.NONE
+            by_topic.setdefault(name, []).append(
+                {
+                    "index": index,
+                    "error_code": r.error,
+                    "base_offset": r.base_offset if ok else -1,
+                    "log_append_time": r.log_append_time if ok else -1,
+                    "log_start_offset": r.partition.log.log_start_offset if ok and r.partition else -1,
+                    "record_errors": [],
+                    "error_message": r.message,
+                }
+            )
+        return {
+            "responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
+            "throttle_time": 0,
+        }
+
+    return Deferred(finish)
+
+
+@api(22, "InitProducerId", (0, 5))
+async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
+    if req.transactional_id is not None:
+        # No transaction coordinator: refuse clearly instead of pretending.
+        return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
+    # Without a transactional id Kafka always hands out a fresh id at epoch 0 (KIP-360
+    # bumps included), so do we.
+    return {"throttle_time": 0, "error_code": errors.NONE, "producer_id": ctx.node.allocate_producer_id(), "producer_epoch": 0}

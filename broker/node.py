@@ -1,0 +1,345 @@
+"""One broker node: its topics, partitions, group commit and producer ids.
+
+Owns the state every handler shares and the two background loops that keep it moving:
+`commit_loop` (group commit: one signed head per partition per round, fsync off the
+event loop, then wake the produces and fetches waiting on it) and `retention_loop`.
+Handlers never touch `storage` directly for writes; they call `Partition.append` and
+`Partition.wait_durable`. Imports `storage`, never the protocol codec.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import re
+import struct
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from broker.config import BrokerConfig, validate_topic_configs
+from broker.idempotence import ProducerStates
+from storage import PartitionLog, Store, TopicRecord
+
+log = logging.getLogger("hyperkafka.node")
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_LENGTH = 249
+PRODUCER_ID_BLOCK = 1000
+PRODUCER_ID_EXPIRATION_MS = 86_400_000
+
+
+class TopicError(Exception):
+    """A topic-level outcome with its Kafka error code (the handler puts it in the response)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Kafka error codes used by the node (the handlers map the rest).
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INVALID_TOPIC_EXCEPTION = 17
+TOPIC_ALREADY_EXISTS = 36
+INVALID_PARTITIONS = 37
+INVALID_REPLICATION_FACTOR = 38
+INVALID_CONFIG = 40
+TOPIC_DELETION_DISABLED = 73
+KAFKA_STORAGE_ERROR = 56
+
+
+def check_topic_name(name: str) -> None:
+    if not name or name in (".", ".."):
+        raise TopicError(INVALID_TOPIC_EXCEPTION, f"Topic name {name!r} is illegal")
+    if len(name) > MAX_TOPIC_LENGTH:
+        raise TopicError(INVALID_TOPIC_EXCEPTION, f"Topic name is longer than {MAX_TOPIC_LENGTH} characters")
+    if not _LEGAL_TOPIC.match(name):
+        raise TopicError(
+            INVALID_TOPIC_EXCEPTION,
+            f"Topic name {name!r} is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'",
+        )
+
+
+@dataclass(eq=False)
+class Partition:
+    topic: Topic
+    index: int
+    log: PartitionLog
+    producers: ProducerStates = field(default_factory=ProducerStates)
+    failed: str | None = None  # set when a commit failed: the partition is offline
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log.high_watermark
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_durable(self, last_offset: int) -> None:
+        """Return once a published head covers `last_offset` (the caller bounds the wait)."""
+        while self.log.high_watermark <= last_offset:
+            if self.failed:
+                raise TopicError(KAFKA_STORAGE_ERROR, self.failed)
+            await self._changed.wait()
+        if self.failed:
+            raise TopicError(KAFKA_STORAGE_ERROR, self.failed)
+
+
+@dataclass(eq=False)
+class Topic:
+    record: TopicRecord
+    partitions: list[Partition] = field(default_factory=list)
+    # Effective per-topic settings the produce path needs on every batch.
+    max_message_bytes: int = 1048588
+    log_append_time: bool = False
+    timestamp_after_max_ms: int = 3600000
+    timestamp_before_max_ms: int = 2**63 - 1
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def topic_id(self) -> uuid.UUID:
+        return self.record.topic_id
+
+
+class Node:
+    """The broker's shared state. Create with `Node.open`, run `run_background` in a nursery."""
+
+    def __init__(self, config: BrokerConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.topics: dict[str, Topic] = {}
+        digest = hashlib.blake2b(store.node_public_key, digest_size=16).digest()
+        self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        self._dirty: dict[int, Partition] = {}
+        self._commit_wanted = trio.Event()
+        self._data_changed = trio.Event()
+        self._pid_file = Path(config.data_dir) / "producer-ids"
+        self._next_pid, self._pid_limit = 0, 0
+        self._closed = False
+        for record in store.topics().values():
+            self._attach(record)
+
+    @classmethod
+    def open(cls, config: BrokerConfig) -> Node:
+        store = Store.open(config.data_dir, fsync=config.fsync)
+        return cls(config, store)
+
+    # -- topics -------------------------------------------------------------------
+
+    def _attach(self, record: TopicRecord) -> Topic:
+        topic = Topic(record)
+        self._apply_configs(topic)
+        log_config = self.config.log_config(record.configs)
+        for index in range(record.partitions):
+            plog = self.store.log(record.name, index, log_config)
+            partition = Partition(topic, index, plog)
+            partition.producers.rebuild(_producer_headers(plog))
+            topic.partitions.append(partition)
+        self.topics[record.name] = topic
+        return topic
+
+    def _apply_configs(self, topic: Topic) -> None:
+        overrides = topic.record.configs
+        eff = self.config.effective
+        topic.max_message_bytes = int(eff(overrides, "max.message.bytes"))
+        topic.log_append_time = eff(overrides, "message.timestamp.type") == "LogAppendTime"
+        topic.timestamp_after_max_ms = int(eff(overrides, "message.timestamp.after.max.ms"))
+        topic.timestamp_before_max_ms = int(eff(overrides, "message.timestamp.before.max.ms"))
+
+    def visible_topics(self) -> Iterator[Topic]:
+        return (t for name, t in self.topics.items() if not name.startswith("__"))
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str | None] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> Topic | None:
+        check_topic_name(name)
+        if name in self.topics:
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        if partitions == -1:
+            partitions = self.config.num_partitions
+        if partitions <= 0:
+            raise TopicError(INVALID_PARTITIONS, "Number of partitions must be larger than 0.")
+        if partitions > 100_000:
+            raise TopicError(INVALID_PARTITIONS, "Number of partitions is larger than 100000.")
+        if replication_factor == -1:
+            replication_factor = self.config.default_replication_factor
+        if replication_factor != 1:
+            raise TopicError(
+                INVALID_REPLICATION_FACTOR,
+                f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
+                "of 1 cannot be reached because only 1 broker(s) are registered.",
+            )
+        try:
+            overrides = validate_topic_configs(configs or {})
+        except ValueError as exc:
+            raise TopicError(INVALID_CONFIG, str(exc)) from None
+        if validate_only:
+            return None
+        record = self.store.create_topic(name, partitions, overrides)
+        log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
+        return self._attach(record)
+
+    def delete_topic(self, name: str) -> None:
+        if not self.config.delete_topic_enable:
+            raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
+        for p in topic.partitions:
+            self._dirty.pop(id(p), None)
+            p.failed = "topic deleted"
+            p.notify()
+        self.store.delete_topic(name)
+        log.info("deleted topic %s", name)
+
+    def topic_for_write(self, name: str) -> Topic:
+        """The topic to produce to, auto-created when the broker allows it."""
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        if not self.config.auto_create_topics:
+            raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
+        created = self.create_topic(name)
+        assert created is not None
+        return created
+
+    def partition(self, topic: str, index: int) -> Partition | None:
+        t = self.topics.get(topic)
+        if t is None or not 0 <= index < len(t.partitions):
+            return None
+        return t.partitions[index]
+
+    # -- producer ids -------------------------------------------------------------
+
+    def allocate_producer_id(self) -> int:
+        """A producer id never handed out before, also across restarts: ids are reserved
+        in blocks, and the end of the current block is made durable before any is used."""
+        if self._next_pid >= self._pid_limit:
+            start = 0
+            with contextlib.suppress(FileNotFoundError):
+                start = int(self._pid_file.read_text().strip() or 0)
+            limit = start + PRODUCER_ID_BLOCK
+            tmp = self._pid_file.with_suffix(".tmp")
+            with open(tmp, "w") as f:
+                f.write(f"{limit}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._pid_file)
+            self._next_pid, self._pid_limit = start, limit
+        pid = self._next_pid
+        self._next_pid += 1
+        return pid
+
+    # -- group commit -------------------------------------------------------------
+
+    def mark_dirty(self, partition: Partition) -> None:
+        self._dirty[id(partition)] = partition
+        self._commit_wanted.set()
+
+    async def wait_for_data(self) -> None:
+        """Wait until any partition's high watermark moves (Fetch long-poll)."""
+        await self._data_changed.wait()
+
+    async def commit_loop(self) -> None:
+        while True:
+            await self._commit_wanted.wait()
+            self._commit_wanted = trio.Event()
+            await self.commit_round()
+
+    async def commit_round(self) -> None:
+        dirty = list(self._dirty.values())
+        self._dirty.clear()
+        jobs = []
+        for p in dirty:
+            if p.failed:
+                continue
+            job = p.log.prepare_commit()
+            if job is not None:
+                jobs.append((p, job))
+        if not jobs:
+            return
+
+        def run_all() -> list[BaseException | None]:
+            results: list[BaseException | None] = []
+            for _, job in jobs:
+                try:
+                    job.run()
+                    results.append(None)
+                except Exception as exc:  # one partition's disk error must not stop the rest
+                    results.append(exc)
+            return results
+
+        results = await trio.to_thread.run_sync(run_all)
+        for (p, job), error in zip(jobs, results, strict=True):
+            if error is not None:
+                p.failed = f"commit failed: {error}"
+                log.error("partition %s-%d is offline: %s", p.topic.name, p.index, p.failed)
+            else:
+                p.log.publish(job)
+            p.notify()
+        self._data_changed.set()
+        self._data_changed = trio.Event()
+
+    async def retention_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.log_retention_check_ms / 1000)
+            self.apply_retention()
+
+    def apply_retention(self) -> int:
+        now = int(time.time() * 1000)
+        dropped = 0
+        for topic in list(self.topics.values()):
+            for p in topic.partitions:
+                if p.failed:
+                    continue
+                dropped += p.log.apply_retention(now)
+                p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
+        return dropped
+
+    async def run_background(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.commit_loop)
+            nursery.start_soon(self.retention_loop)
+            task_status.started()
+
+    def close(self) -> None:
+        """Commit what is pending and close every file (after the server stopped)."""
+        if not self._closed:
+            self._closed = True
+            self.store.close()
+
+
+def _producer_headers(plog: PartitionLog) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(producerId, epoch, baseSequence, lastOffsetDelta, baseOffset, maxTimestamp) of every
+    stored batch that carries a producer id."""
+    for header in plog.batch_headers(plog.log_start_offset):
+        base_offset = struct.unpack_from(">q", header, 0)[0]
+        last_delta = struct.unpack_from(">i", header, 23)[0]
+        max_ts = struct.unpack_from(">q", header, 35)[0]
+        pid, epoch, base_seq = struct.unpack_from(">qhi", header, 43)
+        if pid >= 0:
+            yield pid, epoch, base_seq, last_delta, base_offset, max_ts
+
+
+def ms_now() -> int:
+    return math.floor(time.time() * 1000)
