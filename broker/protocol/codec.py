@@ -33,7 +33,7 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 
 from . import fastpath
-from ._wire import I32, Buf, skip_tagged_fields
+from ._wire import I32, Buf, _Bad, _Short, skip_tagged_fields
 from .errors import MalformedRequest, UnknownApiKey, UnsupportedVersion
 from .header import (
     RequestHeader,
@@ -96,22 +96,27 @@ def decode_request(
 ) -> tuple[RequestHeader, Any]:
     """Decode one request payload (a frame without its size prefix).
 
-    Returns the header and kio's request dataclass for that version. For Produce v3-v11
-    (with `fast`) each partition's `records` is a zero-copy `memoryview` into `frame`
-    (writable if `frame` is), or None; elsewhere bytes fields are `bytes`.
+    Returns the header and kio's request dataclass for that version. For a Produce v3-v11
+    frame of at least `fastpath.PRODUCE_FAST_MIN_BYTES` (with `fast`) each partition's
+    `records` is a zero-copy `memoryview` into `frame` (writable if `frame` is), or None;
+    for smaller frames kio's Rust reader is faster and `records` is `bytes`. Treat
+    `records` as a bytes-like object either way.
     Raises only `ProtocolError` subclasses: `UnsupportedVersion`/`UnknownApiKey` (header
     attached, body not parsed), `MalformedRequest` (header or body does not parse, or
     bytes are left over after the body).
     """
     # Parse the fixed v1 prefix first: an unsupported version's header (notably
     # ApiVersions from a newer client) must be reported without touching the body.
-    prefix, _ = parse_request_header(frame, header_version=1)
-    _check_supported(prefix, supported)
-    header, pos = parse_request_header(
-        frame, header_version=request_header_version(prefix.api_key, prefix.api_version)
-    )
+    header, pos = parse_request_header(frame, header_version=1)
+    _check_supported(header, supported)
+    if is_flexible_request(header.api_key, header.api_version):
+        try:
+            pos = skip_tagged_fields(frame, pos)  # header v2: v1 + tagged fields
+        except (_Short, _Bad) as exc:
+            raise MalformedRequest(f"bad request header tagged fields: {exc}") from None
     if (
         fast
+        and len(frame) >= fastpath.PRODUCE_FAST_MIN_BYTES
         and header.api_key == fastpath.PRODUCE_KEY
         and header.api_version in fastpath.PRODUCE_VERSIONS
     ):
@@ -244,4 +249,3 @@ def decode_response(frame: Buf, api_key: int, api_version: int) -> tuple[int, An
     if end != len(frame):
         raise MalformedRequest(f"{len(frame) - end} bytes left after response body")
     return int(correlation_id), cast(Any, entity)
-

@@ -428,7 +428,9 @@ def iter_records(
     except (_Bad, UnicodeDecodeError) as exc:
         raise CorruptRecordBatch(f"bad record: {exc}") from None
     if pos != end:
-        raise CorruptRecordBatch(f"{end - pos} bytes after the last of {header.records_count} records")
+        raise CorruptRecordBatch(
+            f"{end - pos} bytes after the last of {header.records_count} records"
+        )
 
 
 def _read_varbytes(buf: Buf, pos: int) -> tuple[bytes | None, int]:

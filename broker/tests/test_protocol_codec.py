@@ -40,6 +40,7 @@ from broker.protocol import (
     request_schema,
     response_schema,
 )
+from broker.protocol.fastpath import decode_produce_request
 
 # A real v2 batch (one record), so "records" fields hold something plausible.
 BATCH = bytes.fromhex(
@@ -133,6 +134,8 @@ def test_request_round_trip(key: int, version: int, nulls: bool) -> None:
     # The kio path and the fast path (Produce) agree.
     _, slow = decode_request(wire[4:], fast=False)
     assert slow == got
+    if key == 0:
+        assert decode_produce_request(wire[4:], parse_request_header(wire[4:])[1], version) == req
 
 
 @pytest.mark.parametrize("nulls", [False, True], ids=["full", "nulls"])

@@ -375,7 +375,7 @@ def _run(tansu: str, out: Path, clients: list[str]) -> None:
                 [tansu, "broker", "--listener-url", f"tcp://127.0.0.1:{bport}",
                  "--advertised-listener-url", f"tcp://127.0.0.1:{pport}",
                  "--storage-engine", "memory://tansu/"],
-                cwd=tmp, stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "log", "wb"))
+                cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             proxy = subprocess.Popen([sys.executable, me, "proxy", "--listen", str(pport),
                                       "--upstream", str(bport), "--client", name,
                                       "--out", str(out)])
