@@ -254,16 +254,16 @@ class Mux:
             events.append(ro)
         elif type_ == CONTROL_REJECT:
             local_id = r.uint()
-            ch = self._local.get(local_id)
-            if ch is None or ch.opened:
+            rejected = self._local.get(local_id)
+            if rejected is None or rejected.opened:
                 raise MessageError(f"invalid reject of channel {local_id}")
-            self._drop(ch)
-            events.append(ChannelRejected(ch))
+            self._drop(rejected)
+            events.append(ChannelRejected(rejected))
         elif type_ == CONTROL_CLOSE:
             remote_id = r.uint()
-            ch = self._remote.get(remote_id)
-            if remote_id == 0 or ch is None:
+            closing = self._remote.get(remote_id)
+            if remote_id == 0 or closing is None:
                 return
-            self._drop(ch)
-            events.append(ChannelClosed(ch, True))
+            self._drop(closing)
+            events.append(ChannelClosed(closing, True))
         # unknown control types are ignored, as protomux does

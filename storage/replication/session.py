@@ -266,9 +266,8 @@ class _Server(_Role):
                 self._sync(s)  # acknowledge their length so they may ask for an upgrade
         elif isinstance(m, M.Request):
             self._on_request(s, m)
-        elif isinstance(m, M.Want) and not isinstance(m, M.Unwant):
-            if self.head.length:
-                s.send(M.Range(0, self.head.length))
+        elif isinstance(m, M.Want) and not isinstance(m, M.Unwant) and self.head.length:
+            s.send(M.Range(0, self.head.length))
         # cancel/unwant/bitfield/range/data/noData/extension need no answer from a
         # server that answers every request synchronously and downloads nothing.
 

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -86,11 +87,11 @@ async def test_python_follows_node_core(n: int, size: int) -> None:
     node = _require_node()
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            proc: trio.Process = await nursery.start(  # type: ignore[assignment]
-                lambda task_status: trio.run_process(
+            proc: trio.Process = await nursery.start(
+                partial(
+                    trio.run_process,
                     [node, str(PEER), "serve", str(n), str(size)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, check=False,
-                    task_status=task_status,
                 )
             )
             assert proc.stdout is not None and proc.stdin is not None

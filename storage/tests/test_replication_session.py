@@ -5,6 +5,7 @@ key's signature, a manifest for another key, invalid requests)."""
 from __future__ import annotations
 
 import dataclasses
+
 import pytest
 import trio
 import trio.testing
@@ -235,6 +236,14 @@ async def test_trio_follower_fails_if_peer_hangs_up() -> None:
                 await follow_archive(b, src.key, MemoryArchive(KP.public_key))
 
 
+async def _wait_blocks(sink: MemoryArchive, n: int) -> None:
+    # Polling keeps MemoryArchive free of Trio; fail_after in the caller bounds it.
+    for _ in range(1000):
+        if len(sink.blocks) >= n:
+            return
+        await trio.sleep(0.01)
+
+
 async def test_live_serve_with_wait_appended() -> None:
     src = _archive(3)
     sink = MemoryArchive(KP.public_key)
@@ -250,12 +259,10 @@ async def test_live_serve_with_wait_appended() -> None:
         async with trio.open_nursery() as n:
             n.start_soon(lambda: serve_archive(a, src, wait_appended=wait))
             n.start_soon(lambda: follow_archive(b, src.key, sink, live=True))
-            while len(sink.blocks) < 3:
-                await trio.sleep(0.01)
+            await _wait_blocks(sink, 3)
             src.append(b"new block")
             appended.set()
-            while len(sink.blocks) < 4:
-                await trio.sleep(0.01)
+            await _wait_blocks(sink, 4)
             n.cancel_scope.cancel()
     assert sink.blocks == src.blocks
 

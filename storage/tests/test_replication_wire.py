@@ -169,7 +169,7 @@ def test_secretstream_tampered_frame() -> None:
 
 
 def test_secretstream_short_frame_and_bad_header() -> None:
-    a, b = _connected_pair()
+    _a, b = _connected_pair()
     with pytest.raises(FramingError):
         b.receive_data(b"\x03\x00\x00abc")
     x, y = SecretStream(True), SecretStream(False)
