@@ -80,7 +80,7 @@ _BE_BASE_EPOCH = struct.Struct(">q")  # baseOffset; leader epoch written separat
 
 HEAD_MAGIC = b"HKHEAD01"
 SLOT_SIZE = 4096
-_SLOT_FIXED = struct.Struct("<8sIIQQQQ32s68sqqQ16sqI")  # 200 bytes
+_SLOT_FIXED = struct.Struct("<8sIIQQQQ32s68sqqQ16sqQI")  # 208 bytes
 _ROOT = struct.Struct("<QQ32s")
 FLAG_CLEAN = 1
 MAX_ROOTS = 64
@@ -130,6 +130,7 @@ class Head:
     flags: int = 0
     boot_id: bytes = bytes(16)
     written_ms: int = 0
+    derived_length: int = 0  # blocks whose .bidx entries and tree nodes were fsynced
 
     @property
     def clean(self) -> bool:
@@ -160,6 +161,7 @@ class Head:
             self.min_index,
             self.boot_id,
             self.written_ms,
+            self.derived_length,
             len(self.roots),
         )
         pos = _SLOT_FIXED.size
@@ -177,15 +179,15 @@ class Head:
         (crc,) = _U32.unpack_from(slot, 8)
         if crc32c.crc32c(memoryview(slot)[12:SLOT_SIZE]) != crc:
             return None
-        (_, _, flags, seq, fork, length, byte_length, th, sig, nxt, lso, mi, boot, ms, nroots) = (
-            _SLOT_FIXED.unpack_from(slot, 0)
-        )
+        (_, _, flags, seq, fork, length, byte_length, th, sig, nxt, lso, mi, boot, ms, dl,
+         nroots) = _SLOT_FIXED.unpack_from(slot, 0)
         if nroots > MAX_ROOTS:
             return None
         roots = tuple(
             Node(*_ROOT.unpack_from(slot, _SLOT_FIXED.size + i * _ROOT.size)) for i in range(nroots)
         )
-        return cls(fork, length, byte_length, th, sig, nxt, lso, mi, roots, seq, flags, boot, ms)
+        return cls(fork, length, byte_length, th, sig, nxt, lso, mi, roots, seq, flags, boot, ms,
+                   dl)
 
 
 def read_head_slots(fs: FileSystem, fd: int) -> tuple[Head | None, bool]:
@@ -381,6 +383,7 @@ class CommitJob:
     nodes: list[Node]
     sync_fds: list[int]
     sync_derived: bool
+    derived_length: int
     sync_head: bool
     sync_dir: bool
     sign: bool
@@ -423,6 +426,7 @@ class CommitJob:
                 flags=self.flags,
                 boot_id=BOOT_ID,
                 written_ms=int(time.time() * 1000),
+                derived_length=fr.length if self.sync_derived else self.derived_length,
             )
             fs.pwrite_all(lg._head_fd, head.encode(), (self.seq % 2) * SLOT_SIZE)
             if self.sync_head:
@@ -543,12 +547,17 @@ class PartitionLog:
             return
         min_index = head.min_index if head else 0
         signed_len = head.length if head else 0
-        power_loss = (
-            head is not None
-            and not head.clean
-            and head.policy is not FsyncPolicy.ALWAYS
-            and head.boot_id != BOOT_ID
-        )
+        rebooted = head is not None and not head.clean and head.boot_id != BOOT_ID
+        power_loss = rebooted and head is not None and head.policy is not FsyncPolicy.ALWAYS
+        # Below `checkpoint` the .bidx entries and tree nodes are trusted without rehashing:
+        # after a clean close or a process crash (same boot: the page cache survived) that is
+        # the whole signed length, after a reboot only what was fsynced (derived_length).
+        if head is None:
+            checkpoint = 0
+        elif rebooted:
+            checkpoint = min(head.derived_length, signed_len)
+        else:
+            checkpoint = signed_len
 
         # Load segments in order, checking the structure; cut at the first inconsistency.
         expect_leaf: int | None = None
@@ -594,7 +603,7 @@ class PartitionLog:
             # Entries at or past the signed length are the tail: check them fully.
             # After a power loss of a non-`always` writer anything unsynced may be torn,
             # so everything is checked (slow, but only then).
-            tail_from = 0 if power_loss else max(0, signed_len - first_leaf)
+            tail_from = 0 if power_loss else max(0, checkpoint - first_leaf)
             k = tail_from
             while k < good:
                 if not self._check_entry_against_log(seg, k):
@@ -651,20 +660,22 @@ class PartitionLog:
 
         # Frontier at the end of the data.
         self._segments_ready()
-        if head is not None and rebuilt_from is None and total >= signed_len and not power_loss:
+        if (head is not None and rebuilt_from is None and total >= signed_len and not power_loss
+                and checkpoint == signed_len):
             # the common case: continue from the roots in the verified head, no hashing
             self._frontier = Frontier.from_roots(list(head.roots))
             self._fold(signed_len, total)
         elif head is not None and not power_loss:
             # index entries below the head were rebuilt from the log: recompute and compare
-            start = min(rebuilt_from if rebuilt_from is not None else total, signed_len)
+            start = min(rebuilt_from if rebuilt_from is not None else total, signed_len,
+                        checkpoint)
             ok = False
             for attempt in ("stored", "leaves"):
+                self._pending_nodes = []
                 fr = self._frontier_at(start, use_stored=attempt == "stored")
                 if fr is None:
                     continue
                 self._frontier = fr
-                self._pending_nodes = []
                 self._fold(start, signed_len)
                 if self._frontier.tree_hash() == head.tree_hash:
                     ok = True
@@ -695,7 +706,7 @@ class PartitionLog:
             self.high_watermark = self.log_start_offset
         # Leaves below the signed length are authenticated lazily on first read.
         self._leaf_ok_base = self._min_index
-        verified_below = min(signed_len, total) if head is not None else self._min_index
+        verified_below = min(checkpoint, total) if head is not None else self._min_index
         if rebuilt_from is not None:
             verified_below = min(verified_below, rebuilt_from)
         verified_below = max(verified_below, self._min_index)
@@ -714,6 +725,9 @@ class PartitionLog:
             self._published_length = 0
         if fork_bump or total > self._published_length:
             self.commit(force_sync=True)
+        elif self._pending_nodes:  # tree nodes rebuilt below the head: repair the file
+            self._write_nodes(self._pending_nodes)
+            self._pending_nodes = []
 
     def _segments_ready(self) -> None:
         self._seg_bases = [s.base_offset for s in self._segments]
@@ -1073,6 +1087,7 @@ class PartitionLog:
             nodes=self._pending_nodes,
             sync_fds=sync_fds,
             sync_derived=derived_due,
+            derived_length=self._head.derived_length if self._head else 0,
             sync_head=due,
             sync_dir=sync_dir,
             sign=new or self._head is None,
@@ -1293,7 +1308,7 @@ class PartitionLog:
         new_head = Head(
             head.fork, head.length, head.byte_length, head.tree_hash, head.signature,
             head.next_offset, self.log_start_offset, new_min, head.roots, self._head_seq,
-            _POLICY_CODE[self.policy] << 8, BOOT_ID, int(time.time() * 1000),
+            _POLICY_CODE[self.policy] << 8, BOOT_ID, int(time.time() * 1000), head.length,
         )
         self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
         self.fs.fsync(self._head_fd)
@@ -1325,7 +1340,7 @@ class PartitionLog:
                         h.fork, h.length, h.byte_length, h.tree_hash, h.signature,
                         h.next_offset, h.log_start_offset, h.min_index, h.roots,
                         self._head_seq, FLAG_CLEAN | (_POLICY_CODE[self.policy] << 8),
-                        BOOT_ID, int(time.time() * 1000),
+                        BOOT_ID, int(time.time() * 1000), h.length,
                     )
                     self.fs.pwrite_all(self._head_fd, clean.encode(),
                                        (self._head_seq % 2) * SLOT_SIZE)
