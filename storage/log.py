@@ -323,7 +323,9 @@ class _Segment:
 
     def end_of(self, k: int) -> int:
         """Byte position just past entry k."""
-        return self.positions[k + 1] if k + 1 < len(self.positions) else self.log_size
+        if k + 1 < len(self.positions):
+            return int(self.positions[k + 1])
+        return int(self.positions[k]) + self.size_of(k)
 
     def size_of(self, k: int) -> int:
         return int(_U32.unpack_from(self.entries, k * ENTRY_SIZE + 20)[0])
