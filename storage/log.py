@@ -1195,7 +1195,8 @@ class PartitionLog:
             return False
         cur = Node(2 * leaf_index, size, compute_leaf(data, size))
         if self._node_ok is None:
-            top = max(self._open_roots) + 1 if self._open_roots else 0
+            # every node under the roots verified at open has an index below 2 * length
+            top = max((flat_tree.right_span(i) for i in self._open_roots), default=-1)
             self._node_ok = bytearray(top + 1)
         ok = self._node_ok
         path: list[int] = []

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from storage import batch as B
 from storage.fs import FileSystem, OsFileSystem
-from storage.hypercore import Frontier, Node, archive_key, flat_tree
+from storage.hypercore import Frontier, Node, archive_key, flat_tree, parent_node
 from storage.log import (
     ENTRY_SIZE,
     IDX_HEADER_SIZE,
     NODE_SIZE,
+    Head,
     check_head,
     compute_leaf,
     decode_index_header,
@@ -90,7 +91,7 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None)
             fr = Frontier()
         leaf = min_index
         expect_offset: int | None = None
-        first_suspect: int | None = None  # first leaf whose stored tree node disagrees
+        seen: list[tuple[int, int, bytes]] = []  # (offset, size, leaf hash) below the head
         bad: tuple[int, str] | None = None
         for base in bases:
             lfd = ropen(os.path.join(path, f"{base:020d}.log"))
@@ -133,16 +134,15 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None)
                 if h != e_leaf:
                     bad = (e_base, "batch bytes do not match their leaf hash")
                     break
-                stored = _node(fs, tree_fd, 2 * leaf) if tree_fd >= 0 else None
-                if first_suspect is None and leaf < signed and (stored is None or stored[1] != h):
-                    first_suspect = e_base
+                if leaf < signed:
+                    seen.append((e_base, size, h))
                 fr.append(h, size)
                 leaf += 1
                 pos += size
                 expect_offset = e_base + delta + 1
                 if leaf == signed and fr.tree_hash() != head.tree_hash:  # type: ignore[union-attr]
-                    bad = (first_suspect if first_suspect is not None else
-                           (head.log_start_offset if head else 0),
+                    assert head is not None
+                    bad = (_first_unauthenticated(fs, tree_fd, head, min_index, seen),
                            "tree recomputed from the data differs from the signed head")
                     break
             if bad:
@@ -159,6 +159,26 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None)
     finally:
         for fd in fds:
             fs.close(fd)
+
+
+def _first_unauthenticated(fs: FileSystem, tree_fd: int, head: Head, min_index: int,
+                           seen: list[tuple[int, int, bytes]]) -> int:
+    """The offset of the first batch whose path (its recomputed leaf hash plus the stored
+    sibling nodes) does not hash up to a signed root. Only run when the tree is wrong."""
+    roots = {r.index: r for r in head.roots}
+    for i, (offset, size, h) in enumerate(seen):
+        cur = Node(2 * (min_index + i), size, h)
+        while cur.index not in roots:
+            sib = _node(fs, tree_fd, flat_tree.sibling(cur.index)) if tree_fd >= 0 else None
+            if sib is None or cur.index > 2 * head.length:
+                break
+            s = Node(flat_tree.sibling(cur.index), sib[0], sib[1])
+            left, right = (cur, s) if cur.index < s.index else (s, cur)
+            cur = parent_node(left, right)
+        root = roots.get(cur.index)
+        if root is None or root.hash != cur.hash:
+            return offset
+    return seen[0][0] if seen else head.log_start_offset
 
 
 def _read_all(fs: FileSystem, fd: int) -> bytes:
