@@ -486,6 +486,9 @@ class PartitionLog:
         self._head_fd = -1
         self._tree_fd = -1
         self._closed = False
+        # The head on disk says "clean shutdown": the first commit must fsync a head without
+        # that flag before publishing, or a power loss would hide that we signed anything.
+        self._disk_clean = False
 
     # ------------------------------------------------------------------ properties
 
@@ -536,6 +539,16 @@ class PartitionLog:
         for n in names:  # index files without a log: nothing to index
             if n.endswith(".bidx") and n[:-5].isdigit() and int(n[:-5]) not in bases:
                 fs.unlink(os.path.join(self.path, n))
+        if head is None and not corrupt_slot and not bases:
+            # A new archive: make an unsigned genesis slot (length 0) durable before any
+            # head is signed, so a later power loss always finds the writer's policy and
+            # boot id on disk and can tell that heads may have been lost (FORMAT.md sec. 8).
+            head = Head(0, 0, 0, tree_hash([]), bytes(68), 0, 0, 0, (), 1,
+                        FLAG_CLEAN | (_POLICY_CODE[self.policy] << 8), BOOT_ID,
+                        int(time.time() * 1000), 0)
+            fs.pwrite_all(self._head_fd, head.encode(), SLOT_SIZE)
+            fs.fsync(self._head_fd)
+            fs.fsync_dir(self.path)
         if head is not None:
             why = check_head(head, self.public_key, self.key)
             if why is not None:
@@ -544,6 +557,7 @@ class PartitionLog:
                 return
             self._head_seq = head.seq
             self._fork = head.fork
+            self._disk_clean = head.clean
         elif corrupt_slot and bases:
             self._open_damaged(ArchiveDamaged(f"{self.path}: both head slots invalid", 0), bases, None)
             return
@@ -562,8 +576,10 @@ class PartitionLog:
             checkpoint = signed_len
 
         # Load segments in order, checking the structure; cut at the first inconsistency.
-        expect_leaf: int | None = None
-        expect_offset: int | None = None
+        # The first segment must start where the head says the log starts; a segment that
+        # does not continue the previous one means data in between is gone: cut there.
+        expect_leaf: int = min_index
+        expect_offset: int = head.log_start_offset if head is not None else 0
         cut = False  # something was truncated or dropped
         rebuilt_from: int | None = None  # first leaf whose entry was rebuilt from the log
         for bi, base in enumerate(bases):
@@ -571,20 +587,19 @@ class PartitionLog:
             if cut:
                 self._drop_segment_files(seg)
                 continue
+            # A segment wholly below the log start is a leftover of an interrupted retention.
+            nxt = bases[bi + 1] if bi + 1 < len(bases) else None
+            if head is not None and nxt is not None and nxt <= head.log_start_offset:
+                self._drop_segment_files(seg)
+                continue
             hdr = decode_index_header(fs.pread_exact(seg.idx_fd, IDX_HEADER_SIZE, 0))
             log_size = fs.size(seg.log_fd)
             seg.log_size = log_size
-            if expect_leaf is None:
-                first_leaf = hdr[1] if hdr and hdr[0] == base else min_index
-            else:
-                first_leaf = expect_leaf
-            if expect_offset is not None and base != expect_offset:
+            first_leaf = expect_leaf
+            if base != expect_offset:
+                log.warning("%s: segment %d does not continue the log at %d; dropping it and "
+                            "everything after it", self.path, base, expect_offset)
                 cut = True
-                self._drop_segment_files(seg)
-                continue
-            # A segment wholly below min_index is a leftover of an interrupted retention.
-            nxt = bases[bi + 1] if bi + 1 < len(bases) else None
-            if head is not None and nxt is not None and nxt <= head.log_start_offset:
                 self._drop_segment_files(seg)
                 continue
             if hdr is None or hdr != (base, first_leaf):
@@ -618,6 +633,7 @@ class PartitionLog:
                 cut = True
             # Batches in the log past the last entry: rebuild their entries.
             end = seg.end_of(seg.count - 1) if seg.count else 0
+            log_size = fs.size(seg.log_fd)
             scanned_to, added_from = self._scan_log_tail(seg, end, log_size)
             if added_from is not None and rebuilt_from is None:
                 rebuilt_from = added_from
@@ -625,15 +641,15 @@ class PartitionLog:
                 fs.ftruncate(seg.log_fd, scanned_to)
                 seg.log_size = scanned_to
                 cut = True
-            if seg.count == 0 and nxt is not None:
-                # an empty segment that is not the last one holds nothing: remove it
-                self._drop_segment_files(seg)
-                continue
+            # we cannot know whether the previous process fsynced this: sync it again
+            seg.synced_log = False
+            seg.idx_dirty = True
             self._segments.append(seg)
             expect_leaf = seg.first_leaf + seg.count
             expect_offset = seg.next_offset()
         self._seg_bases = [s.base_offset for s in self._segments]
-        total = expect_leaf if expect_leaf is not None else min_index
+        total = expect_leaf
+        self._dirty = bool(self._segments)
         if self._segments:
             self.log_start_offset = self._segments[0].base_offset
             self.log_end_offset = self._segments[-1].next_offset()
@@ -847,11 +863,8 @@ class PartitionLog:
         del seg.entries[n * ENTRY_SIZE :]
         seg.set_entries(seg.entries)
         seg.idx_written = min(seg.idx_written, n)
-        if write:
+        if write:  # the log past these entries is rescanned (and cut) by _scan_log_tail
             self.fs.ftruncate(seg.idx_fd, IDX_HEADER_SIZE + n * ENTRY_SIZE)
-            end = seg.end_of(n - 1) if n else 0
-            seg.log_size = end
-            self.fs.ftruncate(seg.log_fd, end)
 
     def _stored_roots(self, length: int) -> Frontier | None:
         roots = []
@@ -1090,12 +1103,13 @@ class PartitionLog:
             sync_fds=sync_fds,
             sync_derived=derived_due,
             derived_length=self._head.derived_length if self._head else 0,
-            sync_head=due,
+            sync_head=due or self._disk_clean,
             sync_dir=sync_dir,
             sign=new or self._head is None,
             flags=_POLICY_CODE[self.policy] << 8,
         )
         self._pending_nodes = []
+        self._disk_clean = False
         self._job = job
         return job
 

@@ -1,0 +1,102 @@
+"""Retention drops whole segments, advances log_start_offset, keeps the tree for proofs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from storage_testutil import KEYPAIR, batch_of_size, split_batches, tree_hash_of
+
+from storage import FsyncPolicy, LogConfig, PartitionLog
+from storage.errors import OffsetOutOfRange
+from storage.hypercore import Frontier, leaf_hash
+from storage.verify import verify_partition
+
+
+def setup(tmp_path, cfg, n=20):
+    lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.ALWAYS, config=cfg)
+    batches = []
+    for i in range(n):
+        b = batch_of_size(300, ts=1000 * i)
+        lg.append(b)
+        batches.append(bytes(b))
+    lg.commit()
+    return lg, batches
+
+
+def segments(path):
+    return sorted(n for n in os.listdir(path) if n.endswith(".log"))
+
+
+def test_retention_by_bytes(tmp_path):
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_bytes=2000,
+                                            retention_ms=-1))
+    assert len(segments(tmp_path)) == 7  # 3 batches per segment, last one partial
+    dropped = lg.apply_retention(now_ms=10**12)
+    assert dropped == 4  # Kafka rule: drop while the rest is still >= retention_bytes
+    assert segments(tmp_path)[0] == "00000000000000000012.log"
+    assert lg.log_start_offset == 12
+    with pytest.raises(OffsetOutOfRange):
+        lg.read(11, 100)
+    assert split_batches(lg.read_bytes(12, 1 << 20)) == batches[12:15]
+    # the tree file still holds the nodes of the dropped leaves: proofs stay possible
+    assert lg.node(0).hash == leaf_hash(batches[0])
+    assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
+    lg.close()
+    lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.ALWAYS,
+                           config=LogConfig(segment_bytes=1000))
+    assert lg.log_start_offset == 12 and lg.high_watermark == 20
+    more = []
+    for i in range(3):
+        b = batch_of_size(300, ts=5)
+        lg.append(b)
+        more.append(bytes(b))
+    head = lg.commit()
+    assert head.tree_hash == tree_hash_of(batches + more)  # the same tree continues
+    assert head.log_start_offset == 12 and head.min_index == 12
+    assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
+    # every retained batch still authenticates on first read after reopen
+    lg.close()
+    lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.ALWAYS)
+    assert split_batches(lg.read_bytes(12, 1 << 20)) == batches[12:15]
+    lg.close()
+
+
+def test_retention_by_time_keeps_the_active_segment_and_unpublished_data(tmp_path):
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_ms=5_000))
+    # segment k holds timestamps 3000k .. 3000k+2000
+    assert lg.apply_retention(now_ms=11_500) == 2  # segments with max ts < 6500: [0..3),[3..6)
+    assert lg.log_start_offset == 6
+    assert lg.apply_retention(now_ms=11_500) == 0
+    assert lg.apply_retention(now_ms=10**9) == 4  # never the active segment
+    assert lg.log_start_offset == 18 and len(segments(tmp_path)) == 1
+    lg.close()
+
+
+def test_interrupted_retention_is_finished_at_open(tmp_path):
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_bytes=2000,
+                                            retention_ms=-1))
+    seg0 = os.path.join(tmp_path, "00000000000000000000.log")
+    saved = open(seg0, "rb").read()
+    saved_idx = open(seg0[:-4] + ".bidx", "rb").read()
+    lg.apply_retention(now_ms=0)
+    lg.close()
+    # crash after the head was written but before the files were unlinked
+    with open(seg0, "wb") as f:
+        f.write(saved)
+    with open(seg0[:-4] + ".bidx", "wb") as f:
+        f.write(saved_idx)
+    lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.ALWAYS)
+    assert not os.path.exists(seg0) and lg.log_start_offset == 12
+    lg.close()
+
+
+def test_frontier_of_min_index_from_tree_file(tmp_path):
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_bytes=0,
+                                            retention_ms=-1))
+    lg.apply_retention(now_ms=0)
+    f = Frontier()
+    for b in batches[: lg.head.min_index]:
+        f.append(leaf_hash(b), len(b))
+    assert lg._stored_roots(lg.head.min_index).tree_hash() == f.tree_hash()
+    lg.close()
