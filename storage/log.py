@@ -74,6 +74,8 @@ ENTRY_SIZE = 64
 _IDX_HEADER = struct.Struct("<8sqQ36x")  # 60 bytes, then crc
 _ENTRY = struct.Struct("<qqIIi32s")  # 60 bytes, then crc
 _U32 = struct.Struct("<I")
+_ZERO32 = bytes(32)
+_ZERO4 = bytes(4)
 _BE_I32 = struct.Struct(">i")
 _BE_I64 = struct.Struct(">q")
 _BE_BASE_EPOCH = struct.Struct(">q")  # baseOffset; leader epoch written separately
@@ -383,6 +385,10 @@ class CommitJob:
     seq: int
     index_writes: list[tuple[int, int, bytes]]
     nodes: list[Node]
+    # batches appended since the last job: (.log fd, .bidx fd, entry number, base offset,
+    # max timestamp, position, size, last offset delta). Read back and hashed here, off
+    # the owner thread.
+    pending: list[tuple[int, int, int, int, int, int, int, int]]
     sync_fds: list[int]
     sync_derived: bool
     derived_length: int
@@ -398,6 +404,7 @@ class CommitJob:
         lg = self.log
         fs = lg.fs
         try:
+            self._hash_pending()
             for fd, pos, data in self.index_writes:
                 fs.pwrite_all(fd, data, pos)
             if self.nodes:
@@ -441,6 +448,42 @@ class CommitJob:
             lg._poisoned = exc
             raise StorageError(f"commit failed: {exc}") from exc
 
+    def _hash_pending(self) -> None:
+        """Leaf hashes (BLAKE2b releases the GIL above 2 KiB, so this overlaps the owner
+        thread's appends), frontier, and the index entries, one pwrite per run of entries."""
+        fr = self.frontier
+        nodes = self.nodes
+        pending = self.pending
+        fs = self.log.fs
+        run_fd = -1
+        run_start = 0
+        buf = bytearray()
+        span = memoryview(b"")
+        span_fd = span_start = span_end = -1
+        for i, (log_fd, fd, k, base, max_ts, pos, size, delta) in enumerate(pending):
+            if log_fd != span_fd or pos + size > span_end:
+                # one pread for every new batch of this segment (they are contiguous); the
+                # page cache has them, and what we hash is exactly what we will serve
+                j = i
+                while j + 1 < len(pending) and pending[j + 1][0] == log_fd:
+                    j += 1
+                span_fd, span_start = log_fd, pos
+                span_end = pending[j][5] + pending[j][6]
+                span = memoryview(fs.pread_exact(log_fd, span_end - span_start, span_start))
+                if len(span) != span_end - span_start:
+                    raise StorageError("segment shorter than what was appended")
+            leaf = compute_leaf(span[pos - span_start : pos - span_start + size], size)
+            nodes.extend(fr.append(leaf, size))
+            if fd != run_fd or k != run_start + len(buf) // ENTRY_SIZE:
+                if buf:
+                    self.index_writes.append((run_fd, IDX_HEADER_SIZE + run_start * ENTRY_SIZE,
+                                              bytes(buf)))
+                run_fd, run_start, buf = fd, k, bytearray()
+            buf += encode_entry(base, max_ts, pos, size, delta, leaf)
+        if buf:
+            self.index_writes.append((run_fd, IDX_HEADER_SIZE + run_start * ENTRY_SIZE, bytes(buf)))
+        self.pending = []
+
 
 # ---------------------------------------------------------------------------- the log
 
@@ -459,8 +502,11 @@ class PartitionLog:
         self.fs = fs
         self._segments: list[_Segment] = []
         self._seg_bases: list[int] = []
+        # Owned by the commit job while one is in flight, else by the owner thread.
         self._frontier = Frontier()
         self._pending_nodes: list[Node] = []
+        self._pending: list[tuple[int, int, int, int, int, int, int, int]] = []
+        self._next_leaf = 0  # blocks appended (the frontier catches up in the commit job)
         self._head: Head | None = None
         self._head_seq = 0
         self._fork = 0
@@ -504,7 +550,7 @@ class PartitionLog:
     @property
     def length(self) -> int:
         """Number of batches appended (blocks in the archive, including unpublished)."""
-        return self._frontier.length
+        return self._next_leaf
 
     def set_config(self, config: LogConfig) -> None:
         self.config = config
@@ -715,6 +761,7 @@ class PartitionLog:
                     None, head, keep_segments=True)
                 return
             self._frontier = fr
+        self._next_leaf = total
         self._head = head
         if head is not None:
             self.high_watermark = head.next_offset if total >= signed_len else self.log_end_offset
@@ -783,6 +830,7 @@ class PartitionLog:
         self._leaf_ok_base = self._min_index
         total = (self._segments[-1].first_leaf + self._segments[-1].count) if self._segments else 0
         self._leaf_ok = bytearray(max(0, total - self._min_index))
+        self._next_leaf = total
         if not self._open_roots:
             self.high_watermark = self.log_start_offset
 
@@ -1001,10 +1049,14 @@ class PartitionLog:
         self.fs.pwrite_all(seg.log_fd, batch, pos)
         seg.log_size = pos + size
         seg.synced_log = False
-        leaf = compute_leaf(batch, size)
-        entry = encode_entry(base, max_ts, pos, size, delta, leaf)
-        self._add_entry(seg, entry, base, max_ts, pos)
-        self._pending_nodes.extend(self._frontier.append(leaf, size))
+        k = len(seg.bases)
+        # in memory the leaf hash stays zero (reads do not need it; the file gets it)
+        seg.entries += _ENTRY.pack(base, max_ts, pos, size, delta, _ZERO32) + _ZERO4
+        seg.bases.append(base)
+        seg.max_ts.append(max_ts)
+        seg.positions.append(pos)
+        self._pending.append((seg.log_fd, seg.idx_fd, k, base, max_ts, pos, size, delta))
+        self._next_leaf += 1
         self._leaf_ok.append(1)
         self.log_end_offset = base + delta + 1
         self._dirty = True
@@ -1021,6 +1073,11 @@ class PartitionLog:
         now_ms = int(time.time() * 1000)
         if self._segments:
             seg = self._segments[-1]
+            cfg = self.config
+            if (seg.bases and seg.log_size + size <= cfg.segment_bytes
+                    and now_ms - seg.created_ms < cfg.segment_ms and seg.log_size + size < (1 << 32)):
+                return seg  # the common case first
+            seg = self._segments[-1]
             if not seg.count:
                 seg.created_ms = now_ms
                 return seg
@@ -1030,7 +1087,7 @@ class PartitionLog:
                 return seg
         # roll: the previous segment's buffered index entries go out with the next commit
         seg = self._open_segment_files(self.log_end_offset)
-        seg.first_leaf = self._frontier.length
+        seg.first_leaf = self._next_leaf
         self.fs.pwrite_all(seg.idx_fd, encode_index_header(seg.base_offset, seg.first_leaf), 0)
         seg.created_ms = now_ms
         self._segments.append(seg)
@@ -1047,7 +1104,7 @@ class PartitionLog:
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
         now = time.monotonic() * 1000
-        new = self._frontier.length != self._published_length or (
+        new = self._next_leaf != self._published_length or (
             self._head is not None and self._fork != self._head.fork
         )
         interval = self.config.flush_interval_ms
@@ -1068,13 +1125,13 @@ class PartitionLog:
         else:
             derived_due = due
         sync_fds: list[int] = []
-        index_writes: list[tuple[int, int, bytes]] = []
-        for seg in self._segments:
-            if seg.idx_written < seg.count:
-                off = seg.idx_written * ENTRY_SIZE
-                index_writes.append((seg.idx_fd, IDX_HEADER_SIZE + off, bytes(seg.entries[off:])))
-                seg.idx_written = seg.count
+        if self._pending:
+            first_fd = self._pending[0][1]
+            for seg in reversed(self._segments):  # segments the pending entries go to
                 seg.idx_dirty = True
+                if seg.idx_fd == first_fd:
+                    break
+        for seg in self._segments:
             if due and not seg.synced_log:
                 sync_fds.append(seg.log_fd)
                 seg.synced_log = True
@@ -1092,14 +1149,15 @@ class PartitionLog:
         self._head_seq += 1
         job = CommitJob(
             log=self,
-            frontier=self._frontier.copy(),
+            frontier=self._frontier,  # advanced by the job; nothing else touches it meanwhile
             next_offset=self.log_end_offset,
             log_start_offset=self.log_start_offset,
             min_index=self._min_index,
             fork=self._fork,
             seq=self._head_seq,
-            index_writes=index_writes,
+            index_writes=[],
             nodes=self._pending_nodes,
+            pending=self._pending,
             sync_fds=sync_fds,
             sync_derived=derived_due,
             derived_length=self._head.derived_length if self._head else 0,
@@ -1109,6 +1167,7 @@ class PartitionLog:
             flags=_POLICY_CODE[self.policy] << 8,
         )
         self._pending_nodes = []
+        self._pending = []
         self._disk_clean = False
         self._job = job
         return job

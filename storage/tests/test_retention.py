@@ -47,7 +47,7 @@ def test_retention_by_bytes(tmp_path):
                            config=LogConfig(segment_bytes=1000))
     assert lg.log_start_offset == 12 and lg.high_watermark == 20
     more = []
-    for i in range(3):
+    for _ in range(3):
         b = batch_of_size(300, ts=5)
         lg.append(b)
         more.append(bytes(b))
@@ -63,7 +63,7 @@ def test_retention_by_bytes(tmp_path):
 
 
 def test_retention_by_time_keeps_the_active_segment_and_unpublished_data(tmp_path):
-    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_ms=5_000))
+    lg, _ = setup(tmp_path, LogConfig(segment_bytes=1000, retention_ms=5_000))
     # segment k holds timestamps 3000k .. 3000k+2000
     assert lg.apply_retention(now_ms=11_500) == 2  # segments with max ts < 6500: [0..3),[3..6)
     assert lg.log_start_offset == 6
@@ -74,11 +74,13 @@ def test_retention_by_time_keeps_the_active_segment_and_unpublished_data(tmp_pat
 
 
 def test_interrupted_retention_is_finished_at_open(tmp_path):
-    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_bytes=2000,
-                                            retention_ms=-1))
+    lg, _ = setup(tmp_path, LogConfig(segment_bytes=1000, retention_bytes=2000,
+                                      retention_ms=-1))
     seg0 = os.path.join(tmp_path, "00000000000000000000.log")
-    saved = open(seg0, "rb").read()
-    saved_idx = open(seg0[:-4] + ".bidx", "rb").read()
+    with open(seg0, "rb") as f:
+        saved = f.read()
+    with open(seg0[:-4] + ".bidx", "rb") as f:
+        saved_idx = f.read()
     lg.apply_retention(now_ms=0)
     lg.close()
     # crash after the head was written but before the files were unlinked
