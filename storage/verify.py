@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 
 from storage import batch as B
+from storage.errors import ArchiveDamaged
 from storage.fs import FileSystem, OsFileSystem
 from storage.hypercore import Frontier, Node, archive_key, flat_tree, parent_node
 from storage.log import (
@@ -184,3 +185,40 @@ def _first_unauthenticated(fs: FileSystem, tree_fd: int, head: Head, min_index: 
 def _read_all(fs: FileSystem, fd: int) -> bytes:
     return fs.pread_exact(fd, fs.size(fd), 0)
 
+
+
+def signed_batches(path: str, public_key: bytes, fs: FileSystem | None = None) -> list[bytes]:
+    """Every batch covered by the archive's signed head, after a full `verify_partition`.
+    Read-only (safe next to a running broker); raises ArchiveDamaged when it does not
+    verify. For small archives such as the catalog."""
+    fs = fs or OsFileSystem()
+    res = verify_partition(path, public_key, fs)
+    if not res.ok:
+        raise ArchiveDamaged(f"{path}: {res.reason}", res.first_bad_offset)
+    names = sorted(fs.listdir(path))
+    if "head" not in names:
+        return []
+    fd = fs.open(os.path.join(path, "head"), os.O_RDONLY)
+    try:
+        head, _ = read_head_slots(fs, fd)
+    finally:
+        fs.close(fd)
+    if head is None:
+        return []
+    out: list[bytes] = []
+    for base in sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit()):
+        lfd = fs.open(os.path.join(path, f"{base:020d}.log"), os.O_RDONLY)
+        ifd = fs.open(os.path.join(path, f"{base:020d}.bidx"), os.O_RDONLY)
+        try:
+            entries = _read_all(fs, ifd)[IDX_HEADER_SIZE:]
+            for k in range(len(entries) // ENTRY_SIZE):
+                e_base, _ts, pos, size, _d, _leaf = _ENTRY.unpack_from(entries, k * ENTRY_SIZE)
+                if e_base < head.log_start_offset:
+                    continue
+                if e_base >= head.next_offset:
+                    return out
+                out.append(fs.pread_exact(lfd, size, pos))
+        finally:
+            fs.close(lfd)
+            fs.close(ifd)
+    return out

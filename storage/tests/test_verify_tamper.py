@@ -114,3 +114,32 @@ def test_tamper_with_index_and_tree_too_is_still_caught(tmp_path, capsys):
     lg = store.log("events", 1)
     assert split_batches(lg.read_bytes(0, 1 << 30)) == batches[:bad]
     store.close()
+
+
+def _snapshot(root):
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[p] = fh.read()
+    return out
+
+
+def test_offline_commands_never_write(tmp_path, capsys):
+    build_store(tmp_path)
+    before = _snapshot(tmp_path)
+    assert verify_command(str(tmp_path), None) == 0
+    assert keys_command(str(tmp_path)) == 0
+    assert _snapshot(tmp_path) == before
+    capsys.readouterr()
+
+
+def test_verify_unknown_topic_and_missing_seed(tmp_path, capsys):
+    build_store(tmp_path)
+    assert verify_command(str(tmp_path), "nope") == 1
+    assert "BAD nope" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert keys_command(str(empty)) != 0
+    assert verify_command(str(empty), None) != 0
