@@ -102,3 +102,31 @@ def test_frontier_of_min_index_from_tree_file(tmp_path):
         f.append(leaf_hash(b), len(b))
     assert lg._stored_roots(lg.head.min_index).tree_hash() == f.tree_hash()
     lg.close()
+
+
+def test_inclusion_and_consistency_proofs_from_the_tree_file_after_retention(tmp_path):
+    from storage.hypercore.proofs import consistency_proof, inclusion_proof, verify_proof
+
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_bytes=2000,
+                                            retention_ms=-1))
+    lg.apply_retention(now_ms=0)
+    assert lg.log_start_offset == 12
+    head = lg.head
+
+    def node(i):
+        n = lg.node(i)
+        assert n is not None, i
+        return n
+
+    # a receipt for a retained batch, built only from stored nodes (some of whose leaves
+    # are gone), verifies against the signed head
+    p = inclusion_proof(node, head.length, head.fork, head.signature, 13, lg.read_bytes(13, 1))
+    v = verify_proof(p, public_key=KEYPAIR.public_key, key=lg.key, fork=head.fork)
+    assert v is not None
+    # and a consistency proof from a length whose data was dropped
+    c = consistency_proof(node, 5, head.length, head.fork, head.signature)
+    f = Frontier()
+    for b in batches[:5]:
+        f.append(leaf_hash(b), len(b))
+    verify_proof(c, public_key=KEYPAIR.public_key, key=lg.key, fork=head.fork, trusted=f)
+    lg.close()
