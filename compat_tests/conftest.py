@@ -159,9 +159,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             b = funcargs.get(name)
             if isinstance(b, Broker):
                 state = "running" if b.alive() else "NOT running"
-                report.sections.append(
-                    (f"{name} log tail ({b.bootstrap}, {state})", b.log_tail())
-                )
+                report.sections.append((f"{name} log tail ({b.bootstrap}, {state})", b.log_tail()))
     return report
 
 
@@ -215,8 +213,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "exitstatus": int(exitstatus),
         "tests": out,
     }
-    path = Path(
-        os.environ.get("HK_COMPAT_RESULTS") or harness.TOOLS_DIR / "results.json"
-    )
+    path = Path(os.environ.get("HK_COMPAT_RESULTS") or harness.TOOLS_DIR / "results.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))

@@ -141,8 +141,7 @@ class Broker:
             proc.kill()
             proc.wait()
             raise BrokerError(
-                f"broker pid {proc.pid} ignored SIGTERM for {timeout}s; killed.\n"
-                + self.log_tail()
+                f"broker pid {proc.pid} ignored SIGTERM for {timeout}s; killed.\n" + self.log_tail()
             ) from None
 
     def kill(self) -> None:
@@ -188,9 +187,7 @@ def broker_argv(data_dir: Path, port: int) -> list[str]:
     if template:
         import shlex
 
-        return [
-            part.format(port=port, data_dir=str(data_dir)) for part in shlex.split(template)
-        ]
+        return [part.format(port=port, data_dir=str(data_dir)) for part in shlex.split(template)]
     return [
         sys.executable,
         "-m",
@@ -209,9 +206,7 @@ def new_broker(workdir: Path, data_dir: Path | None = None, port: int | None = N
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return Broker(
         host="127.0.0.1",
@@ -270,8 +265,7 @@ class Kcat:
         proc = subprocess.run(
             [self.path, *args],
             input=input,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             env=self.env,
             timeout=timeout,
         )
@@ -288,9 +282,7 @@ _KCAT_VERSION = re.compile(rb"librdkafka (\d+\.\d+\.\d+)")
 
 def _kcat_librdkafka(path: str, env: dict[str, str]) -> str | None:
     try:
-        out = subprocess.run(
-            [path, "-V"], capture_output=True, env=env, timeout=10, check=False
-        )
+        out = subprocess.run([path, "-V"], capture_output=True, env=env, timeout=10, check=False)
     except OSError:
         return None
     m = _KCAT_VERSION.search(out.stdout + out.stderr)
@@ -306,13 +298,19 @@ def find_kcat(flavour: str) -> tuple[Kcat | None, str]:
     """
     path = shutil.which("kcat")
     if path is None:
-        return None, "kcat is not installed (Debian: apt-get install -y kcat; scripts/test does it as root)"
+        return (
+            None,
+            "kcat is not installed (Debian: apt-get install -y kcat; scripts/test does it as root)",
+        )
     env = dict(os.environ)
     env.pop("LD_LIBRARY_PATH", None)
     if flavour == "new":
         lib = TOOLS_DIR / "librdkafka.so.1"
         if not lib.exists():
-            return None, f"{lib.relative_to(ROOT)} missing (scripts/test copies it from the confluent-kafka wheel)"
+            return (
+                None,
+                f"{lib.relative_to(ROOT)} missing (scripts/test copies it from the confluent-kafka wheel)",
+            )
         env["LD_LIBRARY_PATH"] = str(TOOLS_DIR)
     version = _kcat_librdkafka(path, env)
     if version is None:

@@ -180,7 +180,9 @@ def assert_same(
     for i, (p, c) in enumerate(zip(produced, consumed, strict=False)):
         want_offset = base_offset + i
         if c.offset != want_offset:
-            problems.append(f"record {i}: offset {c.offset}, expected {want_offset} (gap or reorder)")
+            problems.append(
+                f"record {i}: offset {c.offset}, expected {want_offset} (gap or reorder)"
+            )
             break
         same = p.key == c.key and p.value == c.value
         if check_headers:

@@ -11,8 +11,8 @@ client read what each client wrote, so a broker that only round-trips its own mi
 from __future__ import annotations
 
 import os
-import zlib
 import uuid
+import zlib
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,9 @@ def _topic(prefix: str, client: str, codec: str) -> str:
     return f"{prefix}-{client}-{codec}-{uuid.uuid4().hex[:8]}"
 
 
-def _roundtrip(broker: Broker, workdir: Path, writer: Client, reader: Client, codec: str, n: int) -> None:
+def _roundtrip(
+    broker: Broker, workdir: Path, writer: Client, reader: Client, codec: str, n: int
+) -> None:
     topic = _topic("rt", writer.name, codec)
     create_topic(broker, topic)
     # Data the writer can express that the reader can also read back exactly.

@@ -14,13 +14,13 @@ const fs = require('fs')
 const { Kafka, CompressionTypes, logLevel } = require('kafkajs')
 
 function parseArgs(argv) {
-  const args = { partition: 0, codec: 'none', count: 0, offset: 0, timeout: 120 }
+  const args = { partition: 0, codec: 'none', count: 0, offset: 0, timeout: 120, idle: 20 }
   args.action = argv[0]
   for (let i = 1; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, '')
     args[name] = argv[i + 1]
   }
-  for (const n of ['partition', 'count', 'offset', 'timeout']) args[n] = Number(args[n])
+  for (const n of ['partition', 'count', 'offset', 'timeout', 'idle']) args[n] = Number(args[n])
   return args
 }
 
@@ -108,7 +108,9 @@ async function consume(kafka, args) {
     let offset = args.offset
     const deadline = Date.now() + args.timeout * 1000
     let emptyAfterCount = 0
-    while (Date.now() < deadline) {
+    let lastChange = Date.now()
+    // Stop at the deadline, or after --idle seconds without a new record.
+    while (Date.now() < deadline && Date.now() - lastChange < args.idle * 1000) {
       const res = await broker.fetch({
         replicaId: -1,
         isolationLevel: 1,
@@ -147,6 +149,7 @@ async function consume(kafka, args) {
           }
         }
       }
+      if (got > 0) lastChange = Date.now()
       if (lines.length >= args.count && got === 0 && ++emptyAfterCount >= 2) break
     }
   } finally {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -29,9 +30,28 @@ def _fail(msg: str) -> None:
     raise SystemExit(1)
 
 
+class _Clock:
+    """Stop at the overall timeout, or when nothing new arrived for --idle seconds.
+
+    The idle limit keeps a broker that lost data from costing the whole timeout per test.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.deadline = time.monotonic() + args.timeout
+        self.idle = args.idle
+        self.last_n = -1
+        self.last_change = time.monotonic()
+
+    def go_on(self, n: int) -> bool:
+        now = time.monotonic()
+        if n != self.last_n:
+            self.last_n, self.last_change = n, now
+        return now < self.deadline and now - self.last_change < self.idle
+
+
 def _check_offsets(offsets: list[int]) -> dict[str, Any]:
     """The producer's own acks must be consecutive offsets: no gaps, no reorder."""
-    for a, b in zip(offsets, offsets[1:], strict=False):
+    for a, b in itertools.pairwise(offsets):
         if b != a + 1:
             _fail(f"producer acks not consecutive: ... {a}, {b} ...")
     return {"n": len(offsets), "offsets": [offsets[0], offsets[-1]] if offsets else []}
@@ -91,12 +111,14 @@ def kp_consume(args: argparse.Namespace) -> tuple[list[Record], int]:
     consumer.assign([tp])
     consumer.seek(tp, args.offset)
     out: list[Record] = []
-    deadline = time.monotonic() + args.timeout
-    while len(out) < args.count and time.monotonic() < deadline:
+    clock = _Clock(args)
+    while len(out) < args.count and clock.go_on(len(out)):
         for msgs in consumer.poll(timeout_ms=500).values():
             for m in msgs:
                 out.append(
-                    Record(m.key, m.value, tuple((n, v) for n, v in m.headers), m.timestamp, m.offset)
+                    Record(
+                        m.key, m.value, tuple((n, v) for n, v in m.headers), m.timestamp, m.offset
+                    )
                 )
     out += _drain_extra_kp(consumer)
     hwm = consumer.end_offsets([tp])[tp]
@@ -173,22 +195,28 @@ def ck_consume(args: argparse.Namespace) -> tuple[list[Record], int]:
     )
     consumer.assign([ck.TopicPartition(args.topic, args.partition, args.offset)])
     out: list[Record] = []
-    deadline = time.monotonic() + args.timeout
-    while len(out) < args.count + 1 and time.monotonic() < deadline:
+    clock = _Clock(args)
+    while len(out) < args.count + 1 and clock.go_on(len(out)):
         budget = 0.3 if len(out) >= args.count else 0.5
         msgs = consumer.consume(num_messages=1000, timeout=budget)
         if not msgs and len(out) >= args.count:
             break
         for m in msgs:
-            if m.error() is not None:
-                if m.error().code() == ck.KafkaError._PARTITION_EOF:
+            err = m.error()
+            if err is not None:
+                if err.code() == ck.KafkaError._PARTITION_EOF:
                     continue
-                _fail(f"confluent consumer error: {m.error()}")
+                _fail(f"confluent consumer error: {err}")
             _tstype, ts = m.timestamp()
-            out.append(Record(m.key(), m.value(), tuple(m.headers() or ()), ts, m.offset()))
-    _low, hwm = consumer.get_watermark_offsets(
-        ck.TopicPartition(args.topic, args.partition), timeout=10
-    )
+            headers: Any = m.headers() or ()
+            out.append(Record(m.key(), m.value(), tuple(headers), ts, m.offset()))
+    try:
+        _low, hwm = consumer.get_watermark_offsets(
+            ck.TopicPartition(args.topic, args.partition), timeout=10
+        )
+    except ck.KafkaException as e:
+        print(f"get_watermark_offsets: {e}", file=sys.stderr)
+        hwm = -1
     consumer.close()
     return out, hwm
 
@@ -245,15 +273,13 @@ async def ak_consume_async(args: argparse.Namespace) -> tuple[list[Record], int]
         consumer.assign([tp])
         consumer.seek(tp, args.offset)
         out: list[Record] = []
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
+        clock = _Clock(args)
+        while clock.go_on(len(out)):
             batch = await consumer.getmany(tp, timeout_ms=300 if len(out) >= args.count else 500)
             got = batch.get(tp, [])
             if not got and len(out) >= args.count:
                 break
-            out += [
-                Record(m.key, m.value, tuple(m.headers), m.timestamp, m.offset) for m in got
-            ]
+            out += [Record(m.key, m.value, tuple(m.headers), m.timestamp, m.offset) for m in got]
         hwm = (await consumer.end_offsets([tp]))[tp]
     finally:
         await consumer.stop()
@@ -278,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--offset", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument(
+        "--idle", type=float, default=20.0, help="give up after this long without a new record"
+    )
     args = ap.parse_args(argv)
 
     summary: dict[str, Any]
@@ -308,4 +337,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
