@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -47,17 +48,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore:open_text is deprecated:DeprecationWarning")
     config.stash[_RESULTS] = {}
     config.stash[_CELLS] = {}
+    config.stash[_EXTRA_ROWS] = []
 
 
 _RESULTS = pytest.StashKey[dict[str, dict[str, Any]]]()
 _CELLS = pytest.StashKey[dict[str, tuple[str, str]]]()
+_EXTRA_ROWS = pytest.StashKey[list[dict[str, Any]]]()
 
 
 # ---------------------------------------------------------------------------- brokers
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[Broker]:
+def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     ext = harness.external_broker()
     if ext is not None:
         ext.start(timeout=15)
@@ -75,13 +78,40 @@ def broker() -> Iterator[Broker]:
     try:
         yield b
     finally:
+        # Its own row in the matrix: a teardown error alone would land on whichever test
+        # happened to run last.
+        row: dict[str, Any] = {
+            "client": "broker",
+            "scenario": "sigterm-exit-0",
+            "outcome": "error",
+            "seconds": 0.0,
+        }
+        _session_rows().append(row)
         if b.proc is not None and b.proc.poll() is not None:
+            row.update(outcome="failed", message=f"died during the session: {b.proc.returncode}")
             raise BrokerError(
                 f"broker died during the session with status {b.proc.returncode}\n" + b.log_tail()
             )
-        status = b.stop()
+        started = time.monotonic()
+        try:
+            status = b.stop()
+        except BrokerError as e:
+            row.update(outcome="failed", message=str(e).splitlines()[0])
+            raise
+        row.update(seconds=round(time.monotonic() - started, 2))
         if status != 0:
+            row.update(outcome="failed", message=f"exit status {status} after SIGTERM")
             raise BrokerError(f"broker exited {status} after SIGTERM (expected 0)\n" + b.log_tail())
+        row.update(outcome="passed")
+        if request.session.testsfailed == 0 and not os.environ.get("HK_COMPAT_KEEP"):
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"\nbroker data and log kept in {workdir}", file=sys.stderr)
+
+
+def _session_rows() -> list[dict[str, Any]]:
+    assert _config is not None
+    return _config.stash[_EXTRA_ROWS]
 
 
 @pytest.fixture
@@ -204,6 +234,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for nodeid, entry in results.items():
         client, scenario = cells.get(nodeid, ("-", nodeid.split("::")[-1]))
         out.append({"nodeid": nodeid, "client": client, "scenario": scenario, **entry})
+    out += [{"nodeid": "(session)", **row} for row in config.stash[_EXTRA_ROWS]]
     ext = harness.external_broker()
     doc = {
         "broker": ext.bootstrap if ext else os.environ.get("HK_COMPAT_BROKER_CMD", "hyperkafka"),

@@ -20,6 +20,7 @@ CLIENT_ORDER = [
     "aiokafka",
     "kafkajs",
     "raw-socket",
+    "broker",
 ]
 CELL = {"passed": "PASS", "failed": "FAIL", "error": "ERR", "skipped": "SKIP"}
 RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
@@ -47,7 +48,7 @@ def render(doc: dict[str, object]) -> str:
         f"compat matrix against {doc.get('broker')} "
         f"({'external' if doc.get('external') else 'started by the harness'}), "
         f"{doc.get('wall_seconds')} s",
-        "scenario".ljust(width) + "".join(c.ljust(colw) for c in clients),
+        ("scenario".ljust(width) + "".join(c.ljust(colw) for c in clients)).rstrip(),
     ]
     for s in scenarios:
         row = s.ljust(width)
