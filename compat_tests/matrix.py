@@ -27,7 +27,9 @@ RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
 
 
 def render(doc: dict[str, object]) -> str:
-    tests = list(doc.get("tests", []))  # type: ignore[call-overload]
+    every = list(doc.get("tests", []))  # type: ignore[call-overload]
+    # Tests without a matrix cell (the harness's self-tests) count below but get no row.
+    tests = [t for t in every if t["client"] != "-"]
     clients = sorted(
         {t["client"] for t in tests},
         key=lambda c: (CLIENT_ORDER.index(c) if c in CLIENT_ORDER else len(CLIENT_ORDER), c),
@@ -57,13 +59,13 @@ def render(doc: dict[str, object]) -> str:
             row += (CELL[outcome] if outcome else ".").ljust(colw)
         lines.append(row.rstrip())
     counts: dict[str, int] = {}
-    for t in tests:
+    for t in every:
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
     lines.append(
         "tests: "
         + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "error", "skipped"))
     )
-    bad = [t for t in tests if t["outcome"] in ("failed", "error", "skipped")]
+    bad = [t for t in every if t["outcome"] in ("failed", "error", "skipped")]
     for t in bad:
         msg = str(t.get("message", "")).replace("\n", " ")[:160]
         lines.append(f"  {CELL[t['outcome']]:4} {t['client']:<12} {t['scenario']:<28} {msg}")
