@@ -270,9 +270,12 @@ class Kcat:
             timeout=timeout,
         )
         if check and proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace")
+            # The matrix shows a failure's first line: make it the cause, not the command.
+            causes = [ln for ln in err.splitlines() if "ERROR" in ln or "FAIL" in ln]
             raise AssertionError(
-                f"{self.name} {' '.join(args)} exited {proc.returncode}\n"
-                f"stderr:\n{proc.stderr.decode('utf-8', 'replace')[-4000:]}"
+                f"{self.name} exited {proc.returncode}: {causes[-1] if causes else '?'}\n"
+                f"command: {self.name} {' '.join(args)}\nstderr:\n{err[-4000:]}"
             )
         return proc
 
