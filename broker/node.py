@@ -36,6 +36,7 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
 PRODUCER_ID_EXPIRATION_MS = 86_400_000
+APPEND_IN_THREAD_BYTES = 64 * 1024
 
 
 class TopicError(Exception):
@@ -77,6 +78,10 @@ class Partition:
     log: PartitionLog
     producers: ProducerStates = field(default_factory=ProducerStates)
     failed: str | None = None  # set when a commit failed: the partition is offline
+    # Serialises what mutates the log: idempotence check + append (which may run in a
+    # worker thread), commit preparation/publication, retention, deletion. Readers do
+    # not take it: they never look past the high watermark, which only `publish` moves.
+    lock: trio.Lock = field(default_factory=trio.Lock)
     _changed: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -86,6 +91,14 @@ class Partition:
     def notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+
+    async def append(self, batch: bytearray) -> tuple[int, int]:
+        """Append under `lock` (the caller holds it). Large batches are hashed and written
+        in a worker thread: BLAKE2b and pwrite release the GIL, so the event loop keeps
+        reading sockets meanwhile."""
+        if len(batch) >= APPEND_IN_THREAD_BYTES:
+            return await trio.to_thread.run_sync(self.log.append, batch)
+        return self.log.append(batch)
 
     async def wait_durable(self, last_offset: int) -> None:
         """Return once a published head covers `last_offset` (the caller bounds the wait)."""
@@ -201,15 +214,16 @@ class Node:
         log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
         return self._attach(record)
 
-    def delete_topic(self, name: str) -> None:
+    async def delete_topic(self, name: str) -> None:
         if not self.config.delete_topic_enable:
             raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
         topic = self.topics.pop(name, None)
         if topic is None:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
         for p in topic.partitions:
-            self._dirty.pop(id(p), None)
-            p.failed = "topic deleted"
+            async with p.lock:  # no append or commit is left running on its files
+                self._dirty.pop(id(p), None)
+                p.failed = "topic deleted"
             p.notify()
         self.store.delete_topic(name)
         log.info("deleted topic %s", name)
@@ -273,9 +287,10 @@ class Node:
         self._dirty.clear()
         jobs = []
         for p in dirty:
-            if p.failed:
-                continue
-            job = p.log.prepare_commit()
+            async with p.lock:
+                if p.failed:
+                    continue
+                job = p.log.prepare_commit()
             if job is not None:
                 jobs.append((p, job))
         if not jobs:
@@ -293,11 +308,12 @@ class Node:
 
         results = await trio.to_thread.run_sync(run_all)
         for (p, job), error in zip(jobs, results, strict=True):
-            if error is not None:
-                p.failed = f"commit failed: {error}"
-                log.error("partition %s-%d is offline: %s", p.topic.name, p.index, p.failed)
-            else:
-                p.log.publish(job)
+            async with p.lock:
+                if error is not None:
+                    p.failed = f"commit failed: {error}"
+                    log.error("partition %s-%d is offline: %s", p.topic.name, p.index, p.failed)
+                elif not p.failed:
+                    p.log.publish(job)
             p.notify()
         self._data_changed.set()
         self._data_changed = trio.Event()
@@ -305,17 +321,18 @@ class Node:
     async def retention_loop(self) -> None:
         while True:
             await trio.sleep(self.config.log_retention_check_ms / 1000)
-            self.apply_retention()
+            await self.apply_retention()
 
-    def apply_retention(self) -> int:
-        now = int(time.time() * 1000)
+    async def apply_retention(self) -> int:
+        now = ms_now()
         dropped = 0
         for topic in list(self.topics.values()):
             for p in topic.partitions:
-                if p.failed:
-                    continue
-                dropped += p.log.apply_retention(now)
-                p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
+                async with p.lock:
+                    if p.failed:
+                        continue
+                    dropped += p.log.apply_retention(now)
+                    p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
         return dropped
 
     async def run_background(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

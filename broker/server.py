@@ -114,11 +114,11 @@ class Server:
                     await self._read_loop(stream, peer, send)
                 finally:
                     send.close()
-        except ProtocolError as exc:
-            log.info("closing connection from %s: %s", peer, exc)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
-            pass
-        except Exception:
+        except* ProtocolError as group:
+            log.info("closing connection from %s: %s", peer, group.exceptions[0])
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+            pass  # the peer went away
+        except* Exception:
             log.exception("internal error on a connection from %s; closing it", peer)
         finally:
             self.connections -= 1

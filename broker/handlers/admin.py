@@ -102,7 +102,7 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
             topic = node.topics.get(name)
             if topic is not None:
                 entry["topic_id"] = topic.topic_id
-            node.delete_topic(name)
+            await node.delete_topic(name)
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)
     return {"throttle_time": 0, "responses": responses}

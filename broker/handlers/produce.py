@@ -45,10 +45,16 @@ class _PartitionResult:
         self.wait_for = -1  # last offset that must be covered by a head before answering
 
 
-def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: bytes | None) -> _PartitionResult:
+async def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any) -> _PartitionResult:
     if not 0 <= index < len(topic.partitions):
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
+    # Checks, idempotence verdict and append are one atomic step per partition.
+    async with partition.lock:
+        return await _append_checked(ctx, topic, partition, data)
+
+
+async def _append_checked(ctx: RequestContext, topic: Topic, partition: Partition, data: Any) -> _PartitionResult:
     if partition.failed:
         return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
     if not data:
@@ -105,10 +111,10 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: bytes | No
         records.set_log_append_time(buf, now)
         result.log_append_time = now
     try:
-        base, last = partition.log.append(buf)
+        base, last = await partition.append(buf)
     except Exception as exc:  # the disk refused: this partition goes offline, the broker lives
         partition.failed = f"append failed: {exc}"
-        log.exception("append to %s-%d failed", topic.name, index)
+        log.exception("append to %s-%d failed", topic.name, partition.index)
         return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
     if outcome is not None:
         partition.producers.record(
@@ -149,7 +155,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     results[(t.name, p.index)] = _PartitionResult(exc.code, exc.message)
                 continue
             for p in t.partition_data:
-                results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records)
+                results[(t.name, p.index)] = await _produce_one(ctx, topic, p.index, p.records)
 
     if acks == 0:
         failed = [r for r in results.values() if r.error != errors.NONE]

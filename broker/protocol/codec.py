@@ -122,6 +122,10 @@ def decode_request(
     ):
         return header, fastpath.decode_produce_request(frame, pos, header.api_version)
     schema = load_request_schema(header.api_key, header.api_version)
+    if isinstance(frame, memoryview) and not frame.readonly:
+        # kio's native reader refuses writable buffers (large frames from FrameDecoder
+        # are writable); a read-only view of the same memory costs no copy.
+        frame = frame.toreadonly()
     try:
         # kio's reader returns (value, bytes consumed), not a new offset.
         entity, size = entity_reader(schema)(frame, pos)

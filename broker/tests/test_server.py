@@ -363,3 +363,16 @@ async def test_acks_zero_error_closes_the_connection(broker: Broker) -> None:
     corrupt[-1] ^= 1
     await c.send("produce", 9, {"acks": 0, "timeout": 5000, "topic_data": [{"name": "fire0", "partition_data": [{"index": 0, "records": bytes(corrupt)}]}]})
     assert await c.closed()
+
+
+@pytest.mark.parametrize("size", [100 * 1024, 700 * 1024])
+async def test_large_produce_requests_on_both_decoder_paths(broker: Broker, size: int) -> None:
+    # Frames of 64 KiB or more come out of the frame decoder writable; below 512 KiB kio
+    # decodes them, above it the fast path does. Both must take them.
+    await create(broker, f"large{size}")
+    c = await broker.connect()
+    data = batch([bytes([i % 251]) * (size // 4) for i in range(4)])
+    r = await produce(c, f"large{size}", data)
+    assert (r.error_code, r.base_offset) == (0, 0)
+    stored = bytes((await fetch(c, f"large{size}", 0, max_bytes=2 << 20, partition_max=2 << 20)).records)
+    assert stored[16:] == data[16:]
