@@ -40,6 +40,7 @@ protocol classes.
 from __future__ import annotations
 
 import enum
+import logging
 import struct
 import uuid
 from collections import Counter
@@ -48,6 +49,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from broker.groups import codes
+
+log = logging.getLogger("hyperkafka.groups")
 
 NO_GENERATION = -1
 UNKNOWN_MEMBER = ""
@@ -389,6 +392,7 @@ class Group:
         else:
             self.initial_join = False
             self.join_deadline = now + self.rebalance_timeout_ms
+        log.info("preparing to rebalance group %s (generation %d, %d members)", self.group_id, self.generation_id, len(self.members))
         self.transition(State.PREPARING_REBALANCE)
         self.try_complete_join(now)
 
@@ -433,6 +437,7 @@ class Group:
             return
         self.protocol_name = self.select_protocol()
         self.transition(State.COMPLETING_REBALANCE)
+        log.info("group %s: generation %d with %d members, protocol %s", self.group_id, self.generation_id, len(self.members), self.protocol_name)
         for m in self.members.values():
             self._answer_join(m, self._join_result(m, leader_view=self.is_leader(m.member_id)))
             self._schedule_heartbeat(m, now)
@@ -511,6 +516,7 @@ class Group:
             if not m.is_new and (m.awaiting_join or m.awaiting_sync):
                 m.heartbeat_deadline = None  # the rebalance keeps it; its timers rule now
             else:
+                log.info("group %s: member %s expired (no heartbeat), removing it", self.group_id, m.member_id)
                 self._remove_member_and_update(m, now)
         if self.join_deadline is not None and self.join_deadline <= now and self.is_(State.PREPARING_REBALANCE):
             if self.initial_join and self.new_member_added and self.initial_remaining_ms != 0:
