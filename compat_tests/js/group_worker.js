@@ -50,8 +50,13 @@ async function main () {
       if (stopping) return
       emit({ ev: 'rec', p: partition, o: Number(message.offset), v: message.value.toString() })
       await sleep(args.delayMs)
-      await consumer.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
       n += 1
+      try {
+        await consumer.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
+      } catch (err) {
+        // A rebalance took the partition: its next owner re-reads from the last commit.
+        process.stderr.write(`commit failed: ${err.message}\n`)
+      }
     }
   })
   while (!stopNow()) await sleep(100)

@@ -3,7 +3,8 @@
 `python -m compat_tests.workers.groupclient CLIENT --bootstrap B --topic T --group G ...`
 subscribes (classic group protocol, auto-commit off), and for every record: records it,
 sleeps `--delay-ms`, then commits offset+1 synchronously, so a member killed with SIGKILL
-has committed exactly what it reported. Prints JSON lines on stdout (flushed each time):
+has reported at least what it committed (a commit refused by a rebalance is reported on
+stderr; the partition's next owner reads that record again). Prints JSON lines on stdout (flushed each time):
 
     {"ev": "assigned", "parts": [0, 2], "t": <wall seconds>}
     {"ev": "rec", "p": 0, "o": 17, "v": "..."}
@@ -46,6 +47,7 @@ class Stop:
 
 def kafka_python(args: argparse.Namespace) -> None:
     from kafka import ConsumerRebalanceListener, KafkaConsumer, OffsetAndMetadata, TopicPartition
+    from kafka.errors import CommitFailedError, IllegalStateError
 
     class Listener(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked: Any) -> None:
@@ -70,14 +72,19 @@ def kafka_python(args: argparse.Namespace) -> None:
             for m in msgs:
                 emit(ev="rec", p=m.partition, o=m.offset, v=m.value.decode())
                 time.sleep(args.delay_ms / 1000)
-                c.commit({TopicPartition(tp.topic, tp.partition): OffsetAndMetadata(m.offset + 1, "", -1)})
                 stop.n += 1
+                try:
+                    c.commit({TopicPartition(tp.topic, tp.partition): OffsetAndMetadata(m.offset + 1, "", -1)})
+                except (CommitFailedError, IllegalStateError) as exc:
+                    # A rebalance took the partition: the new owner re-reads from the last commit.
+                    print(f"commit failed: {exc}", file=sys.stderr)
+                    break
     c.close()
     emit(ev="closed", n=stop.n)
 
 
 def confluent(args: argparse.Namespace) -> None:
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaException
 
     def on_assign(consumer: Any, partitions: Any) -> None:
         emit(ev="assigned", parts=sorted(p.partition for p in partitions), t=time.time())
@@ -100,14 +107,18 @@ def confluent(args: argparse.Namespace) -> None:
             continue
         emit(ev="rec", p=m.partition(), o=m.offset(), v=m.value().decode())
         time.sleep(args.delay_ms / 1000)
-        c.commit(message=m, asynchronous=False)
         stop.n += 1
+        try:
+            c.commit(message=m, asynchronous=False)
+        except KafkaException as exc:
+            print(f"commit failed: {exc}", file=sys.stderr)
     c.close()
     emit(ev="closed", n=stop.n)
 
 
 def aiokafka(args: argparse.Namespace) -> None:
     from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+    from aiokafka.errors import CommitFailedError, IllegalStateError
 
     class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -135,8 +146,12 @@ def aiokafka(args: argparse.Namespace) -> None:
                     for m in msgs:
                         emit(ev="rec", p=m.partition, o=m.offset, v=m.value.decode())
                         await asyncio.sleep(args.delay_ms / 1000)
-                        await c.commit({TopicPartition(tp.topic, tp.partition): m.offset + 1})
                         stop.n += 1
+                        try:
+                            await c.commit({TopicPartition(tp.topic, tp.partition): m.offset + 1})
+                        except (CommitFailedError, IllegalStateError) as exc:
+                            print(f"commit failed: {exc}", file=sys.stderr)
+                            break
         finally:
             await c.stop()
         emit(ev="closed", n=stop.n)
