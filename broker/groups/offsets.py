@@ -32,6 +32,7 @@ from broker.groups.records import (
 )
 from broker.protocol import records as batches
 from broker.protocol.errors import RecordBatchError
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from broker.node import Node, Partition
@@ -93,7 +94,12 @@ class OffsetsArchive:
         plog = self.partition.log
         offset = plog.log_start_offset
         while offset < plog.high_watermark:
-            chunk = plog.read(offset, READ_CHUNK)
+            try:
+                chunk = plog.read(offset, READ_CHUNK)
+            except StorageError as exc:
+                # Serve the broker with what verified; storage already logged the damage.
+                log.error("%s: replay stops at offset %d: %s", OFFSETS_TOPIC, offset, exc)
+                return
             data = chunk.read()
             if not data:
                 break
