@@ -1,0 +1,184 @@
+"""The @hyperswarm/secret-stream transport as a sans-I/O object.
+
+Owns: uint24le length framing (a frame body is at most 2**24 - 1 bytes), the three Noise
+XX handshake frames (`storage.replication.noise`), the 56-byte id header each side sends
+next (``streamId ‖ secretstream header``, where ``streamId = BLAKE2b-256(key=handshake
+hash, msg=NS_INITIATOR or NS_RESPONDER)`` and the namespaces are hypercore-crypto's
+``namespace('hyperswarm/secret-stream', 3)``), and then one libsodium
+crypto_secretstream_xchacha20poly1305 message per frame (empty plaintext = keep-alive,
+dropped here). The unordered UDP "send" channel of secret-stream is not implemented (it
+needs a UDX socket; over TCP the JS never uses it).
+
+Shape: `receive_data(bytes) -> list[bytes]` returns whole decrypted messages;
+`send(bytes)` queues one encrypted frame; `data_to_send()` drains the outgoing buffer.
+Input is parsed from a buffer that is only consumed once a frame is whole, so partial
+input never leaves half-changed state. Only `HandshakeError`/`FramingError` escape.
+
+May import only the standard library, PyNaCl and `storage.replication.{noise,errors}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import nacl.bindings as sodium
+import nacl.exceptions
+
+from storage.replication.errors import FramingError, HandshakeError, LocalProtocolError
+from storage.replication.noise import Ed25519KeyPair, NoiseXX
+
+
+def _namespace(name: bytes, count: int) -> list[bytes]:
+    base = hashlib.blake2b(name, digest_size=32).digest()
+    return [hashlib.blake2b(base + bytes((i,)), digest_size=32).digest() for i in range(count)]
+
+
+NS_INITIATOR, NS_RESPONDER, NS_SEND = _namespace(b"hyperswarm/secret-stream", 3)
+
+MAX_FRAME = (1 << 24) - 1
+ABYTES = sodium.crypto_secretstream_xchacha20poly1305_ABYTES  # 17: tag byte + 16-byte MAC
+HEADERBYTES = sodium.crypto_secretstream_xchacha20poly1305_HEADERBYTES  # 24
+ID_HEADER_BYTES = 32 + HEADERBYTES
+# Largest plaintext a single frame can carry.
+MAX_MESSAGE = MAX_FRAME - ABYTES
+
+
+def stream_id(handshake_hash: bytes, initiator: bool) -> bytes:
+    ns = NS_INITIATOR if initiator else NS_RESPONDER
+    return hashlib.blake2b(ns, digest_size=32, key=handshake_hash).digest()
+
+
+def frame(body: bytes) -> bytes:
+    """uint24le length prefix + body."""
+    n = len(body)
+    if n > MAX_FRAME:
+        raise LocalProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME}")
+    return n.to_bytes(3, "little") + body
+
+
+class SecretStream:
+    """One end of a secret-stream connection (initiator = the side that dialled)."""
+
+    def __init__(
+        self,
+        initiator: bool,
+        static: Ed25519KeyPair | None = None,
+        *,
+        ephemeral: Ed25519KeyPair | None = None,
+    ) -> None:
+        self.initiator = initiator
+        self.static = static or Ed25519KeyPair.generate()
+        self._noise: NoiseXX | None = NoiseXX(initiator, self.static, ephemeral=ephemeral)
+        self._in = bytearray()
+        self._pos = 0
+        self._out: list[bytes] = []
+        self._push: object | None = None
+        self._pull: object | None = None
+        self._tx = b""
+        self._rx = b""
+        self.handshake_hash = b""
+        self.remote_public_key = b""
+        self.established = False  # both id headers exchanged: application data may flow
+        self.handshake_complete = False
+        if initiator:
+            self._out.append(frame(self._noise.write_message()))
+
+    # ------------------------------------------------------------------ output
+
+    def data_to_send(self) -> bytes:
+        out = b"".join(self._out)
+        self._out.clear()
+        return out
+
+    def send(self, message: bytes) -> None:
+        """Encrypt `message` into one frame (after the handshake)."""
+        if self._push is None:
+            raise LocalProtocolError("secret stream is not set up yet")
+        if len(message) > MAX_MESSAGE:
+            raise LocalProtocolError(f"message of {len(message)} bytes exceeds {MAX_MESSAGE}")
+        ct = sodium.crypto_secretstream_xchacha20poly1305_push(
+            self._push,  # type: ignore[arg-type]
+            bytes(message),
+            None,
+            sodium.crypto_secretstream_xchacha20poly1305_TAG_MESSAGE,
+        )
+        self._out.append(frame(ct))
+
+    # ------------------------------------------------------------------ input
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """Feed bytes from the wire; returns the application messages they completed."""
+        self._in += data
+        out: list[bytes] = []
+        buf = self._in
+        while True:
+            avail = len(buf) - self._pos
+            if avail < 3:
+                break
+            n = buf[self._pos] | buf[self._pos + 1] << 8 | buf[self._pos + 2] << 16
+            if avail < 3 + n:
+                break
+            body = bytes(buf[self._pos + 3 : self._pos + 3 + n])
+            self._pos += 3 + n
+            msg = self._incoming(body)
+            if msg:  # None during setup; empty = keep-alive
+                out.append(msg)
+        if self._pos:
+            del buf[: self._pos]
+            self._pos = 0
+        return out
+
+    def _incoming(self, body: bytes) -> bytes | None:
+        if self._noise is not None:
+            self._on_handshake(body)
+            return None
+        if self._pull is None:
+            self._on_id_header(body)
+            return None
+        if len(body) < ABYTES:
+            raise FramingError("encrypted frame shorter than its MAC")
+        try:
+            msg, _tag = sodium.crypto_secretstream_xchacha20poly1305_pull(
+                self._pull,  # type: ignore[arg-type]
+                body,
+                None,
+            )
+        except (nacl.exceptions.CryptoError, nacl.exceptions.ValueError, ValueError) as e:
+            raise FramingError("frame failed authentication") from e
+        return bytes(msg)
+
+    def _on_handshake(self, body: bytes) -> None:
+        noise = self._noise
+        assert noise is not None
+        if not body:
+            raise HandshakeError("empty handshake frame")
+        noise.read_message(body)
+        if not noise.complete:
+            self._out.append(frame(noise.write_message()))
+        if noise.complete:
+            self._setup(noise)
+
+    def _setup(self, noise: NoiseXX) -> None:
+        self._noise = None
+        self.handshake_complete = True
+        self.handshake_hash = noise.handshake_hash
+        assert noise.rs is not None
+        self.remote_public_key = noise.rs
+        self._tx, self._rx = noise.tx, noise.rx
+        state = sodium.crypto_secretstream_xchacha20poly1305_state()
+        header = sodium.crypto_secretstream_xchacha20poly1305_init_push(state, self._tx)
+        self._push = state
+        self._out.append(frame(stream_id(self.handshake_hash, self.initiator) + bytes(header)))
+
+    def _on_id_header(self, body: bytes) -> None:
+        if len(body) != ID_HEADER_BYTES:
+            raise HandshakeError("invalid secret-stream header message")
+        if body[:32] != stream_id(self.handshake_hash, not self.initiator):
+            raise HandshakeError("invalid secret-stream id")
+        state = sodium.crypto_secretstream_xchacha20poly1305_state()
+        try:
+            sodium.crypto_secretstream_xchacha20poly1305_init_pull(state, body[32:], self._rx)
+        except (nacl.exceptions.CryptoError, nacl.exceptions.ValueError, ValueError) as e:
+            raise HandshakeError("bad secretstream header") from e
+        self._pull = state
+        self.established = True

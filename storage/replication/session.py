@@ -1,0 +1,484 @@
+"""A replication connection for one archive, sans-I/O: serve it, or follow it.
+
+Owns: the per-connection state machine tying together the secret stream, protomux and
+one ``hypercore/alpha`` channel, and the two replicator roles this project needs:
+
+* `ReplicationSession.serve(source)`: announce the signed head (``sync`` + ``range``),
+  answer ``request`` with proofs from `storage.hypercore.proofs.generate_proof`, answer
+  ``want`` with ``range`` (our archives are always contiguous), re-announce on append.
+* `ReplicationSession.follow(key, sink)`: learn the remote head from ``sync``, fetch it
+  with an ``upgrade`` request (plus the manifest, which must hash to `key`), then fetch
+  blocks with a window of in-flight ``request``s, verify each with
+  `storage.hypercore.proofs.verify_proof` and hand them to the sink in order, each
+  verified head once all blocks under it are delivered.
+
+Theory of operation: bytes go in through `receive_data`, bytes to write come out of
+`data_to_send`; nothing here blocks, sleeps or does I/O other than calling the
+source/sink. Every check of the peer raises a `RemoteProtocolError` subclass and the
+caller must then drop the connection. Like Hypercore we treat the capability as the
+proof that the peer knows the archive key: the channel id (discovery key) does not
+reveal it. Not implemented (documented gaps): seek requests, reorgs/forks after data
+was verified, multi-signer manifests, sparse peers that lack blocks they announced,
+pushing unrequested blocks (``allowPush``) and extensions (accepted and ignored).
+
+May import the standard library, PyNaCl, `storage.hypercore` and
+`storage.replication.{noise,secretstream,mux,messages,sources,errors}`; never trio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from storage.hypercore import (
+    REPLICATE_INITIATOR_NS,
+    REPLICATE_RESPONDER_NS,
+    Frontier,
+    HypercoreError,
+    Node,
+    discovery_key,
+)
+from storage.hypercore.proofs import (
+    BlockRequest,
+    InvalidRequest,
+    Proof,
+    UpgradeRequest,
+    generate_proof,
+    max_missing_nodes,
+    verify_proof,
+)
+from storage.replication import messages as M
+from storage.replication.errors import (
+    CapabilityError,
+    LocalProtocolError,
+    MessageError,
+    RemoteProtocolError,
+    VerificationError,
+)
+from storage.replication.mux import (
+    Channel,
+    ChannelClosed,
+    ChannelMessage,
+    ChannelOpened,
+    ChannelRejected,
+    Mux,
+    RemoteOpen,
+)
+from storage.replication.noise import Ed25519KeyPair
+from storage.replication.secretstream import SecretStream
+from storage.replication.sources import ArchiveSink, ArchiveSource, SignedHead
+
+# Hypercore gives up on a peer after this many invalid requests (replicator.js).
+MAX_INVALID_REQUESTS = 64
+DEFAULT_WINDOW = 128
+
+
+def capability(initiator: bool, key: bytes, handshake_hash: bytes) -> bytes:
+    """caps.replicate: BLAKE2b-256(key=handshake hash, msg=NS ‖ core key)."""
+    ns = REPLICATE_INITIATOR_NS if initiator else REPLICATE_RESPONDER_NS
+    return hashlib.blake2b(ns + key, digest_size=32, key=handshake_hash).digest()
+
+
+@dataclass
+class Stats:
+    blocks: int = 0
+    bytes: int = 0
+    requests: int = 0
+    invalid_requests: int = 0
+
+
+class _Role:
+    def on_open(self, s: ReplicationSession) -> None:
+        raise NotImplementedError
+
+    def on_message(self, s: ReplicationSession, m: M.Message) -> None:
+        raise NotImplementedError
+
+
+class ReplicationSession:
+    """One connection replicating one archive. Create with `serve` or `follow`."""
+
+    def __init__(
+        self,
+        key: bytes,
+        role: _Role,
+        *,
+        initiator: bool,
+        keypair: Ed25519KeyPair | None = None,
+        ephemeral: Ed25519KeyPair | None = None,
+    ) -> None:
+        if len(key) != 32:
+            raise ValueError("archive key must be 32 bytes")
+        self.key = key
+        self.discovery_key = discovery_key(key)
+        self.role = role
+        self.stream = SecretStream(initiator, keypair, ephemeral=ephemeral)
+        self.mux = Mux()
+        self.channel: Channel | None = None
+        self.remote_handshake: M.Handshake | None = None
+        self.closed = False  # our channel is closed (either side); nothing more will flow
+        self.stats = Stats()
+
+    @classmethod
+    def serve(cls, source: ArchiveSource, *, initiator: bool = False,
+              keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
+        return cls(source.key, _Server(source), initiator=initiator, keypair=keypair)
+
+    @classmethod
+    def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,
+               keypair: Ed25519KeyPair | None = None, live: bool = False,
+               have: Frontier | None = None, public_key: bytes | None = None,
+               window: int = DEFAULT_WINDOW) -> ReplicationSession:
+        """Follow archive `key` into `sink`. `have` is a verified tree the sink already
+        holds (resume); `live` keeps following new heads instead of finishing."""
+        return cls(key, _Follower(key, sink, live, have, public_key, window),
+                   initiator=initiator, keypair=keypair)
+
+    # ------------------------------------------------------------------ I/O surface
+
+    @property
+    def done(self) -> bool:
+        """A follower that is not live has everything the peer announced, or the
+        channel closed."""
+        return self.closed or (isinstance(self.role, _Follower) and self.role.finished)
+
+    def data_to_send(self) -> bytes:
+        for msg in self.mux.outgoing():
+            self.stream.send(msg)
+        return self.stream.data_to_send()
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes read from the socket. Raises RemoteProtocolError on any violation."""
+        msgs = self.stream.receive_data(data)
+        if self.stream.handshake_complete and self.channel is None and not self.closed:
+            self._open()
+        for raw in msgs:
+            for ev in self.mux.feed(raw):
+                self._on_event(ev)
+
+    def close(self) -> None:
+        if self.channel is not None and not self.closed:
+            self.mux.close(self.channel)
+        self.closed = True
+
+    def notify_append(self) -> None:
+        """The source has a new head: tell the peer (server role)."""
+        if isinstance(self.role, _Server) and self.channel is not None and self.channel.opened:
+            self.role.announce(self)
+
+    # ------------------------------------------------------------------ internals
+
+    def _open(self) -> None:
+        cap = capability(self.stream.initiator, self.key, self.stream.handshake_hash)
+        ch, events = self.mux.open(M.PROTOCOL, self.discovery_key, M.Handshake(cap).encode())
+        self.channel = ch
+        for ev in events:
+            self._on_event(ev)
+
+    def send(self, m: M.Message) -> None:
+        if self.channel is None:
+            raise LocalProtocolError("channel not open")
+        self.mux.send(self.channel, int(m.TYPE), m.encode())
+
+    def _on_event(self, ev: object) -> None:
+        if isinstance(ev, RemoteOpen):
+            # One archive per session: any other channel (another core, another
+            # protocol) is refused rather than left pending forever.
+            if ev.protocol != M.PROTOCOL or ev.id != self.discovery_key:
+                self.mux.reject(ev.remote_id)
+        elif isinstance(ev, ChannelOpened):
+            hs = M.decode_handshake(ev.channel.remote_handshake or b"")
+            expected = capability(not self.stream.initiator, self.key, self.stream.handshake_hash)
+            if hs.capability != expected:
+                raise CapabilityError("remote sent an invalid replication capability")
+            self.remote_handshake = hs
+            self.mux.cork()
+            self.role.on_open(self)
+            self.mux.uncork()
+        elif isinstance(ev, ChannelRejected):
+            self.closed = True
+            raise RemoteProtocolError("remote rejected the hypercore/alpha channel")
+        elif isinstance(ev, ChannelClosed):
+            self.closed = True
+        elif isinstance(ev, ChannelMessage):
+            if not 0 <= ev.type < len(M.MessageType):
+                return  # protomux ignores message types a channel did not register
+            m = M.decode_message(ev.type, ev.payload)
+            self.mux.cork()
+            try:
+                self.role.on_message(self, m)
+            finally:
+                self.mux.uncork()
+
+
+# ---------------------------------------------------------------------------- server
+
+
+class _Server(_Role):
+    def __init__(self, source: ArchiveSource) -> None:
+        self.source = source
+        self.head = source.head()
+        self.remote_fork = 0
+        self.remote_length = 0
+        self.announced_remote: tuple[int, int] | None = None
+
+    def _can_upgrade(self) -> bool:
+        # replicator.js _canUpgrade: a peer at length 0 can always take an upgrade.
+        if self.remote_fork != self.head.fork:
+            return False
+        return self.remote_length == 0 or self.remote_length < self.head.length
+
+    def _sync(self, s: ReplicationSession) -> None:
+        self.announced_remote = (self.remote_fork, self.remote_length)
+        same = self.remote_fork == self.head.fork
+        s.send(M.Sync(
+            fork=self.head.fork,
+            length=self.head.length,
+            remote_length=self.remote_length if same else 0,
+            can_upgrade=self._can_upgrade(),
+            uploading=True,
+            downloading=False,
+            has_manifest=True,
+            allow_push=False,
+        ))
+
+    def on_open(self, s: ReplicationSession) -> None:
+        self.head = self.source.head()
+        self._sync(s)
+        if self.head.length:
+            s.send(M.Range(0, self.head.length))
+
+    def announce(self, s: ReplicationSession) -> None:
+        new = self.source.head()
+        if new == self.head:
+            return
+        self.head = new
+        s.mux.cork()
+        self._sync(s)
+        if new.length:
+            s.send(M.Range(0, new.length))
+        s.mux.uncork()
+
+    def on_message(self, s: ReplicationSession, m: M.Message) -> None:
+        if isinstance(m, M.Sync):
+            self.remote_fork, self.remote_length = m.fork, m.length
+            if self.announced_remote != (m.fork, m.length):
+                self._sync(s)  # acknowledge their length so they may ask for an upgrade
+        elif isinstance(m, M.Request):
+            self._on_request(s, m)
+        elif isinstance(m, M.Want) and not isinstance(m, M.Unwant) and self.head.length:
+            s.send(M.Range(0, self.head.length))
+        # cancel/unwant/bitfield/range/data/noData/extension need no answer from a
+        # server that answers every request synchronously and downloads nothing.
+
+    def _on_request(self, s: ReplicationSession, m: M.Request) -> None:
+        head = self.head
+        s.stats.requests += 1
+        manifest = self.source.manifest if m.manifest else None
+        if m.fork != head.fork or m.seek is not None or (
+            m.block is not None and m.block.index >= head.length
+        ):
+            if manifest is not None and m.block is None and m.hash is None and m.upgrade is None:
+                s.send(M.Data(m.id, Proof(head.fork, manifest=manifest)))
+            else:
+                s.send(M.NoData(m.id, M.NoDataReason.NOT_AVAILABLE))
+            return
+
+        def get(index: int) -> Node:
+            n = self.source.node(index)
+            if n is None:
+                raise KeyError(index)
+            return n
+
+        try:
+            value = self.source.block(m.block.index) if m.block is not None else None
+            proof = generate_proof(
+                get, head.length, head.fork, head.signature,
+                block=m.block, block_value=value, hash=m.hash, upgrade=m.upgrade,
+                manifest=manifest,
+            )
+        except (InvalidRequest, KeyError, IndexError):
+            s.stats.invalid_requests += 1
+            if s.stats.invalid_requests >= MAX_INVALID_REQUESTS:
+                raise RemoteProtocolError("too many invalid requests") from None
+            s.send(M.NoData(m.id, M.NoDataReason.INVALID_REQUEST))
+            return
+        if value is not None:
+            s.stats.blocks += 1
+            s.stats.bytes += len(value)
+        s.send(M.Data(m.id, proof))
+
+
+# -------------------------------------------------------------------------- follower
+
+
+@dataclass
+class _Pending:
+    id: int
+    block: int | None  # block index, or None for an upgrade request
+    upgrade: bool
+    manifest: bool
+
+
+@dataclass
+class _Follower(_Role):
+    key: bytes
+    sink: ArchiveSink
+    live: bool
+    have: Frontier | None
+    public_key: bytes | None
+    window: int
+    trusted: Frontier = field(default_factory=Frontier)
+    fork: int = 0
+    known: dict[int, Node] = field(default_factory=dict)
+    heads: list[tuple[int, int, bytes, list[Node]]] = field(default_factory=list)
+    buffered: dict[int, tuple[bytes, Node]] = field(default_factory=dict)
+    inflight: dict[int, _Pending] = field(default_factory=dict)
+    next_id: int = 1
+    next_request: int = 0
+    next_deliver: int = 0
+    remote_length: int | None = None
+    remote_fork: int = 0
+    upgrading: bool = False
+
+    def __post_init__(self) -> None:
+        if self.have is not None:
+            self.trusted = self.have.copy()
+            self.next_request = self.next_deliver = self.have.length
+            for r in self.have.roots():
+                self.known[r.index] = r
+
+    @property
+    def finished(self) -> bool:
+        return (
+            not self.live
+            and self.remote_length is not None
+            and not self.inflight
+            and self.trusted.length >= self.remote_length
+            and self.next_deliver == self.trusted.length
+        )
+
+    def _sync(self, s: ReplicationSession) -> None:
+        s.send(M.Sync(
+            fork=self.fork,
+            length=self.trusted.length,
+            remote_length=self.remote_length or 0,
+            can_upgrade=False,
+            uploading=False,
+            downloading=True,
+            has_manifest=self.public_key is not None,
+            allow_push=False,
+        ))
+
+    def on_open(self, s: ReplicationSession) -> None:
+        self._sync(s)
+
+    def on_message(self, s: ReplicationSession, m: M.Message) -> None:
+        if isinstance(m, M.Sync):
+            if m.fork != self.fork:
+                if self.trusted.length:
+                    raise VerificationError(
+                        f"peer is on fork {m.fork}, we verified fork {self.fork}; reorgs unsupported")
+                self.fork = m.fork
+            self.remote_fork, self.remote_length = m.fork, m.length
+        elif isinstance(m, M.Data):
+            self._on_data(s, m)
+        elif isinstance(m, M.NoData):
+            p = self.inflight.get(m.request)
+            if p is not None:
+                raise RemoteProtocolError(
+                    f"peer refused request {m.request} (reason {m.reason}) for data it announced")
+        self._pump(s)
+        if self.finished:
+            s.close()
+
+    def _request(self, s: ReplicationSession, p: _Pending, req: M.Request) -> None:
+        self.inflight[p.id] = p
+        s.send(req)
+
+    def _pump(self, s: ReplicationSession) -> None:
+        if self.remote_length is None:
+            return
+        if (not self.upgrading and self.remote_length > self.trusted.length
+                and self.remote_fork == self.fork):
+            rid = self._id()
+            need_manifest = self.public_key is None
+            self.upgrading = True
+            start = self.trusted.length
+            self._request(s, _Pending(rid, None, True, need_manifest), M.Request(
+                rid, self.fork,
+                upgrade=UpgradeRequest(start, self.remote_length - start),
+                manifest=need_manifest,
+            ))
+        length = self.trusted.length
+        while self.next_request < length and len(self.inflight) < self.window:
+            i = self.next_request
+            self.next_request += 1
+            rid = self._id()
+            self._request(s, _Pending(rid, i, False, False), M.Request(
+                rid, self.fork, block=BlockRequest(i, max_missing_nodes(2 * i, length))))
+
+    def _id(self) -> int:
+        rid = self.next_id
+        self.next_id += 1
+        return rid
+
+    def _on_data(self, s: ReplicationSession, m: M.Data) -> None:
+        p = self.inflight.pop(m.request, None)
+        if p is None:
+            return  # unrequested (push) or cancelled: Hypercore ignores it too
+        proof = m.proof
+        if proof.fork != self.fork:
+            raise VerificationError(f"data for fork {proof.fork}, we are on {self.fork}")
+        if p.manifest:
+            if proof.manifest is None:
+                raise VerificationError("peer did not send the manifest we asked for")
+            if proof.manifest.hash() != self.key:
+                raise VerificationError("manifest does not hash to the archive key")
+            signers = proof.manifest.signers
+            if len(signers) != 1 or proof.manifest.quorum != 1 or proof.manifest.prologue:
+                raise VerificationError("only single-signer manifests are supported")
+            self.public_key = signers[0].public_key
+        if self.public_key is None:
+            raise VerificationError("no public key to verify against")
+        if p.upgrade and proof.upgrade is None:
+            raise VerificationError("peer answered an upgrade request without an upgrade")
+        if p.block is not None and (proof.block is None or proof.block.index != p.block):
+            raise VerificationError("peer answered with another block than requested")
+        if not p.upgrade and proof.upgrade is not None:
+            raise VerificationError("unrequested upgrade")
+        try:
+            vp = verify_proof(
+                proof, public_key=self.public_key, key=self.key, fork=self.fork,
+                trusted=self.trusted, trusted_node=self.known.get,
+            )
+        except HypercoreError as e:
+            raise VerificationError(f"bad proof from peer: {e}") from e
+        if p.upgrade:
+            self.upgrading = False
+            head = vp.head
+            assert head is not None and vp.signature is not None
+            self.trusted = head
+            roots = head.roots()
+            for r in roots:
+                self.known[r.index] = r
+            self.heads.append((head.length, self.fork, vp.signature, roots))
+            self._sync(s)  # tell the peer our new length, as Hypercore does after upgrading
+        if p.block is not None:
+            assert proof.block is not None and vp.proven is not None
+            self.buffered[p.block] = (proof.block.value or b"", vp.proven)
+            s.stats.blocks += 1
+            s.stats.bytes += len(proof.block.value or b"")
+        self._deliver()
+
+    def _deliver(self) -> None:
+        while self.next_deliver in self.buffered:
+            value, leaf = self.buffered.pop(self.next_deliver)
+            self.sink.put_block(self.next_deliver, value, leaf)
+            self.next_deliver += 1
+        while self.heads and self.heads[0][0] <= self.next_deliver:
+            length, fork, sig, roots = self.heads.pop(0)
+            self.sink.put_head(length, fork, sig, roots)
+
+
+__all__ = ["MessageError", "ReplicationSession", "SignedHead", "Stats", "capability"]

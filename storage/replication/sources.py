@@ -1,0 +1,166 @@
+"""What a replication server reads from and what a follower writes into.
+
+Owns: the `ArchiveSource` and `ArchiveSink` protocols, `MemoryArchive` (an in-memory
+signed archive: a writer for tests and tools, and a sink that stores what a follower
+verified), and `PartitionLogSource`, which serves a `storage.log.PartitionLog` by its
+published head (a block is one stored RecordBatch, byte for byte).
+
+May import the standard library, `storage.hypercore` and (for the adapter only)
+`storage.log`; never trio or `broker`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from storage.hypercore import Frontier, KeyPair, Manifest, Node, archive_key, sign_head
+
+if TYPE_CHECKING:
+    from storage.log import PartitionLog
+
+
+@dataclass(frozen=True)
+class SignedHead:
+    """A head a server may serve: every node and block below `length` must be readable."""
+
+    length: int
+    fork: int
+    signature: bytes | None  # None only for length 0
+
+
+class ArchiveSource(Protocol):
+    """Read side of an archive. `head()` is a snapshot; nodes and blocks under it are
+    immutable within the fork, so a server may answer from it while the archive grows."""
+
+    @property
+    def key(self) -> bytes: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    def head(self) -> SignedHead: ...
+
+    def node(self, index: int) -> Node | None: ...
+
+    def block(self, index: int) -> bytes: ...
+
+
+class ArchiveSink(Protocol):
+    """Write side of a follower. Calls come in order: blocks 0, 1, 2, … and, once every
+    block below a verified head's length was delivered, that head."""
+
+    def put_block(self, index: int, value: bytes, leaf: Node) -> None: ...
+
+    def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None: ...
+
+
+class MemoryArchive:
+    """An archive in memory. With a key pair it is writable (`append`); as a sink it
+    keeps what a follower delivered, with the head it verified."""
+
+    def __init__(self, public_key: bytes, keypair: KeyPair | None = None) -> None:
+        self.public_key = public_key
+        self.keypair = keypair
+        self._manifest = Manifest.default(public_key)
+        self._key = archive_key(public_key)
+        self.blocks: list[bytes] = []
+        self.nodes: dict[int, Node] = {}
+        self.frontier = Frontier()
+        self._head = SignedHead(0, 0, None)
+        self.heads: list[SignedHead] = []
+
+    @classmethod
+    def create(cls, keypair: KeyPair) -> MemoryArchive:
+        return cls(keypair.public_key, keypair)
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    def append(self, *values: bytes) -> SignedHead:
+        """Append blocks and sign the new head (one signature per call)."""
+        if self.keypair is None:
+            raise ValueError("read-only archive: no key pair")
+        for v in values:
+            for n in self.frontier.append_data(v):
+                self.nodes[n.index] = n
+            self.blocks.append(bytes(v))
+        sig = sign_head(self.keypair, self._key, self.frontier.roots(), self.frontier.length, 0)
+        self._head = SignedHead(self.frontier.length, 0, sig)
+        return self._head
+
+    def head(self) -> SignedHead:
+        return self._head
+
+    def node(self, index: int) -> Node | None:
+        return self.nodes.get(index)
+
+    def block(self, index: int) -> bytes:
+        return self.blocks[index]
+
+    # ------------------------------------------------------------------ sink side
+
+    def put_block(self, index: int, value: bytes, leaf: Node) -> None:
+        if index != len(self.blocks):
+            raise ValueError(f"block {index} out of order (have {len(self.blocks)})")
+        self.blocks.append(value)
+        for n in self.frontier.append(leaf.hash, leaf.size):
+            self.nodes[n.index] = n
+
+    def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:
+        # The follower verified the head; we hold every block, so our own tree must match.
+        if self.frontier.length != length or self.frontier.roots() != list(roots):
+            raise ValueError("delivered blocks do not form the verified head")
+        self._head = SignedHead(length, fork, signature)
+        self.heads.append(self._head)
+
+
+class PartitionLogSource:
+    """Serve a `PartitionLog` as a Hypercore: blocks are its stored batches, the head is
+    its last *published* head (nothing unpublished or unfsynced is ever served)."""
+
+    def __init__(self, log: PartitionLog) -> None:
+        self.log = log
+
+    @property
+    def key(self) -> bytes:
+        return self.log.key
+
+    @property
+    def manifest(self) -> Manifest:
+        return Manifest.default(self.log.public_key)
+
+    def head(self) -> SignedHead:
+        h = self.log.head
+        if h is None or h.length == 0:
+            return SignedHead(0, self.log.fork, None)
+        return SignedHead(h.length, h.fork, h.signature)
+
+    def node(self, index: int) -> Node | None:
+        return self.log.node(index)
+
+    def block(self, index: int) -> bytes:
+        """The stored batch at leaf `index`; KeyError below retention's minimum index.
+
+        PartitionLog has no public read-by-leaf yet, so this reaches into its segment
+        table (`_locate_leaf`, `_min_index`); a `PartitionLog.block(index)` would replace
+        it. The bytes are not re-authenticated here: the follower verifies every block
+        against the signed head anyway, and a bad one only costs this server the peer.
+        """
+        log = self.log
+        if index < log._min_index or not log._segments:
+            raise KeyError(index)
+        seg, k = log._locate_leaf(index)
+        if not 0 <= k < seg.count:
+            raise KeyError(index)
+        size = seg.size_of(k)
+        data = log.fs.pread_exact(seg.log_fd, size, seg.positions[k])
+        if len(data) != size:
+            raise KeyError(index)
+        return bytes(data)

@@ -1,0 +1,110 @@
+// Node side of storage/tests/test_replication_interop.py: the stock npm hypercore
+// (11.39.5) replicating over a loopback TCP socket with our Python implementation.
+//
+//   node peer.mjs fetch <port> <keyHex> <length> <sha256Hex>
+//     Dial 127.0.0.1:<port> as the initiator, replicate core <keyHex>, download every
+//     block (hypercore verifies each proof and the signed head), then check that the
+//     length and the SHA-256 of all blocks concatenated are as given. Exit 0 if so.
+//   node peer.mjs serve <blocks> <blockSize>
+//     Write a core of <blocks> deterministic blocks with a fixed key pair, listen on
+//     127.0.0.1 (free port) and print one JSON line {port, key, length, sha256,
+//     publicKey}; serve every connection as the responder until stdin closes.
+import Hypercore from 'hypercore'
+import hcrypto from 'hypercore-crypto'
+import net from 'node:net'
+import os from 'node:os'
+import fs from 'node:fs'
+import path from 'node:path'
+import { createHash } from 'node:crypto'
+
+const [mode, ...args] = process.argv.slice(2)
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'hk-interop-'))
+const cleanup = () => fs.rmSync(dir, { recursive: true, force: true })
+
+function fail(msg) {
+  console.error('peer: ' + msg)
+  cleanup()
+  process.exit(1)
+}
+
+async function fetch(port, keyHex, length, sha) {
+  const core = new Hypercore(dir, Buffer.from(keyHex, 'hex'))
+  await core.ready()
+  const socket = net.connect(Number(port), '127.0.0.1')
+  const stream = core.replicate(true, { keepAlive: false })
+  socket.pipe(stream).pipe(socket)
+  stream.on('error', (e) => console.error('peer: stream error', e.message))
+  socket.on('error', (e) => console.error('peer: socket error', e.message))
+  const t0 = process.hrtime.bigint()
+  await core.update({ wait: true })
+  if (core.length !== Number(length)) fail(`length ${core.length}, expected ${length}`)
+  await core.download({ start: 0, end: core.length }).done()
+  const h = createHash('sha256')
+  let bytes = 0
+  for (let i = 0; i < core.length; i++) {
+    const b = await core.get(i, { wait: false })
+    if (b === null) fail(`block ${i} missing after download`)
+    h.update(b)
+    bytes += b.byteLength
+  }
+  const secs = Number(process.hrtime.bigint() - t0) / 1e9
+  const got = h.digest('hex')
+  if (got !== sha) fail(`sha256 ${got}, expected ${sha}`)
+  console.log(JSON.stringify({ ok: true, length: core.length, bytes, seconds: secs }))
+  socket.destroy()
+  await core.close()
+  cleanup()
+  process.exit(0)
+}
+
+function block(i, size) {
+  // Deterministic, not trivially compressible: SHA-256 chain of the index.
+  const out = Buffer.alloc(size)
+  let h = createHash('sha256').update('block ' + i).digest()
+  for (let o = 0; o < size; o += 32) {
+    h.copy(out, o)
+    h = createHash('sha256').update(h).digest()
+  }
+  return out
+}
+
+async function serve(blocks, size) {
+  const keyPair = hcrypto.keyPair(Buffer.alloc(32, 0x42))
+  const core = new Hypercore(dir, { keyPair })
+  await core.ready()
+  const h = createHash('sha256')
+  const batch = []
+  for (let i = 0; i < Number(blocks); i++) {
+    const b = block(i, Number(size))
+    h.update(b)
+    batch.push(b)
+    if (batch.length === 256) await core.append(batch.splice(0))
+  }
+  if (batch.length) await core.append(batch)
+  const server = net.createServer((socket) => {
+    const stream = core.replicate(false, { keepAlive: false })
+    socket.pipe(stream).pipe(socket)
+    stream.on('error', () => {})
+    socket.on('error', () => {})
+  })
+  server.listen(0, '127.0.0.1', () => {
+    console.log(JSON.stringify({
+      port: server.address().port,
+      key: core.key.toString('hex'),
+      publicKey: keyPair.publicKey.toString('hex'),
+      length: core.length,
+      sha256: h.digest('hex')
+    }))
+  })
+  process.stdin.resume()
+  process.stdin.on('end', async () => {
+    server.close()
+    await core.close()
+    cleanup()
+    process.exit(0)
+  })
+}
+
+if (mode === 'fetch') fetch(...args).catch((e) => fail(e.stack))
+else if (mode === 'serve') serve(...args).catch((e) => fail(e.stack))
+else fail('usage: peer.mjs fetch|serve ...')

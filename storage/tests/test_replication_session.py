@@ -1,0 +1,288 @@
+"""Replication sessions Python-to-Python: serve/follow, resume, live tail, a real
+PartitionLog as the source, and hostile peers (wrong capability, bad proof, another
+key's signature, a manifest for another key, invalid requests)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import trio
+import trio.testing
+
+from storage.batch import build_batch
+from storage.hypercore import KeyPair, Manifest, sign_head
+from storage.log import FsyncPolicy, PartitionLog
+from storage.replication import (
+    CapabilityError,
+    MemoryArchive,
+    PartitionLogSource,
+    RemoteProtocolError,
+    ReplicationSession,
+    SignedHead,
+    VerificationError,
+)
+from storage.replication import messages as M
+from storage.replication import session as S
+from storage.replication.trio_driver import follow_archive, serve_archive
+
+KP = KeyPair.from_seed(bytes([7]) * 32)
+OTHER = KeyPair.from_seed(bytes([9]) * 32)
+
+
+def _archive(n: int = 37) -> MemoryArchive:
+    a = MemoryArchive.create(KP)
+    for i in range(0, n, 10):
+        a.append(*[bytes([(i + j) % 256]) * (100 + (i + j) % 50) for j in range(min(10, n - i))])
+    return a
+
+
+def _pump(a: ReplicationSession, b: ReplicationSession, rounds: int = 10_000) -> None:
+    for _ in range(rounds):
+        da, db = a.data_to_send(), b.data_to_send()
+        if not da and not db:
+            return
+        if da:
+            b.receive_data(da)
+        if db:
+            a.receive_data(db)
+    raise AssertionError("sessions did not go quiet")
+
+
+def _follow(src: object, sink: MemoryArchive | None = None, **kw: object) -> tuple[ReplicationSession, ReplicationSession, MemoryArchive]:
+    sink = sink or MemoryArchive(KP.public_key)
+    server = ReplicationSession.serve(src, initiator=False)  # type: ignore[arg-type]
+    client = ReplicationSession.follow(_archive(0).key, sink, initiator=True, **kw)  # type: ignore[arg-type]
+    _pump(client, server)
+    return server, client, sink
+
+
+def test_follow_whole_archive_sans_io() -> None:
+    src = _archive()
+    server, client, sink = _follow(src, window=4)
+    assert client.done and sink.blocks == src.blocks
+    assert sink.heads[-1] == src.head()
+    assert server.closed  # the follower closed the channel when finished
+    assert server.stats.blocks == 37 and client.stats.bytes == sum(map(len, src.blocks))
+
+
+def test_follow_empty_archive() -> None:
+    _server, client, sink = _follow(MemoryArchive.create(KP))
+    assert client.done and sink.blocks == [] and sink.heads == []
+
+
+def test_resume_from_verified_prefix() -> None:
+    src = _archive(12)
+    _s, _c, sink = _follow(src)
+    src.append(b"more", b"and more")
+    _s2, c2, sink2 = _follow(src, sink, have=sink.frontier.copy())
+    assert sink2 is sink and sink.blocks == src.blocks and c2.stats.blocks == 2
+    assert [h.length for h in sink.heads] == [12, 14]
+
+
+def test_live_follow_sees_appends() -> None:
+    src = _archive(5)
+    sink = MemoryArchive(KP.public_key)
+    server = ReplicationSession.serve(src)
+    client = ReplicationSession.follow(src.key, sink, live=True)
+    _pump(client, server)
+    assert len(sink.blocks) == 5 and not client.done
+    src.append(b"x" * 10, b"y" * 20, b"z")
+    server.notify_append()
+    _pump(client, server)
+    assert sink.blocks == src.blocks and sink.heads[-1].length == 8
+
+
+def test_server_answers_bad_requests_with_no_data() -> None:
+    src = _archive(8)
+    server = ReplicationSession.serve(src)
+    sink = MemoryArchive(KP.public_key)
+    client = ReplicationSession.follow(src.key, sink, live=True)
+    _pump(client, server)
+    got: list[M.Message] = []
+    orig = client.role.on_message
+    client.role.on_message = lambda s, m: got.append(m)  # type: ignore[method-assign]
+    client.send(M.Request(900, 0, block=S.BlockRequest(50, 0)))  # past the end
+    client.send(M.Request(901, 0, upgrade=S.UpgradeRequest(3, 99)))  # invalid upgrade
+    client.send(M.Request(902, 5, block=S.BlockRequest(1, 0)))  # wrong fork
+    client.send(M.Want(0, 1 << 21))
+    _pump(client, server)
+    client.role.on_message = orig  # type: ignore[method-assign]
+    assert M.NoData(900, M.NoDataReason.NOT_AVAILABLE) in got
+    assert M.NoData(901, M.NoDataReason.INVALID_REQUEST) in got
+    assert M.NoData(902, M.NoDataReason.NOT_AVAILABLE) in got
+    assert M.Range(0, 8) in got
+
+
+# ---------------------------------------------------------------------- hostile peers
+
+
+class _Tampered(MemoryArchive):
+    def block(self, index: int) -> bytes:
+        b = super().block(index)
+        return b[:-1] + bytes([b[-1] ^ 1]) if index == 3 else b
+
+
+def test_bad_block_is_rejected() -> None:
+    src = _Tampered.create(KP)
+    src.append(*[b"%d" % i * 50 for i in range(6)])
+    with pytest.raises(VerificationError):
+        _follow(src)
+
+
+class _ForeignSignature(MemoryArchive):
+    def head(self) -> SignedHead:
+        h = super().head()
+        roots = self.frontier.roots()
+        # A valid signature, but by another key over the same tree.
+        return dataclasses.replace(h, signature=sign_head(OTHER, self.key, roots, h.length, 0))
+
+
+def test_another_keys_signature_is_rejected() -> None:
+    src = _ForeignSignature.create(KP)
+    src.append(b"a", b"b", b"c")
+    with pytest.raises(VerificationError):
+        _follow(src)
+
+
+class _ForeignManifest(MemoryArchive):
+    @property
+    def manifest(self) -> Manifest:
+        return Manifest.default(OTHER.public_key)
+
+
+def test_manifest_for_another_key_is_rejected() -> None:
+    src = _ForeignManifest.create(KP)
+    src.append(b"a")
+    with pytest.raises(VerificationError, match="manifest"):
+        _follow(src)
+
+
+def test_wrong_capability_is_rejected() -> None:
+    # The client knows the discovery key (public) but not the archive key, so the
+    # capability it sends is computed over the wrong key: the server must refuse.
+    src = _archive(3)
+    server = ReplicationSession.serve(src)
+    client = ReplicationSession.follow(src.key, MemoryArchive(KP.public_key))
+    client.key = MemoryArchive.create(OTHER).key
+    with pytest.raises(CapabilityError):
+        _pump(client, server)
+    assert server.stats.requests == 0
+
+
+def test_server_lying_about_length_is_detected() -> None:
+    class Liar(MemoryArchive):
+        def head(self) -> SignedHead:
+            h = super().head()
+            return dataclasses.replace(h, length=h.length + 1)  # unsigned length
+
+    src = Liar.create(KP)
+    src.append(b"a", b"b")
+    with pytest.raises((VerificationError, RemoteProtocolError)):
+        _follow(src)
+
+
+def test_follower_only_accepts_requested_block() -> None:
+    src = _archive(4)
+    server = ReplicationSession.serve(src)
+    sink = MemoryArchive(KP.public_key)
+    client = ReplicationSession.follow(src.key, sink, window=1)
+    orig_on_request = server.role._on_request  # type: ignore[attr-defined]
+
+    def swap(s: ReplicationSession, m: M.Request) -> None:
+        if m.block is not None:
+            m = dataclasses.replace(m, block=S.BlockRequest((m.block.index + 1) % 4, m.block.nodes))
+        orig_on_request(s, m)
+
+    server.role._on_request = swap  # type: ignore[attr-defined]
+    with pytest.raises(VerificationError, match="another block"):
+        _pump(client, server)
+
+
+# ------------------------------------------------------------------------- with Trio
+
+
+async def test_trio_driver_over_memory_streams() -> None:
+    src = _archive(300)
+    sink = MemoryArchive(KP.public_key)
+    a, b = trio.testing.memory_stream_pair()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(serve_archive, a, src)
+            stats = await follow_archive(b, src.key, sink, window=16)
+    assert sink.blocks == src.blocks and stats.blocks == 300
+
+
+async def test_trio_follower_fails_if_peer_hangs_up() -> None:
+    src = _archive(30)
+    a, b = trio.testing.memory_stream_pair()
+
+    async def rude() -> None:
+        s = ReplicationSession.serve(src)
+        await a.send_all(s.data_to_send())
+        while True:
+            data = await a.receive_some(65536)
+            s.receive_data(data)
+            out = s.data_to_send()
+            if out:
+                await a.send_all(out[: len(out) // 2])  # cut mid-frame, then hang up
+                await a.aclose()
+                return
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(rude)
+            with pytest.raises(RemoteProtocolError):
+                await follow_archive(b, src.key, MemoryArchive(KP.public_key))
+
+
+async def _wait_blocks(sink: MemoryArchive, n: int) -> None:
+    # Polling keeps MemoryArchive free of Trio; fail_after in the caller bounds it.
+    for _ in range(1000):
+        if len(sink.blocks) >= n:
+            return
+        await trio.sleep(0.01)
+
+
+async def test_live_serve_with_wait_appended() -> None:
+    src = _archive(3)
+    sink = MemoryArchive(KP.public_key)
+    appended = trio.Event()
+
+    async def wait() -> None:
+        nonlocal appended
+        await appended.wait()
+        appended = trio.Event()
+
+    a, b = trio.testing.memory_stream_pair()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: serve_archive(a, src, wait_appended=wait))
+            n.start_soon(lambda: follow_archive(b, src.key, sink, live=True))
+            await _wait_blocks(sink, 3)
+            src.append(b"new block")
+            appended.set()
+            await _wait_blocks(sink, 4)
+            n.cancel_scope.cancel()
+    assert sink.blocks == src.blocks
+
+
+# ------------------------------------------------------------------ PartitionLog source
+
+
+def test_serve_partition_log(tmp_path: object) -> None:
+    log = PartitionLog.open(str(tmp_path), KP, fsync=FsyncPolicy.NEVER)
+    try:
+        for i in range(25):
+            log.append(build_batch([b"value-%d" % i] * (1 + i % 4), timestamp_ms=1000 + i))
+            if i % 7 == 6:
+                log.commit()
+        log.commit()
+        src = PartitionLogSource(log)
+        assert src.key == MemoryArchive.create(KP).key
+        _s, client, sink = _follow(src)
+        assert client.done and len(sink.blocks) == 25
+        assert b"".join(sink.blocks) == log.read_bytes(0, 1 << 30)
+        assert sink.heads[-1].signature == log.head.signature  # type: ignore[union-attr]
+    finally:
+        log.close()
