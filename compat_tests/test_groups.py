@@ -6,7 +6,8 @@
 - A member killed with SIGKILL: its partitions move to the survivors (the dead member is
   detected after its session timeout, 6 s here) and no record is lost, because members
   commit each record after reading it. The time from the kill to the survivors' new
-  assignment is printed per client and stored in the results file's `extra`.
+  assignment is printed per client (`REBALANCE <client>: ...` on stderr, run with -s) and
+  kept in the test report's user_properties.
 - After a broker restart the group resumes at its commits (nothing read twice or skipped).
 - `kcat -G` consumes as a group member and commits.
 
