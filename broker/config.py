@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.groups.state import GroupSettings
 from storage import FsyncPolicy, LogConfig
 
 LONG_MAX = 9223372036854775807
@@ -314,6 +315,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
             elif key in ("log.retention.hours", "log.retention.minutes"):
                 factor = 3_600_000 if key.endswith("hours") else 60_000
                 config.topic_defaults.setdefault("log.retention.ms", str(int(value) * factor))
+            elif key in GroupSettings.NAMES:
+                GroupSettings.from_properties({key: value})  # checked here, read by broker.groups
             elif key in broker_synonyms:
                 d = next(d for d in TOPIC_CONFIGS.values() if d.broker_synonym == key)
                 config.topic_defaults[key] = _check_value(d, value)

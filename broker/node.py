@@ -26,6 +26,7 @@ from pathlib import Path
 import trio
 
 from broker.config import BrokerConfig, validate_topic_configs
+from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from storage import PartitionLog, Store, TopicRecord
 from storage.errors import StorageError
@@ -148,6 +149,7 @@ class Node:
         self._closed = False
         for record in store.topics().values():
             self._attach(record)
+        self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Node:
@@ -369,6 +371,7 @@ class Node:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
+            await nursery.start(self.groups.run)
             task_status.started()
 
     def close(self) -> None:

@@ -1,3 +1,3 @@
 """Kafka API handlers. Importing this package fills `broker.api.REGISTRY`."""
 
-from broker.handlers import admin, cluster, fetch, offsets, produce  # noqa: F401
+from broker.handlers import admin, cluster, fetch, groups, offsets, produce  # noqa: F401

@@ -1,0 +1,357 @@
+"""The group coordinator's Trio driver: clock, timers, parked requests and persistence.
+
+Wraps the pure `broker.groups.state.Groups`. Every entry point reads the clock once
+(`trio.current_time()`, so tests run on an autojump clock), calls the machine, then
+`_dispatch`es what it produced: answers for parked JoinGroup/SyncGroup requests (a
+`Waiter` per request, awaited by the handler's `Deferred`) and `StoreGroup` effects (a
+group metadata record appended to the offsets archive; the machine hears back once the
+record is durable). One background task, `run`, sleeps until the earliest deadline of
+any group (or until poked) and fires `tick`.
+
+Offsets: OffsetCommit appends one batch of OffsetCommitValue records, waits until a
+signed head covers it, then makes the offsets visible (a later record always wins, so
+commits that overlap in flight land in log order). Replaying the archive on open
+restores every committed offset and every group's last stored generation and members,
+who then have one session timeout to heartbeat before they are dropped.
+
+Imports trio, the node's types (for typing only), `broker.groups.*`; no protocol classes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.groups import codes
+from broker.groups.offsets import OffsetsArchive, Replayed
+from broker.groups.records import (
+    GroupValue,
+    MemberValue,
+    OffsetValue,
+    group_key,
+    group_value,
+    offset_key,
+    offset_value,
+)
+from broker.groups.state import (
+    CommittedOffset,
+    Group,
+    Groups,
+    GroupSettings,
+    GroupSummary,
+    JoinResult,
+    Member,
+    State,
+    StoreGroup,
+    SyncResult,
+)
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+log = logging.getLogger("hyperkafka.groups")
+
+
+class Waiter:
+    """One parked JoinGroup or SyncGroup: set once by the machine's outbox."""
+
+    __slots__ = ("_event", "result")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.result: Any = None
+
+    def set(self, result: Any) -> None:
+        if not self._event.is_set():
+            self.result = result
+            self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        return self.result
+
+
+@dataclass
+class CommitEntry:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+    error: int = codes.NONE
+
+
+def wall_ms() -> int:
+    return math.floor(time.time() * 1000)
+
+
+class GroupCoordinator:
+    """Create with the node (replays the archive, off the event loop); run `run` in a nursery."""
+
+    def __init__(self, node: Node, settings: GroupSettings | None = None) -> None:
+        self.node = node
+        self.settings = settings or GroupSettings.from_properties(node.config.static)
+        self.groups = Groups(self.settings)
+        self.archive = OffsetsArchive(node)
+        self._replayed: Replayed | None = self.archive.replay()
+        log.info(
+            "offsets archive replayed: %d records, %d offsets, %d groups (%d records skipped)",
+            self._replayed.records,
+            len(self._replayed.offsets),
+            len(self._replayed.groups),
+            self._replayed.skipped,
+        )
+        self._wakeup = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ driver
+
+    @staticmethod
+    def now() -> int:
+        return math.floor(trio.current_time() * 1000)
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._install()
+            task_status.started()
+            try:
+                while True:
+                    deadline = self.groups.next_deadline()
+                    with trio.move_on_at(math.inf if deadline is None else deadline / 1000):
+                        await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    self.groups.tick(self.now())
+                    self._dispatch()
+            finally:
+                self._nursery = None
+
+    def _install(self) -> None:
+        replayed, self._replayed = self._replayed, None
+        if replayed is None:
+            return
+        now = self.now()
+        for group_id, value in replayed.groups.items():
+            protocol = value.protocol
+            members = [
+                Member(
+                    m.member_id,
+                    m.group_instance_id,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    m.session_timeout_ms,
+                    value.protocol_type,
+                    [(protocol, m.subscription)] if protocol is not None else [],
+                    m.assignment,
+                )
+                for m in value.members
+            ]
+            self.groups.load_group(now, group_id, value.protocol_type, value.generation_id, protocol, value.leader, members)
+        for (group_id, topic, partition), (v, record_offset) in replayed.offsets.items():
+            group = self.groups.get_or_create(group_id)
+            group.offsets[(topic, partition)] = CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, record_offset)
+
+    def _dispatch(self) -> None:
+        outbox, self.groups.outbox = self.groups.outbox, []
+        for waiter, result in outbox:
+            if isinstance(waiter, Waiter):
+                waiter.set(result)
+        effects, self.groups.effects = self.groups.effects, []
+        for effect in effects:
+            self._store_group(effect)
+        self._wakeup.set()
+
+    def _store_group(self, effect: StoreGroup) -> None:
+        group = self.groups.get(effect.group_id)
+        if group is None:
+            return
+        value = _group_value(group, effect.assignment)
+        try:
+            _, last = self.archive.append([(group_key(group.group_id), group_value(value))], wall_ms())
+        except Exception as exc:
+            log.error("cannot store group %s: %s", group.group_id, exc)
+            self.groups.group_stored(self.now(), effect.group_id, effect.generation_id, effect.assignment, codes.COORDINATOR_NOT_AVAILABLE)
+            return
+
+        async def stored() -> None:
+            error = codes.NONE
+            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
+                try:
+                    await self.archive.wait_durable(last)
+                except Exception as exc:
+                    log.error("group %s metadata not durable: %s", effect.group_id, exc)
+                    error = codes.COORDINATOR_NOT_AVAILABLE
+            if scope.cancelled_caught:
+                error = codes.REQUEST_TIMED_OUT
+            self.groups.group_stored(self.now(), effect.group_id, effect.generation_id, effect.assignment, error)
+            self._dispatch()
+
+        if self._nursery is None:
+            raise RuntimeError("the group coordinator is not running (start GroupCoordinator.run)")
+        self._nursery.start_soon(stored)
+
+    # ------------------------------------------------------------------ membership
+
+    def join(self, group_id: str, member_id: str, group_instance_id: str | None, protocol_type: str,
+             protocols: list[tuple[str, bytes]], **kw: Any) -> JoinResult | Waiter:
+        waiter = Waiter()
+        result = self.groups.join(self.now(), group_id, member_id, group_instance_id, protocol_type, protocols, waiter, **kw)
+        self._dispatch()
+        return waiter if result is None else result
+
+    def sync(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
+             assignments: Mapping[str, bytes], **kw: Any) -> SyncResult | Waiter:
+        waiter = Waiter()
+        result = self.groups.sync(self.now(), group_id, generation_id, member_id, group_instance_id, assignments, waiter, **kw)
+        self._dispatch()
+        return waiter if result is None else result
+
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> int:
+        error = self.groups.heartbeat(self.now(), group_id, generation_id, member_id, group_instance_id)
+        self._dispatch()
+        return error
+
+    def leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> tuple[int, list[int]]:
+        result = self.groups.leave(self.now(), group_id, members)
+        self._dispatch()
+        return result
+
+    def describe(self, group_id: str) -> GroupSummary:
+        group = self.groups.get(group_id)
+        if group is None:
+            return GroupSummary(group_id, State.DEAD.value, "", "", ())
+        return group.summary()
+
+    def list_groups(self, states: Iterable[str] = (), types: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+        return self.groups.list_groups(states, types)
+
+    # ------------------------------------------------------------------ offsets
+
+    async def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
+                             group_instance_id: str | None, entries: Sequence[CommitEntry]) -> None:
+        """Validate, append, wait until durable, then publish; fills each entry's `error`."""
+        group, error = self.groups.validate_offset_commit(self.now(), group_id, generation_id, member_id, group_instance_id)
+        self._dispatch()
+        if group is None:
+            for e in entries:
+                e.error = error
+            return
+        now_wall = wall_ms()
+        to_write: list[CommitEntry] = []
+        for e in entries:
+            if e.error != codes.NONE:
+                continue
+            if e.metadata is not None and len(e.metadata.encode("utf-8")) > self.settings.offset_metadata_max_bytes:
+                e.error = codes.OFFSET_METADATA_TOO_LARGE
+            elif self.node.partition(e.topic, e.partition) is None:
+                e.error = codes.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                to_write.append(e)
+        if not to_write:
+            return
+        records = [
+            (offset_key(group_id, e.topic, e.partition), offset_value(OffsetValue(e.offset, e.leader_epoch, e.metadata or "", now_wall)))
+            for e in to_write
+        ]
+        try:
+            base, last = self.archive.append(records, now_wall)
+        except Exception as exc:
+            log.error("cannot append offsets of group %s: %s", group_id, exc)
+            for e in to_write:
+                e.error = codes.COORDINATOR_NOT_AVAILABLE
+            return
+        with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
+            try:
+                await self.archive.wait_durable(last)
+            except Exception as exc:
+                log.error("offsets of group %s not durable: %s", group_id, exc)
+                for e in to_write:
+                    e.error = codes.COORDINATOR_NOT_AVAILABLE
+                return
+        if scope.cancelled_caught:
+            for e in to_write:
+                e.error = codes.REQUEST_TIMED_OUT
+            return
+        # The group may have been deleted and re-created meanwhile: write into the live one.
+        live = self.groups.get_or_create(group_id) if self.groups.get(group_id) is not group else group
+        for i, e in enumerate(to_write):
+            key = (e.topic, e.partition)
+            current = live.offsets.get(key)
+            record_offset = base + i
+            if current is None or current.record_offset < record_offset:
+                live.offsets[key] = CommittedOffset(e.offset, e.leader_epoch, e.metadata or "", now_wall, record_offset)
+
+    def fetch_offsets(self, group_id: str, wanted: Sequence[tuple[str, Sequence[int]]] | None) -> dict[str, dict[int, CommittedOffset | None]]:
+        """topic -> partition -> committed offset (None: nothing committed). `wanted` None
+        means every partition the group committed."""
+        group = self.groups.get(group_id)
+        offsets = group.offsets if group is not None else {}
+        out: dict[str, dict[int, CommittedOffset | None]] = {}
+        if wanted is None:
+            for (topic, partition), committed in sorted(offsets.items()):
+                out.setdefault(topic, {})[partition] = committed
+            return out
+        for topic, partitions in wanted:
+            parts = out.setdefault(topic, {})
+            for p in partitions:
+                parts[p] = offsets.get((topic, p))
+        return out
+
+    async def delete_groups(self, group_ids: Sequence[str]) -> dict[str, int]:
+        groups = {gid: self.groups.get(gid) for gid in group_ids}
+        results = self.groups.delete_groups(group_ids)
+        tombstones: list[tuple[bytes, bytes | None]] = []
+        for gid, error in results.items():
+            group = groups.get(gid)
+            if error == codes.NONE and group is not None:
+                tombstones.extend((offset_key(gid, t, p), None) for t, p in group.offsets)
+                tombstones.append((group_key(gid), None))
+        self._dispatch()
+        if tombstones:
+            await self._write_tombstones(tombstones)
+        return results
+
+    async def delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]]) -> tuple[int, dict[tuple[str, int], int]]:
+        error, per_partition = self.groups.deletable_offsets(group_id, partitions)
+        group = self.groups.get(group_id)
+        if error != codes.NONE or group is None:
+            return error, per_partition
+        doomed = [tp for tp, e in per_partition.items() if e == codes.NONE and tp in group.offsets]
+        for tp in doomed:
+            del group.offsets[tp]
+        if doomed:
+            await self._write_tombstones([(offset_key(group_id, t, p), None) for t, p in doomed])
+        return error, per_partition
+
+    async def _write_tombstones(self, tombstones: list[tuple[bytes, bytes | None]]) -> None:
+        try:
+            _, last = self.archive.append(tombstones, wall_ms())
+            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
+                await self.archive.wait_durable(last)
+        except Exception as exc:  # the in-memory delete stands; a restart may bring them back
+            log.error("cannot write %d tombstones: %s", len(tombstones), exc)
+
+
+def _group_value(group: Group, assignment: Mapping[str, bytes] | None) -> GroupValue:
+    protocol = group.protocol_name
+    members = tuple(
+        MemberValue(
+            m.member_id,
+            m.group_instance_id,
+            m.client_id,
+            m.client_host,
+            m.rebalance_timeout_ms,
+            m.session_timeout_ms,
+            m.metadata(protocol) if protocol is not None else b"",
+            (assignment or {}).get(m.member_id, m.assignment),
+        )
+        for m in group.members.values()
+    ) if group.state in (State.STABLE, State.COMPLETING_REBALANCE) else ()
+    return GroupValue(group.protocol_type or "", group.generation_id, protocol, group.leader_id, wall_ms(), members)

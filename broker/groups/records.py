@@ -1,0 +1,256 @@
+"""The records of the offsets archive, in Kafka's own `__consumer_offsets` formats.
+
+Keys (a version prefix, int16): 0/1 = OffsetCommitKey (group, topic, partition),
+2 = GroupMetadataKey (group). Values: OffsetCommitValue v0-v3 (we write v3: offset,
+leader epoch, metadata, commit timestamp) and GroupMetadataValue v0-v3 (we write v3:
+protocol type, generation, protocol, leader, state timestamp, members with instance id,
+client id/host, timeouts, subscription and assignment). A null value is a tombstone.
+Using Kafka's layout means Kafka's own tools can read a dump of the archive, and the
+archive is made of real v2 record batches, so it verifies like any partition.
+
+Pure: encodes and decodes bytes, builds uncompressed v2 batches (with null values, which
+storage.batch cannot write). Only `RecordFormatError` escapes a decoder. Imports the
+standard library and crc32c.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+
+
+class RecordFormatError(ValueError):
+    """Bytes that are not a record of the offsets archive."""
+
+
+@dataclass(frozen=True)
+class OffsetKey:
+    group_id: str
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    group_id: str
+
+
+@dataclass(frozen=True)
+class OffsetValue:
+    offset: int
+    leader_epoch: int
+    metadata: str
+    commit_timestamp: int
+
+
+@dataclass(frozen=True)
+class MemberValue:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    subscription: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True)
+class GroupValue:
+    protocol_type: str
+    generation_id: int
+    protocol: str | None
+    leader: str | None
+    current_state_timestamp: int
+    members: tuple[MemberValue, ...]
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _str(s: str | None) -> bytes:
+    if s is None:
+        return b"\xff\xff"
+    data = s.encode("utf-8")
+    if len(data) > 0x7FFF:
+        raise RecordFormatError("string longer than 32767 bytes")
+    return struct.pack(">h", len(data)) + data
+
+
+def _bytes(b: bytes | None) -> bytes:
+    if b is None:
+        return b"\xff\xff\xff\xff"
+    return struct.pack(">i", len(b)) + b
+
+
+def offset_key(group_id: str, topic: str, partition: int) -> bytes:
+    return struct.pack(">h", 1) + _str(group_id) + _str(topic) + struct.pack(">i", partition)
+
+
+def group_key(group_id: str) -> bytes:
+    return struct.pack(">h", 2) + _str(group_id)
+
+
+def offset_value(value: OffsetValue) -> bytes:
+    return (
+        struct.pack(">hqi", 3, value.offset, value.leader_epoch)
+        + _str(value.metadata)
+        + struct.pack(">q", value.commit_timestamp)
+    )
+
+
+def group_value(value: GroupValue) -> bytes:
+    out = bytearray(struct.pack(">h", 3))
+    out += _str(value.protocol_type) + struct.pack(">i", value.generation_id)
+    out += _str(value.protocol) + _str(value.leader) + struct.pack(">q", value.current_state_timestamp)
+    out += struct.pack(">i", len(value.members))
+    for m in value.members:
+        out += _str(m.member_id) + _str(m.group_instance_id) + _str(m.client_id) + _str(m.client_host)
+        out += struct.pack(">ii", m.rebalance_timeout_ms, m.session_timeout_ms)
+        out += _bytes(m.subscription) + _bytes(m.assignment)
+    return bytes(out)
+
+
+# ---------------------------------------------------------------- reading
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, fmt: str) -> tuple[int, ...]:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise RecordFormatError("record cut short")
+        values = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return values
+
+    def i(self, fmt: str) -> int:
+        return self.take(fmt)[0]
+
+    def string(self, nullable: bool = False) -> str | None:
+        n = self.i(">h")
+        if n < 0:
+            if nullable:
+                return None
+            raise RecordFormatError("null where a string is required")
+        return self._raw(n).decode("utf-8", "strict")
+
+    def req_string(self) -> str:
+        s = self.string()
+        assert s is not None
+        return s
+
+    def bytes_(self) -> bytes:
+        n = self.i(">i")
+        return b"" if n < 0 else self._raw(n)
+
+    def _raw(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise RecordFormatError("record cut short")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
+def decode_key(data: bytes) -> OffsetKey | GroupKey:
+    try:
+        r = _Reader(data)
+        version = r.i(">h")
+        if version in (0, 1):
+            return OffsetKey(r.req_string(), r.req_string(), r.i(">i"))
+        if version == 2:
+            return GroupKey(r.req_string())
+    except UnicodeDecodeError as exc:
+        raise RecordFormatError(str(exc)) from None
+    raise RecordFormatError(f"unknown key version {version}")
+
+
+def decode_offset_value(data: bytes) -> OffsetValue:
+    try:
+        r = _Reader(data)
+        version = r.i(">h")
+        if version == 0:
+            offset = r.i(">q")
+            metadata = r.req_string()
+            return OffsetValue(offset, -1, metadata, r.i(">q"))
+        if version in (1, 2):
+            offset = r.i(">q")
+            metadata = r.req_string()
+            commit = r.i(">q")
+            if version == 1:
+                r.i(">q")  # expire timestamp: not used since KIP-211
+            return OffsetValue(offset, -1, metadata, commit)
+        if version == 3:
+            offset, epoch = r.take(">qi")
+            metadata = r.req_string()
+            return OffsetValue(offset, epoch, metadata, r.i(">q"))
+    except UnicodeDecodeError as exc:
+        raise RecordFormatError(str(exc)) from None
+    raise RecordFormatError(f"unknown offset value version {version}")
+
+
+def decode_group_value(data: bytes) -> GroupValue:
+    try:
+        r = _Reader(data)
+        version = r.i(">h")
+        if not 0 <= version <= 3:
+            raise RecordFormatError(f"unknown group value version {version}")
+        protocol_type = r.req_string()
+        generation = r.i(">i")
+        protocol = r.string(nullable=True)
+        leader = r.string(nullable=True)
+        timestamp = r.i(">q") if version >= 2 else -1
+        members = []
+        for _ in range(r.i(">i")):
+            member_id = r.req_string()
+            instance = r.string(nullable=True) if version >= 3 else None
+            client_id = r.req_string()
+            client_host = r.req_string()
+            rebalance = r.i(">i") if version >= 1 else -1
+            session = r.i(">i")
+            if version == 0:
+                rebalance = session
+            members.append(MemberValue(member_id, instance, client_id, client_host, rebalance, session, r.bytes_(), r.bytes_()))
+        return GroupValue(protocol_type, generation, protocol, leader, timestamp, tuple(members))
+    except UnicodeDecodeError as exc:
+        raise RecordFormatError(str(exc)) from None
+
+
+# ---------------------------------------------------------------- batches
+
+
+def _varint(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        b = z & 0x7F
+        z >>= 7
+        if z:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _varbytes(b: bytes | None) -> bytes:
+    return _varint(-1) if b is None else _varint(len(b)) + b
+
+
+def build_batch(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytearray:
+    """An uncompressed v2 batch of (key, value-or-tombstone) records, CRC-32C filled in,
+    base offset 0 (the log assigns the real one)."""
+    if not records:
+        raise ValueError("a batch holds at least one record")
+    body = bytearray()
+    for i, (key, value) in enumerate(records):
+        rec = b"\x00" + _varint(0) + _varint(i) + _varbytes(key) + _varbytes(value) + _varint(0)
+        body += _varint(len(rec)) + rec
+    after_crc = struct.pack(">hiqqqhii", 0, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(records)) + body
+    head = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(after_crc), -1, 2, crc32c.crc32c(after_crc))
+    return bytearray(head + after_crc)

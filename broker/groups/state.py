@@ -1,0 +1,1008 @@
+"""The classic consumer-group protocol as a pure state machine (Kafka's GroupCoordinator).
+
+Theory of operation. A group moves through Kafka's five states:
+
+    Empty --join--> PreparingRebalance --all joined / timeout--> CompletingRebalance
+      ^                  ^      |                                      |
+      |                  |      +--no members left--> Empty            | leader's SyncGroup
+      |                  +----member joins, leaves, dies, changes------+ (assignment stored)
+      +----------------------------------------------------------- Stable
+    (any) --DeleteGroups while Empty--> Dead
+
+A JoinGroup or SyncGroup that cannot be answered yet is *parked*: the caller hands in an
+opaque waiter, and the answer appears later in `Groups.outbox` as `(waiter, result)`.
+Work the machine needs from the outside world (persist the group's metadata before the
+assignment is handed out) appears in `Groups.effects`; the driver does it and calls back
+(`group_stored`). Time is an argument (`now`, monotonic milliseconds): every timer is a
+deadline the driver reads from `next_deadline()` and fires with `tick(now)`:
+
+- a member's heartbeat deadline (session timeout; 5 minutes for a member still in its
+  first join), Kafka's DelayedHeartbeat: a member parked in JoinGroup or SyncGroup is
+  kept alive by the rebalance, anyone else is removed when it passes;
+- a pending member's deadline (issued a member id by MEMBER_ID_REQUIRED, never came back);
+- the join phase: `group.initial.rebalance.delay.ms` (extended while new members keep
+  arriving, up to the rebalance timeout) when the group was Empty, else the rebalance
+  timeout (the largest of the members'), after which members that did not rejoin are
+  removed (InitialDelayedJoin / DelayedJoin);
+- the sync phase: members that got their JoinGroup answer but never sent SyncGroup within
+  the rebalance timeout are removed and the group rebalances again (DelayedSync).
+
+Error semantics follow Kafka 3.x exactly (REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
+ILLEGAL_GENERATION, FENCED_INSTANCE_ID ...). Where Kafka would leave a request unanswered
+forever (a second JoinGroup replacing a parked one, a member removed while parked in
+SyncGroup) we answer the abandoned request with an error instead, because here the
+connection that sent it is not muted and later replies queue behind it.
+
+Imports only the standard library and `broker.groups.codes`: no trio, no storage, no
+protocol classes.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from broker.groups import codes
+
+log = logging.getLogger("hyperkafka.groups")
+
+NO_GENERATION = -1
+UNKNOWN_MEMBER = ""
+NEW_MEMBER_JOIN_TIMEOUT_MS = 5 * 60 * 1000
+CONSUMER_PROTOCOL = "consumer"
+# ConsumerProtocolAssignment v0 with no partitions and null user data: what a member
+# the leader left out (or gave empty bytes) receives, because clients such as franz-go
+# cannot decode an empty assignment.
+EMPTY_CONSUMER_ASSIGNMENT = struct.pack(">hii", 0, 0, -1)
+
+
+class State(enum.Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+_VALID_PREVIOUS: dict[State, frozenset[State]] = {
+    State.PREPARING_REBALANCE: frozenset({State.STABLE, State.COMPLETING_REBALANCE, State.EMPTY}),
+    State.COMPLETING_REBALANCE: frozenset({State.PREPARING_REBALANCE}),
+    State.STABLE: frozenset({State.COMPLETING_REBALANCE}),
+    State.EMPTY: frozenset({State.PREPARING_REBALANCE}),
+    State.DEAD: frozenset(State),
+}
+
+
+class IllegalTransition(Exception):
+    """A bug: the machine tried a transition Kafka's state graph does not have."""
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    """The coordinator's broker settings (Kafka's names in `from_properties`)."""
+
+    initial_rebalance_delay_ms: int = 1000
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1_800_000
+    max_size: int = 2**31 - 1
+    offset_metadata_max_bytes: int = 4096
+    offset_commit_timeout_ms: int = 5000
+
+    NAMES: ClassVar[dict[str, str]] = {
+        "group.initial.rebalance.delay.ms": "initial_rebalance_delay_ms",
+        "group.min.session.timeout.ms": "min_session_timeout_ms",
+        "group.max.session.timeout.ms": "max_session_timeout_ms",
+        "group.max.size": "max_size",
+        "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+        "offsets.commit.timeout.ms": "offset_commit_timeout_ms",
+    }
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> GroupSettings:
+        values = {attr: int(props[name]) for name, attr in cls.NAMES.items() if name in props}
+        for attr, value in values.items():
+            if value < 0 or (attr == "max_size" and value < 1):
+                raise ValueError(f"{attr} must be positive, got {value}")
+        return cls(**values)
+
+
+@dataclass(eq=False)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    join_waiter: object | None = None
+    sync_waiter: object | None = None
+    is_new: bool = False
+    heartbeat_deadline: int | None = None
+
+    @property
+    def awaiting_join(self) -> bool:
+        return self.join_waiter is not None
+
+    @property
+    def awaiting_sync(self) -> bool:
+        return self.sync_waiter is not None
+
+    def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
+        return self.protocols == protocols
+
+    def metadata(self, protocol: str) -> bytes:
+        for name, data in self.protocols:
+            if name == protocol:
+                return data
+        raise KeyError(protocol)
+
+    def vote(self, candidates: set[str]) -> str:
+        for name, _ in self.protocols:
+            if name in candidates:
+                return name
+        raise IllegalTransition(f"member {self.member_id} supports none of {sorted(candidates)}")
+
+
+@dataclass(frozen=True)
+class JoinMember:
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    error: int
+    member_id: str
+    generation_id: int = NO_GENERATION
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    members: tuple[JoinMember, ...] = ()
+    skip_assignment: bool = False
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    error: int
+    assignment: bytes = b""
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+
+
+@dataclass(frozen=True)
+class StoreGroup:
+    """Persist the group's metadata (and these assignments); then call `Groups.group_stored`
+    with the same generation. `assignment` is None when nothing waits for the outcome."""
+
+    group_id: str
+    generation_id: int
+    assignment: dict[str, bytes] | None
+
+
+@dataclass
+class CommittedOffset:
+    offset: int
+    leader_epoch: int
+    metadata: str
+    commit_timestamp: int
+    record_offset: int = -1  # where in the offsets archive this commit was written
+
+
+@dataclass(frozen=True)
+class MemberSummary:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: tuple[MemberSummary, ...]
+
+
+class Group:
+    """One group's membership, generation and committed offsets."""
+
+    def __init__(self, owner: Groups, group_id: str) -> None:
+        self.owner = owner
+        self.group_id = group_id
+        self.state = State.EMPTY
+        self.generation_id = 0
+        self.protocol_type: str | None = None
+        self.protocol_name: str | None = None
+        self.leader_id: str | None = None
+        self.members: dict[str, Member] = {}
+        self.static_members: dict[str, str] = {}  # group.instance.id -> member id
+        self.pending_members: dict[str, int] = {}  # member id -> deadline (MEMBER_ID_REQUIRED)
+        self.pending_sync: set[str] = set()
+        self.join_deadline: int | None = None
+        self.initial_join: bool = False  # the running join phase is the initial delayed one
+        self.initial_remaining_ms = 0
+        self.new_member_added = False
+        self.sync_deadline: int | None = None
+        self.offsets: dict[tuple[str, int], CommittedOffset] = {}
+
+    # ------------------------------------------------------------------ queries
+
+    def is_(self, state: State) -> bool:
+        return self.state is state
+
+    def has(self, member_id: str) -> bool:
+        return member_id in self.members
+
+    def is_leader(self, member_id: str) -> bool:
+        return self.leader_id == member_id
+
+    @property
+    def rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def all_joined(self) -> bool:
+        return not self.pending_members and all(m.awaiting_join for m in self.members.values())
+
+    def num_awaiting_join(self) -> int:
+        return sum(1 for m in self.members.values() if m.awaiting_join)
+
+    def candidate_protocols(self) -> set[str]:
+        counts: Counter[str] = Counter()
+        for m in self.members.values():
+            counts.update({name for name, _ in m.protocols})
+        return {name for name, n in counts.items() if n == len(self.members)}
+
+    def supports_protocols(self, protocol_type: str, protocols: Iterable[str]) -> bool:
+        names = set(protocols)
+        if self.is_(State.EMPTY):
+            return bool(protocol_type) and bool(names)
+        return self.protocol_type == protocol_type and bool(names & self.candidate_protocols())
+
+    def select_protocol(self) -> str:
+        candidates = self.candidate_protocols()
+        votes = Counter(m.vote(candidates) for m in self.members.values())
+        # Most votes wins; ties go to the protocol listed first by the most members'
+        # preference order, which Counter.most_common keeps (insertion order).
+        return votes.most_common(1)[0][0]
+
+    def can_rebalance(self) -> bool:
+        return self.state in _VALID_PREVIOUS[State.PREPARING_REBALANCE]
+
+    def subscribed_topics(self) -> set[str] | None:
+        """Topics the members subscribe to (consumer protocol only); None when unknown."""
+        if self.protocol_type != CONSUMER_PROTOCOL or self.protocol_name is None:
+            return None
+        topics: set[str] = set()
+        for m in self.members.values():
+            try:
+                topics.update(parse_subscription_topics(m.metadata(self.protocol_name)))
+            except (KeyError, ValueError):
+                return None
+        return topics
+
+    def current_member_metadata(self) -> tuple[JoinMember, ...]:
+        assert self.protocol_name is not None
+        return tuple(
+            JoinMember(m.member_id, m.group_instance_id, m.metadata(self.protocol_name)) for m in self.members.values()
+        )
+
+    def summary(self) -> GroupSummary:
+        if self.is_(State.STABLE):
+            protocol = self.protocol_name or ""
+            members = tuple(
+                MemberSummary(m.member_id, m.group_instance_id, m.client_id, m.client_host, m.metadata(protocol), m.assignment)
+                for m in self.members.values()
+            )
+            return GroupSummary(self.group_id, self.state.value, self.protocol_type or "", protocol, members)
+        members = tuple(
+            MemberSummary(m.member_id, m.group_instance_id, m.client_id, m.client_host, b"", b"") for m in self.members.values()
+        )
+        return GroupSummary(self.group_id, self.state.value, self.protocol_type or "", "", members)
+
+    def next_deadline(self) -> int | None:
+        deadlines = [d for d in (self.join_deadline, self.sync_deadline) if d is not None]
+        deadlines.extend(self.pending_members.values())
+        deadlines.extend(m.heartbeat_deadline for m in self.members.values() if m.heartbeat_deadline is not None)
+        return min(deadlines, default=None)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def transition(self, target: State) -> None:
+        if self.state not in _VALID_PREVIOUS[target]:
+            raise IllegalTransition(f"group {self.group_id}: {self.state.value} -> {target.value}")
+        self.state = target
+
+    def _answer_join(self, member: Member, result: JoinResult) -> None:
+        if member.join_waiter is not None:
+            self.owner.outbox.append((member.join_waiter, result))
+            member.join_waiter = None
+
+    def _answer_sync(self, member: Member, result: SyncResult) -> None:
+        if member.sync_waiter is not None:
+            self.owner.outbox.append((member.sync_waiter, result))
+            member.sync_waiter = None
+
+    def _schedule_heartbeat(self, member: Member, now: int, timeout_ms: int | None = None) -> None:
+        member.heartbeat_deadline = now + (member.session_timeout_ms if timeout_ms is None else timeout_ms)
+
+    def _join_result(self, member: Member, *, leader_view: bool, skip_assignment: bool = False, leader: str | None = None) -> JoinResult:
+        return JoinResult(
+            codes.NONE,
+            member.member_id,
+            self.generation_id,
+            self.protocol_type,
+            self.protocol_name,
+            (self.leader_id or "") if leader is None else leader,
+            self.current_member_metadata() if leader_view else (),
+            skip_assignment,
+        )
+
+    def _add(self, member: Member) -> None:
+        if member.group_instance_id is not None:
+            if member.group_instance_id in self.static_members:
+                raise IllegalTransition(f"static member {member.group_instance_id} added twice")
+            self.static_members[member.group_instance_id] = member.member_id
+        if not self.members:
+            self.protocol_type = member.protocol_type
+        if self.leader_id is None:
+            self.leader_id = member.member_id
+        self.members[member.member_id] = member
+        self.pending_members.pop(member.member_id, None)
+
+    def _remove(self, member_id: str) -> Member | None:
+        member = self.members.pop(member_id, None)
+        if member is not None and member.group_instance_id is not None:
+            self.static_members.pop(member.group_instance_id, None)
+        if self.leader_id == member_id:
+            self.leader_id = next(iter(self.members), None)
+        self.pending_members.pop(member_id, None)
+        self.pending_sync.discard(member_id)
+        return member
+
+    # ------------------------------------------------------------------ rebalancing
+
+    def maybe_prepare_rebalance(self, now: int) -> None:
+        if self.can_rebalance():
+            self.prepare_rebalance(now)
+
+    def prepare_rebalance(self, now: int) -> None:
+        if self.is_(State.COMPLETING_REBALANCE):
+            self._reset_and_propagate_assignment_error(codes.REBALANCE_IN_PROGRESS)
+        self.pending_sync.clear()
+        self.sync_deadline = None
+        if self.is_(State.EMPTY):
+            delay = self.owner.settings.initial_rebalance_delay_ms
+            self.initial_join = True
+            self.join_deadline = now + delay
+            self.initial_remaining_ms = max(self.rebalance_timeout_ms - delay, 0)
+        else:
+            self.initial_join = False
+            self.join_deadline = now + self.rebalance_timeout_ms
+        log.info("preparing to rebalance group %s (generation %d, %d members)", self.group_id, self.generation_id, len(self.members))
+        self.transition(State.PREPARING_REBALANCE)
+        self.try_complete_join(now)
+
+    def try_complete_join(self, now: int) -> None:
+        """DelayedJoin.tryComplete: the normal join phase ends as soon as everyone joined
+        (the initial delayed one always waits its delay out)."""
+        if self.is_(State.PREPARING_REBALANCE) and not self.initial_join and self.all_joined():
+            self.complete_join(now)
+
+    def _maybe_elect_new_joined_leader(self) -> bool:
+        if self.leader_id is None:
+            return False
+        leader = self.members.get(self.leader_id)
+        if leader is not None and leader.awaiting_join:
+            return True
+        for member_id, m in self.members.items():
+            if m.awaiting_join:
+                self.leader_id = member_id
+                return True
+        return False
+
+    def complete_join(self, now: int) -> None:
+        """onCompleteJoin: drop dynamic members that did not rejoin, start the next generation."""
+        self.join_deadline = None
+        for m in list(self.members.values()):
+            if not m.awaiting_join and m.group_instance_id is None:
+                self._remove(m.member_id)
+        if self.is_(State.DEAD):
+            return
+        if not self._maybe_elect_new_joined_leader() and self.members:
+            # Only static members that did not rejoin are left: wait another rebalance
+            # timeout for them (or for their sessions to expire).
+            self.initial_join = False
+            self.join_deadline = now + self.rebalance_timeout_ms
+            return
+        self.generation_id += 1
+        self.pending_sync.clear()
+        if not self.members:
+            self.protocol_name = None
+            self.transition(State.EMPTY)
+            self.owner.effects.append(StoreGroup(self.group_id, self.generation_id, None))
+            return
+        self.protocol_name = self.select_protocol()
+        self.transition(State.COMPLETING_REBALANCE)
+        log.info("group %s: generation %d with %d members, protocol %s", self.group_id, self.generation_id, len(self.members), self.protocol_name)
+        for m in self.members.values():
+            self._answer_join(m, self._join_result(m, leader_view=self.is_leader(m.member_id)))
+            self._schedule_heartbeat(m, now)
+            m.is_new = False
+            self.pending_sync.add(m.member_id)
+        self.sync_deadline = now + self.rebalance_timeout_ms
+
+    def _reset_and_propagate_assignment_error(self, error: int) -> None:
+        for m in self.members.values():
+            m.assignment = b""
+        self._propagate_assignment(error, None)
+
+    def _propagate_assignment(self, error: int, now: int | None) -> None:
+        ptype, pname = (self.protocol_type, self.protocol_name) if error == codes.NONE else (None, None)
+        for m in self.members.values():
+            if m.sync_waiter is not None:
+                self._answer_sync(m, SyncResult(error, m.assignment if error == codes.NONE else b"", ptype, pname))
+                if now is not None:
+                    self._schedule_heartbeat(m, now)
+
+    def _remove_member_and_update(self, member: Member, now: int) -> None:
+        self._answer_join(member, JoinResult(codes.UNKNOWN_MEMBER_ID, UNKNOWN_MEMBER))
+        self._answer_sync(member, SyncResult(codes.UNKNOWN_MEMBER_ID))
+        self._remove(member.member_id)
+        if self.state in (State.STABLE, State.COMPLETING_REBALANCE):
+            self.maybe_prepare_rebalance(now)
+        elif self.is_(State.PREPARING_REBALANCE):
+            self.try_complete_join(now)
+
+    def _remove_pending_member(self, member_id: str, now: int) -> None:
+        self.pending_members.pop(member_id, None)
+        self.try_complete_join(now)
+
+    def _update_member(self, member: Member, protocols: list[tuple[str, bytes]], rebalance_timeout_ms: int, session_timeout_ms: int, waiter: object | None) -> None:
+        member.protocols = protocols
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.session_timeout_ms = session_timeout_ms
+        if member.join_waiter is not None and member.join_waiter is not waiter and waiter is not None:
+            # Kafka drops the first request silently; here its connection would stall.
+            self._answer_join(member, JoinResult(codes.REBALANCE_IN_PROGRESS, member.member_id))
+        member.join_waiter = waiter
+
+    def _update_member_and_rebalance(self, member: Member, protocols: list[tuple[str, bytes]], rebalance_timeout_ms: int, session_timeout_ms: int, waiter: object, now: int) -> None:
+        self._update_member(member, protocols, rebalance_timeout_ms, session_timeout_ms, waiter)
+        self.maybe_prepare_rebalance(now)
+
+    def _add_member_and_rebalance(self, now: int, member: Member, waiter: object) -> None:
+        member.is_new = True
+        if self.is_(State.PREPARING_REBALANCE) and self.generation_id == 0:
+            self.new_member_added = True
+        member.join_waiter = waiter
+        self._add(member)
+        # A new member cannot heartbeat before it has its id: bound its first join instead.
+        self._schedule_heartbeat(member, now, NEW_MEMBER_JOIN_TIMEOUT_MS)
+        self.maybe_prepare_rebalance(now)
+
+    def validate_current_member(self, member_id: str, group_instance_id: str | None) -> int | None:
+        if group_instance_id is not None:
+            current = self.static_members.get(group_instance_id)
+            if current is None:
+                return codes.UNKNOWN_MEMBER_ID
+            if current != member_id:
+                return codes.FENCED_INSTANCE_ID
+            return None
+        return None if member_id in self.members else codes.UNKNOWN_MEMBER_ID
+
+    # ------------------------------------------------------------------ timers
+
+    def tick(self, now: int) -> None:
+        for member_id, deadline in list(self.pending_members.items()):
+            if deadline <= now:
+                self._remove_pending_member(member_id, now)
+        for m in list(self.members.values()):
+            if m.heartbeat_deadline is None or m.heartbeat_deadline > now or self.members.get(m.member_id) is not m:
+                continue
+            if not m.is_new and (m.awaiting_join or m.awaiting_sync):
+                m.heartbeat_deadline = None  # the rebalance keeps it; its timers rule now
+            else:
+                log.info("group %s: member %s expired (no heartbeat), removing it", self.group_id, m.member_id)
+                self._remove_member_and_update(m, now)
+        if self.join_deadline is not None and self.join_deadline <= now and self.is_(State.PREPARING_REBALANCE):
+            if self.initial_join and self.new_member_added and self.initial_remaining_ms != 0:
+                delay = self.owner.settings.initial_rebalance_delay_ms
+                self.new_member_added = False
+                self.join_deadline = now + min(delay, self.initial_remaining_ms)
+                self.initial_remaining_ms = max(self.initial_remaining_ms - delay, 0)
+            else:
+                self.complete_join(now)
+        if self.sync_deadline is not None and self.sync_deadline <= now:
+            self.sync_deadline = None
+            if self.state in (State.COMPLETING_REBALANCE, State.STABLE) and self.pending_sync:
+                for member_id in list(self.pending_sync):
+                    member = self._remove(member_id)
+                    if member is not None:
+                        self._answer_join(member, JoinResult(codes.UNKNOWN_MEMBER_ID, UNKNOWN_MEMBER))
+                self.prepare_rebalance(now)
+
+
+class Groups:
+    """Every group of this coordinator, with the entry points the handlers call."""
+
+    def __init__(self, settings: GroupSettings | None = None, new_id: Callable[[], str] | None = None) -> None:
+        self.settings = settings or GroupSettings()
+        self.groups: dict[str, Group] = {}
+        self.outbox: list[tuple[object, JoinResult | SyncResult]] = []
+        self.effects: list[StoreGroup] = []
+        self._new_id = new_id or (lambda: str(uuid.uuid4()))
+
+    def get(self, group_id: str) -> Group | None:
+        return self.groups.get(group_id)
+
+    def get_or_create(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(self, group_id)
+        return group
+
+    def next_deadline(self) -> int | None:
+        return min((d for g in self.groups.values() if (d := g.next_deadline()) is not None), default=None)
+
+    def tick(self, now: int) -> None:
+        for group in list(self.groups.values()):
+            group.tick(now)
+
+    # ------------------------------------------------------------------ JoinGroup
+
+    def join(
+        self,
+        now: int,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        waiter: object,
+        *,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        require_known_member_id: bool = False,
+        supports_skip_assignment: bool = False,
+        client_id: str = "",
+        client_host: str = "",
+    ) -> JoinResult | None:
+        """The answer now, or None when it will come through `outbox` for `waiter`."""
+        if not group_id:
+            return JoinResult(codes.INVALID_GROUP_ID, member_id)
+        s = self.settings
+        if not s.min_session_timeout_ms <= session_timeout_ms <= s.max_session_timeout_ms:
+            return JoinResult(codes.INVALID_SESSION_TIMEOUT, member_id)
+        unknown = member_id == UNKNOWN_MEMBER
+        group = self.groups.get(group_id)
+        if group is None:
+            if not unknown:
+                return JoinResult(codes.UNKNOWN_MEMBER_ID, member_id)
+            group = self.get_or_create(group_id)
+        if not self._accept_joining_member(group, member_id):
+            group._remove(member_id)
+            return JoinResult(codes.GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER)
+        args = (protocol_type, protocols, rebalance_timeout_ms, session_timeout_ms, client_id, client_host)
+        if unknown:
+            result = self._new_member_join(now, group, group_instance_id, require_known_member_id, supports_skip_assignment, waiter, *args)
+        else:
+            result = self._current_member_join(now, group, member_id, group_instance_id, waiter, *args)
+        if group.is_(State.PREPARING_REBALANCE):
+            group.try_complete_join(now)
+        return result
+
+    def _accept_joining_member(self, group: Group, member_id: str) -> bool:
+        max_size = self.settings.max_size
+        if group.state in (State.EMPTY, State.DEAD):
+            return True
+        if group.is_(State.PREPARING_REBALANCE):
+            member = group.members.get(member_id)
+            return (member is not None and member.awaiting_join) or group.num_awaiting_join() < max_size
+        return member_id in group.members or len(group.members) < max_size
+
+    def _new_member_join(
+        self,
+        now: int,
+        group: Group,
+        group_instance_id: str | None,
+        require_known_member_id: bool,
+        supports_skip_assignment: bool,
+        waiter: object,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        client_id: str,
+        client_host: str,
+    ) -> JoinResult | None:
+        if group.is_(State.DEAD):
+            return JoinResult(codes.COORDINATOR_NOT_AVAILABLE, UNKNOWN_MEMBER)
+        if not group.supports_protocols(protocol_type, (name for name, _ in protocols)):
+            return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, UNKNOWN_MEMBER)
+        new_id = f"{group_instance_id if group_instance_id is not None else client_id}-{self._new_id()}"
+        if group_instance_id is not None:
+            old_id = group.static_members.get(group_instance_id)
+            if old_id is not None:
+                return self._update_static_member(
+                    now, group, old_id, new_id, group_instance_id, protocols, rebalance_timeout_ms, session_timeout_ms, waiter, supports_skip_assignment
+                )
+        elif require_known_member_id:
+            group.pending_members[new_id] = now + session_timeout_ms
+            return JoinResult(codes.MEMBER_ID_REQUIRED, new_id)
+        member = Member(new_id, group_instance_id, client_id, client_host, rebalance_timeout_ms, session_timeout_ms, protocol_type, protocols)
+        group._add_member_and_rebalance(now, member, waiter)
+        return None
+
+    def _update_static_member(
+        self,
+        now: int,
+        group: Group,
+        old_id: str,
+        new_id: str,
+        instance_id: str,
+        protocols: list[tuple[str, bytes]],
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        waiter: object,
+        supports_skip_assignment: bool,
+    ) -> JoinResult | None:
+        current_leader = group.leader_id or ""
+        member = group.members.pop(old_id)
+        # The old incarnation's parked requests are fenced (GroupMetadata.replaceStaticMember).
+        group._answer_join(member, JoinResult(codes.FENCED_INSTANCE_ID, old_id))
+        group._answer_sync(member, SyncResult(codes.FENCED_INSTANCE_ID))
+        member.member_id = new_id
+        group.members[new_id] = member
+        group.static_members[instance_id] = new_id
+        if group.leader_id == old_id:
+            group.leader_id = new_id
+        if old_id in group.pending_sync:
+            group.pending_sync.discard(old_id)
+            group.pending_sync.add(new_id)
+        group._schedule_heartbeat(member, now)
+        group._update_member(member, protocols, rebalance_timeout_ms, session_timeout_ms, waiter)
+        if group.is_(State.STABLE):
+            if group.protocol_name == group.select_protocol():
+                # Same protocol: no rebalance; persist the new member id and answer at once.
+                self.effects.append(StoreGroup(group.group_id, group.generation_id, None))
+                if supports_skip_assignment:
+                    leader = group.is_leader(new_id)
+                    result = group._join_result(member, leader_view=leader, skip_assignment=leader)
+                else:
+                    # Older clients: name the old leader so the returning member does not
+                    # run a trivial assignment a stable group would ignore.
+                    result = group._join_result(member, leader_view=False, leader=current_leader)
+                member.join_waiter = None
+                return result
+            group.maybe_prepare_rebalance(now)
+        elif group.is_(State.COMPLETING_REBALANCE):
+            group.prepare_rebalance(now)
+        return None
+
+    def _current_member_join(
+        self,
+        now: int,
+        group: Group,
+        member_id: str,
+        group_instance_id: str | None,
+        waiter: object,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        client_id: str,
+        client_host: str,
+    ) -> JoinResult | None:
+        if group.is_(State.DEAD):
+            return JoinResult(codes.COORDINATOR_NOT_AVAILABLE, member_id)
+        if not group.supports_protocols(protocol_type, (name for name, _ in protocols)):
+            return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        if member_id in group.pending_members:
+            if group_instance_id is not None:
+                return JoinResult(codes.UNKNOWN_MEMBER_ID, member_id)  # a pending member is never static
+            member = Member(member_id, None, client_id, client_host, rebalance_timeout_ms, session_timeout_ms, protocol_type, protocols)
+            group._add_member_and_rebalance(now, member, waiter)
+            return None
+        error = group.validate_current_member(member_id, group_instance_id)
+        if error is not None:
+            return JoinResult(error, member_id)
+        member = group.members[member_id]
+        if group.is_(State.PREPARING_REBALANCE):
+            group._update_member_and_rebalance(member, protocols, rebalance_timeout_ms, session_timeout_ms, waiter, now)
+            return None
+        if group.is_(State.COMPLETING_REBALANCE):
+            if member.matches(protocols):
+                # It lost the first answer: repeat the current generation's.
+                return group._join_result(member, leader_view=group.is_leader(member_id))
+            group._update_member_and_rebalance(member, protocols, rebalance_timeout_ms, session_timeout_ms, waiter, now)
+            return None
+        if group.is_(State.STABLE):
+            if group.is_leader(member_id) or not member.matches(protocols):
+                # The leader rejoining means it saw a metadata change: rebalance.
+                group._update_member_and_rebalance(member, protocols, rebalance_timeout_ms, session_timeout_ms, waiter, now)
+                return None
+            return group._join_result(member, leader_view=False)
+        return JoinResult(codes.UNKNOWN_MEMBER_ID, member_id)  # Empty: the member is stale
+
+    # ------------------------------------------------------------------ SyncGroup
+
+    def sync(
+        self,
+        now: int,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        assignments: Mapping[str, bytes],
+        waiter: object,
+        *,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
+    ) -> SyncResult | None:
+        if not group_id:
+            return SyncResult(codes.INVALID_GROUP_ID)
+        group = self.groups.get(group_id)
+        if group is None:
+            return SyncResult(codes.UNKNOWN_MEMBER_ID)
+        if group.is_(State.DEAD):
+            return SyncResult(codes.COORDINATOR_NOT_AVAILABLE)
+        error = group.validate_current_member(member_id, group_instance_id)
+        if error is None and generation_id != group.generation_id:
+            error = codes.ILLEGAL_GENERATION
+        if error is None and protocol_type is not None and group.protocol_type != protocol_type:
+            error = codes.INCONSISTENT_GROUP_PROTOCOL
+        if error is None and protocol_name is not None and group.protocol_name != protocol_name:
+            error = codes.INCONSISTENT_GROUP_PROTOCOL
+        if error is not None:
+            return SyncResult(error)
+        if group.is_(State.EMPTY):
+            return SyncResult(codes.UNKNOWN_MEMBER_ID)
+        if group.is_(State.PREPARING_REBALANCE):
+            return SyncResult(codes.REBALANCE_IN_PROGRESS)
+        member = group.members[member_id]
+        if group.is_(State.COMPLETING_REBALANCE):
+            if member.sync_waiter is not None and member.sync_waiter is not waiter:
+                group._answer_sync(member, SyncResult(codes.REBALANCE_IN_PROGRESS))
+            member.sync_waiter = waiter
+            group.pending_sync.discard(member_id)
+            if group.is_leader(member_id):
+                full = {m: self._decodable(group, assignments.get(m, b"")) for m in group.members}
+                self.effects.append(StoreGroup(group_id, group.generation_id, full))
+            return None
+        # Stable: hand out the current assignment again.
+        group.pending_sync.discard(member_id)
+        group._schedule_heartbeat(member, now)
+        return SyncResult(codes.NONE, member.assignment, group.protocol_type, group.protocol_name)
+
+    @staticmethod
+    def _decodable(group: Group, assignment: bytes) -> bytes:
+        if not assignment and group.protocol_type == CONSUMER_PROTOCOL:
+            return EMPTY_CONSUMER_ASSIGNMENT
+        return assignment
+
+    def group_stored(self, now: int, group_id: str, generation_id: int, assignment: Mapping[str, bytes] | None, error: int) -> None:
+        """The driver persisted a `StoreGroup`; hand out the assignment (or the error)."""
+        group = self.groups.get(group_id)
+        if group is None or assignment is None:
+            return
+        if not group.is_(State.COMPLETING_REBALANCE) or group.generation_id != generation_id:
+            return  # the group moved on while we were writing
+        if error != codes.NONE:
+            group._reset_and_propagate_assignment_error(error)
+            group.maybe_prepare_rebalance(now)
+            return
+        for m in group.members.values():
+            m.assignment = assignment.get(m.member_id, b"")
+        group._propagate_assignment(codes.NONE, now)
+        group.transition(State.STABLE)
+
+    # ------------------------------------------------------------------ Heartbeat
+
+    def heartbeat(self, now: int, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None = None) -> int:
+        if not group_id:
+            return codes.INVALID_GROUP_ID
+        group = self.groups.get(group_id)
+        if group is None:
+            return codes.UNKNOWN_MEMBER_ID
+        if group.is_(State.DEAD):
+            return codes.COORDINATOR_NOT_AVAILABLE
+        error = group.validate_current_member(member_id, group_instance_id)
+        if error is not None:
+            return error
+        if generation_id != group.generation_id:
+            return codes.ILLEGAL_GENERATION
+        if group.is_(State.EMPTY):
+            return codes.UNKNOWN_MEMBER_ID
+        group._schedule_heartbeat(group.members[member_id], now)
+        if group.is_(State.PREPARING_REBALANCE):
+            return codes.REBALANCE_IN_PROGRESS
+        return codes.NONE
+
+    # ------------------------------------------------------------------ LeaveGroup
+
+    def leave(self, now: int, group_id: str, leaving: Iterable[tuple[str, str | None]]) -> tuple[int, list[int]]:
+        """(top-level error, one error per (member id, group instance id) leaving)."""
+        leaving = list(leaving)
+        if not group_id:
+            return codes.INVALID_GROUP_ID, []
+        group = self.groups.get(group_id)
+        if group is None:
+            return codes.NONE, [codes.UNKNOWN_MEMBER_ID] * len(leaving)
+        if group.is_(State.DEAD):
+            return codes.COORDINATOR_NOT_AVAILABLE, []
+        results = []
+        for member_id, instance_id in leaving:
+            if member_id == UNKNOWN_MEMBER:
+                # Administrative removal by group.instance.id.
+                current = group.static_members.get(instance_id) if instance_id is not None else None
+                if current is None:
+                    results.append(codes.UNKNOWN_MEMBER_ID)
+                    continue
+                group._remove_member_and_update(group.members[current], now)
+                results.append(codes.NONE)
+            elif member_id in group.pending_members:
+                group._remove_pending_member(member_id, now)
+                results.append(codes.NONE)
+            else:
+                error = group.validate_current_member(member_id, instance_id)
+                if error is None:
+                    group._remove_member_and_update(group.members[member_id], now)
+                    results.append(codes.NONE)
+                else:
+                    results.append(error)
+        return codes.NONE, results
+
+    # ------------------------------------------------------------------ offsets
+
+    def validate_offset_commit(self, now: int, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> tuple[Group | None, int]:
+        """(the group to commit into, NONE) or (None, the error for every partition)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            if generation_id >= 0:
+                return None, codes.ILLEGAL_GENERATION
+            # A group that only stores offsets (no group management): create it.
+            return self.get_or_create(group_id), codes.NONE
+        if group.is_(State.DEAD):
+            return None, codes.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and group.is_(State.EMPTY):
+            return group, codes.NONE
+        if generation_id >= 0 or member_id != UNKNOWN_MEMBER or group_instance_id is not None:
+            error = group.validate_current_member(member_id, group_instance_id)
+            if error is None and generation_id != group.generation_id:
+                error = codes.ILLEGAL_GENERATION
+            if error is not None:
+                return None, error
+        elif not group.is_(State.EMPTY):
+            return None, codes.UNKNOWN_MEMBER_ID  # only members commit into a live group
+        if group.is_(State.COMPLETING_REBALANCE):
+            return None, codes.REBALANCE_IN_PROGRESS
+        if group.state in (State.STABLE, State.PREPARING_REBALANCE):
+            group._schedule_heartbeat(group.members[member_id], now)
+        return group, codes.NONE
+
+    def delete_groups(self, group_ids: Iterable[str]) -> dict[str, int]:
+        results: dict[str, int] = {}
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if group is None or group.is_(State.DEAD):
+                results[group_id] = codes.GROUP_ID_NOT_FOUND
+            elif group.is_(State.EMPTY):
+                group.transition(State.DEAD)
+                del self.groups[group_id]
+                results[group_id] = codes.NONE
+            else:
+                results[group_id] = codes.NON_EMPTY_GROUP
+        return results
+
+    def deletable_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> tuple[int, dict[tuple[str, int], int]]:
+        """OffsetDelete: (group error, per-partition error); NONE partitions may be deleted."""
+        group = self.groups.get(group_id)
+        if group is None or group.is_(State.DEAD):
+            return codes.GROUP_ID_NOT_FOUND, {}
+        parts = list(partitions)
+        if group.is_(State.EMPTY):
+            return codes.NONE, dict.fromkeys(parts, codes.NONE)
+        if group.protocol_type != CONSUMER_PROTOCOL:
+            return codes.NON_EMPTY_GROUP, {}
+        subscribed = group.subscribed_topics()
+        return codes.NONE, {
+            tp: codes.GROUP_SUBSCRIBED_TO_TOPIC if subscribed is None or tp[0] in subscribed else codes.NONE for tp in parts
+        }
+
+    def list_groups(self, states: Iterable[str] = (), types: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every group, filtered as ListGroups v4/v5 say."""
+        wanted_states = {s.lower() for s in states}
+        wanted_types = {t.lower() for t in types}
+        if wanted_types and "classic" not in wanted_types:
+            return []
+        return [
+            (g.group_id, g.protocol_type or "", g.state.value)
+            for g in self.groups.values()
+            if not wanted_states or g.state.value.lower() in wanted_states
+        ]
+
+    # ------------------------------------------------------------------ loading
+
+    def load_group(
+        self,
+        now: int,
+        group_id: str,
+        protocol_type: str,
+        generation_id: int,
+        protocol_name: str | None,
+        leader_id: str | None,
+        members: Iterable[Member],
+    ) -> Group:
+        """Install a group read back from the offsets archive (GroupMetadataManager.loadGroup):
+        Stable with its members if it had any, each given a fresh session to heartbeat in."""
+        group = self.get_or_create(group_id)
+        group.protocol_type = protocol_type or None
+        group.generation_id = generation_id
+        group.protocol_name = protocol_name
+        group.members.clear()
+        group.static_members.clear()
+        for m in members:
+            group.members[m.member_id] = m
+            if m.group_instance_id is not None:
+                group.static_members[m.group_instance_id] = m.member_id
+            group._schedule_heartbeat(m, now)
+        group.leader_id = leader_id if leader_id in group.members else next(iter(group.members), None)
+        group.state = State.STABLE if group.members and protocol_name else State.EMPTY
+        if group.is_(State.EMPTY):
+            group.members.clear()
+            group.static_members.clear()
+            group.leader_id = None
+        return group
+
+
+def parse_subscription_topics(metadata: bytes) -> list[str]:
+    """The topics of a ConsumerProtocolSubscription (any version: topics come first)."""
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        pos = 6
+        topics = []
+        for _ in range(count):
+            (n,) = struct.unpack_from(">h", metadata, pos)
+            pos += 2
+            if n < 0 or pos + n > len(metadata):
+                raise ValueError("bad topic name length")
+            topics.append(metadata[pos : pos + n].decode("utf-8"))
+            pos += n
+        return topics
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"not a consumer subscription: {exc}") from None
+
+
+__all__ = [
+    "CONSUMER_PROTOCOL",
+    "EMPTY_CONSUMER_ASSIGNMENT",
+    "NO_GENERATION",
+    "UNKNOWN_MEMBER",
+    "CommittedOffset",
+    "Group",
+    "GroupSettings",
+    "GroupSummary",
+    "Groups",
+    "IllegalTransition",
+    "JoinMember",
+    "JoinResult",
+    "Member",
+    "MemberSummary",
+    "State",
+    "StoreGroup",
+    "SyncResult",
+]

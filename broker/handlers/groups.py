@@ -1,0 +1,315 @@
+"""Consumer-group APIs: FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit,
+OffsetFetch, DescribeGroups, ListGroups, DeleteGroups, OffsetDelete.
+
+Thin: translate the kio request of whatever version into calls on `node.groups` (the
+`broker.groups.coordinator.GroupCoordinator`) and its answer into a version-agnostic
+description. JoinGroup and SyncGroup that must wait for the rest of the group are answered
+through `Deferred`, so the connection keeps reading (heartbeats, commits) meanwhile; the
+reply still leaves in request order. OffsetCommit/DeleteGroups/OffsetDelete wait for their
+records in the offsets archive to be covered by a signed head.
+
+This node is the coordinator of every group. Transactions do not exist, so a
+FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. The KIP-848
+consumer protocol (ConsumerGroupHeartbeat 68/69) is deliberately not served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.api import Deferred, Reply, RequestContext, api
+from broker.groups import codes
+from broker.groups.coordinator import CommitEntry, GroupCoordinator, Waiter
+from broker.groups.state import JoinResult, SyncResult
+from broker.shape import field_of
+
+GROUP_KEY, TRANSACTION_KEY = 0, 1
+INT32_MIN = -(2**31)
+# READ | DELETE | DESCRIBE (AclOperation codes 3, 6, 8): everything a group allows when
+# there is no authorizer.
+GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+
+
+def _coordinator(ctx: RequestContext) -> GroupCoordinator:
+    return ctx.node.groups
+
+
+def _ms(value: Any) -> int:
+    return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
+
+
+def _client_host(ctx: RequestContext) -> str:
+    host = ctx.peer.rsplit(":", 1)[0] if ":" in ctx.peer else ctx.peer
+    return "/" + host  # Kafka prints the InetAddress, which starts with a slash
+
+
+# ------------------------------------------------------------------ FindCoordinator
+
+
+@api(10, "FindCoordinator", (0, 6))
+async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    host, port = node.config.advertised
+    key_type = field_of(req, "key_type", GROUP_KEY)
+
+    def one(key: str) -> dict[str, Any]:
+        if key_type == GROUP_KEY:
+            return {"key": key, "node_id": node.config.node_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}
+        error = codes.COORDINATOR_NOT_AVAILABLE if key_type == TRANSACTION_KEY else codes.INVALID_REQUEST
+        message = "Transactions are not supported by this broker" if key_type == TRANSACTION_KEY else f"Unknown key type {key_type}"
+        return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": error, "error_message": message}
+
+    if ctx.api_version >= 4:
+        return {"throttle_time": 0, "coordinators": [one(k) for k in req.coordinator_keys]}
+    answer = one(req.key)
+    answer["throttle_time"] = 0
+    return answer
+
+
+# ------------------------------------------------------------------ JoinGroup
+
+
+def _join_description(result: JoinResult, version: int) -> dict[str, Any]:
+    protocol_name = result.protocol_name
+    if protocol_name is None and version < 7:
+        protocol_name = ""  # null only exists from v7
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "generation_id": result.generation_id,
+        "protocol_type": result.protocol_type,
+        "protocol_name": protocol_name,
+        "leader": result.leader,
+        "skip_assignment": result.skip_assignment,
+        "member_id": result.member_id,
+        "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id, "metadata": m.metadata} for m in result.members],
+    }
+
+
+@api(11, "JoinGroup", (0, 9))
+async def join_group(ctx: RequestContext, req: Any) -> Reply:
+    version = ctx.api_version
+    session_ms = _ms(req.session_timeout)
+    rebalance_ms = _ms(req.rebalance_timeout) if version >= 1 else session_ms
+    answer = _coordinator(ctx).join(
+        req.group_id,
+        req.member_id,
+        field_of(req, "group_instance_id"),
+        req.protocol_type,
+        [(p.name, bytes(p.metadata)) for p in req.protocols],
+        session_timeout_ms=session_ms,
+        rebalance_timeout_ms=rebalance_ms,
+        require_known_member_id=version >= 4 and field_of(req, "group_instance_id") is None,
+        supports_skip_assignment=version >= 9,
+        client_id=ctx.client_id or "",
+        client_host=_client_host(ctx),
+    )
+    if isinstance(answer, Waiter):
+        waiter = answer
+
+        async def finish() -> dict[str, Any]:
+            result: JoinResult = await waiter.wait()
+            return _join_description(result, version)
+
+        return Deferred(finish)
+    return _join_description(answer, version)
+
+
+# ------------------------------------------------------------------ SyncGroup
+
+
+def _sync_description(result: SyncResult) -> dict[str, Any]:
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name,
+        "assignment": result.assignment,
+    }
+
+
+@api(14, "SyncGroup", (0, 5))
+async def sync_group(ctx: RequestContext, req: Any) -> Reply:
+    answer = _coordinator(ctx).sync(
+        req.group_id,
+        req.generation_id,
+        req.member_id,
+        field_of(req, "group_instance_id"),
+        {a.member_id: bytes(a.assignment) for a in req.assignments},
+        protocol_type=field_of(req, "protocol_type"),
+        protocol_name=field_of(req, "protocol_name"),
+    )
+    if isinstance(answer, Waiter):
+        waiter = answer
+
+        async def finish() -> dict[str, Any]:
+            result: SyncResult = await waiter.wait()
+            return _sync_description(result)
+
+        return Deferred(finish)
+    return _sync_description(answer)
+
+
+# ------------------------------------------------------------------ Heartbeat, LeaveGroup
+
+
+@api(12, "Heartbeat", (0, 4))
+async def heartbeat(ctx: RequestContext, req: Any) -> Reply:
+    error = _coordinator(ctx).heartbeat(req.group_id, req.generation_id, req.member_id, field_of(req, "group_instance_id"))
+    return {"throttle_time": 0, "error_code": error}
+
+
+@api(13, "LeaveGroup", (0, 5))
+async def leave_group(ctx: RequestContext, req: Any) -> Reply:
+    if ctx.api_version >= 3:
+        leaving = [(m.member_id, field_of(m, "group_instance_id")) for m in req.members]
+    else:
+        leaving = [(req.member_id, None)]
+    top, errors = _coordinator(ctx).leave(req.group_id, leaving)
+    if ctx.api_version < 3:
+        # One member: its outcome is the top-level error (LeaveGroupResponse.getError).
+        return {"throttle_time": 0, "error_code": top if top != codes.NONE or not errors else errors[0]}
+    return {
+        "throttle_time": 0,
+        "error_code": top,
+        "members": [
+            {"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
+            for (member_id, instance_id), error in zip(leaving, errors, strict=False)
+        ],
+    }
+
+
+# ------------------------------------------------------------------ offsets
+
+
+@api(8, "OffsetCommit", (2, 9))
+async def offset_commit(ctx: RequestContext, req: Any) -> Reply:
+    coordinator = _coordinator(ctx)
+    entries = [
+        CommitEntry(t.name, p.partition_index, p.committed_offset, field_of(p, "committed_leader_epoch", -1), p.committed_metadata)
+        for t in req.topics
+        for p in t.partitions
+    ]
+
+    async def finish() -> dict[str, Any]:
+        await coordinator.commit_offsets(
+            req.group_id, req.generation_id_or_member_epoch, req.member_id, field_of(req, "group_instance_id"), entries
+        )
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for e in entries:
+            by_topic.setdefault(e.topic, []).append({"partition_index": e.partition, "error_code": e.error})
+        return {"throttle_time": 0, "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}
+
+    return Deferred(finish)
+
+
+def _fetched_topics(coordinator: GroupCoordinator, group_id: str, topics: Any) -> list[dict[str, Any]]:
+    wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
+    out = []
+    for topic, parts in coordinator.fetch_offsets(group_id, wanted).items():
+        partitions = []
+        for index, committed in parts.items():
+            if committed is None:
+                partitions.append({"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "", "error_code": codes.NONE})
+            else:
+                partitions.append(
+                    {
+                        "partition_index": index,
+                        "committed_offset": committed.offset,
+                        "committed_leader_epoch": committed.leader_epoch,
+                        "metadata": committed.metadata,
+                        "error_code": codes.NONE,
+                    }
+                )
+        out.append({"name": topic, "partitions": partitions})
+    return out
+
+
+@api(9, "OffsetFetch", (1, 9))
+async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
+    coordinator = _coordinator(ctx)
+    if ctx.api_version >= 8:
+        groups = [
+            {"group_id": g.group_id, "topics": _fetched_topics(coordinator, g.group_id, g.topics), "error_code": codes.NONE}
+            for g in req.groups
+        ]
+        return {"throttle_time": 0, "groups": groups}
+    return {"throttle_time": 0, "topics": _fetched_topics(coordinator, req.group_id, req.topics), "error_code": codes.NONE}
+
+
+# ------------------------------------------------------------------ admin
+
+
+@api(15, "DescribeGroups", (0, 5))
+async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
+    coordinator = _coordinator(ctx)
+    include_ops = field_of(req, "include_authorized_operations", False)
+    described = []
+    for group_id in req.groups:
+        s = coordinator.describe(group_id)
+        described.append(
+            {
+                "error_code": codes.NONE,
+                "group_id": group_id,
+                "group_state": s.state,
+                "protocol_type": s.protocol_type,
+                "protocol_data": s.protocol,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "group_instance_id": m.group_instance_id,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "member_metadata": m.metadata,
+                        "member_assignment": m.assignment,
+                    }
+                    for m in s.members
+                ],
+                "authorized_operations": GROUP_OPERATIONS if include_ops else INT32_MIN,
+            }
+        )
+    return {"throttle_time": 0, "groups": described}
+
+
+@api(16, "ListGroups", (0, 5))
+async def list_groups(ctx: RequestContext, req: Any) -> Reply:
+    listed = _coordinator(ctx).list_groups(field_of(req, "states_filter", ()), field_of(req, "types_filter", ()))
+    return {
+        "throttle_time": 0,
+        "error_code": codes.NONE,
+        "groups": [
+            {"group_id": gid, "protocol_type": ptype, "group_state": state, "group_type": "classic"} for gid, ptype, state in listed
+        ],
+    }
+
+
+@api(42, "DeleteGroups", (0, 2))
+async def delete_groups(ctx: RequestContext, req: Any) -> Reply:
+    coordinator = _coordinator(ctx)
+    names = list(req.groups_names)
+
+    async def finish() -> dict[str, Any]:
+        results = await coordinator.delete_groups(names)
+        return {"throttle_time": 0, "results": [{"group_id": g, "error_code": results[g]} for g in dict.fromkeys(names)]}
+
+    return Deferred(finish)
+
+
+@api(47, "OffsetDelete", (0, 0))
+async def offset_delete(ctx: RequestContext, req: Any) -> Reply:
+    coordinator = _coordinator(ctx)
+    node = ctx.node
+    requested = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+    unknown = {tp for tp in requested if node.partition(*tp) is None}
+
+    async def finish() -> dict[str, Any]:
+        error, per_partition = await coordinator.delete_offsets(req.group_id, [tp for tp in requested if tp not in unknown])
+        if error != codes.NONE:
+            return {"error_code": error, "throttle_time": 0, "topics": []}
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for tp in requested:
+            code = codes.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else per_partition.get(tp, codes.NONE)
+            by_topic.setdefault(tp[0], []).append({"partition_index": tp[1], "error_code": code})
+        return {"error_code": codes.NONE, "throttle_time": 0, "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}
+
+    return Deferred(finish)
