@@ -33,6 +33,7 @@ from storage.errors import StorageError
 
 log = logging.getLogger("hyperkafka.node")
 
+INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
@@ -223,6 +224,8 @@ class Node:
     async def delete_topic(self, name: str) -> None:
         if not self.config.delete_topic_enable:
             raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
+        if name in INTERNAL_TOPICS:
+            raise TopicError(INVALID_TOPIC_EXCEPTION, f"Internal topic {name} cannot be deleted")
         topic = self.topics.pop(name, None)
         if topic is None:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
@@ -235,7 +238,10 @@ class Node:
         log.info("deleted topic %s", name)
 
     def topic_for_write(self, name: str) -> Topic:
-        """The topic to produce to, auto-created when the broker allows it."""
+        """The topic a client may produce to, auto-created when the broker allows it.
+        Internal topics (the offsets archive) are written by the broker alone."""
+        if name in INTERNAL_TOPICS:
+            raise TopicError(INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {name}")
         topic = self.topics.get(name)
         if topic is not None:
             return topic

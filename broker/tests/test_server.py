@@ -376,3 +376,11 @@ async def test_large_produce_requests_on_both_decoder_paths(broker: Broker, size
     assert (r.error_code, r.base_offset) == (0, 0)
     stored = bytes((await fetch(c, f"large{size}", 0, max_bytes=2 << 20, partition_max=2 << 20)).records)
     assert stored[16:] == data[16:]
+
+
+async def test_internal_topic_is_written_by_the_broker_alone(broker: Broker) -> None:
+    c = await broker.connect()
+    r = await produce(c, "__consumer_offsets", batch([b"forged"]))
+    assert r.error_code == 17
+    gone = await c.call("delete_topics", 6, {"topics": [{"name": "__consumer_offsets", "topic_id": None}], "timeout": 5000})
+    assert gone.responses[0].error_code == 17
