@@ -21,6 +21,7 @@ from any test module or by hand:
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import shutil
@@ -181,6 +182,10 @@ class JavaTools:
     java: str = field(default_factory=lambda: java_binary() or "java")
     # JVM flags that make a short-lived tool start faster; they change nothing it does.
     fast_start: tuple[str, ...] = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto")
+
+    def __post_init__(self) -> None:
+        # The oracle runs with its work dir as cwd: the classpath must not be relative.
+        self.lib = self.lib.resolve()
 
     @property
     def version(self) -> str:
@@ -397,10 +402,8 @@ class JavaTools:
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL a child we started and anything it started (it leads its own session)."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 # ---------------------------------------------------------------------------- the oracle
