@@ -33,7 +33,7 @@ rm -rf "$LIB"
 mkdir -p "$LIB"
 # -B: no colours or progress bars in CI logs; -q: errors only. The jars land in ~/.m2 as
 # well, so a rebuild of the folder after a pom change downloads only what is new.
-if ! mvn -B -q -f "$HERE/pom.xml" dependency:copy-dependencies; then
+if ! mvn -B -q -Dstyle.color=never -f "$HERE/pom.xml" dependency:copy-dependencies; then
     rm -rf "$LIB"
     echo "java setup: mvn dependency:copy-dependencies failed" >&2
     exit 1
