@@ -28,6 +28,7 @@ import trio
 from broker.config import BrokerConfig, validate_topic_configs
 from broker.idempotence import ProducerStates
 from storage import PartitionLog, Store, TopicRecord
+from storage.errors import StorageError
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -36,6 +37,7 @@ MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
 PRODUCER_ID_EXPIRATION_MS = 86_400_000
 APPEND_IN_THREAD_BYTES = 64 * 1024
+COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interval_ms)
 
 
 class TopicError(Exception):
@@ -138,6 +140,7 @@ class Node:
         digest = hashlib.blake2b(store.node_public_key, digest_size=16).digest()
         self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
         self._dirty: dict[int, Partition] = {}
+        self._commit_lock = trio.Lock()
         self._commit_wanted = trio.Event()
         self._data_changed = trio.Event()
         self._pid_file = Path(config.data_dir) / "producer-ids"
@@ -160,6 +163,9 @@ class Node:
         for index in range(record.partitions):
             plog = self.store.log(record.name, index, log_config)
             partition = Partition(topic, index, plog)
+            if plog.damage is not None:
+                # Signed history did not verify at open: serve what verifies, take no writes.
+                self.fail_partition(partition, f"archive damaged: {plog.damage}")
             partition.producers.rebuild(_producer_headers(plog))
             topic.partitions.append(partition)
         self.topics[record.name] = topic
@@ -275,20 +281,41 @@ class Node:
         await self._data_changed.wait()
 
     async def commit_loop(self) -> None:
+        """Group commit: a round as soon as anything was appended, and at least every
+        COMMIT_TICK_S over every partition, so an idle log still reaches the disk within
+        its fsync interval (storage decides what is due)."""
         while True:
-            await self._commit_wanted.wait()
+            with trio.move_on_after(COMMIT_TICK_S) as tick:
+                await self._commit_wanted.wait()
             self._commit_wanted = trio.Event()
-            await self.commit_round()
+            await self.commit_round(every_partition=tick.cancelled_caught)
 
-    async def commit_round(self) -> None:
-        dirty = list(self._dirty.values())
+    async def commit_round(self, *, every_partition: bool = False) -> None:
+        """Sign and publish one head per partition with new data; fsync off the loop.
+
+        Rounds never overlap (shutdown runs a last one while the loop may be in one), and
+        a round, once started, finishes even if cancelled: a head that was written is
+        always published, so nothing durable is left unacknowledged."""
+        async with self._commit_lock:
+            with trio.CancelScope(shield=True):
+                await self._commit_round(every_partition)
+
+    async def _commit_round(self, every_partition: bool) -> None:
+        if every_partition:
+            dirty = [p for t in self.topics.values() for p in t.partitions]
+        else:
+            dirty = list(self._dirty.values())
         self._dirty.clear()
         jobs = []
         for p in dirty:
             async with p.lock:
                 if p.failed:
                     continue
-                job = p.log.prepare_commit()
+                try:
+                    job = p.log.prepare_commit()
+                except StorageError as exc:  # a damaged archive is read-only: it takes no writes
+                    self.fail_partition(p, f"cannot commit: {exc}")
+                    continue
             if job is not None:
                 jobs.append((p, job))
         if not jobs:
@@ -308,13 +335,18 @@ class Node:
         for (p, job), error in zip(jobs, results, strict=True):
             async with p.lock:
                 if error is not None:
-                    p.failed = f"commit failed: {error}"
-                    log.error("partition %s-%d is offline: %s", p.topic.name, p.index, p.failed)
+                    p.log.abandon(job)
+                    self.fail_partition(p, f"commit failed: {error}")
                 elif not p.failed:
                     p.log.publish(job)
             p.notify()
         self._data_changed.set()
         self._data_changed = trio.Event()
+
+    def fail_partition(self, p: Partition, reason: str) -> None:
+        """Take a partition offline: its produces get KAFKA_STORAGE_ERROR, the broker lives."""
+        p.failed = reason
+        log.error("partition %s-%d is offline: %s", p.topic.name, p.index, reason)
 
     async def retention_loop(self) -> None:
         while True:

@@ -12,32 +12,19 @@ import sys
 from storage.catalog import TopicRecord, apply_change, decode_changes
 from storage.fs import OsFileSystem
 from storage.hypercore import archive_key, derive_keypair
-from storage.log import FsyncPolicy, PartitionLog
 from storage.store import CATALOG_DIR, CATALOG_NAME, load_seed, partition_dir, partition_key_name
-from storage.verify import verify_partition
+from storage.verify import signed_batches, verify_partition
 
 
 def _catalog(data_dir: str) -> tuple[bytes, bytes, dict[str, TopicRecord]]:
-    """(node seed, node public key, topics) read through a verified catalog archive."""
-    fs = OsFileSystem()
-    seed = load_seed(fs, data_dir, create=False)
+    """(node seed, node public key, topics) from the verified catalog archive, read-only:
+    these commands may run next to a live broker and must not write its files."""
+    seed = load_seed(OsFileSystem(), data_dir, create=False)
     kp = derive_keypair(seed, CATALOG_NAME)
     topics: dict[str, TopicRecord] = {}
-    cat = PartitionLog.open(os.path.join(data_dir, CATALOG_DIR), kp, fsync=FsyncPolicy.ALWAYS)
-    try:
-        offset = cat.log_start_offset
-        while offset < cat.high_watermark:
-            r = cat.read(offset, 1 << 20)
-            data = r.read()
-            pos = 0
-            while pos < len(data):
-                size = 12 + int.from_bytes(data[pos + 8 : pos + 12], "big")
-                for change in decode_changes(data[pos : pos + size]):
-                    apply_change(topics, change)
-                pos += size
-            offset = r.end_offset
-    finally:
-        cat.close()
+    for batch in signed_batches(os.path.join(data_dir, CATALOG_DIR), kp.public_key):
+        for change in decode_changes(batch):
+            apply_change(topics, change)
     return seed, kp.public_key, topics
 
 

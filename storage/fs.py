@@ -71,7 +71,13 @@ class FileSystem:
 
     def pwrite_all(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
         """pwrite until everything is written: a short write is legal and is not an error."""
-        view = memoryview(data).cast("B")
+        n = self.pwrite(fd, data, offset)
+        if n == len(data):  # the usual case, without building a view
+            return
+        if n <= 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        view = memoryview(data).cast("B")[n:]
+        offset += n
         while view:
             n = self.pwrite(fd, view, offset)
             if n <= 0:

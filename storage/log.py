@@ -74,13 +74,15 @@ ENTRY_SIZE = 64
 _IDX_HEADER = struct.Struct("<8sqQ36x")  # 60 bytes, then crc
 _ENTRY = struct.Struct("<qqIIi32s")  # 60 bytes, then crc
 _U32 = struct.Struct("<I")
+_ZERO32 = bytes(32)
+_ZERO4 = bytes(4)
 _BE_I32 = struct.Struct(">i")
 _BE_I64 = struct.Struct(">q")
 _BE_BASE_EPOCH = struct.Struct(">q")  # baseOffset; leader epoch written separately
 
 HEAD_MAGIC = b"HKHEAD01"
 SLOT_SIZE = 4096
-_SLOT_FIXED = struct.Struct("<8sIIQQQQ32s68sqqQ16sqI")  # 200 bytes
+_SLOT_FIXED = struct.Struct("<8sIIQQQQ32s68sqqQ16sqQI")  # 208 bytes
 _ROOT = struct.Struct("<QQ32s")
 FLAG_CLEAN = 1
 MAX_ROOTS = 64
@@ -88,6 +90,7 @@ NODE_SIZE = 40
 _NODE = struct.Struct("<Q32s")
 
 LEAF_PREFIX = b"\x00"
+INLINE_HASH_BELOW = 4096  # mean batch size under which prepare_commit hashes inline
 
 
 def segment_name(base_offset: int, ext: str) -> str:
@@ -96,6 +99,8 @@ def segment_name(base_offset: int, ext: str) -> str:
 
 def compute_leaf(data: bytes | bytearray | memoryview, size: int) -> bytes:
     """Hypercore leaf hash, without concatenating (no copy of a large batch)."""
+    if size < 4096:  # one call is cheaper than three for small batches
+        return blake2b(LEAF_PREFIX + size.to_bytes(8, "little") + data, digest_size=32).digest()
     h = blake2b(digest_size=32)
     h.update(LEAF_PREFIX + size.to_bytes(8, "little"))
     h.update(data)
@@ -130,6 +135,7 @@ class Head:
     flags: int = 0
     boot_id: bytes = bytes(16)
     written_ms: int = 0
+    derived_length: int = 0  # blocks whose .bidx entries and tree nodes were fsynced
 
     @property
     def clean(self) -> bool:
@@ -160,6 +166,7 @@ class Head:
             self.min_index,
             self.boot_id,
             self.written_ms,
+            self.derived_length,
             len(self.roots),
         )
         pos = _SLOT_FIXED.size
@@ -177,15 +184,15 @@ class Head:
         (crc,) = _U32.unpack_from(slot, 8)
         if crc32c.crc32c(memoryview(slot)[12:SLOT_SIZE]) != crc:
             return None
-        (_, _, flags, seq, fork, length, byte_length, th, sig, nxt, lso, mi, boot, ms, nroots) = (
-            _SLOT_FIXED.unpack_from(slot, 0)
-        )
+        (_, _, flags, seq, fork, length, byte_length, th, sig, nxt, lso, mi, boot, ms, dl,
+         nroots) = _SLOT_FIXED.unpack_from(slot, 0)
         if nroots > MAX_ROOTS:
             return None
         roots = tuple(
             Node(*_ROOT.unpack_from(slot, _SLOT_FIXED.size + i * _ROOT.size)) for i in range(nroots)
         )
-        return cls(fork, length, byte_length, th, sig, nxt, lso, mi, roots, seq, flags, boot, ms)
+        return cls(fork, length, byte_length, th, sig, nxt, lso, mi, roots, seq, flags, boot, ms,
+                   dl)
 
 
 def read_head_slots(fs: FileSystem, fd: int) -> tuple[Head | None, bool]:
@@ -321,7 +328,9 @@ class _Segment:
 
     def end_of(self, k: int) -> int:
         """Byte position just past entry k."""
-        return self.positions[k + 1] if k + 1 < len(self.positions) else self.log_size
+        if k + 1 < len(self.positions):
+            return int(self.positions[k + 1])
+        return int(self.positions[k]) + self.size_of(k)
 
     def size_of(self, k: int) -> int:
         return int(_U32.unpack_from(self.entries, k * ENTRY_SIZE + 20)[0])
@@ -379,13 +388,20 @@ class CommitJob:
     seq: int
     index_writes: list[tuple[int, int, bytes]]
     nodes: list[Node]
+    # batches appended since the last job: (.log fd, .bidx fd, entry number, base offset,
+    # max timestamp, position, size, last offset delta). Read back and hashed here, off
+    # the owner thread.
+    pending: list[tuple[int, int, int, int, int, int, int, int]]
     sync_fds: list[int]
     sync_derived: bool
+    derived_length: int
     sync_head: bool
     sync_dir: bool
     sign: bool
     flags: int
     head: Head | None = None
+    leaf_lo: int = 0  # leaves [leaf_lo, leaf_hi) were hashed by this job
+    leaf_hi: int = 0
     done: bool = False
     error: BaseException | None = field(default=None, repr=False)
 
@@ -393,10 +409,11 @@ class CommitJob:
         lg = self.log
         fs = lg.fs
         try:
+            self._hash_pending()
             for fd, pos, data in self.index_writes:
                 fs.pwrite_all(fd, data, pos)
             if self.nodes:
-                lg._write_nodes(self.nodes)
+                lg._write_nodes(self.nodes, self.leaf_lo * 2, self.leaf_hi * 2)
             for fd in self.sync_fds:
                 fs.fsync(fd)
             if self.sync_dir:
@@ -423,6 +440,7 @@ class CommitJob:
                 flags=self.flags,
                 boot_id=BOOT_ID,
                 written_ms=int(time.time() * 1000),
+                derived_length=fr.length if self.sync_derived else self.derived_length,
             )
             fs.pwrite_all(lg._head_fd, head.encode(), (self.seq % 2) * SLOT_SIZE)
             if self.sync_head:
@@ -434,6 +452,46 @@ class CommitJob:
             self.error = exc
             lg._poisoned = exc
             raise StorageError(f"commit failed: {exc}") from exc
+
+    def _hash_pending(self) -> None:
+        """Leaf hashes (BLAKE2b releases the GIL above 2 KiB, so this overlaps the owner
+        thread's appends), frontier, and the index entries, one pwrite per run of entries."""
+        fr = self.frontier
+        nodes = self.nodes
+        pending = self.pending
+        if not pending:
+            return
+        self.leaf_lo = fr.length
+        self.leaf_hi = fr.length + len(pending)
+        fs = self.log.fs
+        run_fd = -1
+        run_start = 0
+        buf = bytearray()
+        span = memoryview(b"")
+        span_fd = span_start = span_end = -1
+        for i, (log_fd, fd, k, base, max_ts, pos, size, delta) in enumerate(pending):
+            if log_fd != span_fd or pos + size > span_end:
+                # one pread for every new batch of this segment (they are contiguous); the
+                # page cache has them, and what we hash is exactly what we will serve
+                j = i
+                while j + 1 < len(pending) and pending[j + 1][0] == log_fd:
+                    j += 1
+                span_fd, span_start = log_fd, pos
+                span_end = pending[j][5] + pending[j][6]
+                span = memoryview(fs.pread_exact(log_fd, span_end - span_start, span_start))
+                if len(span) != span_end - span_start:
+                    raise StorageError("segment shorter than what was appended")
+            leaf = compute_leaf(span[pos - span_start : pos - span_start + size], size)
+            nodes.extend(fr.append(leaf, size))
+            if fd != run_fd or k != run_start + len(buf) // ENTRY_SIZE:
+                if buf:
+                    self.index_writes.append((run_fd, IDX_HEADER_SIZE + run_start * ENTRY_SIZE,
+                                              bytes(buf)))
+                run_fd, run_start, buf = fd, k, bytearray()
+            buf += encode_entry(base, max_ts, pos, size, delta, leaf)
+        if buf:
+            self.index_writes.append((run_fd, IDX_HEADER_SIZE + run_start * ENTRY_SIZE, bytes(buf)))
+        self.pending = []
 
 
 # ---------------------------------------------------------------------------- the log
@@ -453,8 +511,11 @@ class PartitionLog:
         self.fs = fs
         self._segments: list[_Segment] = []
         self._seg_bases: list[int] = []
+        # Owned by the commit job while one is in flight, else by the owner thread.
         self._frontier = Frontier()
         self._pending_nodes: list[Node] = []
+        self._pending: list[tuple[int, int, int, int, int, int, int, int]] = []
+        self._next_leaf = 0  # blocks appended (the frontier catches up in the commit job)
         self._head: Head | None = None
         self._head_seq = 0
         self._fork = 0
@@ -480,6 +541,9 @@ class PartitionLog:
         self._head_fd = -1
         self._tree_fd = -1
         self._closed = False
+        # The head on disk says "clean shutdown": the first commit must fsync a head without
+        # that flag before publishing, or a power loss would hide that we signed anything.
+        self._disk_clean = False
 
     # ------------------------------------------------------------------ properties
 
@@ -495,7 +559,7 @@ class PartitionLog:
     @property
     def length(self) -> int:
         """Number of batches appended (blocks in the archive, including unpublished)."""
-        return self._frontier.length
+        return self._next_leaf
 
     def set_config(self, config: LogConfig) -> None:
         self.config = config
@@ -530,6 +594,16 @@ class PartitionLog:
         for n in names:  # index files without a log: nothing to index
             if n.endswith(".bidx") and n[:-5].isdigit() and int(n[:-5]) not in bases:
                 fs.unlink(os.path.join(self.path, n))
+        if head is None and not corrupt_slot and not bases:
+            # A new archive: make an unsigned genesis slot (length 0) durable before any
+            # head is signed, so a later power loss always finds the writer's policy and
+            # boot id on disk and can tell that heads may have been lost (FORMAT.md sec. 8).
+            head = Head(0, 0, 0, tree_hash([]), bytes(68), 0, 0, 0, (), 1,
+                        FLAG_CLEAN | (_POLICY_CODE[self.policy] << 8), BOOT_ID,
+                        int(time.time() * 1000), 0)
+            fs.pwrite_all(self._head_fd, head.encode(), SLOT_SIZE)
+            fs.fsync(self._head_fd)
+            fs.fsync_dir(self.path)
         if head is not None:
             why = check_head(head, self.public_key, self.key)
             if why is not None:
@@ -538,21 +612,29 @@ class PartitionLog:
                 return
             self._head_seq = head.seq
             self._fork = head.fork
+            self._disk_clean = head.clean
         elif corrupt_slot and bases:
             self._open_damaged(ArchiveDamaged(f"{self.path}: both head slots invalid", 0), bases, None)
             return
         min_index = head.min_index if head else 0
         signed_len = head.length if head else 0
-        power_loss = (
-            head is not None
-            and not head.clean
-            and head.policy is not FsyncPolicy.ALWAYS
-            and head.boot_id != BOOT_ID
-        )
+        rebooted = head is not None and not head.clean and head.boot_id != BOOT_ID
+        power_loss = rebooted and head is not None and head.policy is not FsyncPolicy.ALWAYS
+        # Below `checkpoint` the .bidx entries and tree nodes are trusted without rehashing:
+        # after a clean close or a process crash (same boot: the page cache survived) that is
+        # the whole signed length, after a reboot only what was fsynced (derived_length).
+        if head is None:
+            checkpoint = 0
+        elif rebooted:
+            checkpoint = min(head.derived_length, signed_len)
+        else:
+            checkpoint = signed_len
 
         # Load segments in order, checking the structure; cut at the first inconsistency.
-        expect_leaf: int | None = None
-        expect_offset: int | None = None
+        # The first segment must start where the head says the log starts; a segment that
+        # does not continue the previous one means data in between is gone: cut there.
+        expect_leaf: int = min_index
+        expect_offset: int = head.log_start_offset if head is not None else 0
         cut = False  # something was truncated or dropped
         rebuilt_from: int | None = None  # first leaf whose entry was rebuilt from the log
         for bi, base in enumerate(bases):
@@ -560,20 +642,19 @@ class PartitionLog:
             if cut:
                 self._drop_segment_files(seg)
                 continue
+            # A segment wholly below the log start is a leftover of an interrupted retention.
+            nxt = bases[bi + 1] if bi + 1 < len(bases) else None
+            if head is not None and nxt is not None and nxt <= head.log_start_offset:
+                self._drop_segment_files(seg)
+                continue
             hdr = decode_index_header(fs.pread_exact(seg.idx_fd, IDX_HEADER_SIZE, 0))
             log_size = fs.size(seg.log_fd)
             seg.log_size = log_size
-            if expect_leaf is None:
-                first_leaf = hdr[1] if hdr and hdr[0] == base else min_index
-            else:
-                first_leaf = expect_leaf
-            if expect_offset is not None and base != expect_offset:
+            first_leaf = expect_leaf
+            if base != expect_offset:
+                log.warning("%s: segment %d does not continue the log at %d; dropping it and "
+                            "everything after it", self.path, base, expect_offset)
                 cut = True
-                self._drop_segment_files(seg)
-                continue
-            # A segment wholly below min_index is a leftover of an interrupted retention.
-            nxt = bases[bi + 1] if bi + 1 < len(bases) else None
-            if head is not None and nxt is not None and nxt <= head.log_start_offset:
                 self._drop_segment_files(seg)
                 continue
             if hdr is None or hdr != (base, first_leaf):
@@ -594,7 +675,7 @@ class PartitionLog:
             # Entries at or past the signed length are the tail: check them fully.
             # After a power loss of a non-`always` writer anything unsynced may be torn,
             # so everything is checked (slow, but only then).
-            tail_from = 0 if power_loss else max(0, signed_len - first_leaf)
+            tail_from = 0 if power_loss else max(0, checkpoint - first_leaf)
             k = tail_from
             while k < good:
                 if not self._check_entry_against_log(seg, k):
@@ -607,6 +688,7 @@ class PartitionLog:
                 cut = True
             # Batches in the log past the last entry: rebuild their entries.
             end = seg.end_of(seg.count - 1) if seg.count else 0
+            log_size = fs.size(seg.log_fd)
             scanned_to, added_from = self._scan_log_tail(seg, end, log_size)
             if added_from is not None and rebuilt_from is None:
                 rebuilt_from = added_from
@@ -614,15 +696,15 @@ class PartitionLog:
                 fs.ftruncate(seg.log_fd, scanned_to)
                 seg.log_size = scanned_to
                 cut = True
-            if seg.count == 0 and nxt is not None:
-                # an empty segment that is not the last one holds nothing: remove it
-                self._drop_segment_files(seg)
-                continue
+            # we cannot know whether the previous process fsynced this: sync it again
+            seg.synced_log = False
+            seg.idx_dirty = True
             self._segments.append(seg)
             expect_leaf = seg.first_leaf + seg.count
             expect_offset = seg.next_offset()
         self._seg_bases = [s.base_offset for s in self._segments]
-        total = expect_leaf if expect_leaf is not None else min_index
+        total = expect_leaf
+        self._dirty = bool(self._segments)
         if self._segments:
             self.log_start_offset = self._segments[0].base_offset
             self.log_end_offset = self._segments[-1].next_offset()
@@ -651,20 +733,22 @@ class PartitionLog:
 
         # Frontier at the end of the data.
         self._segments_ready()
-        if head is not None and rebuilt_from is None and total >= signed_len and not power_loss:
+        if (head is not None and rebuilt_from is None and total >= signed_len and not power_loss
+                and checkpoint == signed_len):
             # the common case: continue from the roots in the verified head, no hashing
             self._frontier = Frontier.from_roots(list(head.roots))
             self._fold(signed_len, total)
         elif head is not None and not power_loss:
             # index entries below the head were rebuilt from the log: recompute and compare
-            start = min(rebuilt_from if rebuilt_from is not None else total, signed_len)
+            start = min(rebuilt_from if rebuilt_from is not None else total, signed_len,
+                        checkpoint)
             ok = False
             for attempt in ("stored", "leaves"):
+                self._pending_nodes = []
                 fr = self._frontier_at(start, use_stored=attempt == "stored")
                 if fr is None:
                     continue
                 self._frontier = fr
-                self._pending_nodes = []
                 self._fold(start, signed_len)
                 if self._frontier.tree_hash() == head.tree_hash:
                     ok = True
@@ -686,6 +770,7 @@ class PartitionLog:
                     None, head, keep_segments=True)
                 return
             self._frontier = fr
+        self._next_leaf = total
         self._head = head
         if head is not None:
             self.high_watermark = head.next_offset if total >= signed_len else self.log_end_offset
@@ -695,9 +780,14 @@ class PartitionLog:
             self.high_watermark = self.log_start_offset
         # Leaves below the signed length are authenticated lazily on first read.
         self._leaf_ok_base = self._min_index
-        verified_below = min(signed_len, total) if head is not None else self._min_index
+        verified_below = min(checkpoint, total) if head is not None else self._min_index
         if rebuilt_from is not None:
             verified_below = min(verified_below, rebuilt_from)
+        if power_loss:
+            # everything was rehashed and the tree rebuilt from the data: that tree (about
+            # to be signed under the new fork) is the reference, not the old head's
+            verified_below = self._min_index
+            self._open_roots = {r.index: r for r in self._frontier.roots()}
         verified_below = max(verified_below, self._min_index)
         self._leaf_ok = bytearray(verified_below - self._min_index) + b"\x01" * (total - verified_below)
 
@@ -714,6 +804,9 @@ class PartitionLog:
             self._published_length = 0
         if fork_bump or total > self._published_length:
             self.commit(force_sync=True)
+        elif self._pending_nodes:  # tree nodes rebuilt below the head: repair the file
+            self._write_nodes(self._pending_nodes)
+            self._pending_nodes = []
 
     def _segments_ready(self) -> None:
         self._seg_bases = [s.base_offset for s in self._segments]
@@ -751,6 +844,7 @@ class PartitionLog:
         self._leaf_ok_base = self._min_index
         total = (self._segments[-1].first_leaf + self._segments[-1].count) if self._segments else 0
         self._leaf_ok = bytearray(max(0, total - self._min_index))
+        self._next_leaf = total
         if not self._open_roots:
             self.high_watermark = self.log_start_offset
 
@@ -831,11 +925,8 @@ class PartitionLog:
         del seg.entries[n * ENTRY_SIZE :]
         seg.set_entries(seg.entries)
         seg.idx_written = min(seg.idx_written, n)
-        if write:
+        if write:  # the log past these entries is rescanned (and cut) by _scan_log_tail
             self.fs.ftruncate(seg.idx_fd, IDX_HEADER_SIZE + n * ENTRY_SIZE)
-            end = seg.end_of(n - 1) if n else 0
-            seg.log_size = end
-            self.fs.ftruncate(seg.log_fd, end)
 
     def _stored_roots(self, length: int) -> Frontier | None:
         roots = []
@@ -917,8 +1008,24 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ tree file
 
-    def _write_nodes(self, nodes: list[Node]) -> None:
-        """Write nodes at 40 * index, coalescing runs of adjacent indices into one pwrite."""
+    def _write_nodes(self, nodes: list[Node], lo: int = 0, hi: int = 0) -> None:
+        """Write nodes at 40 * index. Nodes in [lo, hi) (the flat-tree range of the leaves
+        just hashed) go out as one buffer: every index there is either a node created now
+        or one that does not exist yet (zero). The few parents left of it, and recovery's
+        nodes, are written in coalesced runs."""
+        if hi > lo:
+            buf = bytearray((hi - lo) * NODE_SIZE)
+            rest = []
+            pack = _NODE.pack_into
+            for n in nodes:
+                if lo <= n.index < hi:
+                    pack(buf, (n.index - lo) * NODE_SIZE, n.size, n.hash)
+                else:
+                    rest.append(n)
+            # the last odd position is a parent that cannot be complete yet: leave it alone
+            self.fs.pwrite_all(self._tree_fd, memoryview(buf)[: (hi - lo - 1) * NODE_SIZE],
+                               lo * NODE_SIZE)
+            nodes = rest
         nodes = sorted(nodes, key=lambda n: n.index)
         i = 0
         while i < len(nodes):
@@ -972,10 +1079,14 @@ class PartitionLog:
         self.fs.pwrite_all(seg.log_fd, batch, pos)
         seg.log_size = pos + size
         seg.synced_log = False
-        leaf = compute_leaf(batch, size)
-        entry = encode_entry(base, max_ts, pos, size, delta, leaf)
-        self._add_entry(seg, entry, base, max_ts, pos)
-        self._pending_nodes.extend(self._frontier.append(leaf, size))
+        k = len(seg.bases)
+        # in memory the leaf hash stays zero (reads do not need it; the file gets it)
+        seg.entries += _ENTRY.pack(base, max_ts, pos, size, delta, _ZERO32) + _ZERO4
+        seg.bases.append(base)
+        seg.max_ts.append(max_ts)
+        seg.positions.append(pos)
+        self._pending.append((seg.log_fd, seg.idx_fd, k, base, max_ts, pos, size, delta))
+        self._next_leaf += 1
         self._leaf_ok.append(1)
         self.log_end_offset = base + delta + 1
         self._dirty = True
@@ -992,6 +1103,11 @@ class PartitionLog:
         now_ms = int(time.time() * 1000)
         if self._segments:
             seg = self._segments[-1]
+            cfg = self.config
+            if (seg.bases and seg.log_size + size <= cfg.segment_bytes
+                    and now_ms - seg.created_ms < cfg.segment_ms and seg.log_size + size < (1 << 32)):
+                return seg  # the common case first
+            seg = self._segments[-1]
             if not seg.count:
                 seg.created_ms = now_ms
                 return seg
@@ -1001,7 +1117,7 @@ class PartitionLog:
                 return seg
         # roll: the previous segment's buffered index entries go out with the next commit
         seg = self._open_segment_files(self.log_end_offset)
-        seg.first_leaf = self._frontier.length
+        seg.first_leaf = self._next_leaf
         self.fs.pwrite_all(seg.idx_fd, encode_index_header(seg.base_offset, seg.first_leaf), 0)
         seg.created_ms = now_ms
         self._segments.append(seg)
@@ -1018,7 +1134,7 @@ class PartitionLog:
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
         now = time.monotonic() * 1000
-        new = self._frontier.length != self._published_length or (
+        new = self._next_leaf != self._published_length or (
             self._head is not None and self._fork != self._head.fork
         )
         interval = self.config.flush_interval_ms
@@ -1039,13 +1155,13 @@ class PartitionLog:
         else:
             derived_due = due
         sync_fds: list[int] = []
-        index_writes: list[tuple[int, int, bytes]] = []
-        for seg in self._segments:
-            if seg.idx_written < seg.count:
-                off = seg.idx_written * ENTRY_SIZE
-                index_writes.append((seg.idx_fd, IDX_HEADER_SIZE + off, bytes(seg.entries[off:])))
-                seg.idx_written = seg.count
+        if self._pending:
+            first_fd = self._pending[0][1]
+            for seg in reversed(self._segments):  # segments the pending entries go to
                 seg.idx_dirty = True
+                if seg.idx_fd == first_fd:
+                    break
+        for seg in self._segments:
             if due and not seg.synced_log:
                 sync_fds.append(seg.log_fd)
                 seg.synced_log = True
@@ -1063,23 +1179,32 @@ class PartitionLog:
         self._head_seq += 1
         job = CommitJob(
             log=self,
-            frontier=self._frontier.copy(),
+            frontier=self._frontier,  # advanced by the job; nothing else touches it meanwhile
             next_offset=self.log_end_offset,
             log_start_offset=self.log_start_offset,
             min_index=self._min_index,
             fork=self._fork,
             seq=self._head_seq,
-            index_writes=index_writes,
+            index_writes=[],
             nodes=self._pending_nodes,
+            pending=self._pending,
             sync_fds=sync_fds,
             sync_derived=derived_due,
-            sync_head=due,
+            derived_length=self._head.derived_length if self._head else 0,
+            sync_head=due or self._disk_clean,
             sync_dir=sync_dir,
             sign=new or self._head is None,
             flags=_POLICY_CODE[self.policy] << 8,
         )
+        pending_bytes = sum(p[6] for p in self._pending)
         self._pending_nodes = []
+        self._pending = []
+        self._disk_clean = False
         self._job = job
+        if job.pending and pending_bytes < INLINE_HASH_BELOW * len(job.pending):
+            # Small batches: BLAKE2b keeps the GIL below 2 KiB, so a worker thread would only
+            # fight the loop thread for it (convoy); hash here, the job keeps the I/O.
+            job._hash_pending()
         return job
 
     def publish(self, job: CommitJob) -> Head:
@@ -1178,7 +1303,8 @@ class PartitionLog:
             return False
         cur = Node(2 * leaf_index, size, compute_leaf(data, size))
         if self._node_ok is None:
-            top = max(self._open_roots) + 1 if self._open_roots else 0
+            # every node under the roots verified at open has an index below 2 * length
+            top = max((flat_tree.right_span(i) for i in self._open_roots), default=-1)
             self._node_ok = bytearray(top + 1)
         ok = self._node_ok
         path: list[int] = []
@@ -1293,7 +1419,7 @@ class PartitionLog:
         new_head = Head(
             head.fork, head.length, head.byte_length, head.tree_hash, head.signature,
             head.next_offset, self.log_start_offset, new_min, head.roots, self._head_seq,
-            _POLICY_CODE[self.policy] << 8, BOOT_ID, int(time.time() * 1000),
+            _POLICY_CODE[self.policy] << 8, BOOT_ID, int(time.time() * 1000), head.length,
         )
         self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
         self.fs.fsync(self._head_fd)
@@ -1325,7 +1451,7 @@ class PartitionLog:
                         h.fork, h.length, h.byte_length, h.tree_hash, h.signature,
                         h.next_offset, h.log_start_offset, h.min_index, h.roots,
                         self._head_seq, FLAG_CLEAN | (_POLICY_CODE[self.policy] << 8),
-                        BOOT_ID, int(time.time() * 1000),
+                        BOOT_ID, int(time.time() * 1000), h.length,
                     )
                     self.fs.pwrite_all(self._head_fd, clean.encode(),
                                        (self._head_seq % 2) * SLOT_SIZE)

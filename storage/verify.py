@@ -13,12 +13,14 @@ import struct
 from dataclasses import dataclass
 
 from storage import batch as B
+from storage.errors import ArchiveDamaged
 from storage.fs import FileSystem, OsFileSystem
-from storage.hypercore import Frontier, Node, archive_key, flat_tree
+from storage.hypercore import Frontier, Node, archive_key, flat_tree, parent_node
 from storage.log import (
     ENTRY_SIZE,
     IDX_HEADER_SIZE,
     NODE_SIZE,
+    Head,
     check_head,
     compute_leaf,
     decode_index_header,
@@ -90,7 +92,7 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None)
             fr = Frontier()
         leaf = min_index
         expect_offset: int | None = None
-        first_suspect: int | None = None  # first leaf whose stored tree node disagrees
+        seen: list[tuple[int, int, bytes]] = []  # (offset, size, leaf hash) below the head
         bad: tuple[int, str] | None = None
         for base in bases:
             lfd = ropen(os.path.join(path, f"{base:020d}.log"))
@@ -133,16 +135,15 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None)
                 if h != e_leaf:
                     bad = (e_base, "batch bytes do not match their leaf hash")
                     break
-                stored = _node(fs, tree_fd, 2 * leaf) if tree_fd >= 0 else None
-                if first_suspect is None and leaf < signed and (stored is None or stored[1] != h):
-                    first_suspect = e_base
+                if leaf < signed:
+                    seen.append((e_base, size, h))
                 fr.append(h, size)
                 leaf += 1
                 pos += size
                 expect_offset = e_base + delta + 1
                 if leaf == signed and fr.tree_hash() != head.tree_hash:  # type: ignore[union-attr]
-                    bad = (first_suspect if first_suspect is not None else
-                           (head.log_start_offset if head else 0),
+                    assert head is not None
+                    bad = (_first_unauthenticated(fs, tree_fd, head, min_index, seen),
                            "tree recomputed from the data differs from the signed head")
                     break
             if bad:
@@ -161,6 +162,63 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None)
             fs.close(fd)
 
 
+def _first_unauthenticated(fs: FileSystem, tree_fd: int, head: Head, min_index: int,
+                           seen: list[tuple[int, int, bytes]]) -> int:
+    """The offset of the first batch whose path (its recomputed leaf hash plus the stored
+    sibling nodes) does not hash up to a signed root. Only run when the tree is wrong."""
+    roots = {r.index: r for r in head.roots}
+    for i, (offset, size, h) in enumerate(seen):
+        cur = Node(2 * (min_index + i), size, h)
+        while cur.index not in roots:
+            sib = _node(fs, tree_fd, flat_tree.sibling(cur.index)) if tree_fd >= 0 else None
+            if sib is None or cur.index > 2 * head.length:
+                break
+            s = Node(flat_tree.sibling(cur.index), sib[0], sib[1])
+            left, right = (cur, s) if cur.index < s.index else (s, cur)
+            cur = parent_node(left, right)
+        root = roots.get(cur.index)
+        if root is None or root.hash != cur.hash:
+            return offset
+    return seen[0][0] if seen else head.log_start_offset
+
+
 def _read_all(fs: FileSystem, fd: int) -> bytes:
     return fs.pread_exact(fd, fs.size(fd), 0)
 
+
+
+def signed_batches(path: str, public_key: bytes, fs: FileSystem | None = None) -> list[bytes]:
+    """Every batch covered by the archive's signed head, after a full `verify_partition`.
+    Read-only (safe next to a running broker); raises ArchiveDamaged when it does not
+    verify. For small archives such as the catalog."""
+    fs = fs or OsFileSystem()
+    res = verify_partition(path, public_key, fs)
+    if not res.ok:
+        raise ArchiveDamaged(f"{path}: {res.reason}", res.first_bad_offset)
+    names = sorted(fs.listdir(path))
+    if "head" not in names:
+        return []
+    fd = fs.open(os.path.join(path, "head"), os.O_RDONLY)
+    try:
+        head, _ = read_head_slots(fs, fd)
+    finally:
+        fs.close(fd)
+    if head is None:
+        return []
+    out: list[bytes] = []
+    for base in sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit()):
+        lfd = fs.open(os.path.join(path, f"{base:020d}.log"), os.O_RDONLY)
+        ifd = fs.open(os.path.join(path, f"{base:020d}.bidx"), os.O_RDONLY)
+        try:
+            entries = _read_all(fs, ifd)[IDX_HEADER_SIZE:]
+            for k in range(len(entries) // ENTRY_SIZE):
+                e_base, _ts, pos, size, _d, _leaf = _ENTRY.unpack_from(entries, k * ENTRY_SIZE)
+                if e_base < head.log_start_offset:
+                    continue
+                if e_base >= head.next_offset:
+                    return out
+                out.append(fs.pread_exact(lfd, size, pos))
+        finally:
+            fs.close(lfd)
+            fs.close(ifd)
+    return out

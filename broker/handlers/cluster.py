@@ -43,7 +43,7 @@ def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
         "is_internal": topic.name.startswith("__"),
         "partitions": [
             {
-                "error_code": errors.KAFKA_STORAGE_ERROR if p.failed else errors.NONE,
+                "error_code": errors.NONE,
                 "partition_index": p.index,
                 "leader_id": me,
                 "leader_epoch": LEADER_EPOCH,

@@ -23,7 +23,7 @@ import trio
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
 from broker.node import Node
-from storage.errors import OffsetOutOfRange
+from storage.errors import CorruptBatch, OffsetOutOfRange
 
 
 def _read_all(node: Node, req: Any, version: int) -> tuple[list[dict[str, Any]], int]:
@@ -49,9 +49,7 @@ def _read_all(node: Node, req: Any, version: int) -> tuple[list[dict[str, Any]],
             if partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
                 continue
-            if partition.failed:
-                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
-                continue
+            # A partition taken offline for writes still serves what its heads cover.
             plog = partition.log
             hwm = plog.high_watermark
             entry["high_watermark"] = hwm
@@ -68,6 +66,10 @@ def _read_all(node: Node, req: Any, version: int) -> tuple[list[dict[str, Any]],
                 data = plog.read_bytes(p.fetch_offset, max(limit, 1))
             except OffsetOutOfRange:
                 entry["error_code"] = errors.OFFSET_OUT_OF_RANGE
+                continue
+            except CorruptBatch:
+                # The stored batch does not match its signed leaf: never serve it.
+                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
                 continue
             entry["records"] = data
             total += len(data)

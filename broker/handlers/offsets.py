@@ -20,6 +20,7 @@ from broker.handlers.cluster import LEADER_EPOCH
 from broker.node import Partition
 from broker.protocol import records
 from broker.protocol.errors import RecordBatchError
+from storage.errors import StorageError
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
@@ -31,12 +32,15 @@ def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
         return errors.NONE, plog.high_watermark, -1
     if timestamp == EARLIEST:
         return errors.NONE, plog.log_start_offset, -1
-    if timestamp == MAX_TIMESTAMP:
-        batch = plog.batch_with_max_timestamp()
-    elif timestamp >= 0:
-        batch = plog.batch_for_timestamp(timestamp)
-    else:
-        return errors.UNSUPPORTED_VERSION, -1, -1
+    try:
+        if timestamp == MAX_TIMESTAMP:
+            batch = plog.batch_with_max_timestamp()
+        elif timestamp >= 0:
+            batch = plog.batch_for_timestamp(timestamp)
+        else:
+            return errors.UNSUPPORTED_VERSION, -1, -1
+    except StorageError:
+        return errors.KAFKA_STORAGE_ERROR, -1, -1
     if batch is None:
         return errors.NONE, -1, -1
     try:
@@ -73,8 +77,6 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
             entry: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
             if partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
-            elif partition.failed:
-                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
             elif getattr(p, "current_leader_epoch", -1) > LEADER_EPOCH:
                 entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
             else:

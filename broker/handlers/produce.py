@@ -113,8 +113,7 @@ async def _append_checked(ctx: RequestContext, topic: Topic, partition: Partitio
     try:
         base, last = await partition.append(buf)
     except Exception as exc:  # the disk refused: this partition goes offline, the broker lives
-        partition.failed = f"append failed: {exc}"
-        log.exception("append to %s-%d failed", topic.name, partition.index)
+        ctx.node.fail_partition(partition, f"append failed: {exc}")
         return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
     if outcome is not None:
         partition.producers.record(

@@ -134,11 +134,10 @@ def decode_request(
         raise MalformedRequest(
             f"cannot decode api {header.api_key} v{header.api_version}: {exc}"
         ) from None
-    if end != len(frame):
-        raise MalformedRequest(
-            f"{len(frame) - end} unexpected bytes after api {header.api_key} "
-            f"v{header.api_version} body"
-        )
+    # Bytes after the body are ignored, as Kafka's generated parsers do (they read what
+    # the schema describes and never check that the buffer is exhausted): librdkafka
+    # 2.16 sends three extra bytes after Metadata v12, and Kafka serves it.
+    del end
     return header, entity
 
 

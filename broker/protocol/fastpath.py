@@ -133,8 +133,7 @@ def _decode_produce(buf: memoryview, pos: int, version: int) -> Any:
         topics.append(topic_cls(name=name, partition_data=tuple(parts)))
     if flexible:
         pos = skip_tagged_fields(buf, pos)
-    if pos != end:
-        raise _Bad(f"{end - pos} unexpected bytes after the body")
+    # Bytes after the body are ignored, as Kafka's own parser does (see codec).
     return request_cls(
         transactional_id=transactional_id,
         acks=acks,

@@ -1,0 +1,86 @@
+"""The harness's own checks must be able to fail: no broker needed.
+
+assert_same must catch a changed byte, a null turned empty, a lost header, a duplicate, a
+gap and a reorder; generated data must be deterministic and honour a client's profile; the
+kcat output parser must read binary keys and values containing newlines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compat_tests.clients import CLIENTS, KCAT_KEY_DELIM, KCAT_MSG_DELIM, parse_kcat_format
+from compat_tests.records import Profile, Record, assert_same, from_json, generate, to_json
+
+
+def _consumed(records: list[Record]) -> list[Record]:
+    return [dataclasses.replace(r, offset=i) for i, r in enumerate(records)]
+
+
+def test_generate_is_deterministic_and_covers_the_edge_cases() -> None:
+    a, b = (
+        generate(2000, Profile(header_null_value=True)),
+        generate(2000, Profile(header_null_value=True)),
+    )
+    assert a == b
+    assert any(r.key is None for r in a) and any(r.value is None for r in a)
+    assert any(r.key is None and r.value is None for r in a)
+    assert any(r.value == b"" for r in a) and any(r.key == b"" for r in a)
+    assert any(v is None for r in a for _, v in r.headers)
+    assert any(len({n for n, _ in r.headers}) < len(r.headers) for r in a)  # duplicate names
+    assert any(r.value is not None and len(r.value) > 20_000 for r in generate(5000, Profile()))
+
+
+def test_profiles_are_honoured() -> None:
+    kcat = generate(3000, CLIENTS["kcat-new"].profile)
+    banned = {KCAT_KEY_DELIM, KCAT_MSG_DELIM}
+    assert not any(set(r.key or b"") & banned or set(r.value or b"") & banned for r in kcat)
+    assert not any(r.key == b"" or r.value == b"" for r in kcat)
+    kp = generate(3000, CLIENTS["kafka-python"].profile)
+    assert not any(r.key is None and r.value is None for r in kp)
+
+
+def test_json_lines_round_trip() -> None:
+    for r in generate(500, Profile(header_null_value=True)):
+        assert from_json(to_json(r)) == r
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["byte", "null-to-empty", "header", "duplicate", "gap", "reorder", "missing-last"],
+)
+def test_assert_same_catches(damage: str) -> None:
+    produced = generate(300, Profile())
+    consumed = _consumed(produced)
+    i = next(j for j, r in enumerate(produced) if r.value and r.headers and j > 10)
+    if damage == "byte":
+        v = bytearray(consumed[i].value or b"")
+        v[-1] ^= 1
+        consumed[i] = dataclasses.replace(consumed[i], value=bytes(v))
+    elif damage == "null-to-empty":
+        j = next(j for j, r in enumerate(produced) if r.key is None)
+        consumed[j] = dataclasses.replace(consumed[j], key=b"")
+    elif damage == "header":
+        consumed[i] = dataclasses.replace(consumed[i], headers=consumed[i].headers[:-1])
+    elif damage == "duplicate":
+        consumed.insert(i, consumed[i])
+    elif damage == "gap":
+        del consumed[i]  # the offsets after it keep their values: a hole at i
+    elif damage == "reorder":
+        consumed[i], consumed[i + 1] = consumed[i + 1], consumed[i]
+    elif damage == "missing-last":
+        consumed.pop()
+    assert_same(produced, _consumed(produced))  # the undamaged copy passes
+    with pytest.raises(AssertionError):
+        assert_same(produced, consumed)
+
+
+def test_parse_kcat_format_reads_binary() -> None:
+    out = b"0 3 -1 1000 hk-a=1,hk-b=two\nk\n\x00" + b"1 -1 4 1001 \n\n\n\xff\x00" + b"2 0 0 1002 \n"
+    assert parse_kcat_format(out) == [
+        Record(b"k\n\x00", None, (("hk-a", b"1"), ("hk-b", b"two")), 1000, 0),
+        Record(None, b"\n\n\xff\x00", (), 1001, 1),
+        Record(b"", b"", (), 1002, 2),
+    ]
