@@ -66,6 +66,7 @@ def keyed_lines(n: int, seed: int) -> bytes:
 # ------------------------------------------------------------------------- kafka-topics
 
 
+@pytest.mark.matrix("kafka-topics create/list/describe/delete", client="java-tools")
 def test_topics_create_list_describe_delete(java: JavaTools, hk: Hyperkafka) -> None:
     b = hk.bootstrap
     topic = "jt-topics"
@@ -101,6 +102,7 @@ def test_topics_create_list_describe_delete(java: JavaTools, hk: Hyperkafka) -> 
     assert gone.returncode != 0, gone.text
 
 
+@pytest.mark.matrix("kafka-topics --config", client="java-tools")
 def test_topics_create_with_config_and_describe_config(java: JavaTools, hk: Hyperkafka) -> None:
     b = hk.bootstrap
     topic = "jt-configs"
@@ -118,6 +120,7 @@ N_LINES = 10_000
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.matrix("console 10k keyed lines (assign)", client="java-tools")
 def test_console_roundtrip_assign_mode(java: JavaTools, hk: Hyperkafka) -> None:
     """10,000 keyed lines through the idempotent acks=-1 console producer, read back
     byte-exact by the console consumer in assign mode (no group)."""
@@ -150,6 +153,7 @@ def test_console_roundtrip_assign_mode(java: JavaTools, hk: Hyperkafka) -> None:
 
 @GROUPS_XFAIL
 @pytest.mark.timeout(240)
+@pytest.mark.matrix("console 10k keyed lines (group)", client="java-tools")
 def test_console_roundtrip_group_mode(java: JavaTools, hk: Hyperkafka) -> None:
     """The same round trip with `--from-beginning` in a consumer group, then the group as
     kafka-consumer-groups sees it."""
@@ -180,6 +184,7 @@ PERF_SIZE = 1024
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.matrix("producer-perf 100k x 1 KiB", client="java-tools")
 def test_producer_performance_then_console_count(java: JavaTools, hk: Hyperkafka) -> None:
     b = hk.bootstrap
     topic = "jt-perf"
@@ -201,6 +206,7 @@ def test_producer_performance_then_console_count(java: JavaTools, hk: Hyperkafka
 
 @GROUPS_XFAIL
 @pytest.mark.timeout(240)
+@pytest.mark.matrix("consumer-perf (group)", client="java-tools")
 def test_consumer_performance(java: JavaTools, hk: Hyperkafka) -> None:
     b = hk.bootstrap
     topic = "jt-consumer-perf"
@@ -214,6 +220,7 @@ def test_consumer_performance(java: JavaTools, hk: Hyperkafka) -> None:
 
 
 @GROUPS_XFAIL
+@pytest.mark.matrix("kafka-consumer-groups", client="java-tools")
 def test_consumer_groups_list_empty_then_describe_missing(java: JavaTools, hk: Hyperkafka) -> None:
     b = hk.bootstrap
     java.consumer_groups(b, "--list")
@@ -221,6 +228,7 @@ def test_consumer_groups_list_empty_then_describe_missing(java: JavaTools, hk: H
     assert b"does not exist" in missing.stdout + missing.stderr, missing.text
 
 
+@pytest.mark.matrix("kafka-topics error exit", client="java-tools")
 def test_tool_failure_is_typed(java: JavaTools, hk: Hyperkafka) -> None:
     with pytest.raises(ToolFailed):
         java.topics(hk.bootstrap, "--describe", "--topic", "jt-never-created")

@@ -72,6 +72,7 @@ def test_both_brokers_ran_the_whole_script(runs: Runs) -> None:
     assert len(runs.kafka) >= 40
 
 
+@pytest.mark.matrix("differential vs Apache Kafka", client="kafka-oracle")
 def test_no_unexplained_differences(runs: Runs) -> None:
     explained = oracle.explain(runs.differences(), oracle.load_findings())
     missing = [d for d, f in explained if f is None]
@@ -92,6 +93,7 @@ def test_every_finding_still_occurs(runs: Runs) -> None:
     )
 
 
+@pytest.mark.matrix("known bugs vs Apache Kafka", client="kafka-oracle")
 def test_known_hyperkafka_bugs(runs: Runs) -> None:
     bugs = [(d, f) for d, f in oracle.explain(runs.differences(), oracle.load_findings()) if f and f.table == "bug"]
     if bugs:

@@ -31,9 +31,11 @@ fi
 echo "java setup: copying the Kafka jars pinned in compat_tests/java/pom.xml into ${LIB#"$ROOT"/}"
 rm -rf "$LIB"
 mkdir -p "$LIB"
-# -B: no colours or progress bars in CI logs; -q: errors only. The jars land in ~/.m2 as
-# well, so a rebuild of the folder after a pom change downloads only what is new.
-if ! mvn -B -q -Dstyle.color=never -f "$HERE/pom.xml" dependency:copy-dependencies; then
+# -B: no progress bars in CI logs; -q: errors only; sed drops the colour codes Debian's
+# mvn prints even then. The jars land in ~/.m2 as well, so a rebuild of the folder after
+# a pom change downloads only what is new. (pipefail: mvn's status is the pipeline's.)
+if ! mvn -B -q -Dstyle.color=never -f "$HERE/pom.xml" dependency:copy-dependencies 2>&1 \
+        | sed 's/\x1b\[[0-9;]*m//g'; then
     rm -rf "$LIB"
     echo "java setup: mvn dependency:copy-dependencies failed" >&2
     exit 1
