@@ -1,0 +1,234 @@
+"""Apache Kafka's own Java command-line tools (4.x) against hyperkafka.
+
+Each tool runs as `java -cp <jars>/* CLASS` (compat_tests/java_tools.py) against a
+hyperkafka started here as `python -m broker serve` in a child process, once for the
+module; every test uses topics of its own. The jars come from compat_tests/java/setup.sh;
+without them (or java) these tests skip, and under CI=true they fail.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compat_tests.hk_process import Hyperkafka
+from compat_tests.java_tools import NOOP_FORMATTER, JavaTools, ToolFailed, require_java
+
+GROUPS_XFAIL = pytest.mark.xfail(reason="consumer groups not on main yet", strict=False)
+
+
+@pytest.fixture(scope="module")
+def java() -> JavaTools:
+    return JavaTools(require_java())
+
+
+@pytest.fixture(scope="module")
+def hk(java: JavaTools) -> Iterator[Hyperkafka]:
+    with tempfile.TemporaryDirectory(prefix="hk-javalab-") as tmp:
+        broker = Hyperkafka(Path(tmp))
+        broker.start()
+        try:
+            yield broker
+        finally:
+            alive = broker.alive()
+            code = broker.stop()
+            tail = broker.log_tail()
+        assert alive, f"hyperkafka died during the Java tests\n{tail}"
+        assert code == 0, f"hyperkafka exited {code} on SIGTERM\n{tail}"
+
+
+def _explain(hk: Hyperkafka) -> str:
+    return f"\n--- hyperkafka log tail ---\n{hk.log_tail()}"
+
+
+def keyed_lines(n: int, seed: int) -> bytes:
+    """n lines "key<TAB>value\\n": varied lengths, ASCII and multi-byte UTF-8, empty values.
+
+    Neither tab nor newline occurs inside a key or value (they are the separators the
+    console producer splits on and the console consumer prints).
+    """
+    rng = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 -_.:;,!?/{}[]\"'#%&*+=<>|~^`@$()\\äöüßéñ€中文𝄞"
+    out = []
+    for i in range(n):
+        key = f"k{i:05d}-{rng.randrange(1000)}"
+        length = 0 if i % 997 == 0 else rng.choice((1, 8, 40, 200, 1000))
+        value = "".join(rng.choice(alphabet) for _ in range(length))
+        out.append(f"{key}\t{value}\n")
+    return "".join(out).encode("utf-8")
+
+
+# ------------------------------------------------------------------------- kafka-topics
+
+
+@pytest.mark.matrix("kafka-topics create/list/describe/delete", client="java-tools")
+def test_topics_create_list_describe_delete(java: JavaTools, hk: Hyperkafka) -> None:
+    b = hk.bootstrap
+    topic = "jt-topics"
+    java.topics(b, "--create", "--topic", topic, "--partitions", "3", "--replication-factor", "1")
+    listed = java.topics(b, "--list").text.split()
+    assert topic in listed, f"--list gave {listed}" + _explain(hk)
+
+    desc = java.topics(b, "--describe", "--topic", topic).text
+    lines = [ln for ln in desc.splitlines() if ln.strip()]
+    header = lines[0]
+    assert f"Topic: {topic}" in header and "PartitionCount: 3" in header, desc
+    assert "ReplicationFactor: 1" in header, desc
+    assert "TopicId: AAAAAAAAAAAAAAAAAAAAAA" not in header, "topic id must be non-zero\n" + desc
+    parts = [ln for ln in lines[1:] if "Partition:" in ln]
+    assert len(parts) == 3, desc
+    for i, ln in enumerate(parts):
+        assert f"Partition: {i}" in ln and "Leader: 0" in ln and "Isr: 0" in ln, desc
+
+    # Creating it again is an error the tool reports (TopicExistsException).
+    again = java.topics(b, "--create", "--topic", topic, "--partitions", "1", check=False)
+    assert again.returncode != 0 and b"already exists" in again.stderr + again.stdout, again.text
+
+    java.topics(b, "--delete", "--topic", topic)
+    # Deletion is asynchronous in Kafka; give the listing a few tries.
+    for _ in range(20):
+        if topic not in java.topics(b, "--list").text.split():
+            break
+        time.sleep(0.25)
+    else:
+        pytest.fail(f"{topic} still listed after --delete" + _explain(hk))
+
+    gone = java.topics(b, "--describe", "--topic", topic, check=False)
+    assert gone.returncode != 0, gone.text
+
+
+@pytest.mark.matrix("kafka-topics --config", client="java-tools")
+def test_topics_create_with_config_and_describe_config(java: JavaTools, hk: Hyperkafka) -> None:
+    b = hk.bootstrap
+    topic = "jt-configs"
+    java.topics(
+        b, "--create", "--topic", topic, "--partitions", "1",
+        "--config", "retention.ms=3600000", "--config", "max.message.bytes=2000000",
+    )  # fmt: skip
+    desc = java.topics(b, "--describe", "--topic", topic).text
+    assert "retention.ms=3600000" in desc and "max.message.bytes=2000000" in desc, desc
+
+
+# ------------------------------------------------------------- console producer/consumer
+
+N_LINES = 10_000
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.matrix("console 10k keyed lines (assign)", client="java-tools")
+def test_console_roundtrip_assign_mode(java: JavaTools, hk: Hyperkafka) -> None:
+    """10,000 keyed lines through the idempotent acks=-1 console producer, read back
+    byte-exact by the console consumer in assign mode (no group)."""
+    b = hk.bootstrap
+    topic = "jt-console-assign"
+    java.topics(b, "--create", "--topic", topic, "--partitions", "1")
+    data = keyed_lines(N_LINES, seed=5)
+    java.console_producer(
+        b, topic, data,
+        reader_props={"parse.key": "true", "key.separator": "\t"},
+        producer_props={"enable.idempotence": "true", "linger.ms": "5"},
+    )  # fmt: skip
+    res = java.console_consumer(
+        b, topic, partition=0, offset="earliest", max_messages=N_LINES, timeout_ms=30_000,
+        formatter_props={"print.key": "true", "key.separator": "\t"},
+    )  # fmt: skip
+    assert res.processed() == N_LINES, res.stderr_tail() + _explain(hk)
+    if res.stdout != data:
+        got, want = res.stdout.splitlines(), data.splitlines()
+        first = next(
+            (i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w),
+            min(len(got), len(want)),
+        )
+        pytest.fail(
+            f"console consumer output differs: {len(got)} lines vs {len(want)}; first "
+            f"difference at line {first}: {got[first:first + 1]!r} != {want[first:first + 1]!r}"
+        )
+    assert java.end_offsets(b, topic) == {0: N_LINES}
+
+
+@GROUPS_XFAIL
+@pytest.mark.timeout(240)
+@pytest.mark.matrix("console 10k keyed lines (group)", client="java-tools")
+def test_console_roundtrip_group_mode(java: JavaTools, hk: Hyperkafka) -> None:
+    """The same round trip with `--from-beginning` in a consumer group, then the group as
+    kafka-consumer-groups sees it."""
+    b = hk.bootstrap
+    topic = "jt-console-group"
+    group = "jt-console-group-g"
+    java.topics(b, "--create", "--topic", topic, "--partitions", "1")
+    data = keyed_lines(N_LINES, seed=6)
+    java.console_producer(b, topic, data, reader_props={"parse.key": "true"})
+    res = java.console_consumer(
+        b, topic, group=group, from_beginning=True, max_messages=N_LINES, timeout_ms=60_000,
+        formatter_props={"print.key": "true"},
+        consumer_props={"enable.auto.commit": "true", "auto.commit.interval.ms": "100"},
+        timeout=180,
+    )  # fmt: skip
+    assert res.processed() == N_LINES, res.stderr_tail()
+    assert res.stdout == data
+    groups = java.consumer_groups(b, "--list").text.split()
+    assert group in groups, groups
+    desc = java.consumer_groups(b, "--describe", "--group", group).text
+    assert topic in desc, desc
+
+
+# --------------------------------------------------------------------------- performance
+
+PERF_RECORDS = 100_000
+PERF_SIZE = 1024
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.matrix("producer-perf 100k x 1 KiB", client="java-tools")
+def test_producer_performance_then_console_count(java: JavaTools, hk: Hyperkafka) -> None:
+    b = hk.bootstrap
+    topic = "jt-perf"
+    java.topics(b, "--create", "--topic", topic, "--partitions", "1")
+    res = java.producer_perf(
+        b, topic, num_records=PERF_RECORDS, record_size=PERF_SIZE,
+        producer_props={"acks": "-1", "linger.ms": "5", "batch.size": "262144"},
+    )  # fmt: skip
+    summary = res.text.strip().splitlines()[-1]
+    print(f"\nProducerPerformance: {summary}")
+    assert summary.startswith(f"{PERF_RECORDS} records sent"), res.text[-2000:]
+    assert java.end_offsets(b, topic) == {0: PERF_RECORDS}
+    count = java.console_consumer(
+        b, topic, partition=0, offset="earliest", timeout_ms=10_000,
+        formatter=NOOP_FORMATTER, timeout=180,
+    )  # fmt: skip
+    assert count.processed() == PERF_RECORDS, count.stderr_tail() + _explain(hk)
+
+
+@GROUPS_XFAIL
+@pytest.mark.timeout(240)
+@pytest.mark.matrix("consumer-perf (group)", client="java-tools")
+def test_consumer_performance(java: JavaTools, hk: Hyperkafka) -> None:
+    b = hk.bootstrap
+    topic = "jt-consumer-perf"
+    java.topics(b, "--create", "--topic", topic, "--partitions", "1")
+    java.producer_perf(b, topic, num_records=20_000, record_size=512)
+    res = java.consumer_perf(b, topic, num_records=20_000, group="jt-perf-g", timeout_ms=60_000)
+    lines = [ln for ln in res.text.splitlines() if ln.strip()]
+    # header line, then one data line: start, end, MB, MB/s, records, records/s, ...
+    fields = [f.strip() for f in lines[-1].split(",")]
+    assert int(fields[4]) == 20_000, res.text
+
+
+@GROUPS_XFAIL
+@pytest.mark.matrix("kafka-consumer-groups", client="java-tools")
+def test_consumer_groups_list_empty_then_describe_missing(java: JavaTools, hk: Hyperkafka) -> None:
+    b = hk.bootstrap
+    java.consumer_groups(b, "--list")
+    missing = java.consumer_groups(b, "--describe", "--group", "jt-no-such-group", check=False)
+    assert b"does not exist" in missing.stdout + missing.stderr, missing.text
+
+
+@pytest.mark.matrix("kafka-topics error exit", client="java-tools")
+def test_tool_failure_is_typed(java: JavaTools, hk: Hyperkafka) -> None:
+    with pytest.raises(ToolFailed):
+        java.topics(hk.bootstrap, "--describe", "--topic", "jt-never-created")
