@@ -69,12 +69,17 @@ def _topic_configs() -> dict[str, ConfigDef]:
     )
     defs = [
         ConfigDef("cleanup.policy", LS, "delete", "Retention policy; only delete is supported on signed archives.", "log.cleanup.policy", ("delete",)),
+        ConfigDef("compression.gzip.level", INT, "-1", "Kept for clients; batches are never recompressed.", "compression.gzip.level", minimum=-1),
+        ConfigDef("compression.lz4.level", INT, "9", "Kept for clients; batches are never recompressed.", "compression.lz4.level", minimum=1),
+        ConfigDef("compression.zstd.level", INT, "3", "Kept for clients; batches are never recompressed.", "compression.zstd.level", minimum=-131072),
         ConfigDef("compression.type", S, "producer", "Batches are stored as the producer compressed them.", "compression.type", ("producer",)),
         ConfigDef("delete.retention.ms", L, "86400000", "Unused: no compaction.", "log.cleaner.delete.retention.ms", minimum=0),
         ConfigDef("file.delete.delay.ms", L, "60000", "Unused: segments are deleted at once.", "log.segment.delete.delay.ms", minimum=0),
         ConfigDef("flush.messages", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.messages", minimum=1),
         ConfigDef("flush.ms", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.ms", minimum=0),
+        ConfigDef("follower.replication.throttled.replicas", LS, "", "Unused: no replication throttling."),
         ConfigDef("index.interval.bytes", INT, "4096", "Unused: the batch index is dense.", "log.index.interval.bytes", minimum=0),
+        ConfigDef("leader.replication.throttled.replicas", LS, "", "Unused: no replication throttling."),
         ConfigDef("local.retention.bytes", L, "-2", "No tiered storage.", "log.local.retention.bytes", minimum=-2),
         ConfigDef("local.retention.ms", L, "-2", "No tiered storage.", "log.local.retention.ms", minimum=-2),
         ConfigDef("max.compaction.lag.ms", L, str(LONG_MAX), "Unused: no compaction.", "log.cleaner.max.compaction.lag.ms", minimum=1),
@@ -86,6 +91,8 @@ def _topic_configs() -> dict[str, ConfigDef]:
         ConfigDef("min.compaction.lag.ms", L, "0", "Unused: no compaction.", "log.cleaner.min.compaction.lag.ms", minimum=0),
         ConfigDef("min.insync.replicas", INT, "1", "Replicas that must hold a head before acks=all is answered.", "min.insync.replicas", minimum=1),
         ConfigDef("preallocate", B, "false", "Unused.", "log.preallocate"),
+        ConfigDef("remote.log.copy.disable", B, "false", "No tiered storage.", None, ("false",)),
+        ConfigDef("remote.log.delete.on.disable", B, "false", "No tiered storage.", None, ("false",)),
         ConfigDef("remote.storage.enable", B, "false", "No tiered storage.", None, ("false",)),
         ConfigDef("retention.bytes", L, "-1", "Size above which whole old segments are dropped; -1 keeps everything.", "log.retention.bytes"),
         ConfigDef("retention.ms", L, "604800000", "Age after which whole old segments are dropped; -1 keeps everything.", "log.retention.ms", minimum=-1),
@@ -239,6 +246,9 @@ class BrokerConfig:
             if d.broker_synonym:
                 value, _ = self.topic_default(d)
                 values.append((d.broker_synonym, value, d.type, d.doc))
+        retention_ms = int(self.topic_default(TOPIC_CONFIGS["retention.ms"])[0])
+        hours = str(retention_ms // 3_600_000) if retention_ms >= 0 else "-1"
+        values.append(("log.retention.hours", hours, ConfigType.INT, "log.retention.ms in hours, as Kafka lists it."))
         seen: set[str] = set()
         entries = []
         for name, value, type_, doc in values:

@@ -19,8 +19,6 @@ import pytest
 from compat_tests.hk_process import Hyperkafka
 from compat_tests.java_tools import NOOP_FORMATTER, JavaTools, ToolFailed, require_java
 
-GROUPS_XFAIL = pytest.mark.xfail(reason="consumer groups not on main yet", strict=False)
-
 
 @pytest.fixture(scope="module")
 def java() -> JavaTools:
@@ -151,7 +149,6 @@ def test_console_roundtrip_assign_mode(java: JavaTools, hk: Hyperkafka) -> None:
     assert java.end_offsets(b, topic) == {0: N_LINES}
 
 
-@GROUPS_XFAIL
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("console 10k keyed lines (group)", client="java-tools")
 def test_console_roundtrip_group_mode(java: JavaTools, hk: Hyperkafka) -> None:
@@ -204,7 +201,6 @@ def test_producer_performance_then_console_count(java: JavaTools, hk: Hyperkafka
     assert count.processed() == PERF_RECORDS, count.stderr_tail() + _explain(hk)
 
 
-@GROUPS_XFAIL
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("consumer-perf (group)", client="java-tools")
 def test_consumer_performance(java: JavaTools, hk: Hyperkafka) -> None:
@@ -219,7 +215,6 @@ def test_consumer_performance(java: JavaTools, hk: Hyperkafka) -> None:
     assert int(fields[4]) == 20_000, res.text
 
 
-@GROUPS_XFAIL
 @pytest.mark.matrix("kafka-consumer-groups", client="java-tools")
 def test_consumer_groups_list_empty_then_describe_missing(java: JavaTools, hk: Hyperkafka) -> None:
     b = hk.bootstrap

@@ -96,7 +96,7 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
 async def describe_cluster(ctx: RequestContext, req: Any) -> Reply:
     endpoint_type = field_of(req, "endpoint_type", 1)
     if endpoint_type != 1:
-        return {"error_code": errors.UNSUPPORTED_ENDPOINT_TYPE, "error_message": "only broker endpoints", "cluster_id": ctx.node.cluster_id, "endpoint_type": endpoint_type, "brokers": []}
+        return {"error_code": errors.MISMATCHED_ENDPOINT_TYPE, "error_message": "The request was sent to an endpoint of type BROKER, but we wanted an endpoint of type CONTROLLER", "cluster_id": ctx.node.cluster_id, "endpoint_type": endpoint_type, "brokers": []}
     return {
         "throttle_time": 0,
         "error_code": errors.NONE,

@@ -29,18 +29,33 @@ log = logging.getLogger("hyperkafka.produce")
 ZSTD = 4
 
 
+# Kafka's ReplicaManager answers these before the log is consulted, with log start
+# offset -1; every other error (sequence, epoch, record validation) carries the real one,
+# which the Java producer compares with its last offset (KIP-360).
+_NO_LOG_START_OFFSET = frozenset(
+    {
+        errors.CORRUPT_MESSAGE,
+        errors.MESSAGE_TOO_LARGE,
+        errors.KAFKA_STORAGE_ERROR,
+        errors.UNKNOWN_TOPIC_OR_PARTITION,
+        errors.UNSUPPORTED_COMPRESSION_TYPE,
+    }
+)
+
+
 class CloseConnection(ProtocolError):
     """A Kafka outcome the client can only learn by losing its connection."""
 
 
 class _PartitionResult:
-    __slots__ = ("base_offset", "error", "log_append_time", "message", "partition", "wait_for")
+    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "message", "partition", "wait_for")
 
     def __init__(self, error: int = errors.NONE, message: str | None = None) -> None:
         self.error = error
         self.message = message
         self.base_offset = -1
         self.log_append_time = -1
+        self.log_start_offset = -1  # reported for every partition that exists (KIP-360)
         self.partition: Partition | None = None
         self.wait_for = -1  # last offset that must be covered by a head before answering
 
@@ -51,7 +66,10 @@ async def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any)
     partition = topic.partitions[index]
     # Checks, idempotence verdict and append are one atomic step per partition.
     async with partition.lock:
-        return await _append_checked(ctx, topic, partition, data)
+        result = await _append_checked(ctx, topic, partition, data)
+    if result.error not in _NO_LOG_START_OFFSET:
+        result.log_start_offset = partition.log.log_start_offset
+    return result
 
 
 async def _append_checked(ctx: RequestContext, topic: Topic, partition: Partition, data: Any) -> _PartitionResult:
@@ -186,7 +204,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     "error_code": r.error,
                     "base_offset": r.base_offset if ok else -1,
                     "log_append_time": r.log_append_time if ok else -1,
-                    "log_start_offset": r.partition.log.log_start_offset if ok and r.partition else -1,
+                    "log_start_offset": r.log_start_offset,
                     "record_errors": [],
                     "error_message": r.message,
                 }
