@@ -66,6 +66,13 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
     return config
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "keys":
@@ -97,6 +104,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         trio.run(run, config)
     except* OSError as group:  # cannot bind, data dir unusable: say so in one line
         failed = True
-        for error in group.exceptions:
+        for error in _leaves(group):
             logging.getLogger("hyperkafka").error("cannot start: %s", error)
     return 1 if failed else 0

@@ -55,6 +55,9 @@ ADVERTISED = {key: (lo, hi) for key, lo, hi in advertised()}
 Outgoing = Callable[[], Awaitable[list[Any] | None]]
 
 
+_trace = False  # every request and response at DEBUG (--log-level DEBUG); set by run()
+
+
 class Server:
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -155,6 +158,8 @@ class Server:
             raise
         ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer)
         api = REGISTRY[header.api_key]
+        if _trace:
+            log.debug("%s %s v%d #%d from %s: %.300r", peer, api.name, header.api_version, header.correlation_id, header.client_id, request)
         result = await api.handler(ctx, request)
         if result is NO_RESPONSE:
             return _ready(None)
@@ -179,6 +184,8 @@ class Server:
 
 def _encode(header: RequestHeader, description: Any) -> list[Any]:
     response = shape(response_schema(header.api_key, header.api_version), description)
+    if _trace:
+        log.debug("#%d answered: %.300r", header.correlation_id, response)
     return encode_response_parts(header, response)
 
 
@@ -191,6 +198,8 @@ def _ready(parts: list[Any] | None) -> Outgoing:
 
 async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
     """Open the node, serve until SIGTERM/SIGINT (or cancellation), then shut down cleanly."""
+    global _trace
+    _trace = log.isEnabledFor(logging.DEBUG)
     node = await trio.to_thread.run_sync(Node.open, config)
     try:
         server = Server(node)

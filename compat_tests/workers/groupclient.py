@@ -103,7 +103,10 @@ def confluent(args: argparse.Namespace) -> None:
     stop = Stop(args)
     while not stop.now():
         m = c.poll(0.2)
-        if m is None or m.error():
+        if m is None:
+            continue
+        if m.error():
+            print(f"consumer error: {m.error()}", file=sys.stderr)  # shown when a test fails
             continue
         emit(ev="rec", p=m.partition(), o=m.offset(), v=m.value().decode())
         time.sleep(args.delay_ms / 1000)
