@@ -45,7 +45,7 @@ def _varint(n: int) -> bytes:
 
 
 def build_batch(
-    values: Sequence[bytes],
+    values: Sequence[bytes | None],
     *,
     timestamp_ms: int = 0,
     base_offset: int = 0,
@@ -54,8 +54,8 @@ def build_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
 ) -> bytearray:
-    """An uncompressed v2 batch with one record per value (timestamps all `timestamp_ms`),
-    with a valid CRC-32C. Returned as a bytearray, ready for `PartitionLog.append`."""
+    """An uncompressed v2 batch with one record per value (None: a null value, a
+    tombstone), timestamps all `timestamp_ms`, with a valid CRC-32C. Returned as a bytearray, ready for `PartitionLog.append`."""
     if not values:
         raise ValueError("a batch holds at least one record")
     records = bytearray()
@@ -68,7 +68,7 @@ def build_batch(
             body += _varint(-1)
         else:
             body += _varint(len(key)) + key
-        body += _varint(len(value)) + value
+        body += _varint(-1) if value is None else _varint(len(value)) + value
         body += _varint(0)  # headers
         records += _varint(len(body)) + body
     after_crc = (

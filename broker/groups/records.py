@@ -8,9 +8,9 @@ client id/host, timeouts, subscription and assignment). A null value is a tombst
 Using Kafka's layout means Kafka's own tools can read a dump of the archive, and the
 archive is made of real v2 record batches, so it verifies like any partition.
 
-Pure: encodes and decodes bytes, builds uncompressed v2 batches (with null values, which
-storage.batch cannot write). Only `RecordFormatError` escapes a decoder. Imports the
-standard library and crc32c.
+Pure: encodes and decodes bytes, builds uncompressed v2 batches through
+`storage.batch.build_batch`. Only `RecordFormatError` escapes a decoder. Imports the
+standard library and storage.batch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import crc32c
+from storage import batch as storage_batch
 
 
 class RecordFormatError(ValueError):
@@ -225,32 +225,9 @@ def decode_group_value(data: bytes) -> GroupValue:
 # ---------------------------------------------------------------- batches
 
 
-def _varint(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while True:
-        b = z & 0x7F
-        z >>= 7
-        if z:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _varbytes(b: bytes | None) -> bytes:
-    return _varint(-1) if b is None else _varint(len(b)) + b
-
-
 def build_batch(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytearray:
     """An uncompressed v2 batch of (key, value-or-tombstone) records, CRC-32C filled in,
     base offset 0 (the log assigns the real one)."""
-    if not records:
-        raise ValueError("a batch holds at least one record")
-    body = bytearray()
-    for i, (key, value) in enumerate(records):
-        rec = b"\x00" + _varint(0) + _varint(i) + _varbytes(key) + _varbytes(value) + _varint(0)
-        body += _varint(len(rec)) + rec
-    after_crc = struct.pack(">hiqqqhii", 0, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(records)) + body
-    head = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(after_crc), -1, 2, crc32c.crc32c(after_crc))
-    return bytearray(head + after_crc)
+    return storage_batch.build_batch(
+        [value for _, value in records], keys=[key for key, _ in records], timestamp_ms=timestamp_ms
+    )
