@@ -44,23 +44,31 @@ async function main () {
   await consumer.connect()
   await consumer.subscribe({ topics: [args.topic], fromBeginning: true })
   let stopping = false
+  let inflight = Promise.resolve()
   await consumer.run({
     autoCommit: false,
-    eachMessage: async ({ topic, partition, message }) => {
+    eachMessage: async (payload) => {
       if (stopping) return
-      emit({ ev: 'rec', p: partition, o: Number(message.offset), v: message.value.toString() })
-      await sleep(args.delayMs)
-      n += 1
-      try {
-        await consumer.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
-      } catch (err) {
-        // A rebalance took the partition: its next owner re-reads from the last commit.
-        process.stderr.write(`commit failed: ${err.message}\n`)
-      }
+      // The stop below waits for this record's commit: a record reported as read is
+      // one whose commit was at least sent before the consumer disconnects.
+      inflight = handle(payload)
+      await inflight
     }
   })
+  async function handle ({ topic, partition, message }) {
+    emit({ ev: 'rec', p: partition, o: Number(message.offset), v: message.value.toString() })
+    await sleep(args.delayMs)
+    n += 1
+    try {
+      await consumer.commitOffsets([{ topic, partition, offset: String(Number(message.offset) + 1) }])
+    } catch (err) {
+      // A rebalance took the partition: its next owner re-reads from the last commit.
+      process.stderr.write(`commit failed: ${err.message}\n`)
+    }
+  }
   while (!stopNow()) await sleep(100)
   stopping = true
+  await inflight
   await consumer.disconnect()
   emit({ ev: 'closed', n })
 }
