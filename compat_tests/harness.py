@@ -200,8 +200,11 @@ def broker_argv(data_dir: Path, port: int) -> list[str]:
     ]
 
 
-def new_broker(workdir: Path, data_dir: Path | None = None, port: int | None = None) -> Broker:
-    """A not-yet-started broker of ours (or of HK_COMPAT_BROKER_CMD) under workdir."""
+def new_broker(
+    workdir: Path, data_dir: Path | None = None, port: int | None = None, extra: Sequence[str] = ()
+) -> Broker:
+    """A not-yet-started broker of ours (or of HK_COMPAT_BROKER_CMD) under workdir;
+    `extra` flags are appended to its command (e.g. --node-id 1 to match the oracle)."""
     data_dir = data_dir or workdir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -212,7 +215,7 @@ def new_broker(workdir: Path, data_dir: Path | None = None, port: int | None = N
         host="127.0.0.1",
         port=port,
         data_dir=data_dir,
-        argv=broker_argv(data_dir, port),
+        argv=[*broker_argv(data_dir, port), *extra],
         log_path=workdir / "broker.log",
         env=env,
     )

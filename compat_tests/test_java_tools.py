@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from compat_tests.hk_process import Hyperkafka
+from compat_tests.harness import Broker, new_broker
 from compat_tests.java_tools import NOOP_FORMATTER, JavaTools, ToolFailed, require_java
 
 
@@ -26,9 +26,9 @@ def java() -> JavaTools:
 
 
 @pytest.fixture(scope="module")
-def hk(java: JavaTools) -> Iterator[Hyperkafka]:
+def hk(java: JavaTools) -> Iterator[Broker]:
     with tempfile.TemporaryDirectory(prefix="hk-javalab-") as tmp:
-        broker = Hyperkafka(Path(tmp))
+        broker = new_broker(Path(tmp))
         broker.start()
         try:
             yield broker
@@ -40,7 +40,7 @@ def hk(java: JavaTools) -> Iterator[Hyperkafka]:
         assert code == 0, f"hyperkafka exited {code} on SIGTERM\n{tail}"
 
 
-def _explain(hk: Hyperkafka) -> str:
+def _explain(hk: Broker) -> str:
     return f"\n--- hyperkafka log tail ---\n{hk.log_tail()}"
 
 
@@ -65,7 +65,7 @@ def keyed_lines(n: int, seed: int) -> bytes:
 
 
 @pytest.mark.matrix("kafka-topics create/list/describe/delete", client="java-tools")
-def test_topics_create_list_describe_delete(java: JavaTools, hk: Hyperkafka) -> None:
+def test_topics_create_list_describe_delete(java: JavaTools, hk: Broker) -> None:
     b = hk.bootstrap
     topic = "jt-topics"
     java.topics(b, "--create", "--topic", topic, "--partitions", "3", "--replication-factor", "1")
@@ -101,7 +101,7 @@ def test_topics_create_list_describe_delete(java: JavaTools, hk: Hyperkafka) -> 
 
 
 @pytest.mark.matrix("kafka-topics --config", client="java-tools")
-def test_topics_create_with_config_and_describe_config(java: JavaTools, hk: Hyperkafka) -> None:
+def test_topics_create_with_config_and_describe_config(java: JavaTools, hk: Broker) -> None:
     b = hk.bootstrap
     topic = "jt-configs"
     java.topics(
@@ -119,7 +119,7 @@ N_LINES = 10_000
 
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("console 10k keyed lines (assign)", client="java-tools")
-def test_console_roundtrip_assign_mode(java: JavaTools, hk: Hyperkafka) -> None:
+def test_console_roundtrip_assign_mode(java: JavaTools, hk: Broker) -> None:
     """10,000 keyed lines through the idempotent acks=-1 console producer, read back
     byte-exact by the console consumer in assign mode (no group)."""
     b = hk.bootstrap
@@ -151,7 +151,7 @@ def test_console_roundtrip_assign_mode(java: JavaTools, hk: Hyperkafka) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("console 10k keyed lines (group)", client="java-tools")
-def test_console_roundtrip_group_mode(java: JavaTools, hk: Hyperkafka) -> None:
+def test_console_roundtrip_group_mode(java: JavaTools, hk: Broker) -> None:
     """The same round trip with `--from-beginning` in a consumer group, then the group as
     kafka-consumer-groups sees it."""
     b = hk.bootstrap
@@ -182,7 +182,7 @@ PERF_SIZE = 1024
 
 @pytest.mark.timeout(300)
 @pytest.mark.matrix("producer-perf 100k x 1 KiB", client="java-tools")
-def test_producer_performance_then_console_count(java: JavaTools, hk: Hyperkafka) -> None:
+def test_producer_performance_then_console_count(java: JavaTools, hk: Broker) -> None:
     b = hk.bootstrap
     topic = "jt-perf"
     java.topics(b, "--create", "--topic", topic, "--partitions", "1")
@@ -203,7 +203,7 @@ def test_producer_performance_then_console_count(java: JavaTools, hk: Hyperkafka
 
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("consumer-perf (group)", client="java-tools")
-def test_consumer_performance(java: JavaTools, hk: Hyperkafka) -> None:
+def test_consumer_performance(java: JavaTools, hk: Broker) -> None:
     b = hk.bootstrap
     topic = "jt-consumer-perf"
     java.topics(b, "--create", "--topic", topic, "--partitions", "1")
@@ -216,7 +216,7 @@ def test_consumer_performance(java: JavaTools, hk: Hyperkafka) -> None:
 
 
 @pytest.mark.matrix("kafka-consumer-groups", client="java-tools")
-def test_consumer_groups_list_empty_then_describe_missing(java: JavaTools, hk: Hyperkafka) -> None:
+def test_consumer_groups_list_empty_then_describe_missing(java: JavaTools, hk: Broker) -> None:
     b = hk.bootstrap
     java.consumer_groups(b, "--list")
     missing = java.consumer_groups(b, "--describe", "--group", "jt-no-such-group", check=False)
@@ -224,6 +224,6 @@ def test_consumer_groups_list_empty_then_describe_missing(java: JavaTools, hk: H
 
 
 @pytest.mark.matrix("kafka-topics error exit", client="java-tools")
-def test_tool_failure_is_typed(java: JavaTools, hk: Hyperkafka) -> None:
+def test_tool_failure_is_typed(java: JavaTools, hk: Broker) -> None:
     with pytest.raises(ToolFailed):
         java.topics(hk.bootstrap, "--describe", "--topic", "jt-never-created")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from compat_tests import oracle
-from compat_tests.hk_process import Hyperkafka
+from compat_tests.harness import new_broker
 from compat_tests.java_tools import JavaTools, KafkaOracle, require_java
 
 
@@ -42,7 +42,7 @@ def runs() -> Iterator[Runs]:
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="hk-oracle-") as tmp:
         kafka = KafkaOracle(tools, Path(tmp) / "kafka", node_id=1)
-        ours = Hyperkafka(Path(tmp), "--node-id", "1")
+        ours = new_broker(Path(tmp) / "hyperkafka", extra=("--node-id", "1"))
         t0 = time.monotonic()
         kafka.start()
         seconds["kafka start"] = time.monotonic() - t0
