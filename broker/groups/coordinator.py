@@ -128,7 +128,9 @@ class GroupCoordinator:
                         await self._wakeup.wait()
                     self._wakeup = trio.Event()
                     self.groups.tick(self.now())
-                    self._dispatch()
+                    # Not a wake-up of our own: that would run this loop again at once,
+                    # forever (the top of the loop already re-reads every deadline).
+                    self._dispatch(wake=False)
             finally:
                 self._nursery = None
 
@@ -158,7 +160,7 @@ class GroupCoordinator:
             group = self.groups.get_or_create(group_id)
             group.offsets[(topic, partition)] = CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, record_offset)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, *, wake: bool = True) -> None:
         outbox, self.groups.outbox = self.groups.outbox, []
         for waiter, result in outbox:
             if isinstance(waiter, Waiter):
@@ -166,7 +168,8 @@ class GroupCoordinator:
         effects, self.groups.effects = self.groups.effects, []
         for effect in effects:
             self._store_group(effect)
-        self._wakeup.set()
+        if wake:  # a handler changed the groups: their deadlines may have moved
+            self._wakeup.set()
 
     def _store_group(self, effect: StoreGroup) -> None:
         group = self.groups.get(effect.group_id)

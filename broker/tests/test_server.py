@@ -384,3 +384,27 @@ async def test_internal_topic_is_written_by_the_broker_alone(broker: Broker) -> 
     assert r.error_code == 17
     gone = await c.call("delete_topics", 6, {"topics": [{"name": "__consumer_offsets", "topic_id": None}], "timeout": 5000})
     assert gone.responses[0].error_code == 17
+
+
+async def test_group_timer_loop_sleeps_when_nothing_is_due(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The coordinator's timer loop once woke itself after every tick: a busy loop that
+    # took a whole core and starved rebalances. Idle, it must not tick at all.
+    from broker.groups.state import Groups
+
+    ticks = 0
+    real_tick = Groups.tick
+
+    def counting_tick(self: Groups, now: int) -> None:
+        nonlocal ticks
+        ticks += 1
+        real_tick(self, now)
+
+    monkeypatch.setattr(Groups, "tick", counting_tick)
+    c = await broker.connect()
+    join = {"group_id": "idle", "session_timeout": 10000, "rebalance_timeout": 10000, "member_id": "",
+            "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]}
+    r = await c.call("join_group", 4, join)  # a group request wakes the loop once
+    assert r.error_code == 79  # MEMBER_ID_REQUIRED
+    ticks = 0
+    await trio.sleep(0.5)
+    assert ticks <= 2, f"the group timer loop ticked {ticks} times in 0.5 s while idle"
