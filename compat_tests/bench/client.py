@@ -105,8 +105,12 @@ def produce(spec: Spec) -> dict[str, Any]:
         if err is not None:
             errors.append(str(err))
 
+    stats: list[dict[str, Any]] = []
     conf = producer_config(spec)
     conf["on_delivery"] = on_delivery
+    # librdkafka's statistics count the Produce requests it sent (to size them per request).
+    conf["statistics.interval.ms"] = 500
+    conf["stats_cb"] = lambda text: stats.append(json.loads(text))
     p = Producer(conf)
     value = bytes(stamped_payload(size))
     topic = spec["topic"]
@@ -126,8 +130,19 @@ def produce(spec: Spec) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     if left or errors:
         raise ClientError(f"{left} records undelivered, {len(errors)} errors: {errors[:3]}")
+    p.poll(0.6)  # one more statistics report, taken after the last request
+    requests = produce_requests(stats[-1]) if stats else 0
     return {"records": records, "bytes": records * size, "seconds": seconds,
-            "mb_s": records * size / MB / seconds}  # fmt: skip
+            "mb_s": records * size / MB / seconds, "requests": requests}  # fmt: skip
+
+
+def produce_requests(stats: dict[str, Any]) -> int:
+    """Produce requests sent to real brokers, from one librdkafka statistics report."""
+    total = 0
+    for broker in stats.get("brokers", {}).values():
+        if broker.get("nodeid", -1) >= 0:
+            total += int(broker.get("req", {}).get("Produce", 0))
+    return total
 
 
 def paced_produce(spec: Spec) -> dict[str, Any]:

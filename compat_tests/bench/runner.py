@@ -101,6 +101,15 @@ def metrics_for(params: Params) -> list[Metric]:
                 Metric(
                     f"throughput.p{p}.consume_cpu_s_per_gb", f"broker CPU/GB out {p}p", "s", False
                 ),
+                Metric(
+                    f"throughput.p{p}.produce_req_kib", f"produce request size {p}p", "KiB", True
+                ),
+                Metric(
+                    f"throughput.p{p}.produce_cpu_us_per_req",
+                    f"broker CPU/request {p}p",
+                    "us",
+                    False,
+                ),
             ]
     if "latency" in params.workloads:
         out += [
@@ -363,6 +372,15 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
             out[f"throughput.p{parts}.consume_mb_s"] = cons["mb_s"]
             out[f"throughput.p{parts}.produce_cpu_s_per_gb"] = (cpu1 - cpu0) / gb
             out[f"throughput.p{parts}.consume_cpu_s_per_gb"] = (cpu2 - cpu1) / gb
+            if prod.get("requests"):
+                # Faster brokers drain the linger window sooner, so their requests are
+                # smaller: read CPU per request together with the request size.
+                out[f"throughput.p{parts}.produce_req_kib"] = (
+                    prod["bytes"] / 1024 / prod["requests"]
+                )
+                out[f"throughput.p{parts}.produce_cpu_us_per_req"] = (
+                    1e6 * (cpu1 - cpu0) / prod["requests"]
+                )
         finally:
             delete_topic(target.bootstrap, topic)
     return out
