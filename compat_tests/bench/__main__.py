@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         from compat_tests.bench import profile
 
         summary = profile.summarise_dir(outdir / "profile")
+        (outdir / "profile").mkdir(exist_ok=True)
         (outdir / "profile" / "summary.txt").write_text(summary + "\n")
         print("\n" + summary)
     print(f"\nwrote {outdir}/results.json, table.txt" + ("" if args.no_chart else ", chart.png"))

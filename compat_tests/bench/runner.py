@@ -322,10 +322,14 @@ def _timeout_for(nbytes: int) -> float:
 @contextlib.contextmanager
 def profiling(ctx: Context, target: Target, label: str) -> Iterator[None]:
     """py-spy record of the hyperkafka process while the body runs (with --profile)."""
-    spy = shutil.which("py-spy")
-    if ctx.profile_dir is None or target.name != "hyperkafka" or spy is None:
+    if ctx.profile_dir is None or target.name != "hyperkafka":
         yield
         return
+    # The bench extra installs py-spy into the venv that runs us; PATH is the fallback.
+    beside = Path(sys.executable).parent / "py-spy"
+    spy = str(beside) if beside.exists() else shutil.which("py-spy")
+    if spy is None:
+        raise WorkloadError("--profile needs py-spy (the bench extra installs it)")
     ctx.profile_dir.mkdir(parents=True, exist_ok=True)
     out = ctx.profile_dir / f"{label}.txt"
     proc = subprocess.Popen(
