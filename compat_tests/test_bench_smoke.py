@@ -69,3 +69,6 @@ def test_profile_summary_groups_stacks() -> None:
     assert "40 samples" in text
     assert "75.0%  handle (handlers/produce.py)" in text
     assert "100.0%  serve (broker/server.py)" in text
+    # 40 samples at 100 Hz over 4 requests: 0.1 s per request, 75 ms of it in handle().
+    per_req = profile.summarise(stacks, rate=100, requests=4)
+    assert "75.0%  75.000 ms/req  handle (handlers/produce.py)" in per_req

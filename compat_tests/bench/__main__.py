@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -89,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if params.profile:
         from compat_tests.bench import profile
 
-        summary = profile.summarise_dir(outdir / "profile")
-        (outdir / "profile").mkdir(exist_ok=True)
+        pdir = outdir / "profile"
+        pdir.mkdir(exist_ok=True)
+        counts = pdir / "requests.json"
+        requests = json.loads(counts.read_text()) if counts.exists() else {}
+        summary = profile.summarise_dir(pdir, runner.PROFILE_HZ, requests)
         (outdir / "profile" / "summary.txt").write_text(summary + "\n")
         print("\n" + summary)
     print(f"\nwrote {outdir}/results.json, table.txt" + ("" if args.no_chart else ", chart.png"))

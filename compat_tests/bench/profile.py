@@ -37,27 +37,58 @@ def _short(frame: str) -> str:
     return f"{m.group('func')} ({tail})"
 
 
-def summarise(stacks: Counter[tuple[str, ...]], top: int = 25) -> str:
+def thread_of(frames: tuple[str, ...]) -> str:
+    """The thread a stack ran on ("MainThread", "worker"), from py-spy's --threads frame."""
+    if frames and frames[0].startswith("thread ("):
+        name = frames[0].split(":", 1)[-1].strip()
+        # Trio renames a worker thread after the job it runs: they are one pool.
+        return name if name == "MainThread" else "worker threads (trio.to_thread)"
+    return "(all threads)"
+
+
+def summarise(
+    stacks: Counter[tuple[str, ...]],
+    *,
+    top: int = 12,
+    rate: float | None = None,
+    requests: int | None = None,
+) -> str:
+    """Shares of the (non-idle) samples per thread, and the top functions of each.
+
+    With the sampling `rate` (Hz) and the number of Produce `requests` the profile covers,
+    every share is also given as milliseconds per request.
+    """
     total = sum(stacks.values())
     if not total:
         return "(no samples)"
-    own: Counter[str] = Counter()
-    incl: Counter[str] = Counter()
-    files: Counter[str] = Counter()
+    per_req = rate is not None and bool(requests)
+
+    def share(n: int) -> str:
+        pct = f"{100 * n / total:5.1f}%"
+        if per_req:
+            assert rate is not None and requests
+            return f"{pct} {1000 * n / rate / requests:7.3f} ms/req"
+        return pct
+
+    threads: dict[str, Counter[tuple[str, ...]]] = {}
     for frames, n in stacks.items():
-        if frames:
-            own[frames[-1]] += n
-            files[_file_of(frames[-1])] += n
-        for f in set(frames):
-            incl[f] += n
-    lines = [f"{total} samples"]
-    lines.append("\nown time by file (leaf frame):")
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in files.most_common(15)]
-    lines.append(f"\ntop {top} functions by own time:")
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in own.most_common(top)]
-    lines.append("\nbroker functions by inclusive time (>= 2%):")
-    ours = [(f, n) for f, n in incl.most_common() if _is_ours(f) and n / total >= 0.02]
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in ours[:40]]
+        threads.setdefault(thread_of(frames), Counter())[frames] += n
+    lines = [f"{total} samples (non-idle)" + (f", {requests} Produce requests" if per_req else "")]
+    for name, sub in sorted(threads.items(), key=lambda kv: -sum(kv[1].values())):
+        lines.append(f"\n{name}: {share(sum(sub.values()))}")
+        own: Counter[str] = Counter()
+        incl: Counter[str] = Counter()
+        for frames, n in sub.items():
+            if frames:
+                own[frames[-1]] += n
+            for f in set(frames):
+                incl[f] += n
+        lines.append("  own time (leaf frames):")
+        lines += [f"    {share(n)}  {f}" for f, n in own.most_common(top)]
+        ours = [(f, n) for f, n in incl.most_common() if _is_ours(f) and n / total >= 0.02]
+        if ours:
+            lines.append("  broker/storage functions, inclusive (>= 2% of all samples):")
+            lines += [f"    {share(n)}  {f}" for f, n in ours[:top]]
     return "\n".join(lines)
 
 
@@ -72,11 +103,12 @@ def _is_ours(frame: str) -> bool:
                                "replication"} or f.startswith(("node.py", "server.py", "log.py"))  # fmt: skip
 
 
-def summarise_dir(directory: Path) -> str:
-    """Every produce profile in `directory`, merged (one summary for the produce path)."""
-    stacks: Counter[tuple[str, ...]] = Counter()
+def summarise_dir(directory: Path, rate: float, requests: dict[str, int]) -> str:
+    """One summary per produce profile in `directory` (`requests`: file stem -> count)."""
     files = sorted(directory.glob("produce-*.txt")) if directory.is_dir() else []
+    parts = []
     for path in files:
-        stacks.update(parse(path.read_text(errors="replace")))
-    head = f"py-spy profile of hyperkafka during produce ({len(files)} file(s) merged)"
-    return head + "\n" + summarise(stacks)
+        stacks = parse(path.read_text(errors="replace"))
+        head = f"== py-spy profile of hyperkafka, {path.stem} ({rate:g} Hz)"
+        parts.append(head + "\n" + summarise(stacks, rate=rate, requests=requests.get(path.stem)))
+    return "\n\n".join(parts) or "(no profiles recorded)"

@@ -43,6 +43,7 @@ MiB = 1 << 20
 MB = 1_000_000
 WORKLOADS = ("throughput", "latency", "fanout", "footprint")
 T = TypeVar("T")
+PROFILE_HZ = 200  # py-spy samples per second with --profile
 
 
 class WorkloadError(Exception):
@@ -333,7 +334,7 @@ def profiling(ctx: Context, target: Target, label: str) -> Iterator[None]:
     ctx.profile_dir.mkdir(parents=True, exist_ok=True)
     out = ctx.profile_dir / f"{label}.txt"
     proc = subprocess.Popen(
-        [spy, "record", "--pid", str(target.pid), "--rate", "200", "--format", "raw",
+        [spy, "record", "--pid", str(target.pid), "--rate", str(PROFILE_HZ), "--format", "raw",
          "--output", str(out), "--nonblocking", "--threads"],
         stdout=subprocess.DEVNULL, stderr=(ctx.profile_dir / f"{label}.log").open("wb"),
     )  # fmt: skip
@@ -347,6 +348,14 @@ def profiling(ctx: Context, target: Target, label: str) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def note_requests(profile_dir: Path, label: str, requests: int) -> None:
+    """profile/requests.json: how many Produce requests each profile covers."""
+    path = profile_dir / "requests.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    known[label] = requests
+    path.write_text(json.dumps(known, indent=1) + "\n")
 
 
 def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
@@ -365,6 +374,8 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
                     _timeout_for(p.throughput_bytes)
                 )
             cpu1 = procfs.usage(target.pid).cpu_seconds
+            if ctx.profile_dir is not None and target.name == "hyperkafka":
+                note_requests(ctx.profile_dir, f"produce-p{parts}-r{run}", int(prod["requests"]))
             cons = Client("consume", spec, ctx.outdir / "clients").result(
                 _timeout_for(p.throughput_bytes)
             )
