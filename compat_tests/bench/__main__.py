@@ -84,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     params, brokers, outdir, args = parse(sys.argv[1:] if argv is None else argv)
     print(f"bench: {', '.join(brokers)}; workloads {', '.join(params.workloads)}; "
           f"{params.runs} run(s); results in {outdir}", file=sys.stderr)  # fmt: skip
-    report = runner.run(params, brokers, outdir, keep_data=args.keep_data)
+    report = runner.run(
+        params,
+        brokers,
+        outdir,
+        keep_data=args.keep_data,
+        # results.json and table.txt so far after every pass (the chart only at the end)
+        checkpoint=lambda r: runner.write(r, outdir, draw=False),
+    )
     doc, text = runner.write(report, outdir, draw=not args.no_chart)
     print(text)
     if params.profile:

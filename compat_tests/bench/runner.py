@@ -511,8 +511,14 @@ def run(
     outdir: Path,
     *,
     keep_data: bool = False,
+    checkpoint: Callable[[Report], object] | None = None,
 ) -> Report:
-    """Every selected workload against every broker; the report (nothing written yet)."""
+    """Every selected workload against every broker; the report (nothing written yet).
+
+    `checkpoint(report)` runs after each pass over the brokers, so a long run that is
+    stopped midway still leaves what it measured.
+    """
+    save = checkpoint or (lambda _r: None)
     t0 = time.monotonic()
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(params, outdir, profile_dir=outdir / "profile" if params.profile else None)
@@ -557,6 +563,7 @@ def run(
                         t.stop()
                         if not keep_data:
                             _drop_data(t.workdir)
+                save(report)
 
         shared = [w for w in SHARED_WORKLOADS if w in params.workloads]
         if shared:
@@ -579,6 +586,7 @@ def run(
                                     t.start()
                                 continue
                             _one(report, ctx, t, workload, r, SHARED_WORKLOADS[workload])
+                        save(report)
             finally:
                 for t in live:
                     t.stop()
