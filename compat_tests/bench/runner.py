@@ -47,7 +47,15 @@ PROFILE_HZ = 200  # py-spy samples per second with --profile
 
 
 class WorkloadError(Exception):
-    """One run of one workload against one broker failed; the message says how."""
+    """One run of one workload against one broker failed; the message says how.
+
+    `partial` holds what the run measured before it failed (e.g. produce MB/s of a run
+    whose consumer then stalled): reported, never thrown away.
+    """
+
+    def __init__(self, message: str, partial: dict[str, float] | None = None) -> None:
+        super().__init__(message)
+        self.partial = dict(partial or {})
 
 
 @dataclass(frozen=True)
@@ -365,6 +373,7 @@ def note_requests(profile_dir: Path, label: str, requests: int) -> None:
 def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
     p = ctx.params
     out: dict[str, float] = {}
+    failed: list[str] = []
     records = _records(p, p.throughput_bytes)
     for parts in p.partitions:
         topic = create_topic(target.bootstrap, parts, f"tp{parts}-r{run}")
@@ -380,17 +389,9 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
             cpu1 = procfs.usage(target.pid).cpu_seconds
             if ctx.profile_dir is not None and target.name == "hyperkafka":
                 note_requests(ctx.profile_dir, f"produce-p{parts}-r{run}", int(prod["requests"]))
-            cons = Client("consume", spec, ctx.outdir / "clients").result(
-                _timeout_for(p.throughput_bytes)
-            )
-            cpu2 = procfs.usage(target.pid).cpu_seconds
-            if cons["records"] < records:
-                raise WorkloadError(f"consumed {cons['records']} of {records} records")
             gb = prod["bytes"] / 1e9
             out[f"throughput.p{parts}.produce_mb_s"] = prod["mb_s"]
-            out[f"throughput.p{parts}.consume_mb_s"] = cons["mb_s"]
             out[f"throughput.p{parts}.produce_cpu_s_per_gb"] = (cpu1 - cpu0) / gb
-            out[f"throughput.p{parts}.consume_cpu_s_per_gb"] = (cpu2 - cpu1) / gb
             if prod.get("requests"):
                 # Faster brokers drain the linger window sooner, so their requests are
                 # smaller: read CPU per request together with the request size.
@@ -400,8 +401,22 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
                 out[f"throughput.p{parts}.produce_cpu_us_per_req"] = (
                     1e6 * (cpu1 - cpu0) / prod["requests"]
                 )
+            try:
+                cons = Client("consume", spec, ctx.outdir / "clients").result(
+                    _timeout_for(p.throughput_bytes)
+                )
+                if cons["records"] < records:
+                    raise WorkloadError(f"consumed {cons['records']} of {records} records")
+            except WorkloadError as exc:
+                failed.append(f"{parts}p {exc}")  # the other partition count still runs
+                continue
+            cpu2 = procfs.usage(target.pid).cpu_seconds
+            out[f"throughput.p{parts}.consume_mb_s"] = cons["mb_s"]
+            out[f"throughput.p{parts}.consume_cpu_s_per_gb"] = (cpu2 - cpu1) / gb
         finally:
             delete_topic(target.bootstrap, topic)
+    if failed:
+        raise WorkloadError("; ".join(failed), partial=out)
     return out
 
 
@@ -612,6 +627,7 @@ def _one(
         report.add(target.name, fn(ctx, target, r))
         outcome = "ok"
     except WorkloadError as exc:
+        report.add(target.name, exc.partial)
         report.fail(target.name, workload, str(exc))
         outcome = "failed"
     runs = ctx.params.runs
