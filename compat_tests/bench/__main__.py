@@ -2,7 +2,7 @@
 
 Parses the command line, runs `runner.run`, prints the table and writes results.json,
 table.txt and chart.png into a new folder under bench-results/ (ignored by git); with
---profile also py-spy stacks of hyperkafka during its produce phases, summarised by
+--profile also py-spy stacks of hyperkafka under produce and latency load, summarised by
 `compat_tests.bench.profile`. Imports the standard library and compat_tests.bench only.
 """
 
@@ -48,7 +48,9 @@ def parse(argv: list[str]) -> tuple[runner.Params, list[str], Path, argparse.Nam
     ap.add_argument("--size-mib", type=int, help="bytes per throughput topic (default 1024)")
     ap.add_argument("--hk-fsync", default="interval", choices=("always", "interval", "never"))
     ap.add_argument(
-        "--profile", action="store_true", help="py-spy record hyperkafka during its produce phases"
+        "--profile",
+        action="store_true",
+        help="py-spy record hyperkafka while it takes produce and latency load",
     )
     ap.add_argument("--keep-data", action="store_true", help="keep the brokers' data dirs")
     ap.add_argument("--out", default=str(harness.ROOT / "bench-results"))

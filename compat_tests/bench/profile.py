@@ -104,8 +104,9 @@ def _is_ours(frame: str) -> bool:
 
 
 def summarise_dir(directory: Path, rate: float, requests: dict[str, int]) -> str:
-    """One summary per produce profile in `directory` (`requests`: file stem -> count)."""
-    files = sorted(directory.glob("produce-*.txt")) if directory.is_dir() else []
+    """One summary per profile in `directory` (`requests`: file stem -> Produce requests)."""
+    files = sorted(directory.glob("*.txt")) if directory.is_dir() else []
+    files = [f for f in files if f.name != "summary.txt"]
     parts = []
     for path in files:
         stacks = parse(path.read_text(errors="replace"))

@@ -430,7 +430,10 @@ def latency(ctx: Context, target: Target, run: int) -> dict[str, float]:
     consumer = Client("e2e-consume", spec, ctx.outdir / "clients")
     try:
         consumer.wait_ready(60)
-        prod = Client("paced-produce", spec, ctx.outdir / "clients").result(p.latency_seconds + 120)
+        with profiling(ctx, target, f"latency-r{run}"):
+            prod = Client("paced-produce", spec, ctx.outdir / "clients").result(
+                p.latency_seconds + 120
+            )
         cons = consumer.result(120)
     finally:
         consumer.kill()
