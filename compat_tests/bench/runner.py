@@ -769,7 +769,7 @@ def chart(doc: dict[str, Any], path: Path) -> None:
         f"(whiskers min-max), {doc['machine']['cpus']} CPUs shared with other work",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the first row
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
