@@ -42,6 +42,7 @@ from .header import (
     request_header_version,
     response_header_version,
 )
+from .tags import strip_unknown_tags
 
 __all__ = [
     "ApiRanges",
@@ -128,8 +129,13 @@ def decode_request(
         frame = frame.toreadonly()
     try:
         # kio's reader returns (value, bytes consumed), not a new offset.
-        entity, size = entity_reader(schema)(frame, pos)
-        end = pos + size
+        entity, _size = entity_reader(schema)(frame, pos)
+    except KeyError as exc:
+        if "tagged field" not in str(exc):
+            raise MalformedRequest(
+                f"cannot decode api {header.api_key} v{header.api_version}: {exc}"
+            ) from None
+        entity = _decode_without_unknown_tags(header, frame, pos, schema)
     except Exception as exc:  # kio's native reader raises its own errors, ValueError, ...
         raise MalformedRequest(
             f"cannot decode api {header.api_key} v{header.api_version}: {exc}"
@@ -137,8 +143,19 @@ def decode_request(
     # Bytes after the body are ignored, as Kafka's generated parsers do (they read what
     # the schema describes and never check that the buffer is exhausted): librdkafka
     # 2.16 sends three extra bytes after Metadata v12, and Kafka serves it.
-    del end
     return header, entity
+
+
+def _decode_without_unknown_tags(header: RequestHeader, frame: Buf, pos: int, schema: Any) -> Any:
+    """kio refuses tags it does not know; KIP-482 says skip them. Parse again without."""
+    try:
+        body, _dropped = strip_unknown_tags(frame, pos, schema)
+        entity, _size = entity_reader(schema)(body, 0)
+    except Exception as exc:
+        raise MalformedRequest(
+            f"cannot decode api {header.api_key} v{header.api_version}: {exc}"
+        ) from None
+    return entity
 
 
 def _write_header_and_body(
