@@ -27,7 +27,7 @@ import os
 import struct
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from storage import batch as B
 from storage.errors import StorageError
@@ -213,28 +213,9 @@ class FollowerLog(PartitionLog):
             raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
         self._check_writable()
         roots = list(roots)
-        th = tree_hash(roots)
-        if flat_tree.full_roots(2 * length) != [r.index for r in roots] or (
-                length and not verify_head(self.public_key, self.key, th, length, fork, signature)):
-            raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
-        cur = self._head
-        if cur is not None and cur.length:
-            if fork != cur.fork:
-                self._equivocation(cur, length, fork, th, signature, roots,
-                                   f"head on fork {fork}, we hold fork {cur.fork}")
-            if length == cur.length:
-                if th != cur.tree_hash:
-                    self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"two trees signed at length {length}")
-                return False
-            if length < cur.length:
-                ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
-                if all(n is not None for n in ours) and tree_hash(cast(list[Node], ours)) != th:
-                    self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"signed head at length {length} is not a prefix of ours")
-                return False
-        elif length == 0:
+        if not self.check_conflict(length, fork, signature, roots):
             return False
+        th = tree_hash(roots)
         if length > self._next_leaf:
             raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
         self._fork = fork
@@ -269,8 +250,39 @@ class FollowerLog(PartitionLog):
         self._pending = tail + self._pending
         return True
 
+    def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
+        """Verify a head the writer signed against what we hold without storing it: raises
+        VerificationFailed (bad signature) or Equivocation (it disagrees with our head:
+        evidence written, frozen). True when it is newer than our head (worth storing)."""
+        if self.frozen:
+            raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
+        roots = list(roots)
+        th = tree_hash(roots)
+        if flat_tree.full_roots(2 * length) != [r.index for r in roots] or (
+                length and not verify_head(self.public_key, self.key, th, length, fork, signature)):
+            raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
+        cur = self._head
+        if cur is not None and cur.length:
+            if fork != cur.fork:
+                self._equivocation(cur, length, fork, th, signature, roots,
+                                   f"head on fork {fork}, we hold fork {cur.fork}")
+            if length == cur.length:
+                if th != cur.tree_hash:
+                    self._equivocation(cur, length, fork, th, signature, roots,
+                                       f"two trees signed at length {length}")
+                return False
+            if length < cur.length:
+                ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
+                if all(n is not None for n in ours) and tree_hash(cast(list[Node], ours)) != th:
+                    self._equivocation(cur, length, fork, th, signature, roots,
+                                       f"signed head at length {length} is not a prefix of ours")
+                return False
+        elif length == 0:
+            return False
+        return True
+
     def _equivocation(self, cur: Head, length: int, fork: int, th: bytes, signature: bytes,
-                      roots: Sequence[Node], why: str) -> None:
+                      roots: Sequence[Node], why: str) -> NoReturn:
         doc = {
             "reason": why,
             "detected_ms": int(time.time() * 1000),

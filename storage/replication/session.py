@@ -149,6 +149,17 @@ class ReplicationSession:
         """Follower: the signer's key, once given or learned from a verified manifest."""
         return self.role.public_key if isinstance(self.role, _Follower) else None
 
+    @property
+    def latest_head(self) -> tuple[int, int, bytes, list[Node]] | None:
+        """Follower: the newest head verified so far, (length, fork, signature, roots),
+        before its blocks arrive (a mirror compares it with what it stores)."""
+        return self.role.latest_head if isinstance(self.role, _Follower) else None
+
+    @property
+    def remote_length(self) -> int | None:
+        """Follower: the length the peer announced (None before its first sync)."""
+        return self.role.remote_length if isinstance(self.role, _Follower) else None
+
     def refetch(self, index: int) -> None:
         """Follower: fetch block `index` again (below our verified length) and hand it to
         the sink's `repair_block(index, value)` once verified (a block damaged on disk)."""
@@ -396,6 +407,7 @@ class _Follower(_Role):
     remote_fork: int = 0
     upgrading: bool = False
     manifest_requested: bool = False
+    latest_head: tuple[int, int, bytes, list[Node]] | None = None
     repairs: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -534,6 +546,7 @@ class _Follower(_Role):
             for r in roots:
                 self.known[r.index] = r
             self.heads.append((head.length, self.fork, vp.signature, roots))
+            self.latest_head = (head.length, self.fork, vp.signature, roots)
             self._sync(s)  # tell the peer our new length, as Hypercore does after upgrading
         if p.repair:
             assert proof.block is not None
