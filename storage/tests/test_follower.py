@@ -270,3 +270,42 @@ def test_public_key_learned_from_manifest_even_when_empty(tmp_path: Path) -> Non
         _pump(client, server)
         assert client.public_key == KP.public_key
         w.close()
+
+
+def test_verify_command_checks_mirrors_and_reports_equivocation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from storage.cli import verify_command
+    from storage.store import CATALOG_DIR, MIRRORS_DIR, Store
+
+    w = Store.open(tmp_path / "w", fsync=FsyncPolicy.NEVER)
+    w.create_topic("t", 1, {})
+    plog = w.log("t", 0)
+    for i in range(4):
+        plog.append(make_batch(2, 20, seed=i))
+    plog.commit()
+    m = Store.open(tmp_path / "m")
+    m.close()
+    base = tmp_path / "m" / MIRRORS_DIR / w.node_public_key.hex()
+    cat = FollowerLog.open_replica(base / CATALOG_DIR, w.node_public_key)
+    _sync(w.catalog_log, cat)
+    part = FollowerLog.open_replica(base / "t-0", plog.public_key)
+    _sync(plog, part)
+    cat.close()
+    assert verify_command(str(tmp_path / "m"), None) == 0
+    out = capsys.readouterr().out
+    assert f"ok mirror:{w.node_public_key.hex()[:16]}/t 0 4 blocks, 4 signed" in out
+    # the writer's key signs a second history at the same length: evidence, frozen, BAD
+    evil = PartitionLog.open(tmp_path / "evil", w.partition_keypair("t", 0), fsync=FsyncPolicy.NEVER)
+    for i in range(4):
+        evil.append(make_batch(2, 20, seed=100 + i))
+    evil.commit()
+    eh = evil.head
+    assert eh is not None
+    with pytest.raises(Equivocation):
+        part.accept_head(eh.length, eh.fork, eh.signature, eh.roots)
+    part.close()
+    assert verify_command(str(tmp_path / "m"), None) == 1
+    out = capsys.readouterr().out
+    assert "BAD mirror:" in out and "equivocation" in out
+    evil.close()
+    w.close()
