@@ -69,6 +69,10 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         config.replication_listen = parse_host_port(args.replication_listen)
     if args.mirror:
         config.mirrors = list(args.mirror)
+    if config.mirrors:
+        # A Metadata request for a topic not mirrored yet must not create a local topic of
+        # that name (the mirrored one could then never be attached).
+        config.auto_create_topics = False
     return config
 
 
