@@ -11,7 +11,8 @@ One scenario, in steps that build on each other (each is slow to set up, so they
 5. the writer is SIGKILLed: both mirrors still serve everything;
 6. a byte is changed inside a batch on mirror B's disk while B is down; with the writer
    back, B refuses the damaged batch (never serves it), fetches it again, and serves
-   every record; `hyperkafka verify` on B's data dir passes afterwards;
+   every record; mirror A, up all along, resumes following the restarted writer and both
+   get the records produced after it; `hyperkafka verify` on both data dirs passes;
 7. a mirror pinned to another node key refuses the writer: nothing is mirrored.
 """
 
@@ -231,6 +232,10 @@ def test_writer_and_two_mirrors(workdir: Path) -> None:
         assert _kcat(kcat, b, topic) == expected
         assert "fetched again" in (b.log_path.read_text() if b.log_path else "")
         assert _segment(b.data_dir, "__mirrors", node_key, f"{topic}-0").read_bytes() == want
+        # mirror A stayed up through the writer's death: it resumes following by itself
+        _py(PRODUCER, writer.bootstrap, topic, "1000", timeout=60)
+        _wait_caught_up(a, topic, N_RECORDS + 1000)
+        _wait_caught_up(b, topic, N_RECORDS + 1000)
 
         step("damage refetched")
         # a mirror pinned to another node key refuses this writer

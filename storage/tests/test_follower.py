@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.errors import CorruptBatch
+from storage.errors import CorruptBatch, StorageError
 from storage.follower import (
     EVIDENCE_FILE,
     Equivocation,
@@ -147,8 +147,10 @@ def _leaf(w: PartitionLog, i: int):  # type: ignore[no-untyped-def]
 def test_bad_block_or_head_refused(tmp_path: Path) -> None:
     w = _writer(tmp_path / "w", 3)
     f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
-    with pytest.raises(VerificationFailed):
-        f.append_block(0, b"x" + w.block(0)[1:], _leaf(w, 0).hash)
+    with pytest.raises(VerificationFailed):  # not a batch
+        f.append_block(0, b"x" * 30, _leaf(w, 0).hash)
+    with pytest.raises(VerificationFailed):  # not the next offset
+        f.append_block(0, w.block(1), _leaf(w, 1).hash)
     for i in range(3):
         f.append_block(i, w.block(i), _leaf(w, i).hash)
     head = w.head
@@ -308,4 +310,28 @@ def test_verify_command_checks_mirrors_and_reports_equivocation(
     out = capsys.readouterr().out
     assert "BAD mirror:" in out and "equivocation" in out
     evil.close()
+    w.close()
+
+
+def test_wrong_bytes_never_published(tmp_path: Path) -> None:
+    """Blocks whose bytes differ from what the head signs (a lying session, or a disk
+    that changed them between write and read-back) never become visible."""
+    w = _writer(tmp_path / "w", 3)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    forged = bytearray(w.block(2))
+    forged[-1] ^= 1
+    for i in range(2):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    f.append_block(2, bytes(forged), _leaf(w, 2).hash)
+    head = w.head
+    assert head is not None
+    with pytest.raises(StorageError):
+        f.accept_head(3, 0, head.signature, head.roots)
+    assert f.high_watermark == 0
+    f._close_fds()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)  # recovery drops the tail
+    assert f.length == 0 and f.high_watermark == 0
+    _sync(w, f)
+    assert _all(f) == _all(w)
+    f.close()
     w.close()

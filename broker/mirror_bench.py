@@ -1,0 +1,130 @@
+"""Mirror catch-up throughput, through real processes (`scripts/bench mirror`).
+
+``python -m broker.mirror_bench [--mb N] [--batch-kib K] [--dir D]`` writes N MB of K KiB
+record batches into one partition of a fresh writer data dir (offline, through
+`storage.Store`), starts the writer (`--replication-listen`) and a mirror (`--mirror`) as
+processes, and times from the mirror's start until its high watermark (asked with Kafka
+ListOffsets) equals the writer's: discovery, catalog, verification, fsync and all. Prints
+MB/s and writes a JSON line under bench-results/. Imports `broker`, `storage` and trio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from broker.protocol.codec import decode_response, encode_request
+from broker.protocol.header import RequestHeader
+from broker.shape import shape
+from storage import FsyncPolicy, Store
+from storage.batch import build_batch
+
+TOPIC = "bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _high_watermark(port: int) -> int:
+    """ListOffsets v1 latest of partition 0, -1 if unknown or unreachable."""
+    import importlib
+
+    module = importlib.import_module("kio.schema.list_offsets.v1.request")
+    req = shape(module.ListOffsetsRequest, {
+        "replica_id": -1,
+        "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
+    })
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(encode_request(RequestHeader(2, 1, 1, "bench"), req))
+            buf = b""
+            while len(buf) < 4 or len(buf) < 4 + struct.unpack_from(">i", buf)[0]:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return -1
+                buf += chunk
+    except OSError:
+        return -1
+    _, resp = decode_response(buf[4:], 2, 1)
+    p = resp.topics[0].partitions[0]
+    return int(p.offset) if p.error_code == 0 else -1
+
+
+def _serve(data: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    log = open(data.with_suffix(".log"), "wb")  # noqa: SIM115 - handed to the child
+    return subprocess.Popen([sys.executable, "-m", "broker", "serve", "--data-dir", str(data),
+                             "--listen", f"127.0.0.1:{port}", "--log-level", "WARNING", *extra],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _wait(port: int, want: int, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _high_watermark(port) == want:
+            return time.monotonic()
+        time.sleep(0.05)
+    raise SystemExit(f"port {port} did not reach high watermark {want} in {timeout}s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=200)
+    ap.add_argument("--batch-kib", type=int, default=64)
+    ap.add_argument("--dir", type=Path)
+    args = ap.parse_args()
+    work = Path(args.dir or tempfile.mkdtemp(prefix="hk-mirror-bench-"))
+    wdir, mdir = work / "writer", work / "mirror"
+    store = Store.open(wdir, fsync=FsyncPolicy.NEVER)
+    store.create_topic(TOPIC, 1, {})
+    lg = store.log(TOPIC, 0)
+    value = os.urandom(args.batch_kib * 1024 - 100)
+    total = 0
+    n = 0
+    while total < args.mb * 1_000_000:
+        batch = build_batch([value], timestamp_ms=int(time.time() * 1000))
+        lg.append(batch)
+        total += len(batch)
+        n += 1
+        if n % 256 == 0:
+            lg.commit()
+    store.close()
+    wport, rport, mport = _free_port(), _free_port(), _free_port()
+    procs = [_serve(wdir, wport, "--replication-listen", f"127.0.0.1:{rport}")]
+    try:
+        _wait(wport, n, 60)
+        t0 = time.monotonic()
+        procs.append(_serve(mdir, mport, "--mirror", f"127.0.0.1:{wport}"))
+        t1 = _wait(mport, n, 600)
+        dt = t1 - t0
+        mbps = total / dt / 1e6
+        print(f"mirror caught up {total / 1e6:.0f} MB ({n} batches of {args.batch_kib} KiB) in "
+              f"{dt:.2f} s: {mbps:.1f} MB/s (from the mirror process's start, incl. its startup)")
+        out = Path("bench-results")
+        out.mkdir(exist_ok=True)
+        with open(out / "mirror.jsonl", "a") as f:
+            f.write(json.dumps({"workload": "mirror-catch-up", "mb": total / 1e6, "batches": n,
+                                "batch_kib": args.batch_kib, "seconds": dt, "mb_per_s": mbps,
+                                "time": time.time()}) + "\n")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+
+
+if __name__ == "__main__":
+    main()
