@@ -147,22 +147,35 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
 
 
 class _Sink:
-    """Delivers into a FollowerLog and wakes Kafka readers after each stored head."""
+    """Delivers blocks into a FollowerLog; verified heads wait in `heads` until `_drive`
+    stores them with the hashing and fsync in a worker thread (a catch-up head covers the
+    whole archive: the event loop keeps serving Kafka meanwhile), then wakes readers."""
 
     def __init__(self, log_: FollowerLog, on_head: Callable[[], None]) -> None:
         self.log = log_
         self.on_head = on_head
+        self.heads: list[tuple[int, int, bytes, list[TreeNode]]] = []
 
     def put_block(self, index: int, value: bytes, leaf: TreeNode) -> None:
         self.log.put_block(index, value, leaf)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
-        if self.log.accept_head(length, fork, signature, roots):
-            self.on_head()
+        self.heads.append((length, fork, signature, list(roots)))
 
     def repair_block(self, index: int, value: bytes) -> None:
         self.log.repair_block(index, value)
         self.on_head()
+
+    async def store_heads(self) -> None:
+        while self.heads:
+            aj = self.log.prepare_accept(*self.heads.pop(0))
+            if aj is None:
+                continue
+            try:
+                await trio.to_thread.run_sync(self.log.run_accept, aj)
+            finally:  # the thread always finishes (not abandoned on cancel): publish or forget
+                self.log.finish_accept(aj)
+            self.on_head()
 
 
 @contextlib.contextmanager
@@ -178,7 +191,7 @@ def _single_error() -> Iterator[None]:
 
 async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                  until: Callable[[], bool] | None = None,
-                 repair_log: FollowerLog | None = None) -> None:
+                 repair_log: FollowerLog | None = None, sink: _Sink | None = None) -> None:
     """Run a follower session on `stream` until the peer goes away or `until()` holds;
     with `repair_log`, blocks of it that fail authentication on read are fetched again."""
     lock = trio.Lock()
@@ -215,6 +228,8 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                         break
                     session.receive_data(data)
                     await pump()
+                    if sink is not None and sink.heads:
+                        await sink.store_heads()
                 nursery.cancel_scope.cancel()
     finally:
         await trio.aclose_forcefully(stream)
@@ -257,10 +272,11 @@ async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], No
         started = trio.current_time()
         try:
             await probe_head(address, lg)
-            session = ReplicationSession.follow(lg.key, _Sink(lg, on_head), initiator=True,
+            sink = _Sink(lg, on_head)
+            session = ReplicationSession.follow(lg.key, sink, initiator=True,
                                                 live=True, have=lg.verified_tree(),
                                                 public_key=lg.public_key)
-            await _drive(await _connect(address), session, repair_log=lg)
+            await _drive(await _connect(address), session, repair_log=lg, sink=sink)
         except Equivocation as exc:
             log.error("%s: %s", name, exc)
             return
@@ -455,10 +471,11 @@ class NodeMirror:
             self._catalog_changed.set()
 
         await probe_head(address, cat)
-        session = ReplicationSession.follow(cat.key, _Sink(cat, changed), initiator=True, live=True,
+        sink = _Sink(cat, changed)
+        session = ReplicationSession.follow(cat.key, sink, initiator=True, live=True,
                                             have=cat.verified_tree(), public_key=cat.public_key)
         self._catalog_changed.set()  # topics from the local copy may still lack archives
-        await _drive(await _connect(address), session, repair_log=cat)
+        await _drive(await _connect(address), session, repair_log=cat, sink=sink)
 
     async def _sync_topics_loop(self, address: str) -> None:
         while True:

@@ -27,6 +27,7 @@ import os
 import struct
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from storage import batch as B
@@ -97,6 +98,15 @@ def check_evidence(path: str, public_key: bytes) -> str | None:
         return None
     (la, fa, _), (lb, fb, _) = heads
     return f"equivocation: writer signed (length {la}, fork {fa}) and (length {lb}, fork {fb}) that disagree"
+
+
+@dataclass
+class AcceptJob:
+    """A signed head being stored (FollowerLog.prepare_accept / run_accept / finish_accept)."""
+
+    job: CommitJob
+    length: int
+    tree_hash: bytes
 
 
 class FollowerLog(PartitionLog):
@@ -209,14 +219,25 @@ class FollowerLog(PartitionLog):
         """Store and publish the writer's signed head over our first `length` blocks.
         True when the high watermark moved. Raises VerificationFailed (bad head),
         Equivocation (conflicting valid heads; frozen), StorageError (our own files do not
-        reproduce the verified tree: the log is poisoned and must be reopened)."""
+        reproduce the verified tree: the log is poisoned and must be reopened).
+        `prepare_accept` + `run_accept` + `finish_accept` in a row."""
+        job = self.prepare_accept(length, fork, signature, roots)
+        if job is None:
+            return False
+        self.run_accept(job)
+        self.finish_accept(job)
+        return True
+
+    def prepare_accept(self, length: int, fork: int, signature: bytes,
+                       roots: Sequence[Node]) -> AcceptJob | None:
+        """Owner thread, cheap: check the head and snapshot the blocks it covers. None when
+        it is not newer than ours. Blocks may keep arriving while the job runs."""
         if self.frozen:
             raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
         self._check_writable()
         roots = list(roots)
         if not self.check_conflict(length, fork, signature, roots):
-            return False
-        th = tree_hash(roots)
+            return None
         if length > self._next_leaf:
             raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
         self._fork = fork
@@ -232,24 +253,34 @@ class FollowerLog(PartitionLog):
             job = self.prepare_commit(force_sync=True)
         finally:
             self._accepting = False
+            self._pending = tail + self._pending
         if job is None:  # pragma: no cover - new blocks always make a job
-            self._pending = tail
-            return False
+            return None
         job.next_offset = next_offset
         job.remote_signature = signature
+        return AcceptJob(job, length, tree_hash(roots))
+
+    def run_accept(self, aj: AcceptJob) -> None:
+        """Any thread: read the covered blocks back from our files, hash them, check they
+        reproduce the signed tree, write index, tree nodes and the head slot, fsync."""
+        job = aj.job
         try:
             job._hash_pending()  # what we hash is read back from our files
-            if job.frontier.length != length or job.frontier.tree_hash() != th:
+            if job.frontier.length != aj.length or job.frontier.tree_hash() != aj.tree_hash:
                 raise StorageError(f"{self.path}: stored blocks do not reproduce the signed "
-                                   f"head at length {length}")
+                                   f"head at length {aj.length}")
             job.run()
         except BaseException as exc:
-            self.abandon(job)
             self._poisoned = exc
             raise
-        self.publish(job)
-        self._pending = tail + self._pending
-        return True
+
+    def finish_accept(self, aj: AcceptJob) -> None:
+        """Owner thread, after run_accept: publish (the high watermark moves), or forget a
+        job whose run failed (the log is poisoned then)."""
+        if not aj.job.done:
+            self.abandon(aj.job)
+            raise StorageError(f"{self.path}: head at length {aj.length} was not stored")
+        self.publish(aj.job)
 
     def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
         """Verify a head the writer signed against what we hold without storing it: raises
