@@ -272,6 +272,7 @@ async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], No
         started = trio.current_time()
         try:
             await probe_head(address, lg)
+            lg.discard_unsigned()  # blocks of an interrupted session: their head never came
             sink = _Sink(lg, on_head)
             session = ReplicationSession.follow(lg.key, sink, initiator=True,
                                                 live=True, have=lg.verified_tree(),
@@ -471,6 +472,7 @@ class NodeMirror:
             self._catalog_changed.set()
 
         await probe_head(address, cat)
+        cat.discard_unsigned()
         sink = _Sink(cat, changed)
         session = ReplicationSession.follow(cat.key, sink, initiator=True, live=True,
                                             have=cat.verified_tree(), public_key=cat.public_key)

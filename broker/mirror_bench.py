@@ -36,14 +36,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _high_watermark(port: int) -> int:
+def _high_watermark(port: int, topic: str = TOPIC) -> int:
     """ListOffsets v1 latest of partition 0, -1 if unknown or unreachable."""
     import importlib
 
     module = importlib.import_module("kio.schema.list_offsets.v1.request")
     req = shape(module.ListOffsetsRequest, {
         "replica_id": -1,
-        "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
     })
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
@@ -92,11 +92,80 @@ def _wait(port: int, want: int, timeout: float) -> float:
     raise SystemExit(f"port {port} did not reach high watermark {want} in {timeout}s")
 
 
+LAG_PRODUCER = """
+import sys, time
+from confluent_kafka import Producer
+bootstrap, seconds, rate = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+p = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 5})
+value = b"x" * 10_000
+per_s = rate * 1e6 / len(value)
+t0 = time.time(); sent = 0
+while time.time() - t0 < seconds:
+    while sent < (time.time() - t0) * per_s:
+        p.produce("lag", value, timestamp=int(time.time() * 1000)); sent += 1
+    p.poll(0.001)
+p.flush(30)
+print(sent)
+"""
+
+LAG_CONSUMER = """
+import json, sys, time
+from confluent_kafka import Consumer, TopicPartition
+bootstrap, n = sys.argv[1], int(sys.argv[2])
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "lag", "enable.auto.commit": False,
+              "fetch.wait.max.ms": 100, "fetch.min.bytes": 1})
+c.assign([TopicPartition("lag", 0, 0)])
+lags = []
+deadline = time.time() + 120
+while len(lags) < n and time.time() < deadline:
+    m = c.poll(0.5)
+    if m is None or m.error():
+        continue
+    lags.append(time.time() * 1000 - m.timestamp()[1])
+print(json.dumps(lags))
+"""
+
+
+def _lag(wport: int, mport: int, seconds: float, rate: float) -> None:
+    """Produce `rate` MB/s to the writer; the mirror's consumer measures each record's
+    delay from its producer timestamp to its arrival from the mirror."""
+    env = dict(os.environ)
+    # the topic must exist on the writer (and be attached on the mirror) before timing
+    pre = subprocess.run([sys.executable, "-c", LAG_PRODUCER, f"127.0.0.1:{wport}", "0.2", "0.1"],
+                         capture_output=True, text=True, env=env, check=True)
+    first = int(pre.stdout.strip() or 0)
+    deadline = time.monotonic() + 30
+    while _high_watermark(mport, "lag") < first and time.monotonic() < deadline:
+        time.sleep(0.1)
+    producer = subprocess.Popen([sys.executable, "-c", LAG_PRODUCER, f"127.0.0.1:{wport}", str(seconds), str(rate)],
+                                stdout=subprocess.PIPE, text=True, env=env)
+    expected = first + int(seconds * rate * 1e6 / 10_000)
+    # the same records read from the writer at the same time: the baseline
+    base = subprocess.Popen([sys.executable, "-c", LAG_CONSUMER, f"127.0.0.1:{wport}", str(expected)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    consumer = subprocess.run([sys.executable, "-c", LAG_CONSUMER, f"127.0.0.1:{mport}", str(expected)],
+                              capture_output=True, text=True, env=env, timeout=300)
+    sent = int((producer.communicate(timeout=120)[0] or "0").strip() or 0)
+    base_out = base.communicate(timeout=120)[0]
+    for name, raw in (("writer (baseline)", base_out), ("mirror", consumer.stdout)):
+        lags = sorted(json.loads(raw or "[]")[first:])
+        if not lags:
+            print(f"lag from the {name}: no records measured", consumer.stderr[-500:])
+            continue
+        p50, p99 = lags[len(lags) // 2], lags[min(len(lags) - 1, int(len(lags) * 0.99))]
+        print(f"produce on the writer -> consume from the {name} at {rate} MB/s for {seconds:.0f} s "
+              f"({sent} records of 10 kB, acks=1): p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {lags[-1]:.0f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--batch-kib", type=int, default=64)
     ap.add_argument("--dir", type=Path)
+    ap.add_argument("--lag-seconds", type=float, default=0.0,
+                    help="then produce --lag-rate-mb MB/s to the writer for this long and "
+                         "measure writer-produce to mirror-consume latency (confluent-kafka)")
+    ap.add_argument("--lag-rate-mb", type=float, default=10.0)
     args = ap.parse_args()
     work = Path(args.dir or tempfile.mkdtemp(prefix="hk-mirror-bench-"))
     wdir, mdir = work / "writer", work / "mirror"
@@ -129,6 +198,8 @@ def main() -> None:
         print(f"mirror caught up {total / 1e6:.0f} MB ({n} batches of {args.batch_kib} KiB) in "
               f"{dt:.2f} s from its process start: {mbps:.1f} MB/s; {transfer:.2f} s from the "
               f"topic attached to caught up: {total / transfer / 1e6:.1f} MB/s")
+        if args.lag_seconds > 0:
+            _lag(wport, mport, args.lag_seconds, args.lag_rate_mb)
         out = Path("bench-results")
         out.mkdir(exist_ok=True)
         with open(out / "mirror.jsonl", "a") as f:

@@ -187,6 +187,11 @@ class FollowerLog(PartitionLog):
 
     # ------------------------------------------------------------------ sink side
 
+    def discard_unsigned(self) -> None:
+        """Drop blocks delivered past the last stored head (a session that ended before
+        their head arrived); a new session fetches them again from `verified_tree()`."""
+        self._drop_unsigned_tail()
+
     def verified_tree(self) -> Frontier:
         """The tree of the last accepted head (a replication follower's `have`)."""
         head = self._head

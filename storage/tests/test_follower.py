@@ -335,3 +335,16 @@ def test_wrong_bytes_never_published(tmp_path: Path) -> None:
     assert _all(f) == _all(w)
     f.close()
     w.close()
+
+
+def test_interrupted_session_resumes_after_discarding_unsigned_blocks(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 9)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(5):  # a session delivered 5 blocks, then the connection dropped
+        f.put_block(i, w.block(i), _leaf(w, i))
+    f.discard_unsigned()
+    assert f.length == 0
+    _sync(w, f)
+    assert _all(f) == _all(w)
+    f.close()
+    w.close()
