@@ -307,6 +307,7 @@ class NodeMirror:
         self.catalog: FollowerLog | None = None
         self.topics: dict[str, TopicRecord] = {}
         self.attached: dict[str, tuple[TopicRecord, list[FollowerLog]]] = {}
+        self.skipped: set[str] = set()  # names taken by a local topic (or another mirror)
         self._spawn: trio.Nursery | None = None
         self._address: str | None = None
         self._catalog_changed = trio.Event()
@@ -385,10 +386,10 @@ class NodeMirror:
         """Open the follower archives of `rec` and serve them. False on a name clash."""
         if rec.name.startswith("__"):
             return False  # the writer's internal topics (its group offsets) stay its own
-        existing = self.node.topics.get(rec.name)
-        if existing is not None and not (existing.mirrored and rec.name in self.attached):
+        if rec.name in self.node.topics:
             log.error("mirror of %s: topic %s exists here already; not mirroring it",
                       self.target.address, rec.name)
+            self.skipped.add(rec.name)
             return False
         logs: list[FollowerLog] = []
         for p, pk in enumerate(public_keys):
@@ -433,6 +434,8 @@ class NodeMirror:
                                      self.target.address, key.hex())
                             self.open_local()
                         await self._follow(address)
+                except Equivocation as exc:  # the catalog itself: frozen, keep serving
+                    log.error("mirror of %s: not following: %s", self.target.address, exc)
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError,
                         ReplicationError, StorageError) as exc:
                     log.info("mirror of %s: %s: %s", self.target.address, type(exc).__name__, exc)
@@ -485,7 +488,7 @@ class NodeMirror:
             self._catalog_changed = trio.Event()
             self._replay_catalog()
             for name, rec in sorted(self.topics.items()):
-                if name in self.attached or name.startswith("__"):
+                if name in self.attached or name in self.skipped or name.startswith("__"):
                     continue
                 try:
                     keys = [await learn_public_key(address, rec.archive_keys[p])
