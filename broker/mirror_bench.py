@@ -73,6 +73,17 @@ def _attached_at(log_path: Path) -> float | None:
     return None
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; nan elsewhere): on a busy
+    machine MB per CPU-second is the figure that does not depend on the neighbours."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def _serve(data: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
@@ -187,17 +198,22 @@ def main() -> None:
     procs = [_serve(wdir, wport, "--replication-listen", f"127.0.0.1:{rport}")]
     try:
         _wait(wport, n, 60)
+        writer_cpu0 = _cpu_seconds(procs[0].pid)
         t0 = time.monotonic()
         procs.append(_serve(mdir, mport, "--mirror", f"127.0.0.1:{wport}"))
         t1 = _wait(mport, n, 600)
         wall = time.time()
+        mirror_cpu = _cpu_seconds(procs[1].pid)
+        writer_cpu = _cpu_seconds(procs[0].pid) - writer_cpu0
         dt = t1 - t0
         mbps = total / dt / 1e6
         attached = _attached_at(mdir.with_suffix(".log"))
         transfer = wall - attached if attached else float("nan")
         print(f"mirror caught up {total / 1e6:.0f} MB ({n} batches of {args.batch_kib} KiB) in "
               f"{dt:.2f} s from its process start: {mbps:.1f} MB/s; {transfer:.2f} s from the "
-              f"topic attached to caught up: {total / transfer / 1e6:.1f} MB/s")
+              f"topic attached to caught up: {total / transfer / 1e6:.1f} MB/s; CPU: mirror "
+              f"{mirror_cpu:.2f} s (incl. start-up), writer {writer_cpu:.2f} s: "
+              f"{total / 1e6 / max(mirror_cpu, writer_cpu):.1f} MB per CPU-second of the busier side")
         if args.lag_seconds > 0:
             _lag(wport, mport, args.lag_seconds, args.lag_rate_mb)
         out = Path("bench-results")
@@ -205,7 +221,8 @@ def main() -> None:
         with open(out / "mirror.jsonl", "a") as f:
             f.write(json.dumps({"workload": "mirror-catch-up", "mb": total / 1e6, "batches": n,
                                 "batch_kib": args.batch_kib, "seconds": dt, "mb_per_s": mbps,
-                                "transfer_seconds": transfer,
+                                "transfer_seconds": transfer, "mirror_cpu_s": mirror_cpu,
+                                "writer_cpu_s": writer_cpu,
                                 "time": time.time()}) + "\n")
     finally:
         for p in procs:
