@@ -154,3 +154,38 @@ async def test_probe_catches_equivocation(tmp_path: Path) -> None:
     follower.close()
     honest.close()
     evil.close()
+
+
+async def test_mirror_restarted_while_writer_is_down_serves_its_copy(tmp_path: Path) -> None:
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", 0))
+    writer_scope = trio.CancelScope()  # the writer's lifetime
+    async with trio.open_nursery() as outer:
+        writer_nursery_done = trio.Event()
+
+        async def writer_life(task_status: trio.TaskStatus[int]) -> None:
+            with writer_scope:
+                async with trio.open_nursery() as n:
+                    task_status.started(await _start(n, wcfg))
+            writer_nursery_done.set()
+
+        wport = await outer.start(writer_life)
+        w = await _client(wport)
+        await _produce(w, "t", [b"1", b"2"])
+        want = await _fetch(w, "t")
+        # trust on first use: no key given
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}"])
+        with trio.CancelScope() as mirror_scope:
+            async with trio.open_nursery() as n:
+                m = await _client(await _start(n, mcfg))
+                await _wait_hwm(m, "t", 2)
+                mirror_scope.cancel()
+        writer_scope.cancel()  # the writer goes away for good
+        await writer_nursery_done.wait()
+        async with trio.open_nursery() as n:  # the mirror comes back alone
+            m = await _client(await _start(n, mcfg))
+            assert await _hwm(m, "t") == (0, 2)
+            assert await _fetch(m, "t") == want
+            n.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
