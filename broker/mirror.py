@@ -37,6 +37,7 @@ import importlib
 import json
 import logging
 import os
+import socket
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ RECEIVE_SIZE = 1 << 18
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
+PROBE_TIMEOUT_S = 30.0  # a probe (manifest, head) is a few round trips
 REPAIR_POLL_S = 0.25
 PEERS_FILE = "peers.json"
 
@@ -238,13 +240,22 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
 async def _connect(address: str) -> trio.SocketStream:
     host, port = parse_host_port(address)
     with trio.fail_after(CONNECT_TIMEOUT_S):
-        return await trio.open_tcp_stream(host, port)
+        stream = await trio.open_tcp_stream(host, port)
+    # A live session may rightly see nothing for hours (an idle writer), so no read
+    # timeout; TCP keepalive finds a writer whose host vanished (~25 s on Linux).
+    sock = stream.socket
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    return stream
 
 
 async def learn_public_key(address: str, key: bytes) -> bytes:
     """The signer key of archive `key`, from its manifest (verified to hash to `key`)."""
     session = ReplicationSession.follow(key, MemoryArchive(bytes(32)), initiator=True, window=0)
-    await _drive(await _connect(address), session, until=lambda: session.public_key is not None)
+    with trio.fail_after(PROBE_TIMEOUT_S):
+        await _drive(await _connect(address), session, until=lambda: session.public_key is not None)
     if session.public_key is None:
         raise RemoteProtocolError("peer did not send the archive's manifest")
     return session.public_key
@@ -255,8 +266,9 @@ async def probe_head(address: str, lg: FollowerLog) -> None:
     (frozen, evidence kept) when they disagree, VerificationFailed when it is forged."""
     session = ReplicationSession.follow(lg.key, MemoryArchive(lg.public_key), initiator=True,
                                         window=0, public_key=lg.public_key)
-    await _drive(await _connect(address), session,
-                 until=lambda: session.latest_head is not None or session.remote_length == 0)
+    with trio.fail_after(PROBE_TIMEOUT_S):
+        await _drive(await _connect(address), session,
+                     until=lambda: session.latest_head is not None or session.remote_length == 0)
     head = session.latest_head
     if head is not None:
         lg.check_conflict(*head)
