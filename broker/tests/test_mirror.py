@@ -189,3 +189,41 @@ async def test_mirror_restarted_while_writer_is_down_serves_its_copy(tmp_path: P
             assert await _fetch(m, "t") == want
             n.cancel_scope.cancel()
         outer.cancel_scope.cancel()
+
+
+async def test_stock_node_hypercore_replicates_a_partition_from_the_broker(tmp_path: Path) -> None:
+    """The existing Hypercore network can carry our data: npm hypercore 11 dials the
+    broker's --replication-listen port, replicates one partition's archive, verifies
+    every proof and the signed head, and gets exactly the bytes Kafka Fetch serves."""
+    import hashlib
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    from storage.cli import keys_command
+    from storage.tests.test_replication_interop import PEER, _require_node
+
+    node_bin = _require_node()
+    cfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                       replication_listen=("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        wport = await _start(nursery, cfg)
+        _, address = await discover("127.0.0.1", wport)
+        assert address is not None
+        w = await _client(wport)
+        for i in range(5):  # five produces: five batches, five blocks
+            await _produce(w, "t", [b"record %d-%d" % (i, j) for j in range(3)])
+        served = await _fetch(w, "t")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert keys_command(str(cfg.data_dir)) == 0
+        key = next(line.split("\t")[2] for line in out.getvalue().splitlines() if line.startswith("t\t0\t"))
+        with trio.fail_after(60):
+            proc = await trio.run_process(
+                [node_bin, str(PEER), "fetch", address.rsplit(":", 1)[1], key, "5",
+                 hashlib.sha256(served).hexdigest()],
+                capture_stdout=True, capture_stderr=True, check=False)
+        assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
+        result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        assert result["ok"] and result["length"] == 5 and result["bytes"] == len(served)
+        nursery.cancel_scope.cancel()
