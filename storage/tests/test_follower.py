@@ -348,3 +348,21 @@ def test_interrupted_session_resumes_after_discarding_unsigned_blocks(tmp_path: 
     assert _all(f) == _all(w)
     f.close()
     w.close()
+
+
+def test_a_fork_we_did_not_agree_to_freezes(tmp_path: Path) -> None:
+    from storage.hypercore import sign_head
+
+    w = _writer(tmp_path / "w", 4)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    head = w.head
+    assert head is not None
+    # the same tree, validly signed under fork 1 (what a writer's truncate would bring)
+    sig = sign_head(KP, w.key, head.tree_hash, head.length, 1)
+    with pytest.raises(Equivocation):
+        f.accept_head(head.length, 1, sig, head.roots)
+    assert f.frozen and "fork" in f.frozen
+    assert check_evidence(str(tmp_path / "m"), KP.public_key) is not None
+    f.close()
+    w.close()
