@@ -149,35 +149,48 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
 
 
 class _Sink:
-    """Delivers blocks into a FollowerLog; verified heads wait in `heads` until `_drive`
-    stores them with the hashing and fsync in a worker thread (a catch-up head covers the
-    whole archive: the event loop keeps serving Kafka meanwhile), then wakes readers."""
+    """Delivers blocks into a FollowerLog; verified heads queue in `heads` and a task of
+    `_drive` stores them (hashing and fsync in a worker thread: a catch-up head covers the
+    whole archive) while the connection keeps receiving the next blocks, then wakes
+    Kafka readers."""
 
     def __init__(self, log_: FollowerLog, on_head: Callable[[], None]) -> None:
         self.log = log_
         self.on_head = on_head
         self.heads: list[tuple[int, int, bytes, list[TreeNode]]] = []
+        self._wake = trio.Event()
+        self._lock = trio.Lock()  # one stored head at a time (one job in flight per log)
 
     def put_block(self, index: int, value: bytes, leaf: TreeNode) -> None:
         self.log.put_block(index, value, leaf)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
         self.heads.append((length, fork, signature, list(roots)))
+        self._wake.set()
 
     def repair_block(self, index: int, value: bytes) -> None:
         self.log.repair_block(index, value)
         self.on_head()
 
     async def store_heads(self) -> None:
-        while self.heads:
-            aj = self.log.prepare_accept(*self.heads.pop(0))
-            if aj is None:
-                continue
-            try:
-                await trio.to_thread.run_sync(self.log.run_accept, aj)
-            finally:  # the thread always finishes (not abandoned on cancel): publish or forget
-                self.log.finish_accept(aj)
-            self.on_head()
+        async with self._lock:
+            while self.heads:
+                if len(self.heads) > 1:  # behind: the newest head covers the older ones
+                    del self.heads[:-1]
+                aj = self.log.prepare_accept(*self.heads.pop(0))
+                if aj is None:
+                    continue
+                try:
+                    await trio.to_thread.run_sync(self.log.run_accept, aj)
+                finally:  # the thread always finishes (not abandoned on cancel): publish or forget
+                    self.log.finish_accept(aj)
+                self.on_head()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self.store_heads()
 
 
 @contextlib.contextmanager
@@ -223,6 +236,8 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
             async with trio.open_nursery() as nursery:
                 if repair_log is not None:
                     nursery.start_soon(repairer, repair_log)
+                if sink is not None:
+                    nursery.start_soon(sink.run)
                 await pump()
                 while not session.done and not (until is not None and until()):
                     data = await stream.receive_some(RECEIVE_SIZE)
@@ -230,8 +245,8 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                         break
                     session.receive_data(data)
                     await pump()
-                    if sink is not None and sink.heads:
-                        await sink.store_heads()
+                if sink is not None:
+                    await sink.store_heads()  # what was verified before the peer left
                 nursery.cancel_scope.cancel()
     finally:
         await trio.aclose_forcefully(stream)
