@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--fsync", choices=[p.value for p in FsyncPolicy], help="when data reaches the disk before a head is signed (default interval)")
     serve.add_argument("--num-partitions", type=int, help="partitions of an auto-created topic (default 1)")
     serve.add_argument("--no-auto-create", action="store_true", help="do not create unknown topics on Metadata or Produce")
+    serve.add_argument("--replication-listen", metavar="HOST:PORT", help="serve every archive over the Hypercore protocol here")
+    serve.add_argument("--mirror", action="append", metavar="HOST:PORT[@NODEKEY]", help="mirror the node whose Kafka listener is HOST:PORT (repeatable); @NODEKEY (hex) pins its key")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
     keys = sub.add_parser("keys", help="print the node key and every partition's archive key")
@@ -62,6 +64,14 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
     if args.num_partitions is not None:
         config.num_partitions = args.num_partitions
     if args.no_auto_create:
+        config.auto_create_topics = False
+    if args.replication_listen:
+        config.replication_listen = parse_host_port(args.replication_listen)
+    if args.mirror:
+        config.mirrors = list(args.mirror)
+    if config.mirrors:
+        # A Metadata request for a topic not mirrored yet must not create a local topic of
+        # that name (the mirrored one could then never be attached).
         config.auto_create_topics = False
     return config
 

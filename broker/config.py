@@ -177,6 +177,12 @@ class BrokerConfig:
     max_connections: int = 10_000
     shutdown_grace_s: float = 10.0
     log_retention_check_ms: int = 300_000
+    # Mirrors (broker/mirror.py, broker/replication_server.py): where this node serves its
+    # archives over the Hypercore protocol, and the nodes it mirrors ("HOST:PORT" of their
+    # Kafka listener, optionally "@<node key hex>" to pin the key instead of trusting it
+    # on first use).
+    replication_listen: tuple[str, int] | None = None
+    mirrors: list[str] = field(default_factory=list)
     # Broker-level topic defaults (log.retention.ms, message.max.bytes, ...) by broker name.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # Every name set in the properties file, for DescribeConfigs on the broker resource.
@@ -320,6 +326,10 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["socket_request_max_bytes"] = int(value)
             elif key == "max.connections":
                 changes["max_connections"] = int(value)
+            elif key == "hyperkafka.replication.listen":
+                changes["replication_listen"] = parse_host_port(value)
+            elif key == "hyperkafka.mirrors":
+                changes["mirrors"] = [m.strip() for m in value.split(",") if m.strip()]
             elif key == "log.retention.check.interval.ms":
                 changes["log_retention_check_ms"] = int(value)
             elif key in ("log.retention.hours", "log.retention.minutes"):

@@ -53,6 +53,7 @@ class TopicError(Exception):
 
 # Kafka error codes used by the node (the handlers map the rest).
 UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
 INVALID_TOPIC_EXCEPTION = 17
 TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
@@ -122,6 +123,8 @@ class Topic:
     log_append_time: bool = False
     timestamp_after_max_ms: int = 3600000
     timestamp_before_max_ms: int = 2**63 - 1
+    # Written by another node and mirrored here (broker/mirror.py): read-only for Kafka.
+    mirrored: bool = False
 
     @property
     def name(self) -> str:
@@ -148,6 +151,8 @@ class Node:
         self._pid_file = Path(config.data_dir) / "producer-ids"
         self._next_pid, self._pid_limit = 0, 0
         self._closed = False
+        # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
+        self.replication_address: str | None = None
         for record in store.topics().values():
             self._attach(record)
         self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)
@@ -181,6 +186,20 @@ class Node:
         topic.log_append_time = eff(overrides, "message.timestamp.type") == "LogAppendTime"
         topic.timestamp_after_max_ms = int(eff(overrides, "message.timestamp.after.max.ms"))
         topic.timestamp_before_max_ms = int(eff(overrides, "message.timestamp.before.max.ms"))
+
+    def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog]) -> Topic:
+        """Serve a topic another node writes from this node's verified copies (`logs`,
+        follower archives): Metadata, ListOffsets and Fetch work, produces are refused."""
+        topic = Topic(record, mirrored=True)
+        self._apply_configs(topic)
+        topic.partitions = [Partition(topic, i, lg) for i, lg in enumerate(logs)]
+        self.topics[record.name] = topic
+        return topic
+
+    def notify_data(self) -> None:
+        """Wake Fetch long-polls: a high watermark moved outside the group commit."""
+        self._data_changed.set()
+        self._data_changed = trio.Event()
 
     def visible_topics(self) -> Iterator[Topic]:
         return (t for name, t in self.topics.items() if not name.startswith("__"))
@@ -226,6 +245,8 @@ class Node:
             raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
         if name in INTERNAL_TOPICS:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Internal topic {name} cannot be deleted")
+        if name in self.topics and self.topics[name].mirrored:
+            raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is mirrored from another node; delete it there")
         topic = self.topics.pop(name, None)
         if topic is None:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
@@ -244,6 +265,8 @@ class Node:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {name}")
         topic = self.topics.get(name)
         if topic is not None:
+            if topic.mirrored:  # this node holds no key for it: an error, never silent loss
+                raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is a read-only mirror; produce to its writer")
             return topic
         if not self.config.auto_create_topics:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
@@ -378,6 +401,10 @@ class Node:
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
             await nursery.start(self.groups.run)
+            if self.config.replication_listen is not None or self.config.mirrors:
+                from broker.mirror import run_replication  # imports this module
+
+                await nursery.start(run_replication, self)
             task_status.started()
 
     def close(self) -> None:

@@ -399,6 +399,9 @@ class CommitJob:
     sync_dir: bool
     sign: bool
     flags: int
+    # A follower's commit: the writer's signature over this tree, verified by the caller
+    # (storage.follower); used instead of signing with our own key.
+    remote_signature: bytes | None = None
     head: Head | None = None
     leaf_lo: int = 0  # leaves [leaf_lo, leaf_hi) were hashed by this job
     leaf_hi: int = 0
@@ -421,7 +424,9 @@ class CommitJob:
             if self.sync_derived:
                 fs.fsync(lg._tree_fd)
             fr = self.frontier
-            if self.sign:
+            if self.remote_signature is not None:
+                sig = self.remote_signature
+            elif self.sign:
                 sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)
             else:
                 assert lg._head is not None
@@ -561,8 +566,28 @@ class PartitionLog:
         """Number of batches appended (blocks in the archive, including unpublished)."""
         return self._next_leaf
 
+    @property
+    def min_index(self) -> int:
+        """First retained block (blocks below it were dropped by retention)."""
+        return self._min_index
+
     def set_config(self, config: LogConfig) -> None:
         self.config = config
+
+    def block(self, index: int) -> bytes:
+        """The stored batch at archive block (leaf) `index`, byte for byte; KeyError below
+        the minimum index or at/after the number of appended blocks. Not authenticated
+        here: replication peers verify every block against the signed head."""
+        if index < self._min_index or index >= self._next_leaf or not self._segments:
+            raise KeyError(index)
+        seg, k = self._locate_leaf(index)
+        if not 0 <= k < seg.count:
+            raise KeyError(index)
+        size = seg.size_of(k)
+        data = self.fs.pread_exact(seg.log_fd, size, seg.positions[k])
+        if len(data) != size:
+            raise KeyError(index)
+        return bytes(data)
 
     # ------------------------------------------------------------------ open / recovery
 

@@ -14,6 +14,7 @@ from broker.api import Reply, RequestContext, api
 from broker.config import ConfigEntry, ConfigSource
 from broker.handlers import errors
 from broker.node import TopicError
+from broker.replication_server import replication_config_entries
 from broker.shape import field_of
 
 RESOURCE_TOPIC = 2
@@ -155,7 +156,7 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
             if r.resource_name not in ("", str(node.config.node_id)):
                 entry.update(error_code=errors.INVALID_REQUEST, error_message=f"Unexpected broker id {r.resource_name}")
                 continue
-            configs = node.config.describe_broker()
+            configs = node.config.describe_broker() + replication_config_entries(node)
         elif r.resource_type == RESOURCE_BROKER_LOGGER:
             configs = []
         else:

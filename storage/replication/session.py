@@ -28,6 +28,7 @@ May import the standard library, PyNaCl, `storage.hypercore` and
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from storage.hypercore import (
@@ -118,11 +119,56 @@ class ReplicationSession:
         self.remote_handshake: M.Handshake | None = None
         self.closed = False  # our channel is closed (either side); nothing more will flow
         self.stats = Stats()
+        # serve_any: archive chosen by the peer's channel open (by discovery key)
+        self._lookup: Callable[[bytes], ArchiveSource | None] | None = None
 
     @classmethod
     def serve(cls, source: ArchiveSource, *, initiator: bool = False,
               keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
         return cls(source.key, _Server(source), initiator=initiator, keypair=keypair)
+
+    @classmethod
+    def serve_any(cls, lookup: Callable[[bytes], ArchiveSource | None], *,
+                  initiator: bool = False,
+                  keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
+        """Serve whichever archive the peer opens a channel for: `lookup(discovery_key)`
+        returns its source, or None (the channel is rejected). One archive per session:
+        the first channel the peer opens that we hold decides it. Used by a replication
+        port that serves many archives, one connection per archive."""
+        s = cls(bytes(32), _Server(None), initiator=initiator, keypair=keypair)
+        s._lookup = lookup
+        return s
+
+    @property
+    def source(self) -> ArchiveSource | None:
+        """The archive a serving session serves (None until a serve_any peer chose one)."""
+        return self.role.source if isinstance(self.role, _Server) else None
+
+    @property
+    def public_key(self) -> bytes | None:
+        """Follower: the signer's key, once given or learned from a verified manifest."""
+        return self.role.public_key if isinstance(self.role, _Follower) else None
+
+    @property
+    def latest_head(self) -> tuple[int, int, bytes, list[Node]] | None:
+        """Follower: the newest head verified so far, (length, fork, signature, roots),
+        before its blocks arrive (a mirror compares it with what it stores)."""
+        return self.role.latest_head if isinstance(self.role, _Follower) else None
+
+    @property
+    def remote_length(self) -> int | None:
+        """Follower: the length the peer announced (None before its first sync)."""
+        return self.role.remote_length if isinstance(self.role, _Follower) else None
+
+    def refetch(self, index: int) -> None:
+        """Follower: fetch block `index` again (below our verified length) and hand it to
+        the sink's `repair_block(index, value)` once verified (a block damaged on disk)."""
+        if isinstance(self.role, _Follower):
+            self.role.repairs.append(index)
+            if self.channel is not None and self.channel.opened:
+                self.mux.cork()
+                self.role._pump(self)
+                self.mux.uncork()
 
     @classmethod
     def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,
@@ -150,7 +196,8 @@ class ReplicationSession:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes read from the socket. Raises RemoteProtocolError on any violation."""
         msgs = self.stream.receive_data(data)
-        if self.stream.handshake_complete and self.channel is None and not self.closed:
+        if (self.stream.handshake_complete and self.channel is None and not self.closed
+                and self._lookup is None):
             self._open()
         for raw in msgs:
             for ev in self.mux.feed(raw):
@@ -163,7 +210,7 @@ class ReplicationSession:
 
     def notify_append(self) -> None:
         """The source has a new head: tell the peer (server role)."""
-        if isinstance(self.role, _Server) and self.channel is not None and self.channel.opened:
+        if isinstance(self.role, _Server) and self.role.source is not None and self.channel is not None and self.channel.opened:
             self.role.announce(self)
 
     # ------------------------------------------------------------------ internals
@@ -181,7 +228,17 @@ class ReplicationSession:
         self.mux.send(self.channel, int(m.TYPE), m.encode())
 
     def _on_event(self, ev: object) -> None:
-        if isinstance(ev, RemoteOpen):
+        if isinstance(ev, RemoteOpen) and self._lookup is not None and self.channel is None:
+            source = self._lookup(ev.id or b"") if ev.protocol == M.PROTOCOL else None
+            if source is None:
+                self.mux.reject(ev.remote_id)
+                return
+            self._lookup = None
+            self.key = source.key
+            self.discovery_key = discovery_key(source.key)
+            self.role = _Server(source)
+            self._open()
+        elif isinstance(ev, RemoteOpen):
             # One archive per session: any other channel (another core, another
             # protocol) is refused rather than left pending forever.
             if ev.protocol != M.PROTOCOL or ev.id != self.discovery_key:
@@ -215,9 +272,9 @@ class ReplicationSession:
 
 
 class _Server(_Role):
-    def __init__(self, source: ArchiveSource) -> None:
+    def __init__(self, source: ArchiveSource | None) -> None:
         self.source = source
-        self.head = source.head()
+        self.head = source.head() if source is not None else SignedHead(0, 0, None)
         self.remote_fork = 0
         self.remote_length = 0
         self.announced_remote: tuple[int, int] | None = None
@@ -243,12 +300,14 @@ class _Server(_Role):
         ))
 
     def on_open(self, s: ReplicationSession) -> None:
+        assert self.source is not None
         self.head = self.source.head()
         self._sync(s)
         if self.head.length:
             s.send(M.Range(0, self.head.length))
 
     def announce(self, s: ReplicationSession) -> None:
+        assert self.source is not None
         new = self.source.head()
         if new == self.head:
             return
@@ -272,9 +331,13 @@ class _Server(_Role):
         # server that answers every request synchronously and downloads nothing.
 
     def _on_request(self, s: ReplicationSession, m: M.Request) -> None:
+        assert self.source is not None
         head = self.head
         s.stats.requests += 1
         manifest = self.source.manifest if m.manifest else None
+        if manifest is not None and m.block is None and m.hash is None and m.upgrade is None:
+            s.send(M.Data(m.id, Proof(head.fork, manifest=manifest)))  # manifest alone
+            return
         if m.fork != head.fork or m.seek is not None or (
             m.block is not None and m.block.index >= head.length
         ):
@@ -284,8 +347,10 @@ class _Server(_Role):
                 s.send(M.NoData(m.id, M.NoDataReason.NOT_AVAILABLE))
             return
 
+        source = self.source
+
         def get(index: int) -> Node:
-            n = self.source.node(index)
+            n = source.node(index)
             if n is None:
                 raise KeyError(index)
             return n
@@ -318,6 +383,7 @@ class _Pending:
     block: int | None  # block index, or None for an upgrade request
     upgrade: bool
     manifest: bool
+    repair: bool = False  # a block fetched again for sink.repair_block
 
 
 @dataclass
@@ -340,6 +406,9 @@ class _Follower(_Role):
     remote_length: int | None = None
     remote_fork: int = 0
     upgrading: bool = False
+    manifest_requested: bool = False
+    latest_head: tuple[int, int, bytes, list[Node]] | None = None
+    repairs: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.have is not None:
@@ -399,6 +468,13 @@ class _Follower(_Role):
     def _pump(self, s: ReplicationSession) -> None:
         if self.remote_length is None:
             return
+        if (self.public_key is None and self.remote_length == 0 and not self.manifest_requested
+                and not self.upgrading):
+            # an empty archive sends no upgrade: ask for the manifest alone, so the sink
+            # learns the signer's key (verified: the manifest hashes to the archive key)
+            self.manifest_requested = True
+            rid = self._id()
+            self._request(s, _Pending(rid, None, False, True), M.Request(rid, self.fork, manifest=True))
         if (not self.upgrading and self.remote_length > self.trusted.length
                 and self.remote_fork == self.fork):
             rid = self._id()
@@ -411,6 +487,11 @@ class _Follower(_Role):
                 manifest=need_manifest,
             ))
         length = self.trusted.length
+        while self.repairs and self.repairs[0] < min(length, self.next_deliver):
+            i = self.repairs.pop(0)
+            rid = self._id()
+            self._request(s, _Pending(rid, i, False, False, repair=True), M.Request(
+                rid, self.fork, block=BlockRequest(i, max_missing_nodes(2 * i, length))))
         while self.next_request < length and len(self.inflight) < self.window:
             i = self.next_request
             self.next_request += 1
@@ -441,6 +522,8 @@ class _Follower(_Role):
             self.public_key = signers[0].public_key
         if self.public_key is None:
             raise VerificationError("no public key to verify against")
+        if p.manifest and not p.upgrade and p.block is None:
+            return  # the manifest alone (the key is all we wanted)
         if p.upgrade and proof.upgrade is None:
             raise VerificationError("peer answered an upgrade request without an upgrade")
         if p.block is not None and (proof.block is None or proof.block.index != p.block):
@@ -463,7 +546,14 @@ class _Follower(_Role):
             for r in roots:
                 self.known[r.index] = r
             self.heads.append((head.length, self.fork, vp.signature, roots))
+            self.latest_head = (head.length, self.fork, vp.signature, roots)
             self._sync(s)  # tell the peer our new length, as Hypercore does after upgrading
+        if p.repair:
+            assert proof.block is not None
+            repair = getattr(self.sink, "repair_block", None)
+            if repair is not None:
+                repair(p.block, proof.block.value or b"")
+            return
         if p.block is not None:
             assert proof.block is not None and vp.proven is not None
             self.buffered[p.block] = (proof.block.value or b"", vp.proven)
