@@ -2,7 +2,8 @@
 
 Keys (a version prefix, int16): 0/1 = OffsetCommitKey (group, topic, partition),
 2 = GroupMetadataKey (group). Values: OffsetCommitValue v0-v3 (we write v3: offset,
-leader epoch, metadata, commit timestamp) and GroupMetadataValue v0-v3 (we write v3:
+leader epoch, metadata, commit timestamp; v1, with its expire timestamp, for a commit that
+carried a retention time, as Kafka does) and GroupMetadataValue v0-v3 (we write v3:
 protocol type, generation, protocol, leader, state timestamp, members with instance id,
 client id/host, timeouts, subscription and assignment). A null value is a tombstone.
 Using Kafka's layout means Kafka's own tools can read a dump of the archive, and the
@@ -44,6 +45,7 @@ class OffsetValue:
     leader_epoch: int
     metadata: str
     commit_timestamp: int
+    expire_timestamp: int | None = None  # only OffsetCommit v2-v4 with a retention time
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,14 @@ def group_key(group_id: str) -> bytes:
 
 
 def offset_value(value: OffsetValue) -> bytes:
+    if value.expire_timestamp is not None:
+        # Kafka writes v1 exactly when a commit carries its own expiry (no leader epoch
+        # there: the OffsetCommit versions that carry a retention time have none either).
+        return (
+            struct.pack(">hq", 1, value.offset)
+            + _str(value.metadata)
+            + struct.pack(">qq", value.commit_timestamp, value.expire_timestamp)
+        )
     return (
         struct.pack(">hqi", 3, value.offset, value.leader_epoch)
         + _str(value.metadata)
@@ -183,9 +193,8 @@ def decode_offset_value(data: bytes) -> OffsetValue:
             offset = r.i(">q")
             metadata = r.req_string()
             commit = r.i(">q")
-            if version == 1:
-                r.i(">q")  # expire timestamp: not used since KIP-211
-            return OffsetValue(offset, -1, metadata, commit)
+            expire = r.i(">q") if version == 1 else -1  # v1's explicit expiry (KIP-211 keeps it)
+            return OffsetValue(offset, -1, metadata, commit, None if expire == -1 else expire)
         if version == 3:
             offset, epoch = r.take(">qi")
             metadata = r.req_string()
