@@ -222,6 +222,9 @@ class OffsetsArchive:
                 if plog.high_watermark <= offset:
                     raise ValueError(f"snapshot at {offset} is not durable yet")
                 dropped = plog.drop_segments_below(offset)
+                # Dropping commits what was appended (a head must cover the data before
+                # it forgets segments): wake whoever waits for those offsets.
+                partition.notify()
                 if dropped or plog.log_start_offset >= offset:
                     return dropped
             await trio.sleep(0.01)  # a commit job was in flight; the loop publishes it soon
