@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.groups import codes
+from broker.groups.records import OffsetValue, decode_offset_value, offset_value
 from broker.groups.state import (
     EMPTY_CONSUMER_ASSIGNMENT,
     CommittedOffset,
@@ -738,3 +739,14 @@ def test_offset_commit_member_checks_follow_kafka_per_version() -> None:
     assert h.g.validate_offset_commit(h.now, "g", 2, r1.member_id, "i1")[1] == codes.ILLEGAL_GENERATION
     # No generation, no member: only an Empty group takes it.
     assert h.g.validate_offset_commit(h.now, "g", -1, "", None)[1] == codes.UNKNOWN_MEMBER_ID
+
+
+def test_offset_values_with_an_explicit_expiry_are_kafkas_v1() -> None:
+    plain = OffsetValue(12, 3, "meta", 1000)
+    assert offset_value(plain)[:2] == b"\x00\x03" and decode_offset_value(offset_value(plain)) == plain
+    old = OffsetValue(12, -1, "meta", 1000, 5000)
+    data = offset_value(old)
+    assert data == b"\x00\x01" + struct.pack(">q", 12) + b"\x00\x04meta" + struct.pack(">qq", 1000, 5000)
+    assert decode_offset_value(data) == old
+    # A v1 value whose expire timestamp is -1 (Kafka's DEFAULT_TIMESTAMP) has no expiry.
+    assert decode_offset_value(data[:-8] + struct.pack(">q", -1)).expire_timestamp is None
