@@ -990,7 +990,10 @@ class Groups:
                     if committed.expired(now_wall, base(committed), retention):
                         del group.offsets[(topic, partition)]
                         expired.append((group.group_id, topic, partition))
-            if group.is_(State.EMPTY) and not group.offsets and not group.pending_offset_commits:
+            # Kafka would also drop an Empty group holding members it just told
+            # MEMBER_ID_REQUIRED; their second JoinGroup then fails with UNKNOWN_MEMBER_ID.
+            # Keeping the group until they come back (or their deadline passes) spares that.
+            if group.is_(State.EMPTY) and not group.offsets and not group.pending_offset_commits and not group.pending_members:
                 group.transition(State.DEAD)
                 del self.groups[group.group_id]
                 dead.append(group.group_id)

@@ -511,6 +511,7 @@ ops = st.lists(
         st.tuples(st.just("leave"), st.integers(0, 3)),
         st.tuples(st.just("advance"), st.sampled_from([0, 1, 500, 2999, 3000, 6000, 10_000, 30_000])),
         st.tuples(st.just("static"), st.integers(0, 3)),
+        st.tuples(st.just("expire"), st.integers(0, 3)),
     ),
     max_size=60,
 )
@@ -578,6 +579,14 @@ def test_random_histories_keep_the_invariants(history: list[tuple[str, int]]) ->
     for op, arg in history:
         if op == "advance":
             h.advance(arg)
+        elif op == "expire":
+            # Far in the future: whatever may expire does; a group with anyone in it stays.
+            before = h.g.get("g")
+            busy = before is not None and (before.members or before.pending_members or before.state is not State.EMPTY)
+            expired = h.g.expire_offsets(10**15)
+            assert not (busy and "g" in expired.groups), "expiry removed a live group"
+            if "g" in expired.groups:
+                generations.clear()  # a new group of the same name starts again at 0
         else:
             c = clients[arg]
             if op == "static" and c.member_id == "" and c.join_w is None:
