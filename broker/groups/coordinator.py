@@ -317,8 +317,12 @@ class GroupCoordinator:
                 return
         finally:
             group.end_offset_commit(partitions)
-        # The group may have been deleted and re-created meanwhile: write into the live one.
-        live = self.groups.get_or_create(group_id) if self.groups.get(group_id) is not group else group
+        if self.groups.get(group_id) is not group:
+            # DeleteGroups ran meanwhile: its tombstones follow our records in the archive,
+            # so a replay would not have these offsets; memory must not either (Kafka too
+            # drops a commit whose group went Dead before the append completed).
+            return
+        live = group
         for i, e in enumerate(to_write):
             key = (e.topic, e.partition)
             current = live.offsets.get(key)

@@ -234,3 +234,28 @@ async def test_a_returning_static_member_is_answered_without_waiting_on_the_arch
         assert c.heartbeat("gs", 1, r.member_id, "inst") == codes.FENCED_INSTANCE_ID
         s = c.sync("gs", 1, again.member_id, "inst", {})
         assert isinstance(s, SyncResult) and s.assignment == b"mine"
+
+
+async def test_a_commit_whose_group_is_deleted_in_flight_is_not_resurrected(config: BrokerConfig) -> None:
+    clock = Clock()
+    async with running(config, clock) as node:
+        node.create_topic("t", 1)
+        c = node.groups
+        await commit(c, "d", {("t", 0): 1})
+        release = trio.Event()
+        real_wait = c.archive.wait_durable
+
+        async def slow(last_offset: int) -> None:
+            await release.wait()
+            await real_wait(last_offset)
+
+        c.archive.wait_durable = slow  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit, c, "d", {("t", 0): 2})
+            await trio.sleep(0.05)  # the second commit is appended, not yet durable
+            c.archive.wait_durable = real_wait  # type: ignore[method-assign]
+            assert await c.delete_groups(["d"]) == {"d": codes.NONE}
+            release.set()
+        assert fetched(c, "d") == {}
+    async with running(config, clock) as node:
+        assert fetched(node.groups, "d") == {}  # memory and archive agree
