@@ -38,10 +38,8 @@ import trio
 from broker.groups import codes
 from broker.groups.offsets import OffsetsArchive, Replayed
 from broker.groups.records import (
-    GroupKey,
     GroupValue,
     MemberValue,
-    OffsetKey,
     OffsetValue,
     group_key,
     group_value,
@@ -409,9 +407,9 @@ class GroupCoordinator:
         expired = self.groups.expire_offsets(self.wall())
         self._dispatch()
         tombstones: list[tuple[bytes, bytes | None]] = [
-            (offset_key(g, t, p), None) for g, t, p in expired.offsets if self.archive.holds(OffsetKey(g, t, p))
+            (key, None) for g, t, p in expired.offsets if self.archive.holds(key := offset_key(g, t, p))
         ]
-        tombstones += [(group_key(g), None) for g in expired.groups if self.archive.holds(GroupKey(g))]
+        tombstones += [(key, None) for g in expired.groups if self.archive.holds(key := group_key(g))]
         if tombstones:
             await self._write_tombstones(tombstones)
         return expired
@@ -424,7 +422,7 @@ class GroupCoordinator:
         """Copy every live record forward and drop the segments below the copy (see
         broker.groups.offsets). Returns the segments dropped. `drop=False` stops after
         the copy is durable (tests: the crash window)."""
-        span = self.archive.write_snapshot(self.wall())
+        span = await self.archive.write_snapshot(self.wall())
         if span is None:
             return 0
         first, last = span

@@ -15,9 +15,13 @@ tree). So compaction here is copy-forward plus retention:
    by replay and by every `append` in log order (a tombstone removes the key). It is the
    archive's view, not the coordinator's: a commit appended but not yet durable is in it.
 2. When superseded records outnumber live ones (`needs_compaction`), `write_snapshot`
-   starts a new segment (`PartitionLog.roll`) and appends every live record again, as
-   ordinary batches, in one synchronous step (no other append interleaves). Replaying
-   from the snapshot's first offset therefore yields exactly the state of the whole log.
+   starts a new segment (`PartitionLog.roll`) at offset F and appends every live record
+   again, as ordinary batches of up to SNAPSHOT_BATCH_RECORDS, letting other tasks run
+   between batches. Other appends may land between the batches; that is safe because each
+   batch copies the values `live` holds *when it is written* (the newest ones), a key
+   deleted before its turn is skipped (its tombstone is at or past F), and a key first
+   written after F is past F anyway. So for every key, its last record at or past F is
+   its last record in the whole log: replaying from F gives the state of the whole log.
 3. Once a signed head covers the snapshot, `drop_below(first)` drops every segment below
    it through the storage retention path (`PartitionLog.drop_segments_below`): the data
    and the head are fsynced first, the log start offset advances, the tree file keeps the
@@ -68,6 +72,7 @@ OFFSETS_TOPIC = "__consumer_offsets"
 # Time and size retention would drop live commits: only compaction drops segments here.
 OFFSETS_TOPIC_CONFIGS = {"retention.ms": "-1", "retention.bytes": "-1"}
 READ_CHUNK = 1 << 20
+_V0, _V1 = b"\x00\x00", b"\x00\x01"
 SNAPSHOT_BATCH_RECORDS = 1000
 SNAPSHOT_BATCH_BYTES = 256 * 1024
 DROP_ATTEMPTS = 100  # drop_below retries while a commit job is in flight
@@ -105,8 +110,8 @@ class OffsetsArchive:
             topic = node.create_topic(OFFSETS_TOPIC, 1, -1, OFFSETS_TOPIC_CONFIGS)
             assert topic is not None
         self.partition: Partition = topic.partitions[0]
-        # The archive's last word per key: decoded key -> (raw key, raw value).
-        self.live: dict[OffsetKey | GroupKey, tuple[bytes, bytes]] = {}
+        # The archive's last word per key: normalised key bytes -> (raw key, raw value).
+        self.live: dict[bytes, tuple[bytes, bytes]] = {}
 
     def replay(self) -> Replayed:
         state = Replayed()
@@ -115,7 +120,7 @@ class OffsetsArchive:
             try:
                 decoded = decode_key(key)
                 state.apply(record_offset, decoded, value)
-                self._track(decoded, key, value)
+                self._track(key, value)
                 state.records += 1
             except RecordFormatError as exc:
                 # Not ours (the topic is writable by Produce like any other): skip it.
@@ -152,15 +157,18 @@ class OffsetsArchive:
                         yield rec.offset, rec.key, rec.value
             offset = chunk.end_offset
 
-    def _track(self, key: OffsetKey | GroupKey, raw_key: bytes, value: bytes | None) -> None:
+    def _track(self, raw_key: bytes, value: bytes | None) -> None:
+        # Offset keys v0 and v1 have the same layout after the version: one key.
+        key = _V1 + raw_key[2:] if raw_key[:2] == _V0 else raw_key
         if value is None:
             self.live.pop(key, None)
         else:
             self.live[key] = (raw_key, value)
 
-    def holds(self, key: OffsetKey | GroupKey) -> bool:
-        """Whether the archive's last word for `key` is a value (not a tombstone)."""
-        return key in self.live
+    def holds(self, raw_key: bytes) -> bool:
+        """Whether the archive's last word for this key (`records.offset_key` or
+        `records.group_key` bytes) is a value, not a tombstone."""
+        return raw_key in self.live
 
     def append(self, entries: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> tuple[int, int]:
         """Append one batch; (base offset, last offset). Durable once `wait_durable(last)`."""
@@ -170,7 +178,7 @@ class OffsetsArchive:
         base, last = partition.log.append(build_batch(entries, timestamp_ms))
         self.node.mark_dirty(partition)
         for raw_key, value in entries:
-            self._track(decode_key(raw_key), raw_key, value)
+            self._track(raw_key, value)
         return base, last
 
     async def wait_durable(self, last_offset: int) -> None:
@@ -188,28 +196,30 @@ class OffsetsArchive:
         dirty = self.dirty_records
         return dirty >= min_dirty_records and dirty >= len(self.live)
 
-    def write_snapshot(self, timestamp_ms: int) -> tuple[int, int] | None:
+    async def write_snapshot(self, timestamp_ms: int) -> tuple[int, int] | None:
         """Step 2: append every live record again, from a new segment; (first, last)
-        offset of the snapshot, or None when nothing is live."""
-        if not self.live:
+        offset of the snapshot, or None when nothing is live. Yields between batches."""
+        keys = list(self.live)
+        if not keys:
             return None
         self.partition.log.roll()
         first: int | None = None
         last = -1
-        chunk: list[tuple[bytes, bytes | None]] = []
-        size = 0
-        for raw_key, value in list(self.live.values()):
-            chunk.append((raw_key, value))
-            size += len(raw_key) + len(value)
-            if len(chunk) >= SNAPSHOT_BATCH_RECORDS or size >= SNAPSHOT_BATCH_BYTES:
+        i = 0
+        while i < len(keys):
+            chunk: list[tuple[bytes, bytes | None]] = []
+            size = 0
+            while i < len(keys) and len(chunk) < SNAPSHOT_BATCH_RECORDS and size < SNAPSHOT_BATCH_BYTES:
+                current = self.live.get(keys[i])  # the newest value now; gone if deleted meanwhile
+                i += 1
+                if current is not None:
+                    chunk.append(current)
+                    size += len(current[0]) + len(current[1])
+            if chunk:
                 base, last = self.append(chunk, timestamp_ms)
                 first = base if first is None else first
-                chunk, size = [], 0
-        if chunk:
-            base, last = self.append(chunk, timestamp_ms)
-            first = base if first is None else first
-        assert first is not None
-        return first, last
+            await trio.lowlevel.checkpoint()  # requests go on between batches (safe: see the module doc)
+        return None if first is None else (first, last)
 
     async def drop_below(self, offset: int) -> int:
         """Step 3: drop the segments below a durable snapshot that starts at `offset`."""

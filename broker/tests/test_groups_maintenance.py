@@ -19,6 +19,7 @@ import trio
 
 from broker.config import BrokerConfig
 from broker.groups import codes
+from broker.groups import offsets as offsets_module
 from broker.groups.coordinator import CommitEntry, GroupCoordinator, Waiter
 from broker.groups.offsets import OFFSETS_TOPIC
 from broker.groups.state import JoinResult, State, SyncResult
@@ -259,3 +260,55 @@ async def test_a_commit_whose_group_is_deleted_in_flight_is_not_resurrected(conf
         assert fetched(c, "d") == {}
     async with running(config, clock) as node:
         assert fetched(node.groups, "d") == {}  # memory and archive agree
+
+
+async def test_commits_and_deletes_between_snapshot_batches_survive_compaction(config: BrokerConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    config.static["hyperkafka.offsets.compaction.min.dirty.records"] = "1000000"  # only by hand
+    monkeypatch.setattr(offsets_module, "SNAPSHOT_BATCH_RECORDS", 2)  # many yields inside the copy
+    clock = Clock()
+    expected: dict[str, dict[tuple[str, int], int]] = {}
+    async with running(config, clock) as node:
+        node.create_topic("t", 8)
+        c = node.groups
+        for g in range(6):
+            offsets = {("t", p): 100 * g + p for p in range(8)}
+            await commit(c, f"g{g}", offsets)
+            expected[f"g{g}"] = offsets
+        await commit(c, "gone", {("t", 0): 1})
+
+        copying = trio.Event()
+        real_append = c.archive.append
+
+        def append(entries: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> tuple[int, int]:
+            span = real_append(entries, timestamp_ms)
+            if c.archive.partition.log.log_start_offset == 0 and span[0] > 0 and not copying.is_set() and snapshot_started:
+                copying.set()  # the copy's first batch is written: let the others in
+            return span
+
+        snapshot_started = False
+        c.archive.append = append  # type: ignore[method-assign]
+
+        async def one_group(g: int, round_: int) -> None:
+            offsets = {("t", p): 10_000 * round_ + 100 * g + p for p in range(0, 8, 3)}
+            await commit(c, f"g{g}", offsets)
+            expected[f"g{g}"].update(offsets)
+
+        async def meanwhile() -> None:
+            # Wakes once the copy has begun: these commits land between its batches, for
+            # keys copied before them and keys still to be copied, then a deletion.
+            await copying.wait()
+            async with trio.open_nursery() as inner:
+                for g in range(6):
+                    inner.start_soon(one_group, g, 1)
+            assert await c.delete_groups(["gone"]) == {"gone": codes.NONE}
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(meanwhile)
+            snapshot_started = True
+            assert await c.compact() >= 1
+        assert copying.is_set()
+        assert {g: fetched(c, g) for g in expected} == expected
+    async with running(config, clock) as node:
+        assert node.groups.archive.partition.log.log_start_offset > 0
+        assert {g: fetched(node.groups, g) for g in expected} == expected
+        assert fetched(node.groups, "gone") == {}
