@@ -27,6 +27,11 @@ deadline the driver reads from `next_deadline()` and fires with `tick(now)`:
 - the sync phase: members that got their JoinGroup answer but never sent SyncGroup within
   the rebalance timeout are removed and the group rebalances again (DelayedSync).
 
+Offsets expire in `expire_offsets(now_wall)` (KIP-211, Kafka's offsetExpirationCondition):
+the only entry point that takes the wall clock, because commit timestamps and the time a
+group became Empty (`Group.current_state_timestamp`, written into the group's record) are
+wall-clock times that survive a restart; offsets with a commit in flight never expire.
+
 Error semantics follow Kafka 3.x exactly (REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
 ILLEGAL_GENERATION, FENCED_INSTANCE_ID ...). Where Kafka would leave a request unanswered
 forever (a second JoinGroup replacing a parked one, a member removed while parked in
