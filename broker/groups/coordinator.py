@@ -386,21 +386,28 @@ class GroupCoordinator:
         """Expire offsets at start and every check interval; compact when asked."""
         interval = self.settings.offsets_retention_check_interval_ms / 1000
         deadline = trio.current_time()
+        compact_after = -math.inf  # after a compaction that freed nothing: wait an interval
         while True:
             with trio.move_on_at(deadline):
                 await self._maintenance_wanted.wait()
             self._maintenance_wanted = trio.Event()
-            if trio.current_time() >= deadline:
-                deadline = trio.current_time() + interval
+            now = trio.current_time()
+            if now >= deadline:
+                deadline = now + interval
                 try:
                     await self.expire_offsets()
                 except Exception:  # one failed pass must not end the coordinator
                     log.exception("offset expiry failed")
-            if self.archive.needs_compaction(self.settings.offsets_compaction_min_dirty_records):
+            if now >= compact_after and self.archive.needs_compaction(self.settings.offsets_compaction_min_dirty_records):
+                dropped = 0
                 try:
-                    await self.compact()
+                    dropped = await self.compact()
                 except Exception:
                     log.exception("offsets archive compaction failed")
+                if not dropped:
+                    # Another copy now would only add to the archive (nothing was dropped,
+                    # or nothing is live): try again at the next check.
+                    compact_after = trio.current_time() + interval
 
     async def expire_offsets(self) -> Expired:
         """One expiry pass: forget expired offsets and empty groups, write tombstones."""

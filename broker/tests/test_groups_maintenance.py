@@ -312,3 +312,20 @@ async def test_commits_and_deletes_between_snapshot_batches_survive_compaction(c
         assert node.groups.archive.partition.log.log_start_offset > 0
         assert {g: fetched(node.groups, g) for g in expected} == expected
         assert fetched(node.groups, "gone") == {}
+
+
+async def test_a_compaction_that_frees_nothing_is_not_repeated_until_the_next_check(config: BrokerConfig) -> None:
+    clock = Clock()
+    async with running(config, clock) as node:
+        node.create_topic("t", 1)
+        c = node.groups
+
+        async def stuck(offset: int) -> int:
+            return 0  # as if a commit job were always in flight
+
+        c.archive.drop_below = stuck  # type: ignore[method-assign]
+        for i in range(60):
+            await commit(c, "g", {("t", 0): i})
+        await trio.sleep(0.1)
+        # Without the pause every later commit would copy the live set once more.
+        assert c.compactions == 1
