@@ -168,7 +168,33 @@ class _Reader:
         return out
 
 
+_KEY_HEAD = struct.Struct(">hh")  # version, length of the group id
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_OFFSET_V3_HEAD = struct.Struct(">hqih")  # version, offset, leader epoch, metadata length
+
+
 def decode_key(data: bytes) -> OffsetKey | GroupKey:
+    """A key of the archive. Replay decodes every record, so the exact-length layouts we
+    write are read with a few struct calls; anything else takes `_decode_key_checked`."""
+    n = len(data)
+    if n >= 4:
+        version, glen = _KEY_HEAD.unpack_from(data, 0)
+        try:
+            if version in (0, 1) and glen >= 0 and 6 + glen <= n:
+                (tlen,) = _I16.unpack_from(data, 4 + glen)
+                end = 6 + glen + tlen
+                if tlen >= 0 and end + 4 == n:
+                    return OffsetKey(data[4 : 4 + glen].decode(), data[6 + glen : end].decode(), _I32.unpack_from(data, end)[0])
+            elif version == 2 and glen >= 0 and 4 + glen == n:
+                return GroupKey(data[4:].decode())
+        except UnicodeDecodeError:
+            pass  # the checked decoder says why
+    return _decode_key_checked(data)
+
+
+def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey:
     try:
         r = _Reader(data)
         version = r.i(">h")
@@ -182,6 +208,21 @@ def decode_key(data: bytes) -> OffsetKey | GroupKey:
 
 
 def decode_offset_value(data: bytes) -> OffsetValue:
+    """An OffsetCommitValue; v3 of the exact length we write takes the short path."""
+    n = len(data)
+    if n >= _OFFSET_V3_HEAD.size + 8:
+        version, offset, epoch, mlen = _OFFSET_V3_HEAD.unpack_from(data, 0)
+        if version == 3 and mlen >= 0 and _OFFSET_V3_HEAD.size + mlen + 8 == n:
+            try:
+                metadata = data[16 : 16 + mlen].decode()
+            except UnicodeDecodeError:
+                pass
+            else:
+                return OffsetValue(offset, epoch, metadata, _I64.unpack_from(data, 16 + mlen)[0])
+    return _decode_offset_value_checked(data)
+
+
+def _decode_offset_value_checked(data: bytes) -> OffsetValue:
     try:
         r = _Reader(data)
         version = r.i(">h")

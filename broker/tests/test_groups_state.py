@@ -16,7 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.groups import codes
-from broker.groups.records import OffsetValue, decode_offset_value, offset_value
+from broker.groups import records as records_module
+from broker.groups.records import (
+    OffsetValue,
+    RecordFormatError,
+    decode_key,
+    decode_offset_value,
+    group_key,
+    offset_key,
+    offset_value,
+)
 from broker.groups.state import (
     EMPTY_CONSUMER_ASSIGNMENT,
     CommittedOffset,
@@ -759,3 +768,40 @@ def test_offset_values_with_an_explicit_expiry_are_kafkas_v1() -> None:
     assert decode_offset_value(data) == old
     # A v1 value whose expire timestamp is -1 (Kafka's DEFAULT_TIMESTAMP) has no expiry.
     assert decode_offset_value(data[:-8] + struct.pack(">q", -1)).expire_timestamp is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda g, t, p, v, tail: struct.pack(">h", v) + offset_key(g, t, p)[2:] + tail,
+                  st.text(max_size=8), st.text(max_size=8), st.integers(-(2**31), 2**31 - 1), st.integers(0, 3), st.binary(max_size=2)),
+        st.builds(lambda g, tail: group_key(g) + tail, st.text(max_size=8), st.binary(max_size=2)),
+    )
+)
+def test_fast_key_decoding_agrees_with_the_checked_decoder(data: bytes) -> None:
+    def outcome(f: Any) -> Any:
+        try:
+            return f(data)
+        except RecordFormatError:
+            return "error"
+
+    assert outcome(decode_key) == outcome(records_module._decode_key_checked)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda o, e, m, c, tail: offset_value(OffsetValue(o, e, m, c)) + tail,
+                  st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1), st.text(max_size=8), st.integers(-(2**63), 2**63 - 1), st.binary(max_size=2)),
+    )
+)
+def test_fast_offset_value_decoding_agrees_with_the_checked_decoder(data: bytes) -> None:
+    def outcome(f: Any) -> Any:
+        try:
+            return f(data)
+        except RecordFormatError:
+            return "error"
+
+    assert outcome(decode_offset_value) == outcome(records_module._decode_offset_value_checked)
