@@ -394,6 +394,7 @@ class Node:
                         continue
                     dropped += p.log.apply_retention(now)
                     p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
+                p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
 
     async def run_background(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

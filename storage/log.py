@@ -1405,10 +1405,7 @@ class PartitionLog:
         """Drop whole old segments by retention_ms / retention_bytes. Returns the number of
         segments dropped. Never the active segment, never data above the high watermark;
         skipped while a commit job is in flight. Tree nodes are kept (proofs)."""
-        for seg in self._doomed:  # ranges handed out before the last retention are stale now
-            self.fs.close(seg.log_fd)
-            self.fs.close(seg.idx_fd)
-        self._doomed = []
+        self._close_doomed()
         if self._job is not None or self.damage is not None or self._poisoned is not None:
             return 0
         cfg = self.config
@@ -1423,6 +1420,40 @@ class PartitionLog:
                 break
             drop += 1
             total -= seg.log_size
+        return self._drop_first_segments(drop)
+
+    def drop_segments_below(self, offset: int) -> int:
+        """Drop the whole segments that end at or below `offset` (never the active one,
+        never data above the high watermark), exactly as retention drops them: the log
+        start offset advances, tree nodes stay (proofs), the head records the new start.
+        For a log whose owner rewrote everything it still needs at `offset` or later
+        (the offsets archive's compaction). Returns the number of segments dropped; 0 also
+        while a commit job is in flight (call again later)."""
+        self._close_doomed()
+        if self._job is not None or self.damage is not None or self._poisoned is not None:
+            return 0
+        drop = 0
+        for seg in self._segments[:-1]:
+            end = seg.next_offset()
+            if not seg.count or end > offset or end > self.high_watermark:
+                break
+            drop += 1
+        return self._drop_first_segments(drop)
+
+    def roll(self) -> None:
+        """Make the next append start a new segment (when the active one holds anything).
+        Done by aging the active segment past segment_ms, which the append path already
+        checks, so the hot path stays as it is."""
+        if self._segments and self._segments[-1].count:
+            self._segments[-1].created_ms = -(1 << 80)
+
+    def _close_doomed(self) -> None:
+        for seg in self._doomed:  # ranges handed out before the last drop are stale now
+            self.fs.close(seg.log_fd)
+            self.fs.close(seg.idx_fd)
+        self._doomed = []
+
+    def _drop_first_segments(self, drop: int) -> int:
         if not drop:
             return 0
         dropped = self._segments[:drop]
