@@ -70,7 +70,6 @@ class SecretStream:
         self.static = static or Ed25519KeyPair.generate()
         self._noise: NoiseXX | None = NoiseXX(initiator, self.static, ephemeral=ephemeral)
         self._in = bytearray()
-        self._pos = 0
         self._out: list[bytes] = []
         self._push: object | None = None
         self._pull: object | None = None
@@ -107,25 +106,36 @@ class SecretStream:
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Feed bytes from the wire; returns the application messages they completed."""
-        self._in += data
+        """Feed bytes from the wire; returns the application messages they completed.
+
+        Whole frames are cut straight out of `data` with one copy each (the cipher wants
+        `bytes`); only an incomplete tail is kept for the next call. (Appending every
+        read to a buffer, slicing a bytearray and trimming it cost three more copies of
+        every byte, a quarter of a follower's time at 64 KiB blocks.)"""
+        buffered = bool(self._in)
+        if buffered:
+            self._in += data
+        view = memoryview(self._in if buffered else data).cast("B")
         out: list[bytes] = []
-        buf = self._in
-        while True:
-            avail = len(buf) - self._pos
-            if avail < 3:
-                break
-            n = buf[self._pos] | buf[self._pos + 1] << 8 | buf[self._pos + 2] << 16
-            if avail < 3 + n:
-                break
-            body = bytes(buf[self._pos + 3 : self._pos + 3 + n])
-            self._pos += 3 + n
-            msg = self._incoming(body)
-            if msg:  # None during setup; empty = keep-alive
-                out.append(msg)
-        if self._pos:
-            del buf[: self._pos]
-            self._pos = 0
+        pos = 0
+        end = len(view)
+        try:
+            while end - pos >= 3:
+                n = view[pos] | view[pos + 1] << 8 | view[pos + 2] << 16
+                if end - pos < 3 + n:
+                    break
+                body = bytes(view[pos + 3 : pos + 3 + n])
+                pos += 3 + n
+                msg = self._incoming(body)
+                if msg:  # None during setup; empty = keep-alive
+                    out.append(msg)
+            tail = b"" if buffered or pos == end else bytes(view[pos:])
+        finally:
+            view.release()
+        if buffered:
+            del self._in[:pos]
+        elif tail:
+            self._in += tail
         return out
 
     def _incoming(self, body: bytes) -> bytes | None:
