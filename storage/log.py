@@ -378,8 +378,8 @@ class FileRange:
 # ---------------------------------------------------------------------------- commit
 
 # A batch appended since the last commit job: (.log fd, .bidx fd, entry number in its
-# segment, base offset, max timestamp, position, size, last offset delta, its bytes).
-PendingBatch = tuple[int, int, int, int, int, int, int, int, bytes]
+# segment, base offset, max timestamp, position, size, last offset delta).
+PendingBatch = tuple[int, int, int, int, int, int, int, int]
 
 
 class BackgroundSync:
@@ -438,7 +438,7 @@ class CommitJob:
     seq: int
     index_writes: list[tuple[int, int, bytes]]
     nodes: list[Node]
-    # batches appended since the last job, hashed here, off the owner thread
+    # batches appended since the last job: read back and hashed here, off the owner thread
     pending: list[PendingBatch]
     sync_fds: list[int]
     sync_derived: bool
@@ -523,12 +523,25 @@ class CommitJob:
             return
         self.leaf_lo = fr.length
         self.leaf_hi = fr.length + len(pending)
+        fs = self.log.fs
         run_fd = -1
         run_start = 0
         buf = bytearray()
-        for _log_fd, fd, k, base, max_ts, pos, size, delta, data in pending:
-            # `data` is the immutable copy append() wrote with pwrite: the bytes we serve
-            leaf = compute_leaf(data, size)
+        span = memoryview(b"")
+        span_fd = span_start = span_end = -1
+        for i, (log_fd, fd, k, base, max_ts, pos, size, delta) in enumerate(pending):
+            if log_fd != span_fd or pos + size > span_end:
+                # one pread for every new batch of this segment (they are contiguous); the
+                # page cache has them, and what we hash is exactly what we will serve
+                j = i
+                while j + 1 < len(pending) and pending[j + 1][0] == log_fd:
+                    j += 1
+                span_fd, span_start = log_fd, pos
+                span_end = pending[j][5] + pending[j][6]
+                span = memoryview(fs.pread_exact(log_fd, span_end - span_start, span_start))
+                if len(span) != span_end - span_start:
+                    raise StorageError("segment shorter than what was appended")
+            leaf = compute_leaf(span[pos - span_start : pos - span_start + size], size)
             nodes.extend(fr.append(leaf, size))
             if fd != run_fd or k != run_start + len(buf) // ENTRY_SIZE:
                 if buf:
@@ -1124,11 +1137,7 @@ class PartitionLog:
         _BE_I32.pack_into(batch, B.LEADER_EPOCH, leader_epoch)
         seg = self._active_for(size)
         pos = seg.log_size
-        # One immutable copy (a memcpy, ~1 us per 16 KiB) is both what pwrite puts in the
-        # file and what the commit job hashes: the job needs no pread of it back, and the
-        # caller may reuse its buffer at once.
-        data = bytes(batch)
-        self.fs.pwrite_all(seg.log_fd, data, pos)
+        self.fs.pwrite_all(seg.log_fd, batch, pos)
         seg.log_size = pos + size
         seg.synced_log = False
         k = len(seg.bases)
@@ -1137,7 +1146,7 @@ class PartitionLog:
         seg.bases.append(base)
         seg.max_ts.append(max_ts)
         seg.positions.append(pos)
-        self._pending.append((seg.log_fd, seg.idx_fd, k, base, max_ts, pos, size, delta, data))
+        self._pending.append((seg.log_fd, seg.idx_fd, k, base, max_ts, pos, size, delta))
         self._next_leaf += 1
         self._leaf_ok.append(1)
         self.log_end_offset = base + delta + 1
