@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from hashlib import blake2b
 
 from storage.hypercore import (
     REPLICATE_INITIATOR_NS,
@@ -38,6 +39,7 @@ from storage.hypercore import (
     HypercoreError,
     Node,
     discovery_key,
+    flat_tree,
 )
 from storage.hypercore.proofs import (
     BlockRequest,
@@ -72,6 +74,27 @@ from storage.replication.sources import ArchiveSink, ArchiveSource, SignedHead
 # Hypercore gives up on a peer after this many invalid requests (replicator.js).
 MAX_INVALID_REQUESTS = 64
 DEFAULT_WINDOW = 128
+PRUNE_EVERY = 4096  # delivered blocks between prunes of the follower's verified nodes
+
+
+def block_nodes(index: int, length: int) -> int:
+    """How many levels of siblings to ask for with block `index` when blocks are fetched
+    in order: up to its lowest ancestor that is a right child, i.e. ``ctz(index)``
+    levels (0 for every odd block), capped where the tree of `length` has a root.
+
+    Why: the proof of block ``index - 2**h`` (h = ctz(index)) went at least one level
+    higher and so carried that ancestor as a sibling; the follower keeps every node it
+    verified, so the rest of the path would be sent and hashed for nothing. On average
+    this is one node per block instead of log2(length), on the wire, in the server's
+    node reads and in our hashing. Hypercore's own requester does the same thing
+    (``nodes`` = levels up to the first node it has). Should the ancestor not be known
+    when the answer arrives, the follower waits for earlier answers or asks again with
+    the full path."""
+    if index:
+        low = index & -index  # the ancestor at height ctz spans blocks [index, index + low)
+        if index + low <= length:
+            return low.bit_length() - 1  # a whole node: the path to it stays in the tree
+    return max_missing_nodes(2 * index, length)
 
 
 def capability(initiator: bool, key: bytes, handshake_hash: bytes) -> bytes:
@@ -409,6 +432,11 @@ class _Follower(_Role):
     manifest_requested: bool = False
     latest_head: tuple[int, int, bytes, list[Node]] | None = None
     repairs: list[int] = field(default_factory=list)
+    # block answers whose path ends at a node an earlier answer will prove
+    stalled: list[tuple[_Pending, M.Data]] = field(default_factory=list)
+    stalls: int = 0  # answers that waited for an earlier one (statistics, tests)
+    retries: int = 0  # short answers asked again with the full path
+    pruned_at: int = 0
 
     def __post_init__(self) -> None:
         if self.have is not None:
@@ -423,6 +451,7 @@ class _Follower(_Role):
             not self.live
             and self.remote_length is not None
             and not self.inflight
+            and not self.stalled
             and self.trusted.length >= self.remote_length
             and self.next_deliver == self.trusted.length
         )
@@ -497,7 +526,7 @@ class _Follower(_Role):
             self.next_request += 1
             rid = self._id()
             self._request(s, _Pending(rid, i, False, False), M.Request(
-                rid, self.fork, block=BlockRequest(i, max_missing_nodes(2 * i, length))))
+                rid, self.fork, block=BlockRequest(i, block_nodes(i, length))))
 
     def _id(self) -> int:
         rid = self.next_id
@@ -511,6 +540,11 @@ class _Follower(_Role):
         proof = m.proof
         if proof.fork != self.fork:
             raise VerificationError(f"data for fork {proof.fork}, we are on {self.fork}")
+        if (p.block is not None and not p.upgrade and not p.manifest and not p.repair
+                and proof.upgrade is None
+                and proof.manifest is None and proof.hash is None and self.public_key is not None):
+            self._on_block(s, p, m)
+            return
         if p.manifest:
             if proof.manifest is None:
                 raise VerificationError("peer did not send the manifest we asked for")
@@ -543,6 +577,10 @@ class _Follower(_Role):
             assert head is not None and vp.signature is not None
             self.trusted = head
             roots = head.roots()
+            # every upgrade node took part in the signed tree hash: verified
+            assert proof.upgrade is not None
+            for n in proof.upgrade.nodes + proof.upgrade.additional_nodes:
+                self.known[n.index] = n
             for r in roots:
                 self.known[r.index] = r
             self.heads.append((head.length, self.fork, vp.signature, roots))
@@ -561,7 +599,73 @@ class _Follower(_Role):
             s.stats.bytes += len(proof.block.value or b"")
         self._deliver()
 
+    def _on_block(self, s: ReplicationSession, p: _Pending, m: M.Data) -> None:
+        """A plain block answer (the catch-up hot path): hash the value once, fold the
+        sibling path up to a node already verified, compare, keep the new nodes."""
+        b = m.proof.block
+        if b is None or b.index != p.block:
+            raise VerificationError("peer answered with another block than requested")
+        value = b.value
+        if value is None:
+            raise VerificationError("block proof without a value")
+        ite = 2 * b.index
+        size = len(value)
+        h = blake2b(b"\x00" + size.to_bytes(8, "little"), digest_size=32)
+        h.update(value)
+        leaf = cur = Node(ite, size, h.digest())
+        path = [cur]
+        for d, sib in enumerate(b.nodes):
+            step = 2 << d
+            right = (ite >> (d + 1)) & 1
+            if sib.index != (ite - step if right else ite + step) or len(sib.hash) != 32:
+                raise VerificationError(f"bad proof from peer: unexpected node {sib.index}")
+            left_n, right_n = (sib, cur) if right else (cur, sib)
+            total = left_n.size + right_n.size
+            ite = ite - (step >> 1) if right else ite + (step >> 1)
+            cur = Node(ite, total, blake2b(
+                b"\x01" + total.to_bytes(8, "little") + left_n.hash + right_n.hash,
+                digest_size=32).digest())
+            path.append(sib)
+            path.append(cur)
+        known = self.known
+        have = known.get(cur.index)
+        if have is None:
+            if any(q.block is not None and q.block < b.index for q in self.inflight.values()):
+                self.stalls += 1
+                self.stalled.append((p, m))  # an earlier answer proves its top node
+                return
+            # nothing in flight can prove it (e.g. an upgrade moved the roots): full path
+            self.retries += 1
+            rid = self._id()
+            self._request(s, _Pending(rid, b.index, False, False), M.Request(
+                rid, self.fork,
+                block=BlockRequest(b.index, max_missing_nodes(2 * b.index, self.trusted.length))))
+            return
+        if have.hash != cur.hash or have.size != cur.size:
+            raise VerificationError(f"bad proof from peer: checksum mismatch at node {cur.index}")
+        for n in path:
+            known[n.index] = n
+        self.buffered[b.index] = (value, leaf)
+        s.stats.blocks += 1
+        s.stats.bytes += size
+        self._deliver()
+        if self.stalled:
+            again, self.stalled = self.stalled, []
+            for q, dm in again:
+                self._on_block(s, q, dm)
+
+    def _prune(self) -> None:
+        """Forget verified nodes wholly left of every block still to come (they can
+        never be a sibling or an ancestor on a later path); keep the trusted roots."""
+        edge = 2 * self.next_deliver
+        self.known = {i: n for i, n in self.known.items() if flat_tree.right_span(i) >= edge}
+        for r in self.trusted.roots():
+            self.known[r.index] = r
+        self.pruned_at = self.next_deliver
+
     def _deliver(self) -> None:
+        if self.next_deliver - self.pruned_at >= PRUNE_EVERY:
+            self._prune()
         while self.next_deliver in self.buffered:
             value, leaf = self.buffered.pop(self.next_deliver)
             self.sink.put_block(self.next_deliver, value, leaf)
