@@ -61,11 +61,12 @@ func (franz) produce(o opts, recs []rec) (map[string]any, error) {
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerBatchCompression(codec),
 		kgo.ProducerLinger(5*time.Millisecond),
-		// Above the broker's max.message.bytes, so an oversized batch is the broker's call.
-		kgo.ProducerBatchMaxBytes(int32(o.maxBatch)),
 		kgo.MaxBufferedRecords(len(recs)+1),
 		kgo.RecordDeliveryTimeout(2*time.Minute),
 	)
+	if o.maxBatch > 0 {
+		kopts = append(kopts, kgo.ProducerBatchMaxBytes(int32(o.maxBatch)))
+	}
 	switch o.acks {
 	case "all":
 		kopts = append(kopts, kgo.RequiredAcks(kgo.AllISRAcks()))

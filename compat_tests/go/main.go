@@ -221,7 +221,7 @@ func parse(args []string) opts {
 	fs.Int64Var(&o.offset, "offset", 0, "")
 	timeout := fs.Float64("timeout", 120, "seconds")
 	idle := fs.Float64("idle", 20, "give up consuming after this long without a new record")
-	fs.IntVar(&o.maxBatch, "max-batch-bytes", 4<<20, "client-side batch/message size limit")
+	fs.IntVar(&o.maxBatch, "max-batch-bytes", 0, "client-side batch/message size limit (0: the client's default)")
 	fs.BoolVar(&o.allowErrors, "allow-errors", false, "report produce errors instead of failing")
 	fs.IntVar(&o.sessionMs, "session-ms", 6000, "")
 	fs.IntVar(&o.heartbeatMs, "heartbeat-ms", 500, "")

@@ -75,8 +75,9 @@ func (saramaDriver) produce(o opts, recs []rec) (map[string]any, error) {
 	cfg.Producer.Return.Successes = true
 	cfg.Producer.Return.Errors = true
 	cfg.Producer.Flush.Frequency = 5 * time.Millisecond
-	// Above the broker's max.message.bytes, so an oversized batch is the broker's call.
-	cfg.Producer.MaxMessageBytes = o.maxBatch
+	if o.maxBatch > 0 {
+		cfg.Producer.MaxMessageBytes = o.maxBatch
+	}
 	cfg.Producer.Timeout = 30 * time.Second
 	switch o.acks {
 	case "all":
