@@ -355,6 +355,21 @@ def find_hkgo() -> tuple[str | None, str]:
     return str(HKGO), ""
 
 
+def find_kgo_suite() -> tuple[tuple[str, Path] | None, str]:
+    """(franz-go's pkg/kgo test binary, the package directory it runs in), built by
+    compat_tests/go/setup.sh, or None and why not."""
+    binary, where = TOOLS_DIR / "kgo.test", TOOLS_DIR / "franz-go.dir"
+    if not binary.exists() or not where.exists():
+        return None, (
+            f"{binary.relative_to(ROOT)} missing: scripts/test builds it (compat_tests/go/setup.sh, "
+            "needs the Go toolchain)"
+        )
+    pkg = Path(where.read_text().strip()) / "pkg" / "kgo"
+    if not pkg.is_dir():
+        return None, f"franz-go's pkg/kgo is not in the module cache at {pkg}: rerun scripts/test"
+    return (str(binary), pkg), ""
+
+
 @contextlib.contextmanager
 def raw_connection(broker: Broker, timeout: float = 10.0):  # type: ignore[no-untyped-def]
     s = socket.create_connection((broker.host, broker.port), timeout=timeout)
