@@ -1,7 +1,7 @@
 """The client matrix: one `Client` per real Kafka client, each able to produce and consume.
 
-Owns how each client is driven (kcat and node as subprocesses, the Python clients through
-compat_tests.workers.pyclient in their own process), what each can express (`Profile`) and
+Owns how each client is driven (kcat, node and the Go driver hkgo as subprocesses, the
+Python clients through compat_tests.workers.pyclient in their own process), what each can express (`Profile`) and
 which codecs it is tested with. Also the small in-test admin helpers (create/delete a topic
 through kafka-python's admin client). Imports the standard library, pytest and the
 compat_tests modules; the Python Kafka clients only inside functions.

@@ -214,7 +214,7 @@ func (saramaDriver) consume(o opts) ([]rec, int64, map[string]any, error) {
 }
 
 // groupHandler reports assignments and records; one record at a time across all claims,
-// so that every reported record is committed before the member counts it and stops.
+// so that every reported record is marked before the member counts it and stops.
 type groupHandler struct {
 	o    opts
 	st   *stopper
@@ -248,8 +248,7 @@ func (h *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.
 			}
 			emit(map[string]any{"ev": "rec", "p": m.Partition, "o": m.Offset, "v": string(m.Value)})
 			time.Sleep(time.Duration(h.o.delayMs) * time.Millisecond)
-			s.MarkMessage(m, "") // marks offset+1
-			s.Commit()           // synchronous with auto-commit off
+			s.MarkMessage(m, "") // offset+1, committed within 100 ms and at every session end
 			h.st.mu.Lock()
 			h.st.n++
 			h.st.mu.Unlock()
@@ -260,7 +259,13 @@ func (h *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.
 
 func (saramaDriver) group(o opts) error {
 	cfg := saramaConfig()
-	cfg.Consumer.Offsets.AutoCommit.Enable = false
+	// sarama's way to commit each record is MarkMessage plus its auto-commit loop. A
+	// synchronous session.Commit() per record would queue behind the Fetch long poll
+	// (MaxWaitTime 500 ms) that sarama keeps in flight on the same connection to this
+	// one-node cluster, so each commit would take half a second; the marks are flushed
+	// on every rebalance and on Close, so nothing read is left uncommitted at a clean stop.
+	cfg.Consumer.Offsets.AutoCommit.Enable = true
+	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	cfg.Consumer.Group.Session.Timeout = time.Duration(o.sessionMs) * time.Millisecond
 	cfg.Consumer.Group.Heartbeat.Interval = time.Duration(o.heartbeatMs) * time.Millisecond
