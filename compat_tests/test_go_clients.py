@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from compat_tests.clients import CLIENTS, GO_CLIENTS, create_topic, go_admin
-from compat_tests.harness import Broker
+from compat_tests.clients import CLIENTS, GO_CLIENTS, create_topic, go_admin, run_json
+from compat_tests.harness import Broker, find_hkgo
 from compat_tests.records import Record, assert_same, generate
 
 N = int(os.environ.get("HK_COMPAT_RECORDS", "20000"))
@@ -140,14 +140,12 @@ def test_sarama_idempotent_producer(broker: Broker, workdir: Path) -> None:
     # sarama keeps its producer id to itself; franz-go reports the ids in the batches it read.
     consumed, _ = franz.consume(broker, topic, N, workdir)
     assert_same(records, consumed)
-    ids = _producer_ids(franz, broker, topic, workdir)
+    ids = _producer_ids(broker, topic, workdir)
     assert len(ids) == 1 and ids[0] >= 0, f"sarama's idempotent batches carry producer ids {ids}"
 
 
-def _producer_ids(franz: Any, broker: Broker, topic: str, workdir: Path) -> list[int]:
-    from compat_tests.clients import run_json
-    from compat_tests.harness import find_hkgo
-
+def _producer_ids(broker: Broker, topic: str, workdir: Path) -> list[int]:
+    """The producer ids in the partition's batches, as franz-go's consumer reports them."""
     hkgo, why = find_hkgo()
     assert hkgo is not None, why
     out = workdir / f"pids-{topic}.jsonl"

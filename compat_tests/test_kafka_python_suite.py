@@ -39,6 +39,7 @@ import pytest
 from compat_tests import harness
 from compat_tests.harness import Broker
 
+
 def _installed_version() -> str:
     from importlib.metadata import version
 
