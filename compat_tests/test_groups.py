@@ -1,8 +1,9 @@
 """Consumer groups through real clients, each member in its own process.
 
-- Groups of two and three members of kafka-python, confluent-kafka, aiokafka and kafkajs
-  split a 4-partition topic: every member gets partitions, none shared, all records read,
-  and the commits cover everything at the end.
+- Groups of two and three members of kafka-python, confluent-kafka, aiokafka, kafkajs,
+  franz-go (cooperative-sticky, its default) and sarama (range, its default) split a
+  4-partition topic: every member gets partitions, none shared, all records read, and the
+  commits cover everything at the end.
 - A member killed with SIGKILL: its partitions move to the survivors (the dead member is
   detected after its session timeout, 6 s here) and no record is lost, because members
   commit each record after reading it. The time from the kill to the survivors' new
@@ -13,8 +14,9 @@
 - Offsets expiry and compaction of the offsets archive through a broker configured by a
   properties file: an expired offset is gone after a restart, compacted commits are kept.
 
-Members are compat_tests/workers/groupclient.py (Python clients) and
-compat_tests/js/group_worker.js (kafkajs), speaking JSON lines on stdout.
+Members are compat_tests/workers/groupclient.py (Python clients),
+compat_tests/js/group_worker.js (kafkajs) and `hkgo CLIENT group` (compat_tests/go: franz-go
+and sarama), speaking JSON lines on stdout.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ from typing import Any
 import pytest
 
 from compat_tests import harness
-from compat_tests.clients import CLIENTS, admin, create_topic
+from compat_tests.clients import CLIENTS, GO_CLIENTS, admin, create_topic
 from compat_tests.harness import Broker
 
-GROUP_CLIENTS = ["kafka-python", "confluent", "aiokafka", "kafkajs"]
+GROUP_CLIENTS = ["kafka-python", "confluent", "aiokafka", "kafkajs", "franz-go", "sarama"]
 PARTITIONS = 4
 SESSION_MS = 6000
 TIMINGS: dict[str, float] = {}
@@ -86,6 +88,10 @@ def _member_argv(client: str, broker: Broker, topic: str, group: str, extra: lis
         node, _ = harness.find_node_kafkajs()
         assert node is not None
         return [node, str(harness.JS_DIR / "group_worker.js"), *args], env
+    if client in GO_CLIENTS:
+        hkgo, why = harness.find_hkgo()
+        assert hkgo is not None, why
+        return [hkgo, client, "group", *args], env
     return [sys.executable, "-m", "compat_tests.workers.groupclient", client, *args], env
 
 
@@ -249,7 +255,7 @@ def _killed_member_scenario(broker: Broker, workdir: Path, client: str, request:
 
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("group-resume-after-restart")
-@pytest.mark.parametrize("client", ["kafka-python", "confluent", "kafkajs"])
+@pytest.mark.parametrize("client", ["kafka-python", "confluent", "kafkajs", "franz-go", "sarama"])
 def test_group_resumes_at_its_commits_after_a_broker_restart(fresh_broker: Broker, workdir: Path, client: str) -> None:
     _require(client)
     b = fresh_broker
