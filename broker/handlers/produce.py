@@ -1,12 +1,15 @@
 """Produce and InitProducerId: the write path.
 
 Per partition, in this order and without yielding to the event loop (so checks and the
-append are atomic per partition): topic lookup (auto-create), batch checks (one v2 batch,
-CRC-32C, record count vs lastOffsetDelta, size, codec vs version, timestamps), the
-idempotence verdict, LogAppendTime stamping, then `PartitionLog.append`. The response
-waits (in `Deferred`, so the connection keeps reading) until the group commit has
-published a signed head covering every appended batch: a produce is acknowledged only
-once durable as the fsync policy says. acks=0 gets no response at all.
+admission are atomic per partition): topic lookup (auto-create), batch checks (one v2
+batch, CRC-32C, record count vs lastOffsetDelta, size, codec vs version, timestamps), the
+idempotence verdict, LogAppendTime stamping, then `Partition.admit`, which gives the
+batch its offsets and queues it for the next commit round (node.py). The handler never
+awaits, so the connection's reader goes on to the next request at once. The response
+waits (in `Deferred`, answered in request order) until a commit round has written the
+batch and published a signed head covering it: a produce is acknowledged only once
+durable as the fsync policy says. acks=0 gets no response at all; a disk error found
+after admission takes the partition offline, and the next produce to it learns that.
 """
 
 from __future__ import annotations
@@ -60,19 +63,18 @@ class _PartitionResult:
         self.wait_for = -1  # last offset that must be covered by a head before answering
 
 
-async def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any) -> _PartitionResult:
+def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any) -> _PartitionResult:
     if not 0 <= index < len(topic.partitions):
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
-    # Checks, idempotence verdict and append are one atomic step per partition.
-    async with partition.lock:
-        result = await _append_checked(ctx, topic, partition, data)
+    # Checks, idempotence verdict and admission are one atomic step: nothing here yields.
+    result = _admit_checked(ctx, topic, partition, data)
     if result.error not in _NO_LOG_START_OFFSET:
         result.log_start_offset = partition.log.log_start_offset
     return result
 
 
-async def _append_checked(ctx: RequestContext, topic: Topic, partition: Partition, data: Any) -> _PartitionResult:
+def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data: Any) -> _PartitionResult:
     if partition.failed:
         return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
     if not data:
@@ -123,16 +125,14 @@ async def _append_checked(ctx: RequestContext, topic: Topic, partition: Partitio
         if outcome.verdict is Verdict.OUT_OF_ORDER:
             return _PartitionResult(errors.OUT_OF_ORDER_SEQUENCE_NUMBER, outcome.message)
 
-    buf = bytearray(data)
+    # The log stamps the base offset into the batch: a writable view of the request frame
+    # (the fast decoder's) is used as it is, anything else is copied once.
+    buf = data if isinstance(data, memoryview) and not data.readonly else bytearray(data)
     result = _PartitionResult()
     if topic.log_append_time:
         records.set_log_append_time(buf, now)
         result.log_append_time = now
-    try:
-        base, last = await partition.append(buf)
-    except Exception as exc:  # the disk refused: this partition goes offline, the broker lives
-        ctx.node.fail_partition(partition, f"append failed: {exc}")
-        return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
+    base, last = partition.admit(buf, batch.last_offset_delta)
     if outcome is not None:
         partition.producers.record(
             batch.producer_id,
@@ -172,7 +172,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     results[(t.name, p.index)] = _PartitionResult(exc.code, exc.message)
                 continue
             for p in t.partition_data:
-                results[(t.name, p.index)] = await _produce_one(ctx, topic, p.index, p.records)
+                results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records)
 
     if acks == 0:
         failed = [r for r in results.values() if r.error != errors.NONE]
