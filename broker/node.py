@@ -38,7 +38,7 @@ import trio
 from broker.config import BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
-from storage import PartitionLog, Store, TopicRecord
+from storage import CommitJob, PartitionLog, Store, TopicRecord
 from storage.errors import StorageError
 
 log = logging.getLogger("hyperkafka.node")
@@ -48,6 +48,7 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
 PRODUCER_ID_EXPIRATION_MS = 86_400_000
+INLINE_ROUND_BYTES = 64 * 1024  # a round writing less runs on the loop (no fsync due)
 COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interval_ms)
 
 
@@ -342,7 +343,7 @@ class Node:
         # retention and deletion never see the files while the worker writes them.
         # Nothing else holds two partition locks, so taking several cannot deadlock.
         async with AsyncExitStack() as locks:
-            work: list[tuple[Partition, list[tuple[Any, int]], Any]] = []
+            work: list[_Share] = []
             for p in dirty:
                 await locks.enter_async_context(p.lock)
                 if p.failed:
@@ -350,10 +351,10 @@ class Node:
                     continue
                 queued, p.queued = p.queued, []
                 if queued:
-                    # Written, then prepared, in the worker: the loop does not touch
-                    # this log's write side until the round publishes.
+                    # Written, then prepared, by `_write`: the loop does not touch this
+                    # log's write side until the round publishes.
                     p.writing = True
-                    work.append((p, queued, None))
+                    work.append(_Share(p, queued))
                     continue
                 try:
                     job = p.log.prepare_commit()
@@ -361,11 +362,22 @@ class Node:
                     self.fail_partition(p, f"cannot commit: {exc}")
                     continue
                 if job is not None:
-                    work.append((p, [], job))
+                    work.append(_Share(p, [], job))
             if not work:
                 return
-            results = await trio.to_thread.run_sync(_write_and_commit, work)
-            for (p, _, _), (job, error) in zip(work, results, strict=True):
+            if sum(len(b) for share in work for b, _ in share.queued) < INLINE_ROUND_BYTES:
+                # A small round costs less than the two thread switches that would carry
+                # it (tens of microseconds of pwrite into the page cache and one
+                # signature): it runs here unless an fsync is due.
+                _write(work)
+                if any(share.job is not None and share.job_syncs() for share in work):
+                    await trio.to_thread.run_sync(_run, work)
+                else:
+                    _run(work)
+            else:
+                await trio.to_thread.run_sync(_write_and_run, work)
+            for share in work:
+                p, job, error = share.partition, share.job, share.error
                 p.writing = False
                 if error is not None:
                     if job is not None:
@@ -373,8 +385,8 @@ class Node:
                     self.fail_partition(p, f"commit failed: {error}")
                 elif job is not None and not p.failed:
                     p.log.publish(job)
-        for p, _, _ in work:
-            p.notify()
+        for share in work:
+            share.partition.notify()
         self._data_changed.set()
         self._data_changed = trio.Event()
 
@@ -414,27 +426,55 @@ class Node:
             self.store.close()
 
 
-def _write_and_commit(work: list[tuple[Partition, list[tuple[Any, int]], Any]]) -> list[tuple[Any, BaseException | None]]:
-    """Worker thread: per partition, append its queued batches and run its commit job
-    (preparing it here when the round did not). One partition's disk error does not stop
-    the others. pwrite, BLAKE2b and fsync release the GIL, so the loop keeps serving."""
-    results: list[tuple[Any, BaseException | None]] = []
-    for p, queued, job in work:
+@dataclass(eq=False)
+class _Share:
+    """One partition's part of a commit round: batches to write, then its commit job."""
+
+    partition: Partition
+    queued: list[tuple[Any, int]]
+    job: CommitJob | None = None
+    error: BaseException | None = None
+
+    def job_syncs(self) -> bool:
+        job = self.job
+        assert job is not None
+        return bool(job.sync_fds or job.sync_head or job.sync_dir or job.sync_derived)
+
+
+def _write(work: list[_Share]) -> None:
+    """Append each partition's queued batches in order and prepare its commit job. One
+    partition's disk error does not stop the others."""
+    for share in work:
+        if not share.queued:
+            continue
+        plog = share.partition.log
         try:
-            if queued:
-                for batch, base in queued:
-                    # PartitionLog.append only needs a writable buffer; a memoryview of
-                    # the request frame avoids copying the batch once more.
-                    got, _ = p.log.append(cast(bytearray, batch))
-                    if got != base:
-                        raise StorageError(f"batch admitted at offset {base} was written at {got}")
-                job = p.log.prepare_commit()
-            if job is not None:
-                job.run()
-            results.append((job, None))
+            for batch, base in share.queued:
+                # PartitionLog.append only needs a writable buffer; a memoryview of the
+                # request frame avoids copying the batch once more.
+                got, _ = plog.append(cast(bytearray, batch))
+                if got != base:
+                    raise StorageError(f"batch admitted at offset {base} was written at {got}")
+            share.job = plog.prepare_commit()
         except Exception as exc:
-            results.append((job, exc))
-    return results
+            share.error = exc
+
+
+def _run(work: list[_Share]) -> None:
+    """Run the prepared commit jobs (hash, index, tree, sign, head, fsync when due)."""
+    for share in work:
+        if share.job is not None and share.error is None:
+            try:
+                share.job.run()
+            except Exception as exc:
+                share.error = exc
+
+
+def _write_and_run(work: list[_Share]) -> None:
+    """Worker thread: a whole round. pwrite, BLAKE2b (above 2 KiB) and fsync release the
+    GIL, so the loop keeps receiving the next requests meanwhile."""
+    _write(work)
+    _run(work)
 
 
 def _producer_headers(plog: PartitionLog) -> Iterator[tuple[int, int, int, int, int, int]]:
