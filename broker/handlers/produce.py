@@ -19,12 +19,13 @@ from typing import Any
 
 import trio
 
-from broker.api import NO_RESPONSE, Deferred, Reply, RequestContext, api
+from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
 from broker.handlers import errors
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
 from broker.protocol.errors import ProtocolError, RecordBatchError
+from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
 from broker.shape import field_of
 
 log = logging.getLogger("hyperkafka.produce")
@@ -183,7 +184,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
         return NO_RESPONSE
     timeout_s = max(req.timeout.total_seconds(), 0.0)
 
-    async def finish() -> dict[str, Any]:
+    async def finish() -> Encoded:
         with trio.move_on_after(timeout_s) as scope:
             for r in results.values():
                 if r.partition is not None and r.error == errors.NONE:
@@ -195,24 +196,20 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             for r in results.values():
                 if r.partition is not None and r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
                     r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
-        by_topic: dict[str, list[dict[str, Any]]] = {}
+        by_topic: dict[str, list[ProducePartitionResult]] = {}
         for (name, index), r in results.items():
             ok = r.error == errors.NONE
             by_topic.setdefault(name, []).append(
-                {
-                    "index": index,
-                    "error_code": r.error,
-                    "base_offset": r.base_offset if ok else -1,
-                    "log_append_time": r.log_append_time if ok else -1,
-                    "log_start_offset": r.log_start_offset,
-                    "record_errors": [],
-                    "error_message": r.message,
-                }
+                ProducePartitionResult(
+                    index,
+                    r.error,
+                    r.base_offset if ok else -1,
+                    r.log_append_time if ok else -1,
+                    r.log_start_offset,
+                    r.message,
+                )
             )
-        return {
-            "responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
-            "throttle_time": 0,
-        }
+        return Encoded(encode_produce_response(ctx.correlation_id, ctx.api_version, list(by_topic.items())))
 
     return Deferred(finish)
 
