@@ -11,7 +11,8 @@ assigns offsets and queues the batch, so a connection's reader goes straight on 
 next request. A commit round then takes every partition's queue and, in one worker
 thread, writes the batches (pwrite), hashes them, signs and writes the head (fsync when
 the policy says so); back on the loop it publishes the heads, which acknowledges every
-produce they cover. While a round runs, the next requests are admitted and form the
+produce they cover. A round with under INLINE_ROUND_BYTES to write and no fsync due
+runs on the loop: that costs less than the two thread switches. While a round runs, the next requests are admitted and form the
 next round's group, so rounds grow with load instead of ticking.
 """
 
@@ -348,6 +349,7 @@ class Node:
                 await locks.enter_async_context(p.lock)
                 if p.failed:
                     p.queued.clear()
+                    p.notify()  # anyone still waiting on a queued batch learns it failed
                     continue
                 queued, p.queued = p.queued, []
                 if queued:
