@@ -23,6 +23,7 @@ Imports kio and the standard library only; no I/O.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from collections.abc import Iterable, Mapping
@@ -62,6 +63,9 @@ ApiRanges = Mapping[int, tuple[int, int]]
 UNSUPPORTED_VERSION_ERROR = 35
 
 
+# kio resolves a schema by importing its module path on every call (pkgutil.resolve_name,
+# ~0.1 ms); the server asks for one per request and per response, so remember them.
+@functools.cache
 def request_schema(api_key: int, api_version: int) -> type[Any]:
     """kio's request dataclass for (api_key, api_version); KeyError if kio has none."""
     try:
@@ -70,6 +74,7 @@ def request_schema(api_key: int, api_version: int) -> type[Any]:
         raise KeyError((api_key, api_version)) from exc
 
 
+@functools.cache
 def response_schema(api_key: int, api_version: int) -> type[Any]:
     """kio's response dataclass for (api_key, api_version); KeyError if kio has none."""
     try:
@@ -122,7 +127,7 @@ def decode_request(
         and header.api_version in fastpath.PRODUCE_VERSIONS
     ):
         return header, fastpath.decode_produce_request(frame, pos, header.api_version)
-    schema = load_request_schema(header.api_key, header.api_version)
+    schema = request_schema(header.api_key, header.api_version)
     if isinstance(frame, memoryview) and not frame.readonly:
         # kio's native reader refuses writable buffers (large frames from FrameDecoder
         # are writable); a read-only view of the same memory costs no copy.
