@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.node import Node
+    from broker.security.session import Session
 
 Description = Mapping[str, Any]
 
@@ -52,6 +53,7 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     peer: str
+    session: Session | None = None  # the connection's listener and principal (broker.security)
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[Reply]]

@@ -22,6 +22,8 @@ from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
 from broker.protocol.errors import ProtocolError, RecordBatchError
+from broker.security.authz import Operation
+from broker.security.session import authorize, authorize_idempotent_write
 from broker.shape import field_of
 
 log = logging.getLogger("hyperkafka.produce")
@@ -165,6 +167,10 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
     else:
         results = {}
         for t in req.topic_data:
+            if not authorize(ctx, Operation.WRITE, t.name) or (t.name not in node.topics and not authorize(ctx, Operation.CREATE, t.name)):
+                for p in t.partition_data:
+                    results[(t.name, p.index)] = _PartitionResult(errors.TOPIC_AUTHORIZATION_FAILED, "Not authorized to write to this topic")
+                continue
             try:
                 topic = node.topic_for_write(t.name)
             except TopicError as exc:
@@ -219,6 +225,8 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
 
 @api(22, "InitProducerId", (0, 5))
 async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
+    if not authorize_idempotent_write(ctx):
+        return {"throttle_time": 0, "error_code": errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if req.transactional_id is not None:
         # No transaction coordinator: refuse clearly instead of pretending.
         return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
