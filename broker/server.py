@@ -222,8 +222,8 @@ class Server:
         if header.api_key == PRODUCE:
             throttle_ms = session.throttle_produce(len(payload))
         elif header.api_key == FETCH and isinstance(result, dict):
-            throttle_ms = session.throttle_fetch(_fetch_bytes(result))
-            if throttle_ms:
+            throttle_ms, send_data = session.throttle_fetch(_fetch_bytes(result))
+            if not send_data:
                 # Kafka answers a throttled fetch with no data at all (KIP-219).
                 result = {**result, "responses": []}
         if result is NO_RESPONSE:

@@ -61,10 +61,9 @@ class ByteRateQuota:
         self._tat[principal] = tat
         return max(0.0, tat - now - self.window_s)
 
-    def unrecord(self, principal: str, nbytes: int, rate: float) -> None:
-        """Take back bytes that were not sent after all (a throttled, emptied Fetch)."""
-        if principal in self._tat:
-            self._tat[principal] -= nbytes / rate
+    def excess(self, principal: str, now: float) -> float:
+        """Seconds this principal is over its quota already, before any new bytes."""
+        return max(0.0, self._tat.get(principal, now) - now - self.window_s)
 
     def forget_idle(self, now: float) -> None:
         """Drop principals whose clocks are in the past: they hold no debt."""

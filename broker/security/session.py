@@ -138,16 +138,23 @@ class Session:
             return 0
         return self._mute(self.security.produce_quota.record(self.principal, nbytes, rate, trio.current_time()))
 
-    def throttle_fetch(self, nbytes: int) -> int:
-        """Throttle ms for a fetch answer of nbytes; when > 0 the bytes are not sent and not counted."""
+    def throttle_fetch(self, nbytes: int) -> tuple[int, bool]:
+        """(throttle ms, whether to send the data) for a fetch answer of nbytes.
+
+        A principal already over its quota gets an empty answer and the remaining throttle
+        time, and the bytes are not counted (Kafka's throttled fetch). Otherwise the data
+        goes out, however large (so a fetch above the burst still makes progress, as
+        Kafka's cap of a fetch at the quota window does), and its excess is the throttle.
+        """
         rate = self.security.settings.quotas.consumer_rate(self.principal)
         if rate is None:
-            return 0
+            return 0, True
         quota = self.security.fetch_quota
-        ms = self._mute(quota.record(self.principal, nbytes, rate, trio.current_time()))
-        if ms:
-            quota.unrecord(self.principal, nbytes, rate)
-        return ms
+        now = trio.current_time()
+        already = quota.excess(self.principal, now)
+        if already > 0:
+            return self._mute(already), False
+        return self._mute(quota.record(self.principal, nbytes, rate, now)), True
 
     def _mute(self, seconds: float) -> int:
         if seconds <= 0:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.config import ConfigError
-from broker.security.authz import Rule, parse_rule
+from broker.security.authz import Rule, RuleError, parse_rule
 from broker.security.sasl import SUPPORTED as SASL_SUPPORTED
 
 
@@ -181,6 +181,8 @@ class SecuritySettings:
                     consumer[key.rsplit(".rate.", 1)[1]] = _rate(value)
             except ConfigError:
                 raise
+            except RuleError as exc:
+                raise ConfigError(str(exc)) from None
             except (ValueError, KeyError):
                 raise ConfigError(f"bad value for {key}: {value!r}") from None
         settings.rules = tuple(rules)
