@@ -41,6 +41,7 @@ async def secured(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterat
     props = {
         "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
         "hyperkafka.acl.topic.*.write+create": "User:writer",
+        "hyperkafka.acl.topic.private-*.read": "User:writer",
         **getattr(request, "param", {}),
     }
     config = BrokerConfig(data_dir=data, listen_port=0, shutdown_grace_s=2, security_props=props)
@@ -152,6 +153,8 @@ async def test_authorization_errors(secured: Secured) -> None:
     assert ipid.error_code == 31
     d = await r.call("delete_topics", 6, {"topics": [{"name": "shared", "topic_id": None}], "timeout": 5000})
     assert d.responses[0].error_code == 29
+    lo = await anon.call("list_offsets", 7, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "private-x", "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}]}]})
+    assert lo.topics[0].partitions[0].error_code == 29
     # Reads stay open to everyone, ANONYMOUS included.
     f = await anon.call("fetch", 12, _fetch("shared"))
     assert f.responses[0].partitions[0].error_code == 0 and f.responses[0].partitions[0].records
