@@ -59,9 +59,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         config.data_dir = args.data_dir
     if args.listen:
         config.listen_host, config.listen_port = parse_host_port(args.listen)
-        # --listen is one PLAINTEXT listener: it replaces a file's `listeners`.
-        config.security_props.pop("listeners", None)
-        config.security_props.pop("advertised.listeners", None)
+        # --listen is the PLAINTEXT listener: it replaces only that entry of a file's list.
+        _set_listener(config.security_props, "listeners", args.listen)
     if args.listeners:
         config.security_props["listeners"] = args.listeners
         config.listen_host, config.listen_port = parse_host_port(args.listeners.split(",")[0])
@@ -69,6 +68,9 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         config.security_props["advertised.listeners"] = args.advertised_listeners
     if args.advertised:
         config.advertised_host, config.advertised_port = parse_host_port(args.advertised)
+        if "listeners" in config.security_props:
+            config.security_props["advertised.listeners"] = config.security_props.get("advertised.listeners", "")
+            _set_listener(config.security_props, "advertised.listeners", args.advertised)
     if args.node_id is not None:
         config.node_id = args.node_id
     if args.fsync:
@@ -81,6 +83,14 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
 
     SecuritySettings.parse(config.security_props, (config.listen_host, config.listen_port), (config.advertised_host, config.advertised_port))
     return config
+
+
+def _set_listener(props: dict[str, str], key: str, address: str) -> None:
+    """Put PLAINTEXT://address into the list at props[key], if there is a list."""
+    if key not in props:
+        return
+    entries = [e.strip() for e in props[key].split(",") if e.strip() and not e.strip().upper().startswith("PLAINTEXT://")]
+    props[key] = ",".join([f"PLAINTEXT://{address}", *entries])
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

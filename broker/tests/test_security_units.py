@@ -272,3 +272,20 @@ def test_principal_from_certificate() -> None:
     cert = {"subject": ((("countryName", "DE"),), (("organizationName", "Ex, Inc"),), (("commonName", "writer"),))}
     assert principal_from_cert(cert) == "User:CN=writer,O=Ex\\, Inc,C=DE"
     assert principal_from_cert(None) is None and principal_from_cert({}) is None
+
+
+def test_cli_listen_replaces_only_the_plaintext_listener(tmp_path: Path) -> None:
+    from broker.cli import _parser, build_config
+
+    conf = tmp_path / "server.properties"
+    conf.write_text("listeners=PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9093\nsuper.users=User:a\n")
+    config = build_config(_parser().parse_args(["serve", "--config", str(conf), "--listen", "127.0.0.1:7000", "--advertised", "h:7001"]))
+    s = SecuritySettings.parse(config.security_props)
+    assert [(lst.name, lst.port, lst.advertised) for lst in s.listeners] == [
+        ("PLAINTEXT", 7000, ("h", 7001)),
+        ("SASL_PLAINTEXT", 9093, ("127.0.0.1", 9093)),
+    ]
+    config = build_config(_parser().parse_args(["serve", "--listen", "127.0.0.1:7000", "--listeners", "SASL_PLAINTEXT://127.0.0.1:7100", "--config", str(conf)]))
+    assert config.security_props["listeners"] == "SASL_PLAINTEXT://127.0.0.1:7100"  # --listeners wins
+    with pytest.raises(ConfigError):
+        build_config(_parser().parse_args(["serve", "--listeners", "SSL://127.0.0.1:7100"]))  # no keystore
