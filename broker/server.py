@@ -72,6 +72,7 @@ class Server:
         self.config: BrokerConfig = node.config
         self.connections = 0
         self.security = Security(node.config)
+        self._refusal_logged = -1e9
         self._draining = trio.Event()
         self.stopped = trio.Event()
         self._idle: set[trio.CancelScope] = set()  # readers waiting for a next request
@@ -118,7 +119,10 @@ class Server:
                 host, port = "?", 0
             refused = limiter.acquire(host)
             if refused is not None:
-                log.warning("refusing a connection from %s on %s: %s", host, spec.name, refused)
+                now = trio.current_time()
+                if now - self._refusal_logged >= 1.0:  # a flood must not flood the log too
+                    self._refusal_logged = now
+                    log.warning("refusing connections from %s on %s: %s", host, spec.name, refused)
                 await trio.aclose_forcefully(stream)
                 continue
             connections.start_soon(self._connection, stream, spec, host, f"{host}:{port}")
