@@ -234,8 +234,10 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
 
 @pytest.mark.timeout(90)
 @pytest.mark.matrix("security refusal: {case}")
-@pytest.mark.parametrize("case", ["no client certificate", "foreign client certificate"])
-@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+@pytest.mark.parametrize(
+    "client,case",
+    [("confluent", "no client certificate"), ("confluent", "foreign client certificate"), ("kafka-python", "no client certificate")],
+)
 def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: SecureBroker, client: str, case: str) -> None:
     s = spec(secure, "MTLS", None, cert=False)
     if case == "foreign client certificate":
@@ -292,6 +294,10 @@ def test_anonymous_may_read_but_not_write(secure: SecureBroker) -> None:
     r = py_client("confluent", "consume", plain, topic, 1, timeout=6)
     assert not r["ok"] and r["error"] == TOPIC_AUTHZ, r
     assert py_client("confluent", "consume", spec(secure, "SASL_SSL", "SCRAM-SHA-512", user="reader"), topic, 1)["ok"]
+    # TLS without a client certificate is anonymous too: it reads public topics.
+    public = "sec-public"
+    assert py_client("confluent", "produce", {**spec(secure, "SASL_PLAINTEXT", "SCRAM-SHA-256"), "tag": public}, public, 2)["ok"]
+    assert py_client("confluent", "consume", spec(secure, "SSL", None), public, 2)["ok"]
 
 
 # ---------------------------------------------------------------------------- hostile clients
