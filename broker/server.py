@@ -137,7 +137,12 @@ class Server:
                 stream = tls
                 # A peer that never finishes its handshake must not hold the slot forever.
                 with trio.fail_after(self.security.settings.request_timeout_ms / 1000):
-                    await tls.do_handshake()
+                    try:
+                        await tls.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        # No (or an untrusted) client certificate, plaintext on a TLS port, ...
+                        log.info("TLS handshake with %s on %s failed: %s", peer, spec.name, exc.__cause__ or exc)
+                        return
                 session.tls_principal(tls.getpeercert())
             send, receive = trio.open_memory_channel[Outgoing](self.security.settings.max_in_flight)
             async with trio.open_nursery() as nursery:

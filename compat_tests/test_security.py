@@ -246,6 +246,7 @@ def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: Sec
     assert not r["ok"], r
     # The handshake fails, so the client never learns more than a broken transport.
     assert r["error"] in ("_SSL", "_TRANSPORT", "_ALL_BROKERS_DOWN", "SSLError", "SSL"), r
+    assert "on MTLS failed: [SSL:" in secure.broker.log_tail(300)
     writer_still_works(secure)
 
 
