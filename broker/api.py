@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.node import Node
+    from broker.security.session import Session
 
 Description = Mapping[str, Any]
 
@@ -45,9 +46,13 @@ class Deferred:
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """A whole framed response (size prefix included), written to the socket as is."""
+    """A whole framed response (size prefix included), written to the socket as is.
+
+    `with_throttle(ms)` encodes the same answer with a throttle time, for a quota that
+    throttles the connection after the handler answered (KIP-219)."""
 
     frame: bytes
+    with_throttle: Callable[[int], bytes] | None = None
 
 
 Reply = Description | Deferred | _NoResponse | Encoded
@@ -61,6 +66,7 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     peer: str
+    session: Session | None = None  # the connection's listener and principal (broker.security)
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[Reply]]

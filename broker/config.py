@@ -187,6 +187,8 @@ class BrokerConfig:
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # Every name set in the properties file, for DescribeConfigs on the broker resource.
     static: dict[str, str] = field(default_factory=dict)
+    # Listener, TLS, SASL, authorization and limit settings, read by broker.security.
+    security_props: dict[str, str] = field(default_factory=dict)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -238,8 +240,8 @@ class BrokerConfig:
         values: list[tuple[str, str, ConfigType, str]] = [
             ("node.id", str(self.node_id), ConfigType.INT, "This broker's id."),
             ("broker.id", str(self.node_id), ConfigType.INT, "This broker's id."),
-            ("listeners", f"PLAINTEXT://{self.listen_host}:{self.listen_port}", ConfigType.STRING, "Where the broker listens."),
-            ("advertised.listeners", f"PLAINTEXT://{host}:{port}", ConfigType.STRING, "What clients are told to connect to."),
+            ("listeners", self.security_props.get("listeners", f"PLAINTEXT://{self.listen_host}:{self.listen_port}"), ConfigType.STRING, "Where the broker listens."),
+            ("advertised.listeners", self.security_props.get("advertised.listeners", f"PLAINTEXT://{host}:{port}"), ConfigType.STRING, "What clients are told to connect to."),
             ("log.dirs", str(self.data_dir), ConfigType.STRING, "The data directory."),
             ("hyperkafka.fsync", self.fsync.value, ConfigType.STRING, "always, interval or never."),
             ("num.partitions", str(self.num_partitions), ConfigType.INT, "Partitions of an auto-created topic."),
@@ -298,11 +300,18 @@ _BOOL = {"true": True, "false": False}
 
 def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerConfig:
     """Fold a server.properties mapping into `config`; unknown names are an error."""
+    from broker.security.settings import is_security_key
+
     broker_synonyms = {d.broker_synonym for d in TOPIC_CONFIGS.values() if d.broker_synonym}
     changes: dict[str, object] = {}
     for key, value in props.items():
+        if key in ("listeners", "advertised.listeners") or is_security_key(key):
+            config.security_props[key] = value  # checked as a whole by broker.security
+    for key, value in props.items():
         try:
-            if key in ("node.id", "broker.id"):
+            if is_security_key(key):
+                pass
+            elif key in ("node.id", "broker.id"):
                 changes["node_id"] = int(value)
             elif key == "listeners":
                 changes["listen_host"], changes["listen_port"] = parse_host_port(value.split(",")[0])

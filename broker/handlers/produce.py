@@ -26,6 +26,8 @@ from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
 from broker.protocol.errors import ProtocolError, RecordBatchError
 from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
+from broker.security.authz import Operation
+from broker.security.session import authorize, authorize_idempotent_write
 from broker.shape import field_of
 
 log = logging.getLogger("hyperkafka.produce")
@@ -166,6 +168,10 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
     else:
         results = {}
         for t in req.topic_data:
+            if not authorize(ctx, Operation.WRITE, t.name) or (t.name not in node.topics and not authorize(ctx, Operation.CREATE, t.name)):
+                for p in t.partition_data:
+                    results[(t.name, p.index)] = _PartitionResult(errors.TOPIC_AUTHORIZATION_FAILED, "Not authorized to write to this topic")
+                continue
             try:
                 topic = node.topic_for_write(t.name)
             except TopicError as exc:
@@ -209,13 +215,20 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     r.message,
                 )
             )
-        return Encoded(encode_produce_response(ctx.correlation_id, ctx.api_version, list(by_topic.items())))
+        topics = list(by_topic.items())
+        cid, version = ctx.correlation_id, ctx.api_version
+        return Encoded(
+            encode_produce_response(cid, version, topics),
+            lambda ms: encode_produce_response(cid, version, topics, throttle_ms=ms),
+        )
 
     return Deferred(finish)
 
 
 @api(22, "InitProducerId", (0, 5))
 async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
+    if not authorize_idempotent_write(ctx):
+        return {"throttle_time": 0, "error_code": errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if req.transactional_id is not None:
         # No transaction coordinator: refuse clearly instead of pretending.
         return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
