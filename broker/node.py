@@ -44,7 +44,8 @@ from storage.errors import StorageError
 
 log = logging.getLogger("hyperkafka.node")
 
-INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
@@ -176,6 +177,8 @@ class Node:
         self._pid_file = Path(config.data_dir) / "producer-ids"
         self._next_pid, self._pid_limit = 0, 0
         self._closed = False
+        # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
+        self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
         self.replication_address: str | None = None
         for record in store.topics().values():
@@ -227,7 +230,17 @@ class Node:
         self._data_changed = trio.Event()
 
     def visible_topics(self) -> Iterator[Topic]:
-        return (t for name, t in self.topics.items() if not name.startswith("__"))
+        """The topics of an all-topics Metadata answer. Kafka lists its internal topic
+        there once it exists, which is after the first FindCoordinator for a group; our
+        archive always exists, so it is listed from that moment, or once it holds data."""
+        offsets = self.topics.get(OFFSETS_TOPIC)
+        if offsets is not None and not self.offsets_topic_in_use:
+            self.offsets_topic_in_use = any(p.log.log_end_offset > 0 for p in offsets.partitions)
+        return (
+            t
+            for name, t in self.topics.items()
+            if not name.startswith("__") or (name == OFFSETS_TOPIC and self.offsets_topic_in_use)
+        )
 
     def create_topic(
         self,

@@ -49,8 +49,11 @@ def _client_host(ctx: RequestContext) -> str:
 @api(10, "FindCoordinator", (0, 6))
 async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
-    host, port = node.config.advertised
+    # The coordinator's address on the listener this request came in on, as Metadata.
+    host, port = ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
     key_type = field_of(req, "key_type", GROUP_KEY)
+    if key_type == GROUP_KEY:
+        node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here
 
     def one(key: str) -> dict[str, Any]:
         if key_type == GROUP_KEY:

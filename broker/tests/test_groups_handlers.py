@@ -82,6 +82,22 @@ async def test_find_coordinator_all_versions(broker: Broker) -> None:
     assert r6.coordinators[0].error_code == codes.COORDINATOR_NOT_AVAILABLE
 
 
+async def test_offsets_topic_is_listed_once_a_group_found_its_coordinator(broker: Broker) -> None:
+    # Kafka creates __consumer_offsets on the first FindCoordinator for a group and then
+    # lists it, marked internal, in all-topics Metadata (franz-go's regex consumer relies
+    # on seeing it there to skip it).
+    c = await broker.connect()
+    await create(c, "visible", 1)
+    all_topics = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    before = await c.call("metadata", 12, all_topics)
+    assert [t.name for t in before.topics] == ["visible"]
+    await c.call("find_coordinator", 1, {"key": "txn", "key_type": 1})
+    assert [t.name for t in (await c.call("metadata", 12, all_topics)).topics] == ["visible"]
+    await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+    after = await c.call("metadata", 12, all_topics)
+    assert {(t.name, t.is_internal) for t in after.topics} == {("visible", False), ("__consumer_offsets", True)}
+
+
 async def test_api_versions_advertise_the_group_apis_but_not_kip_848(broker: Broker) -> None:
     c = await broker.connect()
     r = await c.call("api_versions", 3, {"client_software_name": "raw-test", "client_software_version": "1.0"})
