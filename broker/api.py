@@ -5,7 +5,9 @@ and answers with a version-agnostic description (a dict, see `broker.shape`) tha
 server shapes into the response class of the negotiated version. A handler may instead
 return `Deferred`: the part after an `await` it does not want to hold the connection for
 (a produce waiting for its group commit); the server keeps responses in request order.
-`NO_RESPONSE` means the request gets no answer (Produce with acks=0).
+`NO_RESPONSE` means the request gets no answer (Produce with acks=0). A handler (or a
+`Deferred`) on a hot path may answer with `Encoded`: the framed response bytes, already
+encoded for the request's version and correlation id, which the server sends as they are.
 
 ApiVersions is derived from this registry, so what is advertised is what is served.
 Advertised ranges follow Kafka 4.0's minimums and stop below the topic-id versions
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.node import Node
+    from broker.security.session import Session
 
 Description = Mapping[str, Any]
 
@@ -38,10 +41,21 @@ NO_RESPONSE = _NoResponse()
 class Deferred:
     """The rest of a response, awaited by the connection's writer in request order."""
 
-    finish: Callable[[], Awaitable[Description | None]]
+    finish: Callable[[], Awaitable[Description | Encoded | None]]
 
 
-Reply = Description | Deferred | _NoResponse
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A whole framed response (size prefix included), written to the socket as is.
+
+    `with_throttle(ms)` encodes the same answer with a throttle time, for a quota that
+    throttles the connection after the handler answered (KIP-219)."""
+
+    frame: bytes
+    with_throttle: Callable[[int], bytes] | None = None
+
+
+Reply = Description | Deferred | _NoResponse | Encoded
 
 
 @dataclass(slots=True)
@@ -52,6 +66,7 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     peer: str
+    session: Session | None = None  # the connection's listener and principal (broker.security)
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[Reply]]

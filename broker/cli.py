@@ -1,4 +1,4 @@
-"""The `hyperkafka` command: `serve`, `keys`, `verify`.
+"""The `hyperkafka` command: `serve`, `keys`, `verify`, `users`.
 
 Flags override the properties file given with --config, which overrides defaults.
 """
@@ -29,15 +29,23 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", type=Path, help="where archives live (default ./hyperkafka-data)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092)")
     serve.add_argument("--advertised", metavar="HOST:PORT", help="address clients are told to use (default: --listen)")
+    serve.add_argument("--listeners", metavar="NAME://HOST:PORT,...", help="Kafka-style listeners (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL); replaces --listen")
+    serve.add_argument("--advertised-listeners", metavar="NAME://HOST:PORT,...", help="what clients of each listener are told to use")
     serve.add_argument("--node-id", type=int, help="this broker's id (default 0)")
     serve.add_argument("--config", type=Path, metavar="FILE", help="a server.properties-style file")
     serve.add_argument("--fsync", choices=[p.value for p in FsyncPolicy], help="when data reaches the disk before a head is signed (default interval)")
     serve.add_argument("--num-partitions", type=int, help="partitions of an auto-created topic (default 1)")
     serve.add_argument("--no-auto-create", action="store_true", help="do not create unknown topics on Metadata or Produce")
+    serve.add_argument("--replication-listen", metavar="HOST:PORT", help="serve every archive over the Hypercore protocol here")
+    serve.add_argument("--mirror", action="append", metavar="HOST:PORT[@NODEKEY]", help="mirror the node whose Kafka listener is HOST:PORT (repeatable); @NODEKEY (hex) pins its key")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
     keys = sub.add_parser("keys", help="print the node key and every partition's archive key")
     keys.add_argument("--data-dir", type=Path, default=Path("hyperkafka-data"))
+
+    from broker.security.cli import add_users_parser
+
+    add_users_parser(sub)
 
     verify = sub.add_parser("verify", help="check every archive offline against its signed head")
     verify.add_argument("--data-dir", type=Path, default=Path("hyperkafka-data"))
@@ -53,8 +61,18 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         config.data_dir = args.data_dir
     if args.listen:
         config.listen_host, config.listen_port = parse_host_port(args.listen)
+        # --listen is the PLAINTEXT listener: it replaces only that entry of a file's list.
+        _set_listener(config.security_props, "listeners", args.listen)
+    if args.listeners:
+        config.security_props["listeners"] = args.listeners
+        config.listen_host, config.listen_port = parse_host_port(args.listeners.split(",")[0])
+    if args.advertised_listeners:
+        config.security_props["advertised.listeners"] = args.advertised_listeners
     if args.advertised:
         config.advertised_host, config.advertised_port = parse_host_port(args.advertised)
+        if "listeners" in config.security_props:
+            config.security_props["advertised.listeners"] = config.security_props.get("advertised.listeners", "")
+            _set_listener(config.security_props, "advertised.listeners", args.advertised)
     if args.node_id is not None:
         config.node_id = args.node_id
     if args.fsync:
@@ -63,7 +81,26 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         config.num_partitions = args.num_partitions
     if args.no_auto_create:
         config.auto_create_topics = False
+    if args.replication_listen:
+        config.replication_listen = parse_host_port(args.replication_listen)
+    if args.mirror:
+        config.mirrors = list(args.mirror)
+    if config.mirrors:
+        # A Metadata request for a topic not mirrored yet must not create a local topic of
+        # that name (the mirrored one could then never be attached).
+        config.auto_create_topics = False
+    from broker.security.settings import SecuritySettings
+
+    SecuritySettings.parse(config.security_props, (config.listen_host, config.listen_port), (config.advertised_host, config.advertised_port))
     return config
+
+
+def _set_listener(props: dict[str, str], key: str, address: str) -> None:
+    """Put PLAINTEXT://address into the list at props[key], if there is a list."""
+    if key not in props:
+        return
+    entries = [e.strip() for e in props[key].split(",") if e.strip() and not e.strip().upper().startswith("PLAINTEXT://")]
+    props[key] = ",".join([f"PLAINTEXT://{address}", *entries])
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
@@ -83,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from storage.cli import verify_command
 
         return verify_command(str(args.data_dir), args.topic)
+    if args.command == "users":
+        from broker.security.cli import users_command
+
+        return users_command(args)
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),

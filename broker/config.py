@@ -177,10 +177,18 @@ class BrokerConfig:
     max_connections: int = 10_000
     shutdown_grace_s: float = 10.0
     log_retention_check_ms: int = 300_000
+    # Mirrors (broker/mirror.py, broker/replication_server.py): where this node serves its
+    # archives over the Hypercore protocol, and the nodes it mirrors ("HOST:PORT" of their
+    # Kafka listener, optionally "@<node key hex>" to pin the key instead of trusting it
+    # on first use).
+    replication_listen: tuple[str, int] | None = None
+    mirrors: list[str] = field(default_factory=list)
     # Broker-level topic defaults (log.retention.ms, message.max.bytes, ...) by broker name.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # Every name set in the properties file, for DescribeConfigs on the broker resource.
     static: dict[str, str] = field(default_factory=dict)
+    # Listener, TLS, SASL, authorization and limit settings, read by broker.security.
+    security_props: dict[str, str] = field(default_factory=dict)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -232,8 +240,8 @@ class BrokerConfig:
         values: list[tuple[str, str, ConfigType, str]] = [
             ("node.id", str(self.node_id), ConfigType.INT, "This broker's id."),
             ("broker.id", str(self.node_id), ConfigType.INT, "This broker's id."),
-            ("listeners", f"PLAINTEXT://{self.listen_host}:{self.listen_port}", ConfigType.STRING, "Where the broker listens."),
-            ("advertised.listeners", f"PLAINTEXT://{host}:{port}", ConfigType.STRING, "What clients are told to connect to."),
+            ("listeners", self.security_props.get("listeners", f"PLAINTEXT://{self.listen_host}:{self.listen_port}"), ConfigType.STRING, "Where the broker listens."),
+            ("advertised.listeners", self.security_props.get("advertised.listeners", f"PLAINTEXT://{host}:{port}"), ConfigType.STRING, "What clients are told to connect to."),
             ("log.dirs", str(self.data_dir), ConfigType.STRING, "The data directory."),
             ("hyperkafka.fsync", self.fsync.value, ConfigType.STRING, "always, interval or never."),
             ("num.partitions", str(self.num_partitions), ConfigType.INT, "Partitions of an auto-created topic."),
@@ -292,11 +300,18 @@ _BOOL = {"true": True, "false": False}
 
 def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerConfig:
     """Fold a server.properties mapping into `config`; unknown names are an error."""
+    from broker.security.settings import is_security_key
+
     broker_synonyms = {d.broker_synonym for d in TOPIC_CONFIGS.values() if d.broker_synonym}
     changes: dict[str, object] = {}
     for key, value in props.items():
+        if key in ("listeners", "advertised.listeners") or is_security_key(key):
+            config.security_props[key] = value  # checked as a whole by broker.security
+    for key, value in props.items():
         try:
-            if key in ("node.id", "broker.id"):
+            if is_security_key(key):
+                pass
+            elif key in ("node.id", "broker.id"):
                 changes["node_id"] = int(value)
             elif key == "listeners":
                 changes["listen_host"], changes["listen_port"] = parse_host_port(value.split(",")[0])
@@ -320,6 +335,10 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["socket_request_max_bytes"] = int(value)
             elif key == "max.connections":
                 changes["max_connections"] = int(value)
+            elif key == "hyperkafka.replication.listen":
+                changes["replication_listen"] = parse_host_port(value)
+            elif key == "hyperkafka.mirrors":
+                changes["mirrors"] = [m.strip() for m in value.split(",") if m.strip()]
             elif key == "log.retention.check.interval.ms":
                 changes["log_retention_check_ms"] = int(value)
             elif key in ("log.retention.hours", "log.retention.minutes"):

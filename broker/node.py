@@ -3,8 +3,17 @@
 Owns the state every handler shares and the two background loops that keep it moving:
 `commit_loop` (group commit: one signed head per partition per round, fsync off the
 event loop, then wake the produces and fetches waiting on it) and `retention_loop`.
-Handlers never touch `storage` directly for writes; they call `Partition.append` and
+Handlers never touch `storage` directly for writes; they call `Partition.admit` and
 `Partition.wait_durable`. Imports `storage`, never the protocol codec.
+
+The write path is a pipeline. `admit` runs on the event loop, never yields, and only
+assigns offsets and queues the batch, so a connection's reader goes straight on to its
+next request. A commit round then takes every partition's queue and, in one worker
+thread, writes the batches (pwrite), hashes them, signs and writes the head (fsync when
+the policy says so); back on the loop it publishes the heads, which acknowledges every
+produce they cover. A round with under INLINE_ROUND_BYTES to write and no fsync due
+runs on the loop: that costs less than the two thread switches. While a round runs, the next requests are admitted and form the
+next round's group, so rounds grow with load instead of ticking.
 """
 
 from __future__ import annotations
@@ -20,25 +29,28 @@ import struct
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import trio
 
 from broker.config import BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
-from storage import PartitionLog, Store, TopicRecord
+from storage import CommitJob, PartitionLog, Store, TopicRecord
 from storage.errors import StorageError
 
 log = logging.getLogger("hyperkafka.node")
 
-INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
 PRODUCER_ID_EXPIRATION_MS = 86_400_000
-APPEND_IN_THREAD_BYTES = 64 * 1024
+INLINE_ROUND_BYTES = 64 * 1024  # a round writing less runs on the loop (no fsync due)
 COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interval_ms)
 
 
@@ -53,6 +65,7 @@ class TopicError(Exception):
 
 # Kafka error codes used by the node (the handlers map the rest).
 UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
 INVALID_TOPIC_EXCEPTION = 17
 TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
@@ -81,11 +94,17 @@ class Partition:
     log: PartitionLog
     producers: ProducerStates = field(default_factory=ProducerStates)
     failed: str | None = None  # set when a commit failed: the partition is offline
-    # Serialises what mutates the log: idempotence check + append (which may run in a
-    # worker thread), commit preparation/publication, retention, deletion. Readers do
-    # not take it: they never look past the high watermark, which only `publish` moves.
+    # Serialises what touches the log's files from more than one task: a commit round
+    # (which writes and commits in a worker thread), retention, deletion. Admission does
+    # not take it (it only queues, on the loop). Readers do not take it: they never look
+    # past the high watermark, which only `publish` moves, on the loop.
     lock: trio.Lock = field(default_factory=trio.Lock)
     _changed: trio.Event = field(default_factory=trio.Event)
+    # Admitted batches (bytearray or writable memoryview) not yet written, in admission
+    # order, with the base offset each was given; the next commit round writes them.
+    queued: list[tuple[Any, int]] = field(default_factory=list)
+    writing: bool = False  # a round is writing an earlier queue in a worker thread
+    _end: int = 0  # the offset after the last admitted batch, while queued or writing
 
     @property
     def high_watermark(self) -> int:
@@ -95,13 +114,21 @@ class Partition:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def append(self, batch: bytearray) -> tuple[int, int]:
-        """Append under `lock` (the caller holds it). Large batches are hashed and written
-        in a worker thread: BLAKE2b and pwrite release the GIL, so the event loop keeps
-        reading sockets meanwhile."""
-        if len(batch) >= APPEND_IN_THREAD_BYTES:
-            return await trio.to_thread.run_sync(self.log.append, batch)
-        return self.log.append(batch)
+    def admit(self, batch: bytearray | memoryview, last_offset_delta: int) -> tuple[int, int]:
+        """Give a checked batch its offsets now and queue it for the next commit round;
+        returns (base offset, last offset). On the loop, without yielding, so the
+        caller's idempotence check and this are one atomic step. The batch must be
+        writable (the log stamps its base offset into it) and stay untouched until the
+        round wrote it.
+
+        A partition is written either through `admit` (client topics) or by
+        `log.append` on the loop (the broker's own offsets archive), never both."""
+        if not self.queued and not self.writing:
+            self._end = self.log.log_end_offset
+        base = self._end
+        self._end = base + last_offset_delta + 1
+        self.queued.append((batch, base))
+        return base, self._end - 1
 
     async def wait_durable(self, last_offset: int) -> None:
         """Return once a published head covers `last_offset` (the caller bounds the wait)."""
@@ -122,6 +149,8 @@ class Topic:
     log_append_time: bool = False
     timestamp_after_max_ms: int = 3600000
     timestamp_before_max_ms: int = 2**63 - 1
+    # Written by another node and mirrored here (broker/mirror.py): read-only for Kafka.
+    mirrored: bool = False
 
     @property
     def name(self) -> str:
@@ -148,6 +177,10 @@ class Node:
         self._pid_file = Path(config.data_dir) / "producer-ids"
         self._next_pid, self._pid_limit = 0, 0
         self._closed = False
+        # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
+        self.offsets_topic_in_use = False
+        # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
+        self.replication_address: str | None = None
         for record in store.topics().values():
             self._attach(record)
         self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)
@@ -182,8 +215,32 @@ class Node:
         topic.timestamp_after_max_ms = int(eff(overrides, "message.timestamp.after.max.ms"))
         topic.timestamp_before_max_ms = int(eff(overrides, "message.timestamp.before.max.ms"))
 
+    def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog]) -> Topic:
+        """Serve a topic another node writes from this node's verified copies (`logs`,
+        follower archives): Metadata, ListOffsets and Fetch work, produces are refused."""
+        topic = Topic(record, mirrored=True)
+        self._apply_configs(topic)
+        topic.partitions = [Partition(topic, i, lg) for i, lg in enumerate(logs)]
+        self.topics[record.name] = topic
+        return topic
+
+    def notify_data(self) -> None:
+        """Wake Fetch long-polls: a high watermark moved outside the group commit."""
+        self._data_changed.set()
+        self._data_changed = trio.Event()
+
     def visible_topics(self) -> Iterator[Topic]:
-        return (t for name, t in self.topics.items() if not name.startswith("__"))
+        """The topics of an all-topics Metadata answer. Kafka lists its internal topic
+        there once it exists, which is after the first FindCoordinator for a group; our
+        archive always exists, so it is listed from that moment, or once it holds data."""
+        offsets = self.topics.get(OFFSETS_TOPIC)
+        if offsets is not None and not self.offsets_topic_in_use:
+            self.offsets_topic_in_use = any(p.log.log_end_offset > 0 for p in offsets.partitions)
+        return (
+            t
+            for name, t in self.topics.items()
+            if not name.startswith("__") or (name == OFFSETS_TOPIC and self.offsets_topic_in_use)
+        )
 
     def create_topic(
         self,
@@ -226,12 +283,15 @@ class Node:
             raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
         if name in INTERNAL_TOPICS:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Internal topic {name} cannot be deleted")
+        if name in self.topics and self.topics[name].mirrored:
+            raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is mirrored from another node; delete it there")
         topic = self.topics.pop(name, None)
         if topic is None:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
         for p in topic.partitions:
             async with p.lock:  # no append or commit is left running on its files
                 self._dirty.pop(id(p), None)
+                p.queued.clear()
                 p.failed = "topic deleted"
             p.notify()
         self.store.delete_topic(name)
@@ -244,6 +304,8 @@ class Node:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {name}")
         topic = self.topics.get(name)
         if topic is not None:
+            if topic.mirrored:  # this node holds no key for it: an error, never silent loss
+                raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is a read-only mirror; produce to its writer")
             return topic
         if not self.config.auto_create_topics:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
@@ -314,40 +376,55 @@ class Node:
         else:
             dirty = list(self._dirty.values())
         self._dirty.clear()
-        jobs = []
-        for p in dirty:
-            async with p.lock:
+        # Every partition of the round stays locked until its head is published, so
+        # retention and deletion never see the files while the worker writes them.
+        # Nothing else holds two partition locks, so taking several cannot deadlock.
+        async with AsyncExitStack() as locks:
+            work: list[_Share] = []
+            for p in dirty:
+                await locks.enter_async_context(p.lock)
                 if p.failed:
+                    p.queued.clear()
+                    p.notify()  # anyone still waiting on a queued batch learns it failed
+                    continue
+                queued, p.queued = p.queued, []
+                if queued:
+                    # Written, then prepared, by `_write`: the loop does not touch this
+                    # log's write side until the round publishes.
+                    p.writing = True
+                    work.append(_Share(p, queued))
                     continue
                 try:
                     job = p.log.prepare_commit()
                 except StorageError as exc:  # a damaged archive is read-only: it takes no writes
                     self.fail_partition(p, f"cannot commit: {exc}")
                     continue
-            if job is not None:
-                jobs.append((p, job))
-        if not jobs:
-            return
-
-        def run_all() -> list[BaseException | None]:
-            results: list[BaseException | None] = []
-            for _, job in jobs:
-                try:
-                    job.run()
-                    results.append(None)
-                except Exception as exc:  # one partition's disk error must not stop the rest
-                    results.append(exc)
-            return results
-
-        results = await trio.to_thread.run_sync(run_all)
-        for (p, job), error in zip(jobs, results, strict=True):
-            async with p.lock:
+                if job is not None:
+                    work.append(_Share(p, [], job))
+            if not work:
+                return
+            if sum(len(b) for share in work for b, _ in share.queued) < INLINE_ROUND_BYTES:
+                # A small round costs less than the two thread switches that would carry
+                # it (tens of microseconds of pwrite into the page cache and one
+                # signature): it runs here unless an fsync is due.
+                _write(work)
+                if any(share.job is not None and share.job_syncs() for share in work):
+                    await trio.to_thread.run_sync(_run, work)
+                else:
+                    _run(work)
+            else:
+                await trio.to_thread.run_sync(_write_and_run, work)
+            for share in work:
+                p, job, error = share.partition, share.job, share.error
+                p.writing = False
                 if error is not None:
-                    p.log.abandon(job)
+                    if job is not None:
+                        p.log.abandon(job)
                     self.fail_partition(p, f"commit failed: {error}")
-                elif not p.failed:
+                elif job is not None and not p.failed:
                     p.log.publish(job)
-            p.notify()
+        for share in work:
+            share.partition.notify()
         self._data_changed.set()
         self._data_changed = trio.Event()
 
@@ -371,6 +448,7 @@ class Node:
                         continue
                     dropped += p.log.apply_retention(now)
                     p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
+                p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
 
     async def run_background(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -378,6 +456,10 @@ class Node:
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
             await nursery.start(self.groups.run)
+            if self.config.replication_listen is not None or self.config.mirrors:
+                from broker.mirror import run_replication  # imports this module
+
+                await nursery.start(run_replication, self)
             task_status.started()
 
     def close(self) -> None:
@@ -385,6 +467,57 @@ class Node:
         if not self._closed:
             self._closed = True
             self.store.close()
+
+
+@dataclass(eq=False)
+class _Share:
+    """One partition's part of a commit round: batches to write, then its commit job."""
+
+    partition: Partition
+    queued: list[tuple[Any, int]]
+    job: CommitJob | None = None
+    error: BaseException | None = None
+
+    def job_syncs(self) -> bool:
+        job = self.job
+        assert job is not None
+        return bool(job.sync_fds or job.sync_head or job.sync_dir or job.sync_derived)
+
+
+def _write(work: list[_Share]) -> None:
+    """Append each partition's queued batches in order and prepare its commit job. One
+    partition's disk error does not stop the others."""
+    for share in work:
+        if not share.queued:
+            continue
+        plog = share.partition.log
+        try:
+            for batch, base in share.queued:
+                # PartitionLog.append only needs a writable buffer; a memoryview of the
+                # request frame avoids copying the batch once more.
+                got, _ = plog.append(cast(bytearray, batch))
+                if got != base:
+                    raise StorageError(f"batch admitted at offset {base} was written at {got}")
+            share.job = plog.prepare_commit()
+        except Exception as exc:
+            share.error = exc
+
+
+def _run(work: list[_Share]) -> None:
+    """Run the prepared commit jobs (hash, index, tree, sign, head, fsync when due)."""
+    for share in work:
+        if share.job is not None and share.error is None:
+            try:
+                share.job.run()
+            except Exception as exc:
+                share.error = exc
+
+
+def _write_and_run(work: list[_Share]) -> None:
+    """Worker thread: a whole round. pwrite, BLAKE2b (above 2 KiB) and fsync release the
+    GIL, so the loop keeps receiving the next requests meanwhile."""
+    _write(work)
+    _run(work)
 
 
 def _producer_headers(plog: PartitionLog) -> Iterator[tuple[int, int, int, int, int, int]]:

@@ -14,6 +14,10 @@ Kafka-level problem is an error code inside the response. Anything else a handle
 raises is a bug: it is logged with its traceback and the connection is closed, and the
 broker lives on.
 
+Listeners, TLS, SASL, authorization, connection limits, timeouts and quotas live in
+`broker.security`; this module only calls into it: a `Session` per connection is the
+gate in front of every request (`Session.admit`) and rides on the `RequestContext`.
+
 Shutdown: listeners close first; open connections get `shutdown_grace_s` to finish
 the requests already read (in-flight produces are answered once their head is
 published), then the node commits and closes its files.
@@ -29,7 +33,7 @@ from typing import Any
 import trio
 
 import broker.handlers  # noqa: F401  (fills the registry)
-from broker.api import NO_RESPONSE, REGISTRY, Deferred, RequestContext, advertised
+from broker.api import NO_RESPONSE, REGISTRY, Deferred, Encoded, RequestContext, advertised
 from broker.config import BrokerConfig
 from broker.node import Node
 from broker.protocol.codec import (
@@ -39,15 +43,19 @@ from broker.protocol.codec import (
     response_schema,
 )
 from broker.protocol.errors import ProtocolError, UnsupportedVersion
-from broker.protocol.framing import FrameDecoder
+from broker.protocol.framing import FrameDecoder, frame
 from broker.protocol.header import RequestHeader
+from broker.security.limits import raise_nofile_limit
+from broker.security.sasl import SaslFailed
+from broker.security.session import Security, Session
+from broker.security.settings import Listener
 from broker.shape import shape
 
 log = logging.getLogger("hyperkafka.server")
 
 API_VERSIONS = 18
 RECEIVE_SIZE = 256 * 1024
-MAX_IN_FLIGHT = 16  # responses queued per connection before the reader waits
+PRODUCE, FETCH = 0, 1
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
 ADVERTISED = {key: (lo, hi) for key, lo, hi in advertised()}
@@ -63,6 +71,8 @@ class Server:
         self.node = node
         self.config: BrokerConfig = node.config
         self.connections = 0
+        self.security = Security(node.config)
+        self._refusal_logged = -1e9
         self._draining = trio.Event()
         self.stopped = trio.Event()
         self._idle: set[trio.CancelScope] = set()  # readers waiting for a next request
@@ -76,10 +86,16 @@ class Server:
 
     async def _serve(self, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
         async with trio.open_nursery() as connections:
-            listeners = await trio.open_tcp_listeners(self.config.listen_port, host=self.config.listen_host)
+            opened: list[tuple[Listener, trio.SocketListener]] = []
+            for spec in self.security.listeners:
+                for sock in await trio.open_tcp_listeners(spec.port, host=spec.host):
+                    opened.append((spec, sock))
+                if spec.port == 0:  # tell clients the port the system picked
+                    spec.port = opened[-1][1].socket.getsockname()[1]
+            listeners = [sock for _, sock in opened]
             async with trio.open_nursery() as accepting:
-                for listener in listeners:
-                    accepting.start_soon(self._accept_loop, listener, connections)
+                for spec, listener in opened:
+                    accepting.start_soon(self._accept_loop, listener, spec, connections)
                 task_status.started(listeners)
                 await self._draining.wait()
                 accepting.cancel_scope.cancel()
@@ -93,30 +109,50 @@ class Server:
         for scope in self._idle:
             scope.cancel()
 
-    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, spec: Listener, connections: trio.Nursery) -> None:
+        limiter = self.security.limiter
         while True:
             stream = await listener.accept()
-            if self.connections >= self.config.max_connections:
-                log.warning("refusing a connection: %d open (max.connections)", self.connections)
-                await stream.aclose()
+            try:
+                host, port = stream.socket.getpeername()[:2]
+            except OSError:
+                host, port = "?", 0
+            refused = limiter.acquire(host)
+            if refused is not None:
+                now = trio.current_time()
+                if now - self._refusal_logged >= 1.0:  # a flood must not flood the log too
+                    self._refusal_logged = now
+                    log.warning("refusing connections from %s on %s: %s", host, spec.name, refused)
+                await trio.aclose_forcefully(stream)
                 continue
-            connections.start_soon(self._connection, stream)
+            connections.start_soon(self._connection, stream, spec, host, f"{host}:{port}")
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
+    async def _connection(self, raw: trio.SocketStream, spec: Listener, host: str, peer: str) -> None:
         self.connections += 1
+        session = Session(self.security, spec, peer)
+        stream: trio.abc.Stream = raw
         try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "?"
-        try:
-            send, receive = trio.open_memory_channel[Outgoing](MAX_IN_FLIGHT)
+            if spec.tls is not None:
+                tls = trio.SSLStream(raw, self.security.tls[spec.name], server_side=True)
+                stream = tls
+                # A peer that never finishes its handshake must not hold the slot forever.
+                with trio.fail_after(self.security.settings.request_timeout_ms / 1000):
+                    try:
+                        await tls.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        # No (or an untrusted) client certificate, plaintext on a TLS port, ...
+                        log.info("TLS handshake with %s on %s failed: %s", peer, spec.name, exc.__cause__ or exc)
+                        return
+                session.tls_principal(tls.getpeercert())
+            send, receive = trio.open_memory_channel[Outgoing](self.security.settings.max_in_flight)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_loop, stream, receive, nursery.cancel_scope)
                 try:
-                    await self._read_loop(stream, peer, send)
+                    await self._read_loop(stream, session, send)
                 finally:
                     send.close()
+        except* trio.TooSlowError:
+            log.info("closing connection from %s on %s: TLS handshake not finished in time", peer, spec.name)
         except* ProtocolError as group:
             log.info("closing connection from %s: %s", peer, group.exceptions[0])
         except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
@@ -125,30 +161,59 @@ class Server:
             log.exception("internal error on a connection from %s; closing it", peer)
         finally:
             self.connections -= 1
+            self.security.limiter.release(host)
             await trio.aclose_forcefully(stream)
 
-    async def _read_loop(self, stream: trio.SocketStream, peer: str, send: trio.MemorySendChannel[Outgoing]) -> None:
+    async def _read_loop(self, stream: trio.abc.Stream, session: Session, send: trio.MemorySendChannel[Outgoing]) -> None:
         decoder = FrameDecoder(self.config.socket_request_max_bytes)
+        settings = self.security.settings
+        partial_since: float | None = None  # when the request being received began
         while not self._draining.is_set():
-            with trio.CancelScope() as idle:
+            now = trio.current_time()
+            # Idle: connections.max.idle.ms. Inside a request: it must be complete within
+            # the request timeout, so a peer trickling bytes cannot hold a slot or memory.
+            deadline = now + settings.idle_ms / 1000 if partial_since is None else partial_since + settings.request_timeout_ms / 1000
+            with trio.CancelScope(deadline=deadline) as idle:
                 self._idle.add(idle)
                 try:
                     data = await stream.receive_some(RECEIVE_SIZE)
                 finally:
                     self._idle.discard(idle)
             if idle.cancelled_caught:
+                if partial_since is not None and not self._draining.is_set():
+                    raise ProtocolError(f"request not complete after {settings.request_timeout_ms} ms ({decoder.buffered} bytes buffered)")
+                if not self._draining.is_set():
+                    log.debug("closing %s: idle for %d ms (connections.max.idle.ms)", session.peer, settings.idle_ms)
                 return
             if not data:
                 if decoder.buffered:
                     raise ProtocolError(f"connection closed inside a frame ({decoder.buffered} bytes buffered)")
                 return
             decoder.receive_data(data)
+            completed = False
             while (payload := decoder.next_frame()) is not None:
-                await send.send(await self._handle(payload, peer))
-                if self._draining.is_set():
+                completed = True
+                await send.send(await self._handle(payload, session))
+                if self._draining.is_set() or session.close_after_reply:
                     return
+                if session.mute_until > trio.current_time():
+                    # KIP-219: the throttled answer is out; read nothing more until it has passed.
+                    await trio.sleep_until(session.mute_until)
+            if not decoder.buffered:
+                partial_since = None
+            elif completed or partial_since is None:
+                partial_since = trio.current_time()
 
-    async def _handle(self, payload: Any, peer: str) -> Outgoing:
+    async def _handle(self, payload: Any, session: Session) -> Outgoing:
+        peer = session.peer
+        if session.raw_sasl:
+            # After SaslHandshake v0 the client sends bare SASL tokens, and so do we.
+            try:
+                token = await session.sasl_step(bytes(payload))
+            except SaslFailed as exc:
+                log.warning("SASL authentication failed for %s on %s: %s", peer, session.listener.name, exc)
+                raise ProtocolError(f"SASL authentication failed: {exc}") from None
+            return _ready([frame(token)])
         try:
             header, request = decode_request(payload, supported=ACCEPTED)
         except UnsupportedVersion as exc:
@@ -156,11 +221,20 @@ class Server:
                 reply = encode_api_versions_fallback(exc.header.correlation_id, ADVERTISED)
                 return _ready([reply])
             raise
-        ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer)
+        session.admit(header.api_key)
+        ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session)
         api = REGISTRY[header.api_key]
         if _trace:
-            log.debug("%s %s v%d #%d from %s: %.300r", peer, api.name, header.api_version, header.correlation_id, header.client_id, request)
+            log.debug("%s %s v%d #%d from %s as %s: %.300r", peer, api.name, header.api_version, header.correlation_id, header.client_id, session.principal, request)
         result = await api.handler(ctx, request)
+        throttle_ms = 0
+        if header.api_key == PRODUCE:
+            throttle_ms = session.throttle_produce(len(payload))
+        elif header.api_key == FETCH and isinstance(result, dict):
+            throttle_ms, send_data = session.throttle_fetch(_fetch_bytes(result))
+            if not send_data:
+                # Kafka answers a throttled fetch with no data at all (KIP-219).
+                result = {**result, "responses": []}
         if result is NO_RESPONSE:
             return _ready(None)
         if isinstance(result, Deferred):
@@ -168,12 +242,20 @@ class Server:
 
             async def deferred() -> list[Any] | None:
                 description = await finish()
+                if description is not None and throttle_ms:
+                    if isinstance(description, Encoded):
+                        if description.with_throttle is not None:
+                            description = Encoded(description.with_throttle(throttle_ms))
+                    else:
+                        description = {**description, "throttle_time": throttle_ms}
                 return None if description is None else _encode(header, description)
 
             return deferred
+        if throttle_ms and isinstance(result, dict):
+            result = {**result, "throttle_time": throttle_ms}
         return _ready(_encode(header, result))
 
-    async def _write_loop(self, stream: trio.SocketStream, receive: trio.MemoryReceiveChannel[Outgoing], scope: trio.CancelScope) -> None:
+    async def _write_loop(self, stream: trio.abc.Stream, receive: trio.MemoryReceiveChannel[Outgoing], scope: trio.CancelScope) -> None:
         async with receive:
             async for outgoing in receive:
                 parts = await outgoing()
@@ -182,7 +264,15 @@ class Server:
         scope.cancel()  # the reader ended and every reply is out
 
 
+def _fetch_bytes(description: Any) -> int:
+    return sum(len(p["records"] or b"") for t in description.get("responses", ()) for p in t["partitions"])
+
+
 def _encode(header: RequestHeader, description: Any) -> list[Any]:
+    if isinstance(description, Encoded):  # a hot path's own encoding (Produce)
+        if _trace:
+            log.debug("#%d answered: %d bytes, pre-encoded", header.correlation_id, len(description.frame))
+        return [description.frame]
     response = shape(response_schema(header.api_key, header.api_version), description)
     if _trace:
         log.debug("#%d answered: %.300r", header.correlation_id, response)
@@ -200,6 +290,7 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
     """Open the node, serve until SIGTERM/SIGINT (or cancellation), then shut down cleanly."""
     global _trace
     _trace = log.isEnabledFor(logging.DEBUG)
+    raise_nofile_limit()
     node = await trio.to_thread.run_sync(Node.open, config)
     try:
         server = Server(node)
@@ -208,9 +299,10 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
             listeners = await nursery.start(server.serve)
             if config.listen_port == 0 and config.advertised_port is None:
                 config.advertised_port = listeners[0].socket.getsockname()[1]
-            for listener in listeners:
-                host, port = listener.socket.getsockname()[:2]
-                log.info("hyperkafka node %d listening on %s:%d (advertised %s:%d), data in %s", config.node_id, host, port, *config.advertised, config.data_dir)
+            for spec in server.security.listeners:
+                log.info("hyperkafka node %d listening on %s %s:%d (advertised %s:%d), data in %s", config.node_id, spec.protocol.value, spec.host, spec.port, *spec.advertised, config.data_dir)
+            if server.security.settings.secured:
+                log.info("secured: anyone may read; writes need an authenticated principal a rule allows")
             nursery.start_soon(_watch_signals, server)
             task_status.started(listeners)
             await server.stopped.wait()

@@ -1,7 +1,7 @@
 """The client matrix: one `Client` per real Kafka client, each able to produce and consume.
 
-Owns how each client is driven (kcat and node as subprocesses, the Python clients through
-compat_tests.workers.pyclient in their own process), what each can express (`Profile`) and
+Owns how each client is driven (kcat, node and the Go driver hkgo as subprocesses, the
+Python clients through compat_tests.workers.pyclient in their own process), what each can express (`Profile`) and
 which codecs it is tested with. Also the small in-test admin helpers (create/delete a topic
 through kafka-python's admin client). Imports the standard library, pytest and the
 compat_tests modules; the Python Kafka clients only inside functions.
@@ -43,6 +43,9 @@ class Client:
         if self.name == "kafkajs":
             node, why = harness.find_node_kafkajs()
             return node is not None, why
+        if self.name in GO_CLIENTS:
+            hkgo, why = harness.find_hkgo()
+            return hkgo is not None, why
         module = {"kafka-python": "kafka", "confluent": "confluent_kafka", "aiokafka": "aiokafka"}[
             self.name
         ]
@@ -125,6 +128,12 @@ class Client:
             assert node is not None
             argv = [node, str(harness.JS_DIR / "worker.js"), *args]
             env = dict(os.environ, KAFKAJS_NO_PARTITIONER_WARNING="1")
+        elif self.name in GO_CLIENTS:
+            hkgo, why = harness.find_hkgo()
+            if hkgo is None:
+                raise AssertionError(why)
+            argv = [hkgo, self.name, *args]
+            env = dict(os.environ)
         else:
             argv = [sys.executable, "-m", "compat_tests.workers.pyclient", self.name, *args]
             env = dict(os.environ)
@@ -132,6 +141,16 @@ class Client:
                 p for p in (str(harness.ROOT), env.get("PYTHONPATH", "")) if p
             )
         return run_json(argv, timeout, env=env, label=f"{self.name} {args[0]}")
+
+
+def go_admin(client: str, op: str, broker: Broker, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+    """One admin operation through franz-go (kadm) or sarama (ClusterAdmin): its JSON answer."""
+    hkgo, why = harness.find_hkgo()
+    if hkgo is None:
+        raise AssertionError(why)
+    argv = [hkgo, client, "admin", op, "--bootstrap", broker.bootstrap, *args]
+    argv += ["--timeout", str(timeout - 10)]
+    return run_json(argv, timeout, env=dict(os.environ), label=f"{client} admin {op}")
 
 
 def run_json(argv: list[str], timeout: float, *, env: dict[str, str], label: str) -> dict[str, Any]:
@@ -237,6 +256,9 @@ def parse_kcat_format(data: bytes) -> list[Record]:
 
 # ---------------------------------------------------------------------------- the matrix
 
+# Driven by compat_tests/go (the hkgo binary): `hkgo CLIENT produce|consume|group|admin`.
+GO_CLIENTS = ("franz-go", "sarama")
+
 _KCAT_PROFILE = Profile(
     empty_distinct=False,
     duplicate_header_names=False,
@@ -253,6 +275,9 @@ CLIENTS: dict[str, Client] = {
         Client("kafka-python", Profile(null_both=False), ALL_CODECS),
         Client("aiokafka", Profile(null_both=False), ALL_CODECS),
         Client("kafkajs", Profile(duplicate_header_names=False), ("none", "gzip")),
+        # Both keep null apart from empty for keys, values and header values.
+        Client("franz-go", Profile(header_null_value=True), ALL_CODECS),
+        Client("sarama", Profile(header_null_value=True), ALL_CODECS),
     )
 }
 

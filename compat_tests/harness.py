@@ -2,7 +2,7 @@
 
 Owns: starting and stopping the broker under test (our own `python -m broker serve`, or a
 command template for a stand-in broker), telling when it answers, its log tail, and finding
-the external clients (two kcats, node + kafkajs). It may import only the standard library:
+the external clients (two kcats, node + kafkajs, the Go driver hkgo). It may import only the standard library:
 it must work before anything else in the project does.
 """
 
@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPAT_DIR = ROOT / "compat_tests"
 TOOLS_DIR = COMPAT_DIR / ".tools"
 JS_DIR = COMPAT_DIR / "js"
+GO_DIR = COMPAT_DIR / "go"
+HKGO = TOOLS_DIR / "hkgo"
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -336,6 +338,36 @@ def find_node_kafkajs() -> tuple[str | None, str]:
     if not (JS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
         return None, "kafkajs missing: run `npm ci` in compat_tests/js (scripts/test does it)"
     return node, ""
+
+
+def find_hkgo() -> tuple[str | None, str]:
+    """The Go client driver (franz-go and sarama) that scripts/test builds, if current."""
+    if not HKGO.exists():
+        return None, (
+            f"{HKGO.relative_to(ROOT)} missing: scripts/test builds it from compat_tests/go "
+            "(needs the Go toolchain)"
+        )
+    built = HKGO.stat().st_mtime
+    sources = [p for p in GO_DIR.iterdir() if p.suffix == ".go" or p.name in ("go.mod", "go.sum")]
+    newer = [p.name for p in sources if p.stat().st_mtime > built]
+    if newer:
+        return None, f"{HKGO.relative_to(ROOT)} is older than compat_tests/go/{newer[0]}: rerun scripts/test"
+    return str(HKGO), ""
+
+
+def find_kgo_suite() -> tuple[tuple[str, Path] | None, str]:
+    """(franz-go's pkg/kgo test binary, the package directory it runs in), built by
+    compat_tests/go/setup.sh, or None and why not."""
+    binary, where = TOOLS_DIR / "kgo.test", TOOLS_DIR / "franz-go.dir"
+    if not binary.exists() or not where.exists():
+        return None, (
+            f"{binary.relative_to(ROOT)} missing: scripts/test builds it (compat_tests/go/setup.sh, "
+            "needs the Go toolchain)"
+        )
+    pkg = Path(where.read_text().strip()) / "pkg" / "kgo"
+    if not pkg.is_dir():
+        return None, f"franz-go's pkg/kgo is not in the module cache at {pkg}: rerun scripts/test"
+    return (str(binary), pkg), ""
 
 
 @contextlib.contextmanager

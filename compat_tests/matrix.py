@@ -19,6 +19,8 @@ CLIENT_ORDER = [
     "kafka-python",
     "aiokafka",
     "kafkajs",
+    "franz-go",
+    "sarama",
     "raw-socket",
     "broker",
 ]

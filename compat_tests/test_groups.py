@@ -1,8 +1,9 @@
 """Consumer groups through real clients, each member in its own process.
 
-- Groups of two and three members of kafka-python, confluent-kafka, aiokafka and kafkajs
-  split a 4-partition topic: every member gets partitions, none shared, all records read,
-  and the commits cover everything at the end.
+- Groups of two and three members of kafka-python, confluent-kafka, aiokafka, kafkajs,
+  franz-go (cooperative-sticky, its default) and sarama (range, its default) split a
+  4-partition topic: every member gets partitions, none shared, all records read, and the
+  commits cover everything at the end.
 - A member killed with SIGKILL: its partitions move to the survivors (the dead member is
   detected after its session timeout, 6 s here) and no record is lost, because members
   commit each record after reading it. The time from the kill to the survivors' new
@@ -10,9 +11,12 @@
   kept in the test report's user_properties.
 - After a broker restart the group resumes at its commits (nothing read twice or skipped).
 - `kcat -G` consumes as a group member and commits.
+- Offsets expiry and compaction of the offsets archive through a broker configured by a
+  properties file: an expired offset is gone after a restart, compacted commits are kept.
 
-Members are compat_tests/workers/groupclient.py (Python clients) and
-compat_tests/js/group_worker.js (kafkajs), speaking JSON lines on stdout.
+Members are compat_tests/workers/groupclient.py (Python clients),
+compat_tests/js/group_worker.js (kafkajs) and `hkgo CLIENT group` (compat_tests/go: franz-go
+and sarama), speaking JSON lines on stdout.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ from typing import Any
 import pytest
 
 from compat_tests import harness
-from compat_tests.clients import CLIENTS, admin, create_topic
+from compat_tests.clients import CLIENTS, GO_CLIENTS, admin, create_topic
 from compat_tests.harness import Broker
 
-GROUP_CLIENTS = ["kafka-python", "confluent", "aiokafka", "kafkajs"]
+GROUP_CLIENTS = ["kafka-python", "confluent", "aiokafka", "kafkajs", "franz-go", "sarama"]
 PARTITIONS = 4
 SESSION_MS = 6000
 TIMINGS: dict[str, float] = {}
@@ -84,6 +88,10 @@ def _member_argv(client: str, broker: Broker, topic: str, group: str, extra: lis
         node, _ = harness.find_node_kafkajs()
         assert node is not None
         return [node, str(harness.JS_DIR / "group_worker.js"), *args], env
+    if client in GO_CLIENTS:
+        hkgo, why = harness.find_hkgo()
+        assert hkgo is not None, why
+        return [hkgo, client, "group", *args], env
     return [sys.executable, "-m", "compat_tests.workers.groupclient", client, *args], env
 
 
@@ -247,7 +255,7 @@ def _killed_member_scenario(broker: Broker, workdir: Path, client: str, request:
 
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("group-resume-after-restart")
-@pytest.mark.parametrize("client", ["kafka-python", "confluent", "kafkajs"])
+@pytest.mark.parametrize("client", ["kafka-python", "confluent", "kafkajs", "franz-go", "sarama"])
 def test_group_resumes_at_its_commits_after_a_broker_restart(fresh_broker: Broker, workdir: Path, client: str) -> None:
     _require(client)
     b = fresh_broker
@@ -300,3 +308,89 @@ def test_kcat_consumes_as_a_group(broker: Broker, workdir: Path, client: str) ->
     # The same group again: nothing left to read.
     again = kcat.run(args, timeout=90).stdout.decode()
     assert not again.strip(), again[:500]
+
+
+def _commit_standalone(broker: Broker, group: str, topic: str, offsets: dict[int, int], times: int = 1) -> None:
+    """Commit as a consumer without group management (generation -1), `times` times,
+    each round one OffsetCommit with every partition (offset + round)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        c.assign([TopicPartition(topic, p) for p in offsets])
+        for i in range(times):
+            c.commit({TopicPartition(topic, p): OffsetAndMetadata(o + i, "", -1) for p, o in offsets.items()})
+    finally:
+        c.close()
+
+
+def _listed_groups(broker: Broker) -> set[str]:
+    a = admin(broker)
+    try:
+        return {g["group_id"] if isinstance(g, dict) else g[0] for g in a.list_groups()}
+    finally:
+        a.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.matrix("offsets-expiry-compaction", client="kafka-python")
+def test_offsets_expire_and_compaction_keeps_commits_across_restarts(fresh_broker: Broker, workdir: Path) -> None:
+    """Expiry (KIP-211, standalone consumers count from their commit) and compaction of
+    the offsets archive, through a real broker process configured by a properties file.
+
+    Phase 1, default retention: group `exp` commits once; group `kept` commits 100 rounds,
+    so superseded records pile up and the broker compacts (copies the live records into a
+    new segment, drops the old ones). `kept` commits its final offsets GAP seconds after
+    `exp`. Phase 2 restarts the broker with a retention between the two ages: `exp`'s
+    offsets are expired by the first check (and the group is gone), `kept`'s are intact.
+    """
+    _require("kafka-python")
+    gap, margin = 10.0, 5.0
+    b = fresh_broker
+    tag = uuid.uuid4().hex[:8]
+    topic = f"expiry-{tag}"
+    create_topic(b, topic, PARTITIONS)
+    assert b.stop() == 0
+    props = workdir / "phase1.properties"
+    props.write_text("hyperkafka.offsets.compaction.min.dirty.records=50\noffsets.retention.check.interval.ms=200\n")
+    assert b.data_dir is not None
+    for phase in ("p1", "p2"):
+        (workdir / phase).mkdir()
+    b = harness.new_broker(workdir / "p1", data_dir=b.data_dir, extra=["--config", str(props)])
+    offsets_dir = b.data_dir / "__consumer_offsets-0"  # type: ignore[operator]
+    try:
+        b.start()
+        t_exp = time.monotonic()
+        _commit_standalone(b, "exp", topic, {0: 5})
+        _commit_standalone(b, "kept", topic, {p: 10 * p for p in range(PARTITIONS)}, times=100)
+        deadline = time.monotonic() + 30
+        while "compacted __consumer_offsets" not in b.log_tail(400):
+            assert time.monotonic() < deadline, "no compaction logged\n" + b.log_tail()
+            time.sleep(0.2)
+        time.sleep(max(0.0, t_exp + gap - time.monotonic()))
+        final = {p: 1000 + p for p in range(PARTITIONS)}
+        _commit_standalone(b, "kept", topic, final)
+        t_kept = time.monotonic()
+        assert committed(b, "exp") == {0: 5}  # the default retention is 7 days
+        assert b.stop() == 0
+    finally:
+        b.kill()
+    segments = sorted(n for n in os.listdir(offsets_dir) if n.endswith(".log"))
+    assert int(segments[0][:-4]) > 0, f"old segments were not dropped: {segments}"
+
+    restart = time.monotonic()
+    retention_ms = int((restart - t_kept + margin) * 1000)  # exp is >= gap - margin past it
+    props2 = workdir / "phase2.properties"
+    props2.write_text(f"hyperkafka.offsets.retention.ms={retention_ms}\noffsets.retention.check.interval.ms=200\n")
+    b = harness.new_broker(workdir / "p2", data_dir=b.data_dir, extra=["--config", str(props2)])
+    try:
+        b.start()
+        kept = committed(b, "kept")
+        assert time.monotonic() - t_kept < retention_ms / 1000, "too slow to tell expiry apart (machine overloaded?)"
+        assert kept == final, "compaction or restart lost committed offsets"
+        assert committed(b, "exp") == {}, "the expired offset came back"
+        assert "exp" not in _listed_groups(b) and "kept" in _listed_groups(b)
+        assert b.stop() == 0
+    finally:
+        b.kill()

@@ -63,6 +63,8 @@ READER_FOR = {
     "kafka-python": "confluent",
     "aiokafka": "kafka-python",
     "kafkajs": "confluent",
+    "franz-go": "confluent",
+    "sarama": "kafka-python",
 }
 
 

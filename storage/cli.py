@@ -10,9 +10,17 @@ import os
 import sys
 
 from storage.catalog import TopicRecord, apply_change, decode_changes
+from storage.follower import PUBLIC_KEY_FILE, check_evidence
 from storage.fs import OsFileSystem
 from storage.hypercore import archive_key, derive_keypair
-from storage.store import CATALOG_DIR, CATALOG_NAME, load_seed, partition_dir, partition_key_name
+from storage.store import (
+    CATALOG_DIR,
+    CATALOG_NAME,
+    MIRRORS_DIR,
+    load_seed,
+    partition_dir,
+    partition_key_name,
+)
 from storage.verify import signed_batches, verify_partition
 
 
@@ -77,7 +85,68 @@ def verify_command(data_dir: str, topic: str | None) -> int:
             else:
                 failures += 1
                 print(f"BAD {name} {p} {res.first_bad_offset} {res.reason}")
+    failures += _verify_mirrors(data_dir, topic)
     return 1 if failures else 0
+
+
+def _verify_mirrors(data_dir: str, topic: str | None) -> int:
+    """Every archive this node mirrors (FORMAT.md section 10), each against its writer's
+    key: the catalog against the node key in the directory name, each partition against
+    the signer key recorded beside it, which must hash to the catalog's archive key.
+    Lines are prefixed `mirror:<first 16 hex of the node key>`."""
+    root = os.path.join(data_dir, MIRRORS_DIR)
+    if not os.path.isdir(root):
+        return 0
+    failures = 0
+    for name in sorted(os.listdir(root)):
+        node_dir = os.path.join(root, name)
+        try:
+            node_pk = bytes.fromhex(name)
+        except ValueError:
+            continue
+        if len(node_pk) != 32 or not os.path.isdir(node_dir):
+            continue
+        tag = f"mirror:{name[:16]}"
+        cat_dir = os.path.join(node_dir, CATALOG_DIR)
+        topics: dict[str, TopicRecord] = {}
+        cat = verify_partition(cat_dir, node_pk)
+        evidence = check_evidence(cat_dir, node_pk)
+        if evidence:
+            print(f"BAD {tag}/__catalog 0 - {evidence}")
+            failures += 1
+        if not cat.ok:
+            print(f"BAD {tag}/__catalog 0 {cat.first_bad_offset} {cat.reason}")
+            failures += 1
+            continue
+        for batch in signed_batches(cat_dir, node_pk):
+            for change in decode_changes(batch):
+                apply_change(topics, change)
+        for tname in sorted(topics):
+            if topic is not None and tname != topic:
+                continue
+            rec = topics[tname]
+            for p in range(rec.partitions):
+                path = os.path.join(node_dir, f"{tname}-{p}")
+                kfile = os.path.join(path, PUBLIC_KEY_FILE)
+                if not os.path.exists(kfile):
+                    continue  # not mirrored (yet)
+                with open(kfile, "rb") as f:
+                    pk = f.read()
+                if archive_key(pk) != rec.archive_keys[p]:
+                    print(f"BAD {tag}/{tname} {p} - signer key does not match the catalog's archive key")
+                    failures += 1
+                    continue
+                evidence = check_evidence(path, pk)
+                if evidence:
+                    print(f"BAD {tag}/{tname} {p} - {evidence}")
+                    failures += 1
+                res = verify_partition(path, pk)
+                if res.ok:
+                    print(f"ok {tag}/{tname} {p} {res.length} blocks, {res.signed_length} signed")
+                else:
+                    failures += 1
+                    print(f"BAD {tag}/{tname} {p} {res.first_bad_offset} {res.reason}")
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:

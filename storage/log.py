@@ -9,6 +9,8 @@ Threading: everything runs on one owner thread (the broker's event loop) except
 touches what `prepare_commit` handed it (copies of the frontier and of the new index
 bytes and tree nodes, and descriptors that stay open while a job is in flight) plus the
 head file, which nothing else writes while a job is in flight.
+An INTERVAL writer's periodic fsync runs in a `BackgroundSync` thread that only calls
+fsync on descriptors, which stay open until it was joined (close, retention, forced sync).
 
 May import the standard library, crc32c, `storage.hypercore`, `storage.fs`,
 `storage.errors`, `storage.batch`. Never `broker`, trio or protocol types.
@@ -22,6 +24,7 @@ import logging
 import os
 import struct
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Iterator
@@ -374,6 +377,53 @@ class FileRange:
 
 # ---------------------------------------------------------------------------- commit
 
+# A batch appended since the last commit job: (.log fd, .bidx fd, entry number in its
+# segment, base offset, max timestamp, position, size, last offset delta).
+PendingBatch = tuple[int, int, int, int, int, int, int, int]
+
+
+class BackgroundSync:
+    """The periodic fsync of an INTERVAL writer, in its own thread.
+
+    Why: on this class of machine an fsync of one interval's data (hundreds of MB) takes
+    as long as hashing it, and the policy lets heads be published before their data is
+    durable. Run inside the commit job it stalls every later commit (and the broker's
+    commit round for all partitions) for the whole write-back; here it overlaps them.
+    `length` is the derived length it makes durable: the job wrote the `.bidx` entries
+    and tree nodes of every block below it before starting the sync. The first commit
+    after it finished records `length` as the head's derived length and fsyncs the head.
+    """
+
+    def __init__(self, fs: FileSystem, fds: list[int], dir_path: str | None, tree_fd: int,
+                 length: int) -> None:
+        self.fs = fs
+        self.fds = fds
+        self.dir_path = dir_path
+        self.tree_fd = tree_fd
+        self.length = length
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hk-interval-fsync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for fd in self.fds:
+                self.fs.fsync(fd)
+            if self.dir_path is not None:
+                self.fs.fsync_dir(self.dir_path)
+            if self.tree_fd >= 0:
+                self.fs.fsync(self.tree_fd)
+        except BaseException as exc:  # reported to the owner thread by the next commit
+            self.error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+
 
 @dataclass
 class CommitJob:
@@ -388,10 +438,8 @@ class CommitJob:
     seq: int
     index_writes: list[tuple[int, int, bytes]]
     nodes: list[Node]
-    # batches appended since the last job: (.log fd, .bidx fd, entry number, base offset,
-    # max timestamp, position, size, last offset delta). Read back and hashed here, off
-    # the owner thread.
-    pending: list[tuple[int, int, int, int, int, int, int, int]]
+    # batches appended since the last job: read back and hashed here, off the owner thread
+    pending: list[PendingBatch]
     sync_fds: list[int]
     sync_derived: bool
     derived_length: int
@@ -399,6 +447,13 @@ class CommitJob:
     sync_dir: bool
     sign: bool
     flags: int
+    # A follower's commit: the writer's signature over this tree, verified by the caller
+    # (storage.follower); used instead of signing with our own key.
+    remote_signature: bytes | None = None
+    # INTERVAL policy, periodic sync: the fsyncs run in a `BackgroundSync` beside later
+    # commits instead of inside this job (FORMAT.md section 6).
+    background: bool = False
+    sync: BackgroundSync | None = None
     head: Head | None = None
     leaf_lo: int = 0  # leaves [leaf_lo, leaf_hi) were hashed by this job
     leaf_hi: int = 0
@@ -414,14 +469,23 @@ class CommitJob:
                 fs.pwrite_all(fd, data, pos)
             if self.nodes:
                 lg._write_nodes(self.nodes, self.leaf_lo * 2, self.leaf_hi * 2)
-            for fd in self.sync_fds:
-                fs.fsync(fd)
-            if self.sync_dir:
-                fs.fsync_dir(lg.path)
-            if self.sync_derived:
-                fs.fsync(lg._tree_fd)
             fr = self.frontier
-            if self.sign:
+            if self.background:
+                # Everything up to fr.length (data, .bidx entries, tree nodes) is written
+                # now; the sync makes it durable while later commits go on.
+                self.sync = BackgroundSync(fs, self.sync_fds, lg.path if self.sync_dir else None,
+                                           lg._tree_fd if self.sync_derived else -1, fr.length)
+                self.sync.start()
+            else:
+                for fd in self.sync_fds:
+                    fs.fsync(fd)
+                if self.sync_dir:
+                    fs.fsync_dir(lg.path)
+                if self.sync_derived:
+                    fs.fsync(lg._tree_fd)
+            if self.remote_signature is not None:
+                sig = self.remote_signature
+            elif self.sign:
                 sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)
             else:
                 assert lg._head is not None
@@ -440,7 +504,8 @@ class CommitJob:
                 flags=self.flags,
                 boot_id=BOOT_ID,
                 written_ms=int(time.time() * 1000),
-                derived_length=fr.length if self.sync_derived else self.derived_length,
+                derived_length=(fr.length if self.sync_derived and not self.background
+                                else self.derived_length),
             )
             fs.pwrite_all(lg._head_fd, head.encode(), (self.seq % 2) * SLOT_SIZE)
             if self.sync_head:
@@ -514,7 +579,7 @@ class PartitionLog:
         # Owned by the commit job while one is in flight, else by the owner thread.
         self._frontier = Frontier()
         self._pending_nodes: list[Node] = []
-        self._pending: list[tuple[int, int, int, int, int, int, int, int]] = []
+        self._pending: list[PendingBatch] = []
         self._next_leaf = 0  # blocks appended (the frontier catches up in the commit job)
         self._head: Head | None = None
         self._head_seq = 0
@@ -525,6 +590,7 @@ class PartitionLog:
         self._published_length = 0
         self._min_index = 0
         self._job: CommitJob | None = None
+        self._sync: BackgroundSync | None = None  # INTERVAL fsync running beside commits
         self._poisoned: BaseException | None = None
         self.damage: ArchiveDamaged | None = None  # set: read-only, nothing served past it
         self._bad_offset: int | None = None  # first batch that failed authentication
@@ -561,8 +627,28 @@ class PartitionLog:
         """Number of batches appended (blocks in the archive, including unpublished)."""
         return self._next_leaf
 
+    @property
+    def min_index(self) -> int:
+        """First retained block (blocks below it were dropped by retention)."""
+        return self._min_index
+
     def set_config(self, config: LogConfig) -> None:
         self.config = config
+
+    def block(self, index: int) -> bytes:
+        """The stored batch at archive block (leaf) `index`, byte for byte; KeyError below
+        the minimum index or at/after the number of appended blocks. Not authenticated
+        here: replication peers verify every block against the signed head."""
+        if index < self._min_index or index >= self._next_leaf or not self._segments:
+            raise KeyError(index)
+        seg, k = self._locate_leaf(index)
+        if not 0 <= k < seg.count:
+            raise KeyError(index)
+        size = seg.size_of(k)
+        data = self.fs.pread_exact(seg.log_fd, size, seg.positions[k])
+        if len(data) != size:
+            raise KeyError(index)
+        return bytes(data)
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -1129,10 +1215,31 @@ class PartitionLog:
 
     def prepare_commit(self, *, force_sync: bool = False) -> CommitJob | None:
         """Snapshot what is new for a group commit (owner thread, cheap). None when there
-        is nothing to sign and no fsync is due. At most one job may be in flight."""
+        is nothing to sign and no fsync is due. At most one job may be in flight.
+
+        Under INTERVAL the periodic fsync is not waited for: the job starts it in a
+        `BackgroundSync` and a later commit records what it made durable. `force_sync`
+        waits for a running one and syncs inline."""
+        return self._prepare(force_sync, background=True)
+
+    def _reap_sync(self, wait: bool) -> int | None:
+        """The derived length a finished background sync made durable (None: no sync, or
+        still running and not `wait`). A failed one poisons the log (fsyncgate)."""
+        sync = self._sync
+        if sync is None or not (wait or sync.done()):
+            return None
+        sync.wait()
+        self._sync = None
+        if sync.error is not None:
+            self._poisoned = sync.error
+            raise StorageError(f"background fsync failed: {sync.error}") from sync.error
+        return sync.length
+
+    def _prepare(self, force_sync: bool, background: bool) -> CommitJob | None:
         self._check_writable()
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
+        synced = self._reap_sync(wait=force_sync or not background)
         now = time.monotonic() * 1000
         new = self._next_leaf != self._published_length or (
             self._head is not None and self._fork != self._head.fork
@@ -1144,7 +1251,11 @@ class PartitionLog:
             or policy is FsyncPolicy.ALWAYS
             or (policy is FsyncPolicy.INTERVAL and now - self._last_sync_ms >= interval)
         )
-        if not new and not (due and self._dirty):
+        background = background and due and policy is FsyncPolicy.INTERVAL and not force_sync
+        if background and self._sync is not None:
+            # the last interval's data is still being written back: sync again after it
+            due = background = False
+        if not new and not (due and self._dirty) and synced is None:
             return None
         # .bidx and tree are derived from the log: under `always` they are synced on the
         # interval only (recovery rebuilds a lagging tail), else together with the data.
@@ -1177,6 +1288,9 @@ class PartitionLog:
         if sync_dir:
             self._new_segments = False
         self._head_seq += 1
+        derived_length = self._head.derived_length if self._head else 0
+        if synced is not None:
+            derived_length = max(derived_length, synced)
         job = CommitJob(
             log=self,
             frontier=self._frontier,  # advanced by the job; nothing else touches it meanwhile
@@ -1190,11 +1304,13 @@ class PartitionLog:
             pending=self._pending,
             sync_fds=sync_fds,
             sync_derived=derived_due,
-            derived_length=self._head.derived_length if self._head else 0,
-            sync_head=due or self._disk_clean,
+            derived_length=derived_length,
+            # a background sync's head is fsynced by the first commit after it finished
+            sync_head=(due and not background) or self._disk_clean or synced is not None,
             sync_dir=sync_dir,
             sign=new or self._head is None,
             flags=_POLICY_CODE[self.policy] << 8,
+            background=background,
         )
         pending_bytes = sum(p[6] for p in self._pending)
         self._pending_nodes = []
@@ -1215,6 +1331,8 @@ class PartitionLog:
         if not job.done or job.head is None:
             raise StorageError("commit job did not complete") from job.error
         head = job.head
+        if job.sync is not None:
+            self._sync = job.sync
         self._head = head
         self._published_length = head.length
         self.high_watermark = head.next_offset
@@ -1224,10 +1342,13 @@ class PartitionLog:
         """Forget a job whose run() raised (the log is poisoned then anyway)."""
         if job is self._job:
             self._job = None
+            if job.sync is not None:
+                self._sync = job.sync  # joined at close
 
     def commit(self, *, force_sync: bool = False) -> Head | None:
-        """prepare_commit + run + publish in a row (tests, shutdown, recovery)."""
-        job = self.prepare_commit(force_sync=force_sync)
+        """prepare_commit + run + publish in a row (tests, shutdown, recovery); fsyncs
+        inline, after any background sync finished."""
+        job = self._prepare(force_sync, background=False)
         if job is None:
             return None
         try:
@@ -1380,10 +1501,7 @@ class PartitionLog:
         """Drop whole old segments by retention_ms / retention_bytes. Returns the number of
         segments dropped. Never the active segment, never data above the high watermark;
         skipped while a commit job is in flight. Tree nodes are kept (proofs)."""
-        for seg in self._doomed:  # ranges handed out before the last retention are stale now
-            self.fs.close(seg.log_fd)
-            self.fs.close(seg.idx_fd)
-        self._doomed = []
+        self._close_doomed()
         if self._job is not None or self.damage is not None or self._poisoned is not None:
             return 0
         cfg = self.config
@@ -1398,6 +1516,40 @@ class PartitionLog:
                 break
             drop += 1
             total -= seg.log_size
+        return self._drop_first_segments(drop)
+
+    def drop_segments_below(self, offset: int) -> int:
+        """Drop the whole segments that end at or below `offset` (never the active one,
+        never data above the high watermark), exactly as retention drops them: the log
+        start offset advances, tree nodes stay (proofs), the head records the new start.
+        For a log whose owner rewrote everything it still needs at `offset` or later
+        (the offsets archive's compaction). Returns the number of segments dropped; 0 also
+        while a commit job is in flight (call again later)."""
+        self._close_doomed()
+        if self._job is not None or self.damage is not None or self._poisoned is not None:
+            return 0
+        drop = 0
+        for seg in self._segments[:-1]:
+            end = seg.next_offset()
+            if not seg.count or end > offset or end > self.high_watermark:
+                break
+            drop += 1
+        return self._drop_first_segments(drop)
+
+    def roll(self) -> None:
+        """Make the next append start a new segment (when the active one holds anything).
+        Done by aging the active segment past segment_ms, which the append path already
+        checks, so the hot path stays as it is."""
+        if self._segments and self._segments[-1].count:
+            self._segments[-1].created_ms = -(1 << 80)
+
+    def _close_doomed(self) -> None:
+        for seg in self._doomed:  # ranges handed out before the last drop are stale now
+            self.fs.close(seg.log_fd)
+            self.fs.close(seg.idx_fd)
+        self._doomed = []
+
+    def _drop_first_segments(self, drop: int) -> int:
         if not drop:
             return 0
         dropped = self._segments[:drop]
@@ -1461,6 +1613,9 @@ class PartitionLog:
             self._close_fds()
 
     def _close_fds(self) -> None:
+        if self._sync is not None:  # never close a descriptor under a running fsync
+            self._sync.wait()
+            self._sync = None
         for seg in self._segments + self._doomed:
             for fd in (seg.log_fd, seg.idx_fd):
                 if fd >= 0:

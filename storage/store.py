@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 SEED_FILE = "node.seed"
 CATALOG_DIR = "__catalog"
 CATALOG_NAME = b"hyperkafka/catalog"
+MIRRORS_DIR = "__mirrors"  # other nodes' archives this node mirrors (FORMAT.md section 10)
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
@@ -118,7 +119,7 @@ class Store:
         """Partition directories no topic owns (a delete interrupted by a crash)."""
         for name in self.fs.listdir(self.data_dir):
             path = os.path.join(self.data_dir, name)
-            if name == CATALOG_DIR or not os.path.isdir(path):
+            if name in (CATALOG_DIR, MIRRORS_DIR) or not os.path.isdir(path):
                 continue
             topic, _, part = name.rpartition("-")
             owned = (not name.endswith("-delete") and part.isdigit() and topic in self._topics
@@ -222,6 +223,12 @@ class Store:
         )
         self._logs[(topic, partition)] = lg
         return lg
+
+    @property
+    def catalog_log(self) -> PartitionLog:
+        """The catalog archive (served to mirrors; written only through this class)."""
+        assert self._catalog is not None
+        return self._catalog
 
     def open_logs(self) -> Mapping[tuple[str, int], PartitionLog]:
         return dict(self._logs)

@@ -14,6 +14,13 @@ commits that overlap in flight land in log order). Replaying the archive on open
 restores every committed offset and every group's last stored generation and members,
 who then have one session timeout to heartbeat before they are dropped.
 
+Maintenance, a second background task (`maintain`): at start and every
+`offsets.retention.check.interval.ms`, expire offsets as Kafka does (KIP-211, decided by
+the pure `Groups.expire_offsets`) and write their tombstones; and whenever the archive
+holds more superseded records than live ones (checked after every append), compact it
+(`compact`; the design is in broker.groups.offsets). Wall-clock time (commit and state
+timestamps, expiry) comes from `self.wall`, which tests replace.
+
 Imports trio, the node's types (for typing only), `broker.groups.*`; no protocol classes.
 """
 
@@ -22,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +48,7 @@ from broker.groups.records import (
 )
 from broker.groups.state import (
     CommittedOffset,
+    Expired,
     Group,
     Groups,
     GroupSettings,
@@ -98,6 +106,7 @@ class GroupCoordinator:
         self.node = node
         self.settings = settings or GroupSettings.from_properties(node.config.static)
         self.groups = Groups(self.settings)
+        self.wall: Callable[[], int] = wall_ms
         self.archive = OffsetsArchive(node)
         self._replayed: Replayed | None = self.archive.replay()
         log.info(
@@ -108,7 +117,9 @@ class GroupCoordinator:
             self._replayed.skipped,
         )
         self._wakeup = trio.Event()
+        self._maintenance_wanted = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self.compactions = 0
 
     # ------------------------------------------------------------------ driver
 
@@ -120,6 +131,7 @@ class GroupCoordinator:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._install()
+            nursery.start_soon(self.maintain)
             task_status.started()
             try:
                 while True:
@@ -155,10 +167,14 @@ class GroupCoordinator:
                 )
                 for m in value.members
             ]
-            self.groups.load_group(now, group_id, value.protocol_type, value.generation_id, protocol, value.leader, members)
+            group = self.groups.load_group(now, group_id, value.protocol_type, value.generation_id, protocol, value.leader, members)
+            if group.is_(State.EMPTY) and value.current_state_timestamp >= 0:
+                group.current_state_timestamp = value.current_state_timestamp
         for (group_id, topic, partition), (v, record_offset) in replayed.offsets.items():
             group = self.groups.get_or_create(group_id)
-            group.offsets[(topic, partition)] = CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, record_offset)
+            group.offsets[(topic, partition)] = CommittedOffset(
+                v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, record_offset, v.expire_timestamp
+            )
 
     def _dispatch(self, *, wake: bool = True) -> None:
         outbox, self.groups.outbox = self.groups.outbox, []
@@ -175,9 +191,13 @@ class GroupCoordinator:
         group = self.groups.get(effect.group_id)
         if group is None:
             return
-        value = _group_value(group, effect.assignment)
+        now_wall = self.wall()
+        if group.is_(State.EMPTY):
+            group.current_state_timestamp = now_wall  # the record says the same (KIP-211)
+        value = _group_value(group, effect.assignment, now_wall)
         try:
-            _, last = self.archive.append([(group_key(group.group_id), group_value(value))], wall_ms())
+            _, last = self.archive.append([(group_key(group.group_id), group_value(value))], now_wall)
+            self._check_compaction()
         except Exception as exc:
             log.error("cannot store group %s: %s", group.group_id, exc)
             self.groups.group_stored(self.now(), effect.group_id, effect.generation_id, effect.assignment, codes.COORDINATOR_NOT_AVAILABLE)
@@ -238,15 +258,19 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ offsets
 
     async def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
-                             group_instance_id: str | None, entries: Sequence[CommitEntry]) -> None:
-        """Validate, append, wait until durable, then publish; fills each entry's `error`."""
-        group, error = self.groups.validate_offset_commit(self.now(), group_id, generation_id, member_id, group_instance_id)
+                             group_instance_id: str | None, entries: Sequence[CommitEntry], *,
+                             api_version: int = 8, retention_time_ms: int = -1) -> None:
+        """Validate, append, wait until durable, then publish; fills each entry's `error`.
+        `retention_time_ms` (OffsetCommit v2-v4; -1 = the broker's) gives the offsets an
+        explicit expiry, as Kafka still honours for those versions."""
+        group, error = self.groups.validate_offset_commit(self.now(), group_id, generation_id, member_id, group_instance_id, api_version)
         self._dispatch()
         if group is None:
             for e in entries:
                 e.error = error
             return
-        now_wall = wall_ms()
+        now_wall = self.wall()
+        expire = None if retention_time_ms == -1 else now_wall + retention_time_ms
         to_write: list[CommitEntry] = []
         for e in entries:
             if e.error != codes.NONE:
@@ -260,36 +284,49 @@ class GroupCoordinator:
         if not to_write:
             return
         records = [
-            (offset_key(group_id, e.topic, e.partition), offset_value(OffsetValue(e.offset, e.leader_epoch, e.metadata or "", now_wall)))
+            (
+                offset_key(group_id, e.topic, e.partition),
+                offset_value(OffsetValue(e.offset, e.leader_epoch, e.metadata or "", now_wall, expire)),
+            )
             for e in to_write
         ]
+        partitions = [(e.topic, e.partition) for e in to_write]
+        group.begin_offset_commit(partitions)  # not expired while in flight
         try:
-            base, last = self.archive.append(records, now_wall)
-        except Exception as exc:
-            log.error("cannot append offsets of group %s: %s", group_id, exc)
-            for e in to_write:
-                e.error = codes.COORDINATOR_NOT_AVAILABLE
-            return
-        with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
             try:
-                await self.archive.wait_durable(last)
+                base, last = self.archive.append(records, now_wall)
+                self._check_compaction()
             except Exception as exc:
-                log.error("offsets of group %s not durable: %s", group_id, exc)
+                log.error("cannot append offsets of group %s: %s", group_id, exc)
                 for e in to_write:
                     e.error = codes.COORDINATOR_NOT_AVAILABLE
                 return
-        if scope.cancelled_caught:
-            for e in to_write:
-                e.error = codes.REQUEST_TIMED_OUT
+            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
+                try:
+                    await self.archive.wait_durable(last)
+                except Exception as exc:
+                    log.error("offsets of group %s not durable: %s", group_id, exc)
+                    for e in to_write:
+                        e.error = codes.COORDINATOR_NOT_AVAILABLE
+                    return
+            if scope.cancelled_caught:
+                for e in to_write:
+                    e.error = codes.REQUEST_TIMED_OUT
+                return
+        finally:
+            group.end_offset_commit(partitions)
+        if self.groups.get(group_id) is not group:
+            # DeleteGroups ran meanwhile: its tombstones follow our records in the archive,
+            # so a replay would not have these offsets; memory must not either (Kafka too
+            # drops a commit whose group went Dead before the append completed).
             return
-        # The group may have been deleted and re-created meanwhile: write into the live one.
-        live = self.groups.get_or_create(group_id) if self.groups.get(group_id) is not group else group
+        live = group
         for i, e in enumerate(to_write):
             key = (e.topic, e.partition)
             current = live.offsets.get(key)
             record_offset = base + i
             if current is None or current.record_offset < record_offset:
-                live.offsets[key] = CommittedOffset(e.offset, e.leader_epoch, e.metadata or "", now_wall, record_offset)
+                live.offsets[key] = CommittedOffset(e.offset, e.leader_epoch, e.metadata or "", now_wall, record_offset, expire)
 
     def fetch_offsets(self, group_id: str, wanted: Sequence[tuple[str, Sequence[int]]] | None) -> dict[str, dict[int, CommittedOffset | None]]:
         """topic -> partition -> committed offset (None: nothing committed). `wanted` None
@@ -335,14 +372,80 @@ class GroupCoordinator:
 
     async def _write_tombstones(self, tombstones: list[tuple[bytes, bytes | None]]) -> None:
         try:
-            _, last = self.archive.append(tombstones, wall_ms())
+            _, last = self.archive.append(tombstones, self.wall())
+            self._check_compaction()
             with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
                 await self.archive.wait_durable(last)
         except Exception as exc:  # the in-memory delete stands; a restart may bring them back
             log.error("cannot write %d tombstones: %s", len(tombstones), exc)
 
 
-def _group_value(group: Group, assignment: Mapping[str, bytes] | None) -> GroupValue:
+    # ------------------------------------------------------------------ maintenance
+
+    async def maintain(self) -> None:
+        """Expire offsets at start and every check interval; compact when asked."""
+        interval = self.settings.offsets_retention_check_interval_ms / 1000
+        deadline = trio.current_time()
+        compact_after = -math.inf  # after a compaction that freed nothing: wait an interval
+        while True:
+            with trio.move_on_at(deadline):
+                await self._maintenance_wanted.wait()
+            self._maintenance_wanted = trio.Event()
+            now = trio.current_time()
+            if now >= deadline:
+                deadline = now + interval
+                try:
+                    await self.expire_offsets()
+                except Exception:  # one failed pass must not end the coordinator
+                    log.exception("offset expiry failed")
+            if now >= compact_after and self.archive.needs_compaction(self.settings.offsets_compaction_min_dirty_records):
+                dropped = 0
+                try:
+                    dropped = await self.compact()
+                except Exception:
+                    log.exception("offsets archive compaction failed")
+                if not dropped:
+                    # Another copy now would only add to the archive (nothing was dropped,
+                    # or nothing is live): try again at the next check.
+                    compact_after = trio.current_time() + interval
+
+    async def expire_offsets(self) -> Expired:
+        """One expiry pass: forget expired offsets and empty groups, write tombstones."""
+        expired = self.groups.expire_offsets(self.wall())
+        self._dispatch()
+        tombstones: list[tuple[bytes, bytes | None]] = [
+            (key, None) for g, t, p in expired.offsets if self.archive.holds(key := offset_key(g, t, p))
+        ]
+        tombstones += [(key, None) for g in expired.groups if self.archive.holds(key := group_key(g))]
+        if tombstones:
+            await self._write_tombstones(tombstones)
+        return expired
+
+    def _check_compaction(self) -> None:
+        if self.archive.needs_compaction(self.settings.offsets_compaction_min_dirty_records):
+            self._maintenance_wanted.set()
+
+    async def compact(self, *, drop: bool = True) -> int:
+        """Copy every live record forward and drop the segments below the copy (see
+        broker.groups.offsets). Returns the segments dropped. `drop=False` stops after
+        the copy is durable (tests: the crash window)."""
+        span = await self.archive.write_snapshot(self.wall())
+        if span is None:
+            return 0
+        first, last = span
+        with trio.fail_after(max(self.settings.offset_commit_timeout_ms / 1000, 1) * 6):
+            await self.archive.wait_durable(last)
+        if not drop:
+            return 0
+        dropped = await self.archive.drop_below(first)
+        self.compactions += 1
+        plog = self.archive.partition.log
+        log.info("compacted %s: %d live records from offset %d, %d segments dropped, log start %d",
+                 "__consumer_offsets", len(self.archive.live), first, dropped, plog.log_start_offset)
+        return dropped
+
+
+def _group_value(group: Group, assignment: Mapping[str, bytes] | None, now_wall: int) -> GroupValue:
     protocol = group.protocol_name
     members = tuple(
         MemberValue(
@@ -357,4 +460,4 @@ def _group_value(group: Group, assignment: Mapping[str, bytes] | None) -> GroupV
         )
         for m in group.members.values()
     ) if group.state in (State.STABLE, State.COMPLETING_REBALANCE) else ()
-    return GroupValue(group.protocol_type or "", group.generation_id, protocol, group.leader_id, wall_ms(), members)
+    return GroupValue(group.protocol_type or "", group.generation_id, protocol, group.leader_id, now_wall, members)

@@ -1,15 +1,42 @@
 """The offsets archive: committed offsets and group metadata kept in `__consumer_offsets`.
 
-Owns the internal topic's life cycle (created through the node on first start, with
-retention off: there is no compaction, so dropping old segments would lose live commits),
-appending records to it as real v2 batches (signed and verifiable like any partition), and
-replaying it on open into a `Replayed` snapshot that the coordinator installs. The topic is
+Owns the internal topic's life cycle (created through the node on first start, with time
+and size retention off: only compaction may drop its segments), appending records to it as
+real v2 batches (signed and verifiable like any partition), replaying it on open into a
+`Replayed` snapshot that the coordinator installs, and compacting it. The topic is
 internal: its name starts with "__", which the node hides from topic listings unless a
 client names it.
 
-Synchronous except for nothing: the coordinator awaits durability through
-`Partition.wait_durable`. Imports the node's types, storage-free helpers from
-broker.protocol.records (to split and decode batches) and broker.groups.records.
+Compaction. Kafka compacts `__consumer_offsets` by rewriting segments in place; a signed,
+append-only archive cannot do that (a rewritten block would no longer match the signed
+tree). So compaction here is copy-forward plus retention:
+
+1. `live` holds the archive's last word per key (raw key and value bytes), kept up to date
+   by replay and by every `append` in log order (a tombstone removes the key). It is the
+   archive's view, not the coordinator's: a commit appended but not yet durable is in it.
+2. When superseded records outnumber live ones (`needs_compaction`), `write_snapshot`
+   starts a new segment (`PartitionLog.roll`) at offset F and appends every live record
+   again, as ordinary batches of up to SNAPSHOT_BATCH_RECORDS, letting other tasks run
+   between batches. Other appends may land between the batches; that is safe because each
+   batch copies the values `live` holds *when it is written* (the newest ones), a key
+   deleted before its turn is skipped (its tombstone is at or past F), and a key first
+   written after F is past F anyway. So for every key, its last record at or past F is
+   its last record in the whole log: replaying from F gives the state of the whole log.
+3. Once a signed head covers the snapshot, `drop_below(first)` drops every segment below
+   it through the storage retention path (`PartitionLog.drop_segments_below`): the data
+   and the head are fsynced first, the log start offset advances, the tree file keeps the
+   nodes of the dropped blocks, so proofs for the retained blocks stay valid.
+
+Crash safety: a crash before step 3 leaves old records followed by (part of) the snapshot,
+and a snapshot record only repeats the latest value of its key, so the replay gives the
+same offsets; a crash during step 3 is finished by storage recovery (FORMAT.md, crash
+state 13). No committed offset is lost at any point. Records that do not parse (the
+topic was writable by Produce once) are not in `live` and are not carried forward.
+
+Synchronous except `wait_durable` and `drop_below` (they wait on the commit loop and the
+partition lock). Imports the node's types, storage-free helpers from
+broker.protocol.records (to split and decode batches), broker.groups.records and
+storage.errors.
 """
 
 from __future__ import annotations
@@ -18,6 +45,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import trio
 
 from broker.groups.records import (
     GroupKey,
@@ -40,9 +69,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("hyperkafka.groups")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-# No compaction on signed archives: keep every segment, or live commits would expire.
+# Time and size retention would drop live commits: only compaction drops segments here.
 OFFSETS_TOPIC_CONFIGS = {"retention.ms": "-1", "retention.bytes": "-1"}
 READ_CHUNK = 1 << 20
+_V0, _V1 = b"\x00\x00", b"\x00\x01"
+SNAPSHOT_BATCH_RECORDS = 1000
+SNAPSHOT_BATCH_BYTES = 256 * 1024
+DROP_ATTEMPTS = 100  # drop_below retries while a commit job is in flight
 
 
 @dataclass
@@ -77,12 +110,17 @@ class OffsetsArchive:
             topic = node.create_topic(OFFSETS_TOPIC, 1, -1, OFFSETS_TOPIC_CONFIGS)
             assert topic is not None
         self.partition: Partition = topic.partitions[0]
+        # The archive's last word per key: normalised key bytes -> (raw key, raw value).
+        self.live: dict[bytes, tuple[bytes, bytes]] = {}
 
     def replay(self) -> Replayed:
         state = Replayed()
+        self.live.clear()
         for record_offset, key, value in self._records():
             try:
-                state.apply(record_offset, decode_key(key), value)
+                decoded = decode_key(key)
+                state.apply(record_offset, decoded, value)
+                self._track(key, value)
                 state.records += 1
             except RecordFormatError as exc:
                 # Not ours (the topic is writable by Produce like any other): skip it.
@@ -119,6 +157,19 @@ class OffsetsArchive:
                         yield rec.offset, rec.key, rec.value
             offset = chunk.end_offset
 
+    def _track(self, raw_key: bytes, value: bytes | None) -> None:
+        # Offset keys v0 and v1 have the same layout after the version: one key.
+        key = _V1 + raw_key[2:] if raw_key[:2] == _V0 else raw_key
+        if value is None:
+            self.live.pop(key, None)
+        else:
+            self.live[key] = (raw_key, value)
+
+    def holds(self, raw_key: bytes) -> bool:
+        """Whether the archive's last word for this key (`records.offset_key` or
+        `records.group_key` bytes) is a value, not a tombstone."""
+        return raw_key in self.live
+
     def append(self, entries: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> tuple[int, int]:
         """Append one batch; (base offset, last offset). Durable once `wait_durable(last)`."""
         partition = self.partition
@@ -126,7 +177,66 @@ class OffsetsArchive:
             raise OSError(partition.failed)
         base, last = partition.log.append(build_batch(entries, timestamp_ms))
         self.node.mark_dirty(partition)
+        for raw_key, value in entries:
+            self._track(raw_key, value)
         return base, last
 
     async def wait_durable(self, last_offset: int) -> None:
         await self.partition.wait_durable(last_offset)
+
+    # ------------------------------------------------------------------ compaction
+
+    @property
+    def dirty_records(self) -> int:
+        """Records in the archive that no longer matter (superseded, tombstones, junk)."""
+        plog = self.partition.log
+        return plog.log_end_offset - plog.log_start_offset - len(self.live)
+
+    def needs_compaction(self, min_dirty_records: int) -> bool:
+        dirty = self.dirty_records
+        return dirty >= min_dirty_records and dirty >= len(self.live)
+
+    async def write_snapshot(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """Step 2: append every live record again, from a new segment; (first, last)
+        offset of the snapshot, or None when nothing is live. Yields between batches."""
+        keys = list(self.live)
+        if not keys:
+            return None
+        self.partition.log.roll()
+        first: int | None = None
+        last = -1
+        i = 0
+        while i < len(keys):
+            chunk: list[tuple[bytes, bytes | None]] = []
+            size = 0
+            while i < len(keys) and len(chunk) < SNAPSHOT_BATCH_RECORDS and size < SNAPSHOT_BATCH_BYTES:
+                current = self.live.get(keys[i])  # the newest value now; gone if deleted meanwhile
+                i += 1
+                if current is not None:
+                    chunk.append(current)
+                    size += len(current[0]) + len(current[1])
+            if chunk:
+                base, last = self.append(chunk, timestamp_ms)
+                first = base if first is None else first
+            await trio.lowlevel.checkpoint()  # requests go on between batches (safe: see the module doc)
+        return None if first is None else (first, last)
+
+    async def drop_below(self, offset: int) -> int:
+        """Step 3: drop the segments below a durable snapshot that starts at `offset`."""
+        partition = self.partition
+        for _ in range(DROP_ATTEMPTS):
+            async with partition.lock:
+                if partition.failed:
+                    return 0
+                plog = partition.log
+                if plog.high_watermark <= offset:
+                    raise ValueError(f"snapshot at {offset} is not durable yet")
+                dropped = plog.drop_segments_below(offset)
+                # Dropping commits what was appended (a head must cover the data before
+                # it forgets segments): wake whoever waits for those offsets.
+                partition.notify()
+                if dropped or plog.log_start_offset >= offset:
+                    return dropped
+            await trio.sleep(0.01)  # a commit job was in flight; the loop publishes it soon
+        log.warning("%s: could not drop the segments below %d (commit jobs kept running)", OFFSETS_TOPIC, offset)
+        return 0

@@ -2,7 +2,8 @@
 
 Keys (a version prefix, int16): 0/1 = OffsetCommitKey (group, topic, partition),
 2 = GroupMetadataKey (group). Values: OffsetCommitValue v0-v3 (we write v3: offset,
-leader epoch, metadata, commit timestamp) and GroupMetadataValue v0-v3 (we write v3:
+leader epoch, metadata, commit timestamp; v1, with its expire timestamp, for a commit that
+carried a retention time, as Kafka does) and GroupMetadataValue v0-v3 (we write v3:
 protocol type, generation, protocol, leader, state timestamp, members with instance id,
 client id/host, timeouts, subscription and assignment). A null value is a tombstone.
 Using Kafka's layout means Kafka's own tools can read a dump of the archive, and the
@@ -44,6 +45,7 @@ class OffsetValue:
     leader_epoch: int
     metadata: str
     commit_timestamp: int
+    expire_timestamp: int | None = None  # only OffsetCommit v2-v4 with a retention time
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,14 @@ def group_key(group_id: str) -> bytes:
 
 
 def offset_value(value: OffsetValue) -> bytes:
+    if value.expire_timestamp is not None:
+        # Kafka writes v1 exactly when a commit carries its own expiry (no leader epoch
+        # there: the OffsetCommit versions that carry a retention time have none either).
+        return (
+            struct.pack(">hq", 1, value.offset)
+            + _str(value.metadata)
+            + struct.pack(">qq", value.commit_timestamp, value.expire_timestamp)
+        )
     return (
         struct.pack(">hqi", 3, value.offset, value.leader_epoch)
         + _str(value.metadata)
@@ -158,7 +168,33 @@ class _Reader:
         return out
 
 
+_KEY_HEAD = struct.Struct(">hh")  # version, length of the group id
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_OFFSET_V3_HEAD = struct.Struct(">hqih")  # version, offset, leader epoch, metadata length
+
+
 def decode_key(data: bytes) -> OffsetKey | GroupKey:
+    """A key of the archive. Replay decodes every record, so the exact-length layouts we
+    write are read with a few struct calls; anything else takes `_decode_key_checked`."""
+    n = len(data)
+    if n >= 4:
+        version, glen = _KEY_HEAD.unpack_from(data, 0)
+        try:
+            if version in (0, 1) and glen >= 0 and 6 + glen <= n:
+                (tlen,) = _I16.unpack_from(data, 4 + glen)
+                end = 6 + glen + tlen
+                if tlen >= 0 and end + 4 == n:
+                    return OffsetKey(data[4 : 4 + glen].decode(), data[6 + glen : end].decode(), _I32.unpack_from(data, end)[0])
+            elif version == 2 and glen >= 0 and 4 + glen == n:
+                return GroupKey(data[4:].decode())
+        except UnicodeDecodeError:
+            pass  # the checked decoder says why
+    return _decode_key_checked(data)
+
+
+def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey:
     try:
         r = _Reader(data)
         version = r.i(">h")
@@ -172,6 +208,21 @@ def decode_key(data: bytes) -> OffsetKey | GroupKey:
 
 
 def decode_offset_value(data: bytes) -> OffsetValue:
+    """An OffsetCommitValue; v3 of the exact length we write takes the short path."""
+    n = len(data)
+    if n >= _OFFSET_V3_HEAD.size + 8:
+        version, offset, epoch, mlen = _OFFSET_V3_HEAD.unpack_from(data, 0)
+        if version == 3 and mlen >= 0 and _OFFSET_V3_HEAD.size + mlen + 8 == n:
+            try:
+                metadata = data[16 : 16 + mlen].decode()
+            except UnicodeDecodeError:
+                pass
+            else:
+                return OffsetValue(offset, epoch, metadata, _I64.unpack_from(data, 16 + mlen)[0])
+    return _decode_offset_value_checked(data)
+
+
+def _decode_offset_value_checked(data: bytes) -> OffsetValue:
     try:
         r = _Reader(data)
         version = r.i(">h")
@@ -183,9 +234,8 @@ def decode_offset_value(data: bytes) -> OffsetValue:
             offset = r.i(">q")
             metadata = r.req_string()
             commit = r.i(">q")
-            if version == 1:
-                r.i(">q")  # expire timestamp: not used since KIP-211
-            return OffsetValue(offset, -1, metadata, commit)
+            expire = r.i(">q") if version == 1 else -1  # v1's explicit expiry (KIP-211 keeps it)
+            return OffsetValue(offset, -1, metadata, commit, None if expire == -1 else expire)
         if version == 3:
             offset, epoch = r.take(">qi")
             metadata = r.req_string()

@@ -27,6 +27,11 @@ deadline the driver reads from `next_deadline()` and fires with `tick(now)`:
 - the sync phase: members that got their JoinGroup answer but never sent SyncGroup within
   the rebalance timeout are removed and the group rebalances again (DelayedSync).
 
+Offsets expire in `expire_offsets(now_wall)` (KIP-211, Kafka's offsetExpirationCondition):
+the only entry point that takes the wall clock, because commit timestamps and the time a
+group became Empty (`Group.current_state_timestamp`, written into the group's record) are
+wall-clock times that survive a restart; offsets with a commit in flight never expire.
+
 Error semantics follow Kafka 3.x exactly (REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
 ILLEGAL_GENERATION, FENCED_INSTANCE_ID ...). Where Kafka would leave a request unanswered
 forever (a second JoinGroup replacing a parked one, a member removed while parked in
@@ -93,6 +98,14 @@ class GroupSettings:
     max_size: int = 2**31 - 1
     offset_metadata_max_bytes: int = 4096
     offset_commit_timeout_ms: int = 5000
+    offsets_retention_minutes: int = 10080  # KIP-186: 7 days
+    offsets_retention_check_interval_ms: int = 600_000
+    # hyperkafka's own: a retention below Kafka's 1-minute floor (tests, short-lived
+    # clusters); -1 = use offsets.retention.minutes.
+    offsets_retention_ms_override: int = -1
+    # Compact the offsets archive once this many of its records are superseded and they
+    # are at least half of it (Kafka's log.cleaner.min.cleanable.ratio = 0.5).
+    offsets_compaction_min_dirty_records: int = 10_000
 
     NAMES: ClassVar[dict[str, str]] = {
         "group.initial.rebalance.delay.ms": "initial_rebalance_delay_ms",
@@ -101,15 +114,30 @@ class GroupSettings:
         "group.max.size": "max_size",
         "offset.metadata.max.bytes": "offset_metadata_max_bytes",
         "offsets.commit.timeout.ms": "offset_commit_timeout_ms",
+        "offsets.retention.minutes": "offsets_retention_minutes",
+        "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
+        "hyperkafka.offsets.retention.ms": "offsets_retention_ms_override",
+        "hyperkafka.offsets.compaction.min.dirty.records": "offsets_compaction_min_dirty_records",
     }
+    _AT_LEAST_ONE: ClassVar[frozenset[str]] = frozenset(
+        {"max_size", "offsets_retention_minutes", "offsets_retention_check_interval_ms", "offsets_compaction_min_dirty_records"}
+    )
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> GroupSettings:
         values = {attr: int(props[name]) for name, attr in cls.NAMES.items() if name in props}
         for attr, value in values.items():
-            if value < 0 or (attr == "max_size" and value < 1):
-                raise ValueError(f"{attr} must be positive, got {value}")
+            if attr == "offsets_retention_ms_override" and value >= -1:
+                continue
+            if value < 0 or (attr in cls._AT_LEAST_ONE and value < 1):
+                raise ValueError(f"{attr} out of range: {value}")
         return cls(**values)
+
+    @property
+    def offsets_retention_ms(self) -> int:
+        if self.offsets_retention_ms_override >= 0:
+            return self.offsets_retention_ms_override
+        return self.offsets_retention_minutes * 60_000
 
 
 @dataclass(eq=False)
@@ -196,6 +224,23 @@ class CommittedOffset:
     metadata: str
     commit_timestamp: int
     record_offset: int = -1  # where in the offsets archive this commit was written
+    # Set by OffsetCommit v2-v4 with a retention_time (KIP-211 keeps their old semantics:
+    # the offset expires at this wall-clock time, whatever the group's state).
+    expire_timestamp: int | None = None
+
+    def expired(self, now_wall: int, base_timestamp: int, retention_ms: int) -> bool:
+        """OffsetExpirationConditionImpl.isOffsetExpired."""
+        if self.expire_timestamp is not None:
+            return now_wall >= self.expire_timestamp
+        return now_wall - base_timestamp >= retention_ms
+
+
+@dataclass(frozen=True)
+class Expired:
+    """What one expiry pass removed from memory: the driver writes their tombstones."""
+
+    offsets: tuple[tuple[str, str, int], ...]  # (group, topic, partition)
+    groups: tuple[str, ...]  # Empty groups left without offsets: now Dead and gone
 
 
 @dataclass(frozen=True)
@@ -238,6 +283,13 @@ class Group:
         self.new_member_added = False
         self.sync_deadline: int | None = None
         self.offsets: dict[tuple[str, int], CommittedOffset] = {}
+        # Commits written to the archive but not yet durable: never expired meanwhile, or
+        # the tombstone would land after the commit and erase it at the next replay.
+        self.pending_offset_commits: Counter[tuple[str, int]] = Counter()
+        # Wall-clock ms the group last became Empty (the GroupMetadata record's
+        # current_state_timestamp); None when unknown. Set by the driver, which writes
+        # the same value into the record, so memory and archive agree.
+        self.current_state_timestamp: int | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -293,6 +345,36 @@ class Group:
             except (KeyError, ValueError):
                 return None
         return topics
+
+    def is_subscribed_to_topic(self, topic: str) -> bool:
+        """ClassicGroup.isSubscribedToTopic: an Empty consumer group subscribes to nothing;
+        when the subscriptions cannot be known, only a consumer group counts as subscribed."""
+        if self.protocol_type == CONSUMER_PROTOCOL and not self.members:
+            return False
+        subscribed = self.subscribed_topics()
+        if subscribed is None:
+            return self.protocol_type == CONSUMER_PROTOCOL
+        return topic in subscribed
+
+    def begin_offset_commit(self, partitions: Iterable[tuple[str, int]]) -> None:
+        self.pending_offset_commits.update(partitions)
+
+    def end_offset_commit(self, partitions: Iterable[tuple[str, int]]) -> None:
+        self.pending_offset_commits.subtract(partitions)
+        for tp in [tp for tp, n in self.pending_offset_commits.items() if n <= 0]:
+            del self.pending_offset_commits[tp]
+
+    def expiry_base(self) -> Callable[[CommittedOffset], int] | None:
+        """ClassicGroup.offsetExpirationCondition (KIP-211): from when an offset's retention
+        counts, or None when this group's offsets do not expire now."""
+        if self.protocol_type is None:
+            return lambda o: o.commit_timestamp  # standalone consumer: offsets storage only
+        if self.is_(State.EMPTY):
+            ts = self.current_state_timestamp
+            return (lambda o: o.commit_timestamp) if ts is None else (lambda o: ts)
+        if self.protocol_type == CONSUMER_PROTOCOL and self.is_(State.STABLE) and self.subscribed_topics() is not None:
+            return lambda o: o.commit_timestamp  # only topics no member subscribes to
+        return None
 
     def current_member_metadata(self) -> tuple[JoinMember, ...]:
         assert self.protocol_name is not None
@@ -868,12 +950,16 @@ class Groups:
 
     # ------------------------------------------------------------------ offsets
 
-    def validate_offset_commit(self, now: int, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> tuple[Group | None, int]:
-        """(the group to commit into, NONE) or (None, the error for every partition)."""
+    def validate_offset_commit(
+        self, now: int, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, api_version: int = 8
+    ) -> tuple[Group | None, int]:
+        """(the group to commit into, NONE) or (None, the error for every partition):
+        OffsetMetadataManager.validateOffsetCommit + ClassicGroup.validateOffsetCommit."""
         group = self.groups.get(group_id)
         if group is None:
             if generation_id >= 0:
-                return None, codes.ILLEGAL_GENERATION
+                # v9 names the real problem; older versions keep ILLEGAL_GENERATION.
+                return None, codes.GROUP_ID_NOT_FOUND if api_version >= 9 else codes.ILLEGAL_GENERATION
             # A group that only stores offsets (no group management): create it.
             return self.get_or_create(group_id), codes.NONE
         if group.is_(State.DEAD):
@@ -893,6 +979,32 @@ class Groups:
         if group.state in (State.STABLE, State.PREPARING_REBALANCE):
             group._schedule_heartbeat(group.members[member_id], now)
         return group, codes.NONE
+
+    def expire_offsets(self, now_wall: int) -> Expired:
+        """One pass of GroupMetadataManager.cleanupGroupMetadata: drop expired offsets from
+        memory, and Empty groups that have none left (their state becomes Dead)."""
+        retention = self.settings.offsets_retention_ms
+        expired: list[tuple[str, str, int]] = []
+        dead: list[str] = []
+        for group in list(self.groups.values()):
+            base = group.expiry_base()
+            if base is not None:
+                for (topic, partition), committed in list(group.offsets.items()):
+                    if group.is_subscribed_to_topic(topic) or group.pending_offset_commits[(topic, partition)]:
+                        continue
+                    if committed.expired(now_wall, base(committed), retention):
+                        del group.offsets[(topic, partition)]
+                        expired.append((group.group_id, topic, partition))
+            # Kafka would also drop an Empty group holding members it just told
+            # MEMBER_ID_REQUIRED; their second JoinGroup then fails with UNKNOWN_MEMBER_ID.
+            # Keeping the group until they come back (or their deadline passes) spares that.
+            if group.is_(State.EMPTY) and not group.offsets and not group.pending_offset_commits and not group.pending_members:
+                group.transition(State.DEAD)
+                del self.groups[group.group_id]
+                dead.append(group.group_id)
+        if expired or dead:
+            log.info("expired %d offsets; removed %d empty groups", len(expired), len(dead))
+        return Expired(tuple(expired), tuple(dead))
 
     def delete_groups(self, group_ids: Iterable[str]) -> dict[str, int]:
         results: dict[str, int] = {}
@@ -993,6 +1105,7 @@ __all__ = [
     "NO_GENERATION",
     "UNKNOWN_MEMBER",
     "CommittedOffset",
+    "Expired",
     "Group",
     "GroupSettings",
     "GroupSummary",

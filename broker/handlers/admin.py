@@ -14,6 +14,9 @@ from broker.api import Reply, RequestContext, api
 from broker.config import ConfigEntry, ConfigSource
 from broker.handlers import errors
 from broker.node import TopicError
+from broker.replication_server import replication_config_entries
+from broker.security.authz import Operation
+from broker.security.session import authorize
 from broker.shape import field_of
 
 RESOURCE_TOPIC = 2
@@ -41,6 +44,9 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
             entry.update(error_code=errors.INVALID_REQUEST, error_message=f"Create topics request from client contains a duplicate topic {t.name}")
             continue
         seen.add(t.name)
+        if not authorize(ctx, Operation.CREATE, t.name):
+            entry.update(error_code=errors.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+            continue
         partitions, replication = t.num_partitions, t.replication_factor
         if t.assignments:
             if partitions != -1 or replication != -1:
@@ -98,6 +104,9 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
                 entry.update(error_code=errors.UNKNOWN_TOPIC_ID, error_message="This server does not host this topic ID.")
                 continue
             name = entry["name"] = by_id[topic_id]
+        if not authorize(ctx, Operation.DELETE, name):
+            entry.update(error_code=errors.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+            continue
         try:
             topic = node.topics.get(name)
             if topic is not None:
@@ -155,7 +164,7 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
             if r.resource_name not in ("", str(node.config.node_id)):
                 entry.update(error_code=errors.INVALID_REQUEST, error_message=f"Unexpected broker id {r.resource_name}")
                 continue
-            configs = node.config.describe_broker()
+            configs = node.config.describe_broker() + replication_config_entries(node)
         elif r.resource_type == RESOURCE_BROKER_LOGGER:
             configs = []
         else:

@@ -9,6 +9,8 @@ from typing import Any
 from broker.api import Reply, RequestContext, advertised, api
 from broker.handlers import errors
 from broker.node import Node, Topic, TopicError, check_topic_name
+from broker.security.authz import Operation
+from broker.security.session import authorize
 from broker.shape import field_of
 
 LEADER_EPOCH = 0  # one writer per archive, never re-elected: the epoch never moves
@@ -29,8 +31,10 @@ async def api_versions(ctx: RequestContext, req: Any) -> Reply:
     return {"error_code": error, "api_keys": keys, "throttle_time": 0}
 
 
-def brokers(node: Node) -> list[dict[str, Any]]:
-    host, port = node.config.advertised
+def brokers(node: Node, ctx: RequestContext | None = None) -> list[dict[str, Any]]:
+    # Kafka answers with the endpoint of the listener the request came in on.
+    session = ctx.session if ctx is not None else None
+    host, port = session.listener.advertised if session is not None else node.config.advertised
     return [{"node_id": node.config.node_id, "broker_id": node.config.node_id, "host": host, "port": port, "rack": node.config.rack}]
 
 
@@ -77,6 +81,8 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                     check_topic_name(name)
                     if not allow_create:
                         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, "unknown topic")
+                    if not authorize(ctx, Operation.CREATE, name):
+                        raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "not authorized to create")
                     topic = node.create_topic(name)
                 except TopicError as exc:
                     topics.append({"error_code": exc.code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
@@ -85,7 +91,7 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
             topics.append(describe_topic(node, topic))
     return {
         "throttle_time": 0,
-        "brokers": brokers(node),
+        "brokers": brokers(node, ctx),
         "cluster_id": node.cluster_id,
         "controller_id": node.config.node_id,
         "topics": topics,
@@ -104,6 +110,6 @@ async def describe_cluster(ctx: RequestContext, req: Any) -> Reply:
         "endpoint_type": 1,
         "cluster_id": ctx.node.cluster_id,
         "controller_id": ctx.node.config.node_id,
-        "brokers": brokers(ctx.node),
+        "brokers": brokers(ctx.node, ctx),
     }
 

@@ -23,10 +23,12 @@ import trio
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
 from broker.node import Node
+from broker.security.authz import Operation
+from broker.security.session import authorize
 from storage.errors import CorruptBatch, OffsetOutOfRange
 
 
-def _read_all(node: Node, req: Any, version: int) -> tuple[list[dict[str, Any]], int]:
+def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], int]:
     budget = req.max_bytes if version >= 3 else 2**31 - 1
     total = 0
     responses = []
@@ -45,6 +47,9 @@ def _read_all(node: Node, req: Any, version: int) -> tuple[list[dict[str, Any]],
                 "records": b"",
             }
             parts.append(entry)
+            if t.topic in denied:
+                entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
+                continue
             partition = None if topic is None or not 0 <= p.partition < len(topic.partitions) else topic.partitions[p.partition]
             if partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
@@ -83,11 +88,12 @@ async def fetch(ctx: RequestContext, req: Any) -> Reply:
     session_id = getattr(req, "session_id", 0)
     if session_id != 0:
         return {"throttle_time": 0, "error_code": errors.FETCH_SESSION_ID_NOT_FOUND, "session_id": 0, "responses": []}
-    responses, total = _read_all(node, req, ctx.api_version)
+    denied = frozenset(t.topic for t in req.topics if not authorize(ctx, Operation.READ, t.topic))
+    responses, total = _read_all(node, req, ctx.api_version, denied)
     max_wait = req.max_wait.total_seconds()
     if total < req.min_bytes and max_wait > 0:
         with trio.move_on_after(max_wait):
             while total < req.min_bytes:
                 await node.wait_for_data()
-                responses, total = _read_all(node, req, ctx.api_version)
+                responses, total = _read_all(node, req, ctx.api_version, denied)
     return {"throttle_time": 0, "error_code": errors.NONE, "session_id": 0, "responses": responses}

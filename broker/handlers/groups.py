@@ -49,8 +49,11 @@ def _client_host(ctx: RequestContext) -> str:
 @api(10, "FindCoordinator", (0, 6))
 async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
-    host, port = node.config.advertised
+    # The coordinator's address on the listener this request came in on, as Metadata.
+    host, port = ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
     key_type = field_of(req, "key_type", GROUP_KEY)
+    if key_type == GROUP_KEY:
+        node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here
 
     def one(key: str) -> dict[str, Any]:
         if key_type == GROUP_KEY:
@@ -191,9 +194,18 @@ async def offset_commit(ctx: RequestContext, req: Any) -> Reply:
         for p in t.partitions
     ]
 
+    retention = field_of(req, "retention_time", -1)  # v2-v4 only
+    retention_ms = -1 if retention is None else _ms(retention)
+
     async def finish() -> dict[str, Any]:
         await coordinator.commit_offsets(
-            req.group_id, req.generation_id_or_member_epoch, req.member_id, field_of(req, "group_instance_id"), entries
+            req.group_id,
+            req.generation_id_or_member_epoch,
+            req.member_id,
+            field_of(req, "group_instance_id"),
+            entries,
+            api_version=ctx.api_version,
+            retention_time_ms=retention_ms,
         )
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for e in entries:
@@ -227,6 +239,10 @@ def _fetched_topics(coordinator: GroupCoordinator, group_id: str, topics: Any) -
 
 @api(9, "OffsetFetch", (1, 9))
 async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
+    # v9's member_id/member_epoch (KIP-848) are checked only for consumer-protocol groups;
+    # for classic groups Kafka ignores them (ClassicGroup.validateOffsetFetch fails only a
+    # Dead group, which answers like an unknown one: every offset -1, no error). Every
+    # group here is classic, so they are ignored here too.
     coordinator = _coordinator(ctx)
     if ctx.api_version >= 8:
         groups = [

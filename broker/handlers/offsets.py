@@ -20,6 +20,8 @@ from broker.handlers.cluster import LEADER_EPOCH
 from broker.node import Partition
 from broker.protocol import records
 from broker.protocol.errors import RecordBatchError
+from broker.security.authz import Operation
+from broker.security.session import authorize
 from storage.errors import StorageError
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
@@ -72,10 +74,13 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
     topics = []
     for t in req.topics:
         parts = []
+        readable = authorize(ctx, Operation.READ, t.name)
         for p in t.partitions:
             partition = node.partition(t.name, p.partition_index)
             entry: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
-            if partition is None:
+            if not readable:
+                entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
+            elif partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
             elif getattr(p, "current_leader_epoch", -1) > LEADER_EPOCH:
                 entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH

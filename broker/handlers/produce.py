@@ -1,12 +1,15 @@
 """Produce and InitProducerId: the write path.
 
 Per partition, in this order and without yielding to the event loop (so checks and the
-append are atomic per partition): topic lookup (auto-create), batch checks (one v2 batch,
-CRC-32C, record count vs lastOffsetDelta, size, codec vs version, timestamps), the
-idempotence verdict, LogAppendTime stamping, then `PartitionLog.append`. The response
-waits (in `Deferred`, so the connection keeps reading) until the group commit has
-published a signed head covering every appended batch: a produce is acknowledged only
-once durable as the fsync policy says. acks=0 gets no response at all.
+admission are atomic per partition): topic lookup (auto-create), batch checks (one v2
+batch, CRC-32C, record count vs lastOffsetDelta, size, codec vs version, timestamps), the
+idempotence verdict, LogAppendTime stamping, then `Partition.admit`, which gives the
+batch its offsets and queues it for the next commit round (node.py). The handler never
+awaits, so the connection's reader goes on to the next request at once. The response
+waits (in `Deferred`, answered in request order) until a commit round has written the
+batch and published a signed head covering it: a produce is acknowledged only once
+durable as the fsync policy says. acks=0 gets no response at all; a disk error found
+after admission takes the partition offline, and the next produce to it learns that.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ from typing import Any
 
 import trio
 
-from broker.api import NO_RESPONSE, Deferred, Reply, RequestContext, api
+from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
 from broker.handlers import errors
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
 from broker.protocol.errors import ProtocolError, RecordBatchError
+from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
+from broker.security.authz import Operation
+from broker.security.session import authorize, authorize_idempotent_write
 from broker.shape import field_of
 
 log = logging.getLogger("hyperkafka.produce")
@@ -60,19 +66,18 @@ class _PartitionResult:
         self.wait_for = -1  # last offset that must be covered by a head before answering
 
 
-async def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any) -> _PartitionResult:
+def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any) -> _PartitionResult:
     if not 0 <= index < len(topic.partitions):
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
-    # Checks, idempotence verdict and append are one atomic step per partition.
-    async with partition.lock:
-        result = await _append_checked(ctx, topic, partition, data)
+    # Checks, idempotence verdict and admission are one atomic step: nothing here yields.
+    result = _admit_checked(ctx, topic, partition, data)
     if result.error not in _NO_LOG_START_OFFSET:
         result.log_start_offset = partition.log.log_start_offset
     return result
 
 
-async def _append_checked(ctx: RequestContext, topic: Topic, partition: Partition, data: Any) -> _PartitionResult:
+def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data: Any) -> _PartitionResult:
     if partition.failed:
         return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
     if not data:
@@ -123,16 +128,14 @@ async def _append_checked(ctx: RequestContext, topic: Topic, partition: Partitio
         if outcome.verdict is Verdict.OUT_OF_ORDER:
             return _PartitionResult(errors.OUT_OF_ORDER_SEQUENCE_NUMBER, outcome.message)
 
-    buf = bytearray(data)
+    # The log stamps the base offset into the batch: a writable view of the request frame
+    # (the fast decoder's) is used as it is, anything else is copied once.
+    buf = data if isinstance(data, memoryview) and not data.readonly else bytearray(data)
     result = _PartitionResult()
     if topic.log_append_time:
         records.set_log_append_time(buf, now)
         result.log_append_time = now
-    try:
-        base, last = await partition.append(buf)
-    except Exception as exc:  # the disk refused: this partition goes offline, the broker lives
-        ctx.node.fail_partition(partition, f"append failed: {exc}")
-        return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
+    base, last = partition.admit(buf, batch.last_offset_delta)
     if outcome is not None:
         partition.producers.record(
             batch.producer_id,
@@ -165,6 +168,10 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
     else:
         results = {}
         for t in req.topic_data:
+            if not authorize(ctx, Operation.WRITE, t.name) or (t.name not in node.topics and not authorize(ctx, Operation.CREATE, t.name)):
+                for p in t.partition_data:
+                    results[(t.name, p.index)] = _PartitionResult(errors.TOPIC_AUTHORIZATION_FAILED, "Not authorized to write to this topic")
+                continue
             try:
                 topic = node.topic_for_write(t.name)
             except TopicError as exc:
@@ -172,7 +179,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     results[(t.name, p.index)] = _PartitionResult(exc.code, exc.message)
                 continue
             for p in t.partition_data:
-                results[(t.name, p.index)] = await _produce_one(ctx, topic, p.index, p.records)
+                results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records)
 
     if acks == 0:
         failed = [r for r in results.values() if r.error != errors.NONE]
@@ -183,7 +190,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
         return NO_RESPONSE
     timeout_s = max(req.timeout.total_seconds(), 0.0)
 
-    async def finish() -> dict[str, Any]:
+    async def finish() -> Encoded:
         with trio.move_on_after(timeout_s) as scope:
             for r in results.values():
                 if r.partition is not None and r.error == errors.NONE:
@@ -195,30 +202,33 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             for r in results.values():
                 if r.partition is not None and r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
                     r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
-        by_topic: dict[str, list[dict[str, Any]]] = {}
+        by_topic: dict[str, list[ProducePartitionResult]] = {}
         for (name, index), r in results.items():
             ok = r.error == errors.NONE
             by_topic.setdefault(name, []).append(
-                {
-                    "index": index,
-                    "error_code": r.error,
-                    "base_offset": r.base_offset if ok else -1,
-                    "log_append_time": r.log_append_time if ok else -1,
-                    "log_start_offset": r.log_start_offset,
-                    "record_errors": [],
-                    "error_message": r.message,
-                }
+                ProducePartitionResult(
+                    index,
+                    r.error,
+                    r.base_offset if ok else -1,
+                    r.log_append_time if ok else -1,
+                    r.log_start_offset,
+                    r.message,
+                )
             )
-        return {
-            "responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
-            "throttle_time": 0,
-        }
+        topics = list(by_topic.items())
+        cid, version = ctx.correlation_id, ctx.api_version
+        return Encoded(
+            encode_produce_response(cid, version, topics),
+            lambda ms: encode_produce_response(cid, version, topics, throttle_ms=ms),
+        )
 
     return Deferred(finish)
 
 
 @api(22, "InitProducerId", (0, 5))
 async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
+    if not authorize_idempotent_write(ctx):
+        return {"throttle_time": 0, "error_code": errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if req.transactional_id is not None:
         # No transaction coordinator: refuse clearly instead of pretending.
         return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}

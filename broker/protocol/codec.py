@@ -23,6 +23,7 @@ Imports kio and the standard library only; no I/O.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from collections.abc import Iterable, Mapping
@@ -42,6 +43,7 @@ from .header import (
     request_header_version,
     response_header_version,
 )
+from .tags import strip_unknown_tags
 
 __all__ = [
     "ApiRanges",
@@ -61,6 +63,9 @@ ApiRanges = Mapping[int, tuple[int, int]]
 UNSUPPORTED_VERSION_ERROR = 35
 
 
+# kio resolves a schema by importing its module path on every call (pkgutil.resolve_name,
+# ~0.1 ms); the server asks for one per request and per response, so remember them.
+@functools.cache
 def request_schema(api_key: int, api_version: int) -> type[Any]:
     """kio's request dataclass for (api_key, api_version); KeyError if kio has none."""
     try:
@@ -69,6 +74,7 @@ def request_schema(api_key: int, api_version: int) -> type[Any]:
         raise KeyError((api_key, api_version)) from exc
 
 
+@functools.cache
 def response_schema(api_key: int, api_version: int) -> type[Any]:
     """kio's response dataclass for (api_key, api_version); KeyError if kio has none."""
     try:
@@ -121,15 +127,20 @@ def decode_request(
         and header.api_version in fastpath.PRODUCE_VERSIONS
     ):
         return header, fastpath.decode_produce_request(frame, pos, header.api_version)
-    schema = load_request_schema(header.api_key, header.api_version)
+    schema = request_schema(header.api_key, header.api_version)
     if isinstance(frame, memoryview) and not frame.readonly:
         # kio's native reader refuses writable buffers (large frames from FrameDecoder
         # are writable); a read-only view of the same memory costs no copy.
         frame = frame.toreadonly()
     try:
         # kio's reader returns (value, bytes consumed), not a new offset.
-        entity, size = entity_reader(schema)(frame, pos)
-        end = pos + size
+        entity, _size = entity_reader(schema)(frame, pos)
+    except KeyError as exc:
+        if "tagged field" not in str(exc):
+            raise MalformedRequest(
+                f"cannot decode api {header.api_key} v{header.api_version}: {exc}"
+            ) from None
+        entity = _decode_without_unknown_tags(header, frame, pos, schema)
     except Exception as exc:  # kio's native reader raises its own errors, ValueError, ...
         raise MalformedRequest(
             f"cannot decode api {header.api_key} v{header.api_version}: {exc}"
@@ -137,8 +148,19 @@ def decode_request(
     # Bytes after the body are ignored, as Kafka's generated parsers do (they read what
     # the schema describes and never check that the buffer is exhausted): librdkafka
     # 2.16 sends three extra bytes after Metadata v12, and Kafka serves it.
-    del end
     return header, entity
+
+
+def _decode_without_unknown_tags(header: RequestHeader, frame: Buf, pos: int, schema: Any) -> Any:
+    """kio refuses tags it does not know; KIP-482 says skip them. Parse again without."""
+    try:
+        body, _dropped = strip_unknown_tags(frame, pos, schema)
+        entity, _size = entity_reader(schema)(body, 0)
+    except Exception as exc:
+        raise MalformedRequest(
+            f"cannot decode api {header.api_key} v{header.api_version}: {exc}"
+        ) from None
+    return entity
 
 
 def _write_header_and_body(

@@ -82,6 +82,22 @@ async def test_find_coordinator_all_versions(broker: Broker) -> None:
     assert r6.coordinators[0].error_code == codes.COORDINATOR_NOT_AVAILABLE
 
 
+async def test_offsets_topic_is_listed_once_a_group_found_its_coordinator(broker: Broker) -> None:
+    # Kafka creates __consumer_offsets on the first FindCoordinator for a group and then
+    # lists it, marked internal, in all-topics Metadata (franz-go's regex consumer relies
+    # on seeing it there to skip it).
+    c = await broker.connect()
+    await create(c, "visible", 1)
+    all_topics = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    before = await c.call("metadata", 12, all_topics)
+    assert [t.name for t in before.topics] == ["visible"]
+    await c.call("find_coordinator", 1, {"key": "txn", "key_type": 1})
+    assert [t.name for t in (await c.call("metadata", 12, all_topics)).topics] == ["visible"]
+    await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+    after = await c.call("metadata", 12, all_topics)
+    assert {(t.name, t.is_internal) for t in after.topics} == {("visible", False), ("__consumer_offsets", True)}
+
+
 async def test_api_versions_advertise_the_group_apis_but_not_kip_848(broker: Broker) -> None:
     c = await broker.connect()
     r = await c.call("api_versions", 3, {"client_software_name": "raw-test", "client_software_version": "1.0"})
@@ -303,4 +319,54 @@ async def test_commits_and_generation_survive_a_restart(broker_config: BrokerCon
         assert again.assignment == b"asg"
         d = await c.call("describe_groups", 5, {"groups": ["gr"], "include_authorized_operations": True})
         assert d.groups[0].group_state == "Stable" and d.groups[0].authorized_operations > 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_v9_commit_to_an_unknown_group_and_fetch_with_member_fields(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "v9")
+    body = {"group_id": "nobody", "generation_id_or_member_epoch": 3, "member_id": "m", "group_instance_id": None,
+            "topics": [{"name": "v9", "partitions": [{"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1, "committed_metadata": ""}]}]}
+    assert (await c.call("offset_commit", 9, body)).topics[0].partitions[0].error_code == codes.GROUP_ID_NOT_FOUND
+    assert (await c.call("offset_commit", 8, body)).topics[0].partitions[0].error_code == codes.ILLEGAL_GENERATION
+    simple = dict(body, group_id="classic", generation_id_or_member_epoch=-1, member_id="")
+    assert (await c.call("offset_commit", 9, simple)).topics[0].partitions[0].error_code == codes.NONE
+    # KIP-848 member fields are for consumer-protocol groups; a classic group ignores them.
+    f = await c.call("offset_fetch", 9, {"groups": [{"group_id": "classic", "member_id": "someone", "member_epoch": 42, "topics": None}], "require_stable": False})
+    assert f.groups[0].error_code == 0 and f.groups[0].topics[0].partitions[0].committed_offset == 1
+    f = await c.call("offset_fetch", 9, {"groups": [{"group_id": "nobody", "member_id": None, "member_epoch": -1, "topics": [{"name": "v9", "partition_indexes": [0]}]}], "require_stable": False})
+    assert f.groups[0].error_code == 0 and f.groups[0].topics[0].partitions[0].committed_offset == -1
+
+
+async def test_retention_time_of_old_commits_and_offset_delete_leave_tombstones(tmp_path: Path) -> None:
+    config = BrokerConfig(data_dir=tmp_path / "data", listen_port=0, shutdown_grace_s=2)
+    config.static.update({"offsets.retention.check.interval.ms": "20"})
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, config)
+        c = await Broker(config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "rt2")
+
+        def commit_body(group: str, retention_ms: int) -> dict[str, Any]:
+            return {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "", "retention_time": retention_ms,
+                    "topics": [{"name": "rt2", "partitions": [{"partition_index": p, "committed_offset": 40 + p, "committed_metadata": ""} for p in range(2)]}]}
+
+        # v2-v4 may give a commit its own retention (KIP-211 keeps that): gone after it.
+        assert (await c.call("offset_commit", 2, commit_body("short", 150))).topics[0].partitions[0].error_code == 0
+        assert (await c.call("offset_commit", 2, commit_body("kept", -1))).topics[0].partitions[0].error_code == 0
+        od = await c.call("offset_delete", 0, {"group_id": "kept", "topics": [{"name": "rt2", "partitions": [{"partition_index": 1}]}]})
+        assert od.error_code == 0 and od.topics[0].partitions[0].error_code == 0
+        with trio.fail_after(10):
+            while True:
+                f = await c.call("offset_fetch", 5, {"group_id": "short", "topics": None})
+                if not f.topics:
+                    break
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, config)
+        c = await Broker(config, listeners[0].socket.getsockname()[1]).connect()
+        assert not (await c.call("offset_fetch", 5, {"group_id": "short", "topics": None})).topics
+        kept = await c.call("offset_fetch", 5, {"group_id": "kept", "topics": None})
+        assert [(p.partition_index, p.committed_offset) for p in kept.topics[0].partitions] == [(0, 40)]
         nursery.cancel_scope.cancel()

@@ -16,8 +16,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.groups import codes
+from broker.groups import records as records_module
+from broker.groups.records import (
+    OffsetValue,
+    RecordFormatError,
+    decode_key,
+    decode_offset_value,
+    group_key,
+    offset_key,
+    offset_value,
+)
 from broker.groups.state import (
     EMPTY_CONSUMER_ASSIGNMENT,
+    CommittedOffset,
+    Expired,
     Groups,
     GroupSettings,
     JoinResult,
@@ -508,6 +520,7 @@ ops = st.lists(
         st.tuples(st.just("leave"), st.integers(0, 3)),
         st.tuples(st.just("advance"), st.sampled_from([0, 1, 500, 2999, 3000, 6000, 10_000, 30_000])),
         st.tuples(st.just("static"), st.integers(0, 3)),
+        st.tuples(st.just("expire"), st.integers(0, 3)),
     ),
     max_size=60,
 )
@@ -575,6 +588,14 @@ def test_random_histories_keep_the_invariants(history: list[tuple[str, int]]) ->
     for op, arg in history:
         if op == "advance":
             h.advance(arg)
+        elif op == "expire":
+            # Far in the future: whatever may expire does; a group with anyone in it stays.
+            before = h.g.get("g")
+            busy = before is not None and (before.members or before.pending_members or before.state is not State.EMPTY)
+            expired = h.g.expire_offsets(10**15)
+            assert not (busy and "g" in expired.groups), "expiry removed a live group"
+            if "g" in expired.groups:
+                generations.clear()  # a new group of the same name starts again at 0
         else:
             c = clients[arg]
             if op == "static" and c.member_id == "" and c.join_w is None:
@@ -623,3 +644,164 @@ def test_random_histories_keep_the_invariants(history: list[tuple[str, int]]) ->
 
 
 NEW_MEMBER_TIMEOUT = 5 * 60 * 1000
+
+
+# ---------------------------------------------------------------- offsets expiry (KIP-211)
+
+RETENTION = 60_000
+
+
+def commit(h: Harness, group: str, topic: str, partition: int, at_wall: int, *, generation: int = -1, member: str = "", expire: int | None = None) -> None:
+    g, err = h.g.validate_offset_commit(h.now, group, generation, member, None)
+    assert err == codes.NONE and g is not None
+    g.offsets[(topic, partition)] = CommittedOffset(7, -1, "", at_wall, expire_timestamp=expire)
+
+
+def test_standalone_offsets_expire_from_their_commit_time_then_the_group_goes() -> None:
+    h = Harness(offsets_retention_ms_override=RETENTION)
+    commit(h, "simple", "t", 0, at_wall=1_000)
+    commit(h, "simple", "t", 1, at_wall=5_000)
+    assert h.g.expire_offsets(1_000 + RETENTION - 1) == Expired((), ())
+    assert h.g.expire_offsets(1_000 + RETENTION) == Expired((("simple", "t", 0),), ())
+    assert set(h.g.get("simple").offsets) == {("t", 1)}  # type: ignore[union-attr]
+    assert h.g.expire_offsets(5_000 + RETENTION) == Expired((("simple", "t", 1),), ("simple",))
+    assert h.g.get("simple") is None
+
+
+def test_explicit_expire_timestamp_of_old_commit_versions_wins() -> None:
+    h = Harness(offsets_retention_ms_override=RETENTION)
+    commit(h, "simple", "t", 0, at_wall=1_000, expire=3_000)
+    assert h.g.expire_offsets(2_999).offsets == ()
+    assert h.g.expire_offsets(3_000).offsets == (("simple", "t", 0),)
+
+
+def test_a_live_consumer_group_keeps_the_offsets_of_topics_it_subscribes_to() -> None:
+    h = Harness(offsets_retention_ms_override=RETENTION)
+    a, _ = stable_group_of(h, 2)  # subscribed to "t"
+    commit(h, "g", "t", 0, at_wall=0, generation=1, member=a)
+    commit(h, "g", "gone", 0, at_wall=0, generation=1, member=a)
+    # Stable: only the topic nobody subscribes to expires, by its commit time.
+    assert h.g.expire_offsets(10 * RETENTION) == Expired((("g", "gone", 0),), ())
+    # During a rebalance nothing expires (Kafka has no condition for those states).
+    commit(h, "g", "gone", 1, at_wall=0, generation=1, member=a)
+    h.join_new("g")
+    assert h.g.get("g").state is State.PREPARING_REBALANCE  # type: ignore[union-attr]
+    assert h.g.expire_offsets(10 * RETENTION) == Expired((), ())
+
+
+def test_empty_group_offsets_expire_from_when_it_became_empty() -> None:
+    h = Harness(offsets_retention_ms_override=RETENTION)
+    a, b = stable_group_of(h, 2)
+    commit(h, "g", "t", 0, at_wall=0, generation=1, member=a)
+    h.g.leave(h.now, "g", [(a, None), (b, None)])
+    h.drain()
+    group = h.g.get("g")
+    assert group is not None and group.state is State.EMPTY
+    group.current_state_timestamp = 5 * RETENTION  # the driver sets it when it stores the group
+    # The commit is long past its retention, but the clock starts when the group emptied.
+    assert h.g.expire_offsets(6 * RETENTION - 1) == Expired((), ())
+    assert h.g.expire_offsets(6 * RETENTION) == Expired((("g", "t", 0),), ("g",))
+    assert h.g.get("g") is None
+
+
+def test_empty_group_without_a_state_timestamp_falls_back_to_commit_time() -> None:
+    h = Harness(offsets_retention_ms_override=RETENTION)
+    a, b = stable_group_of(h, 2)
+    commit(h, "g", "t", 0, at_wall=100, generation=1, member=a)
+    h.g.leave(h.now, "g", [(a, None), (b, None)])
+    h.drain()
+    assert h.g.expire_offsets(100 + RETENTION).offsets == (("g", "t", 0),)
+
+
+def test_offsets_with_a_commit_in_flight_do_not_expire_and_keep_the_group() -> None:
+    h = Harness(offsets_retention_ms_override=RETENTION)
+    commit(h, "simple", "t", 0, at_wall=0)
+    group = h.g.get("simple")
+    assert group is not None
+    group.begin_offset_commit([("t", 0)])
+    assert h.g.expire_offsets(10 * RETENTION) == Expired((), ())
+    group.end_offset_commit([("t", 0)])
+    assert not group.pending_offset_commits
+    assert h.g.expire_offsets(10 * RETENTION) == Expired((("simple", "t", 0),), ("simple",))
+
+
+def test_retention_settings_follow_kafka_names_and_floors() -> None:
+    assert GroupSettings().offsets_retention_ms == 10080 * 60_000
+    s = GroupSettings.from_properties({"offsets.retention.minutes": "2", "offsets.retention.check.interval.ms": "50"})
+    assert (s.offsets_retention_ms, s.offsets_retention_check_interval_ms) == (120_000, 50)
+    assert GroupSettings.from_properties({"offsets.retention.minutes": "2", "hyperkafka.offsets.retention.ms": "1500"}).offsets_retention_ms == 1500
+    for bad in ({"offsets.retention.minutes": "0"}, {"offsets.retention.check.interval.ms": "0"}, {"hyperkafka.offsets.retention.ms": "-2"}):
+        with pytest.raises(ValueError):
+            GroupSettings.from_properties(bad)
+
+
+# ---------------------------------------------------------------- OffsetCommit parity
+
+
+def test_offset_commit_member_checks_follow_kafka_per_version() -> None:
+    h = Harness()
+    # An unknown group with a generation: v9 says so, older versions ILLEGAL_GENERATION.
+    assert h.g.validate_offset_commit(h.now, "new", 1, "m", None, api_version=9) == (None, codes.GROUP_ID_NOT_FOUND)
+    assert h.g.validate_offset_commit(h.now, "new", 1, "m", None, api_version=8) == (None, codes.ILLEGAL_GENERATION)
+    w1, _ = h.join("g", instance="i1")
+    h.advance(DELAY)
+    r1 = h.answer(w1)
+    # CompletingRebalance: a valid member gets REBALANCE_IN_PROGRESS.
+    assert h.g.validate_offset_commit(h.now, "g", 1, r1.member_id, "i1")[1] == codes.REBALANCE_IN_PROGRESS
+    h.sync("g", 1, r1.member_id, {r1.member_id: b"x"}, instance="i1")
+    assert h.g.get("g").state is State.STABLE  # type: ignore[union-attr]
+    assert h.g.validate_offset_commit(h.now, "g", 1, r1.member_id, "i1")[1] == codes.NONE
+    # Static member checks come first: an old incarnation is fenced, an unknown instance unknown.
+    assert h.g.validate_offset_commit(h.now, "g", 1, "old-id", "i1")[1] == codes.FENCED_INSTANCE_ID
+    assert h.g.validate_offset_commit(h.now, "g", 1, r1.member_id, "i9")[1] == codes.UNKNOWN_MEMBER_ID
+    assert h.g.validate_offset_commit(h.now, "g", 2, r1.member_id, "i1")[1] == codes.ILLEGAL_GENERATION
+    # No generation, no member: only an Empty group takes it.
+    assert h.g.validate_offset_commit(h.now, "g", -1, "", None)[1] == codes.UNKNOWN_MEMBER_ID
+
+
+def test_offset_values_with_an_explicit_expiry_are_kafkas_v1() -> None:
+    plain = OffsetValue(12, 3, "meta", 1000)
+    assert offset_value(plain)[:2] == b"\x00\x03" and decode_offset_value(offset_value(plain)) == plain
+    old = OffsetValue(12, -1, "meta", 1000, 5000)
+    data = offset_value(old)
+    assert data == b"\x00\x01" + struct.pack(">q", 12) + b"\x00\x04meta" + struct.pack(">qq", 1000, 5000)
+    assert decode_offset_value(data) == old
+    # A v1 value whose expire timestamp is -1 (Kafka's DEFAULT_TIMESTAMP) has no expiry.
+    assert decode_offset_value(data[:-8] + struct.pack(">q", -1)).expire_timestamp is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda g, t, p, v, tail: struct.pack(">h", v) + offset_key(g, t, p)[2:] + tail,
+                  st.text(max_size=8), st.text(max_size=8), st.integers(-(2**31), 2**31 - 1), st.integers(0, 3), st.binary(max_size=2)),
+        st.builds(lambda g, tail: group_key(g) + tail, st.text(max_size=8), st.binary(max_size=2)),
+    )
+)
+def test_fast_key_decoding_agrees_with_the_checked_decoder(data: bytes) -> None:
+    def outcome(f: Any) -> Any:
+        try:
+            return f(data)
+        except RecordFormatError:
+            return "error"
+
+    assert outcome(decode_key) == outcome(records_module._decode_key_checked)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda o, e, m, c, tail: offset_value(OffsetValue(o, e, m, c)) + tail,
+                  st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1), st.text(max_size=8), st.integers(-(2**63), 2**63 - 1), st.binary(max_size=2)),
+    )
+)
+def test_fast_offset_value_decoding_agrees_with_the_checked_decoder(data: bytes) -> None:
+    def outcome(f: Any) -> Any:
+        try:
+            return f(data)
+        except RecordFormatError:
+            return "error"
+
+    assert outcome(decode_offset_value) == outcome(records_module._decode_offset_value_checked)

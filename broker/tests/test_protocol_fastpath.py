@@ -24,7 +24,14 @@ from broker.protocol import (
     request_schema,
     response_schema,
 )
-from broker.protocol.fastpath import FETCH_VERSIONS, PRODUCE_VERSIONS, decode_produce_request
+from broker.protocol.fastpath import (
+    FETCH_VERSIONS,
+    PRODUCE_VERSIONS,
+    ProducePartitionResult,
+    decode_produce_request,
+    encode_produce_response,
+)
+from broker.shape import shape
 
 st.register_type_strategy(Records, st.binary(max_size=600))
 PROPS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -55,6 +62,36 @@ def test_fetch_fast_equals_kio(data: st.DataObject) -> None:
     head = b"\x00\x00\x00\x03" + (b"\x00" if version >= 12 else b"")
     assert fast[4:] == head + body.getvalue()
     assert decode_response(fast[4:], 1, version) == (3, resp)
+
+
+_I32 = st.integers(-(2**31), 2**31 - 1)
+_I64 = st.integers(-(2**63), 2**63 - 1)
+_PART = st.builds(
+    ProducePartitionResult,
+    _I32,
+    st.sampled_from([e.value for e in ErrorCode]),
+    _I64,
+    st.one_of(st.just(-1), st.integers(0, 2**45)),
+    _I64,
+    st.one_of(st.none(), st.text(max_size=40)),
+)
+
+
+@PROPS
+@given(st.data())
+def test_produce_response_fast_equals_kio(data: st.DataObject) -> None:
+    topics = data.draw(st.lists(st.tuples(st.text(min_size=1, max_size=20), st.lists(_PART, min_size=1, max_size=4)), max_size=3))
+    throttle = data.draw(st.integers(0, 2**31 - 1))
+    description = {
+        "responses": [
+            {"name": name, "partition_responses": [{**p._asdict(), "index": p.partition, "record_errors": []} for p in parts]}
+            for name, parts in topics
+        ],
+        "throttle_time": throttle,
+    }
+    for version in PRODUCE_VERSIONS:
+        kio = encode_response(RequestHeader(0, version, 77, None), shape(response_schema(0, version), description))
+        assert encode_produce_response(77, version, topics, throttle) == kio, version
 
 
 def test_produce_records_are_views_into_the_frame() -> None:

@@ -408,3 +408,52 @@ async def test_group_timer_loop_sleeps_when_nothing_is_due(broker: Broker, monke
     ticks = 0
     await trio.sleep(0.5)
     assert ticks <= 2, f"the group timer loop ticked {ticks} times in 0.5 s while idle"
+
+
+async def test_pipelined_produces_keep_order_across_commit_rounds(broker: Broker) -> None:
+    # Many requests in flight on one connection, to two partitions, idempotent, sizes on
+    # both sides of the inline-round threshold (64 KiB), and a retry of an earlier batch
+    # while it may still be queued: offsets follow admission order, the retry gets the
+    # first offsets back, responses come in request order, and the log holds each batch
+    # once, byte for byte.
+    await create(broker, "pipe", partitions=2)
+    c = await broker.connect()
+    init = await c.call("init_producer_id", 4, {"transactional_id": None, "transaction_timeout": 60000, "producer_id": -1, "producer_epoch": -1})
+    pid = init.producer_id
+    seq = [0, 0]
+    sent = []
+    batches: list[list[bytes]] = [[], []]
+    for i in range(24):
+        part = i % 2
+        size = 90 * 1024 if i % 3 == 0 else 300
+        values = [bytes([i]) * size, bytes([i + 1]) * 10]
+        data = batch(values, producer_id=pid, producer_epoch=0, base_sequence=seq[part])
+        seq[part] += len(values)
+        batches[part].append(data)
+        body = {"acks": -1, "timeout": 10000, "topic_data": [{"name": "pipe", "partition_data": [{"index": part, "records": data}]}]}
+        sent.append(await c.send("produce", 9, body))
+        if i == 6:
+            retry = {"acks": -1, "timeout": 10000, "topic_data": [{"name": "pipe", "partition_data": [{"index": 0, "records": batches[0][1]}]}]}
+            sent.append(await c.send("produce", 9, retry))
+    with trio.fail_after(30):
+        answers = [await c.receive(s) for s in sent]
+    bases = [a.responses[0].partition_responses[0] for a in answers]
+    assert all(b.error_code == 0 for b in bases)
+    retried = bases.pop(7)
+    assert retried.base_offset == 2  # the second batch of partition 0, offsets 2-3
+    assert [b.base_offset for b in bases[0::2]] == [2 * k for k in range(12)]
+    assert [b.base_offset for b in bases[1::2]] == [2 * k for k in range(12)]
+    for part in (0, 1):
+        r = await c.call("fetch", 12, {**fetch_body("pipe", 0, max_bytes=8 << 20, partition_max=8 << 20), "topics": [
+            {"topic": "pipe", "partitions": [{"partition": part, "fetch_offset": 0, "partition_max_bytes": 8 << 20, "log_start_offset": -1}]}
+        ]})
+        p = r.responses[0].partitions[0]
+        assert p.high_watermark == 24
+        stored = bytes(p.records)
+        expected = bytearray(b"".join(batches[part]))
+        position = 0
+        for k, b in enumerate(batches[part]):
+            struct.pack_into(">q", expected, position, 2 * k)
+            struct.pack_into(">i", expected, position + 12, 0)
+            position += len(b)
+        assert stored == bytes(expected)

@@ -43,7 +43,11 @@ class Reader:
     __slots__ = ("buf", "end", "pos")
 
     def __init__(self, buf: bytes | bytearray | memoryview, start: int = 0) -> None:
-        self.buf = bytes(buf)
+        # A memoryview is read in place (a replication frame carries a 64 KiB block:
+        # copying it whole just to slice it again costs a page-faulting allocation);
+        # `fixed` still hands out bytes.
+        self.buf: bytes | memoryview = (
+            buf.cast("B") if isinstance(buf, memoryview) else bytes(buf))
         self.pos = start
         self.end = len(self.buf)
 
@@ -82,6 +86,20 @@ class Reader:
             raise DecodeError(f"out of bounds reading {n} fixed bytes")
         v = self.buf[self.pos : self.pos + n]
         self.pos += n
+        return v if isinstance(v, bytes) else bytes(v)
+
+    def view(self, n: int) -> memoryview:
+        """The next `n` bytes without a copy."""
+        if self.end - self.pos < n:
+            raise DecodeError(f"out of bounds reading {n} fixed bytes")
+        v = memoryview(self.buf)[self.pos : self.pos + n]
+        self.pos += n
+        return v
+
+    def rest_view(self) -> memoryview:
+        """Everything not read yet, without a copy; consumes it."""
+        v = memoryview(self.buf)[self.pos : self.end]
+        self.pos = self.end
         return v
 
     def buffer(self) -> bytes:

@@ -103,7 +103,9 @@ class Proof:
         )
         out = [encode_uint(flags), encode_uint(request), encode_uint(self.fork)]
         if self.block:
-            out += [encode_uint(self.block.index), encode_buffer(self.block.value or b"")]
+            value = self.block.value or b""
+            # length and value as separate parts: join copies the value once, not twice
+            out += [encode_uint(self.block.index), encode_uint(len(value)), value]
             out.append(_encode_nodes(self.block.nodes))
         if self.hash:
             out += [encode_uint(self.hash.index), _encode_nodes(self.hash.nodes)]
@@ -117,7 +119,7 @@ class Proof:
         return b"".join(out)
 
     @classmethod
-    def decode(cls, data: bytes) -> tuple[int, Proof]:
+    def decode(cls, data: bytes | memoryview) -> tuple[int, Proof]:
         """Parse ``wire.data`` bytes into (request id, proof); DecodeError on anything bad."""
         r = Reader(data)
         flags = r.uint()

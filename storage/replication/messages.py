@@ -185,7 +185,7 @@ class Data:
         return self.proof.encode(self.request)
 
     @classmethod
-    def decode_body(cls, body: bytes) -> Data:
+    def decode_body(cls, body: bytes | memoryview) -> Data:
         request, proof = Proof.decode(body)
         return cls(request, proof)
 
@@ -287,7 +287,7 @@ Message = Sync | Request | Cancel | Data | NoData | Want | Unwant | Bitfield | R
 _T = TypeVar("_T")
 
 
-def _strict(body: bytes, read: Callable[[Reader], _T]) -> _T:
+def _strict(body: bytes | memoryview, read: Callable[[Reader], _T]) -> _T:
     try:
         r = Reader(body)
         m = read(r)
@@ -310,7 +310,7 @@ _READERS: dict[int, Callable[[Reader], Message]] = {
 }
 
 
-def decode_message(type_: int, body: bytes) -> Message:
+def decode_message(type_: int, body: bytes | memoryview) -> Message:
     """Decode a hypercore/alpha message body of protomux message type `type_`."""
     if type_ == MessageType.DATA:
         try:

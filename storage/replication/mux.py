@@ -103,7 +103,7 @@ class RemoteOpen:
 class ChannelMessage:
     channel: Channel
     type: int
-    payload: bytes
+    payload: bytes | memoryview  # a view into the transport message (no copy)
 
 
 MuxEvent = ChannelOpened | ChannelRejected | ChannelClosed | RemoteOpen | ChannelMessage
@@ -198,13 +198,13 @@ class Mux:
 
     # ------------------------------------------------------------------ input
 
-    def feed(self, message: bytes) -> list[MuxEvent]:
+    def feed(self, message: bytes | memoryview) -> list[MuxEvent]:
         """Decode one transport message into events."""
         if not message:
             return []  # protomux ignores empty frames
         events: list[MuxEvent] = []
         try:
-            r = Reader(message)
+            r = Reader(memoryview(message))
             self._decode(r.uint(), r, events)
         except HypercoreError as e:
             raise MessageError(f"bad protomux message: {e}") from e
@@ -218,7 +218,7 @@ class Mux:
         ch = self._remote.get(remote_id)
         if ch is None:
             return  # closed or never opened: protomux ignores it
-        events.append(ChannelMessage(ch, type_, r.fixed(r.remaining())))
+        events.append(ChannelMessage(ch, type_, r.rest_view()))
 
     def _control_in(self, type_: int, r: Reader, events: list[MuxEvent]) -> None:
         if type_ == CONTROL_BATCH:
@@ -228,7 +228,7 @@ class Mux:
                 if n == 0:
                     remote_id = r.uint()
                     continue
-                item = Reader(r.fixed(n))
+                item = Reader(r.view(n))
                 self._decode(remote_id, item, events)
         elif type_ == CONTROL_OPEN:
             remote_id = r.uint()

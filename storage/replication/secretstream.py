@@ -14,6 +14,11 @@ Shape: `receive_data(bytes) -> list[bytes]` returns whole decrypted messages;
 Input is parsed from a buffer that is only consumed once a frame is whole, so partial
 input never leaves half-changed state. Only `HandshakeError`/`FramingError` escape.
 
+Copies: `send` encrypts straight into the frame it queues and `receive_data` decrypts
+straight out of the bytes read, by calling libsodium through PyNaCl's cffi module
+(`nacl._sodium`): the public wrappers take only `bytes` and return copies, which cost a
+fresh 64 KiB allocation and copy per block and direction. Same C functions, same bytes.
+
 May import only the standard library, PyNaCl and `storage.replication.{noise,errors}`.
 """
 
@@ -23,6 +28,7 @@ import hashlib
 
 import nacl.bindings as sodium
 import nacl.exceptions
+from nacl._sodium import ffi, lib
 
 from storage.replication.errors import FramingError, HandshakeError, LocalProtocolError
 from storage.replication.noise import Ed25519KeyPair, NoiseXX
@@ -70,10 +76,11 @@ class SecretStream:
         self.static = static or Ed25519KeyPair.generate()
         self._noise: NoiseXX | None = NoiseXX(initiator, self.static, ephemeral=ephemeral)
         self._in = bytearray()
-        self._pos = 0
-        self._out: list[bytes] = []
+        self._out: list[bytes | bytearray] = []
         self._push: object | None = None
         self._pull: object | None = None
+        self._plain = ffi.new("unsigned char[]", 0)  # reused decryption buffer
+        self._tag = ffi.new("unsigned char *")
         self._tx = b""
         self._rx = b""
         self.handshake_hash = b""
@@ -96,56 +103,87 @@ class SecretStream:
             raise LocalProtocolError("secret stream is not set up yet")
         if len(message) > MAX_MESSAGE:
             raise LocalProtocolError(f"message of {len(message)} bytes exceeds {MAX_MESSAGE}")
-        ct = sodium.crypto_secretstream_xchacha20poly1305_push(
-            self._push,  # type: ignore[arg-type]
-            bytes(message),
-            None,
-            sodium.crypto_secretstream_xchacha20poly1305_TAG_MESSAGE,
-        )
-        self._out.append(frame(ct))
+        mlen = len(message)
+        clen = mlen + ABYTES
+        out = bytearray(3 + clen)
+        out[0:3] = clen.to_bytes(3, "little")
+        with ffi.from_buffer(out) as o, ffi.from_buffer(message) as m:
+            rc = lib.crypto_secretstream_xchacha20poly1305_push(
+                self._push.statebuf,  # type: ignore[attr-defined]
+                ffi.cast("unsigned char *", o) + 3,
+                ffi.NULL,
+                m,
+                mlen,
+                ffi.NULL,
+                0,
+                sodium.crypto_secretstream_xchacha20poly1305_TAG_MESSAGE,
+            )
+        if rc != 0:
+            raise LocalProtocolError("secretstream push failed")
+        self._out.append(out)
 
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Feed bytes from the wire; returns the application messages they completed."""
-        self._in += data
+        """Feed bytes from the wire; returns the application messages they completed.
+
+        Whole frames are decrypted straight out of `data`; only an incomplete tail is
+        kept for the next call. (Appending every read to a buffer, slicing a bytearray,
+        converting to bytes and trimming cost four copies of every byte, a quarter of a
+        follower's time at 64 KiB blocks.)"""
+        buffered = bool(self._in)
+        if buffered:
+            self._in += data
+        view = memoryview(self._in if buffered else data).cast("B")
         out: list[bytes] = []
-        buf = self._in
-        while True:
-            avail = len(buf) - self._pos
-            if avail < 3:
-                break
-            n = buf[self._pos] | buf[self._pos + 1] << 8 | buf[self._pos + 2] << 16
-            if avail < 3 + n:
-                break
-            body = bytes(buf[self._pos + 3 : self._pos + 3 + n])
-            self._pos += 3 + n
-            msg = self._incoming(body)
-            if msg:  # None during setup; empty = keep-alive
-                out.append(msg)
-        if self._pos:
-            del buf[: self._pos]
-            self._pos = 0
+        pos = 0
+        end = len(view)
+        try:
+            while end - pos >= 3:
+                n = view[pos] | view[pos + 1] << 8 | view[pos + 2] << 16
+                if end - pos < 3 + n:
+                    break
+                pos += 3 + n
+                with view[pos - n : pos] as body:
+                    msg = self._incoming(body)
+                if msg:  # None during setup; empty = keep-alive
+                    out.append(msg)
+            tail = b"" if buffered or pos == end else bytes(view[pos:])
+        finally:
+            view.release()
+        if buffered:
+            del self._in[:pos]
+        elif tail:
+            self._in += tail
         return out
 
-    def _incoming(self, body: bytes) -> bytes | None:
+    def _incoming(self, body: memoryview) -> bytes | None:
         if self._noise is not None:
-            self._on_handshake(body)
+            self._on_handshake(bytes(body))
             return None
         if self._pull is None:
-            self._on_id_header(body)
+            self._on_id_header(bytes(body))
             return None
-        if len(body) < ABYTES:
+        clen = len(body)
+        if clen < ABYTES:
             raise FramingError("encrypted frame shorter than its MAC")
-        try:
-            msg, _tag = sodium.crypto_secretstream_xchacha20poly1305_pull(
-                self._pull,  # type: ignore[arg-type]
-                body,
-                None,
+        mlen = clen - ABYTES
+        if len(self._plain) < mlen:
+            self._plain = ffi.new("unsigned char[]", max(mlen, 1 << 16))
+        with ffi.from_buffer(body) as c:  # released here, so `body` can be
+            rc = lib.crypto_secretstream_xchacha20poly1305_pull(
+                self._pull.statebuf,  # type: ignore[attr-defined]
+                self._plain,
+                ffi.NULL,
+                self._tag,
+                c,
+                clen,
+                ffi.NULL,
+                0,
             )
-        except (nacl.exceptions.CryptoError, nacl.exceptions.ValueError, ValueError) as e:
-            raise FramingError("frame failed authentication") from e
-        return bytes(msg)
+        if rc != 0:
+            raise FramingError("frame failed authentication")
+        return ffi.buffer(self._plain, mlen)[:]  # type: ignore[no-any-return]
 
     def _on_handshake(self, body: bytes) -> None:
         noise = self._noise

@@ -28,7 +28,9 @@ May import the standard library, PyNaCl, `storage.hypercore` and
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from hashlib import blake2b
 
 from storage.hypercore import (
     REPLICATE_INITIATOR_NS,
@@ -37,6 +39,7 @@ from storage.hypercore import (
     HypercoreError,
     Node,
     discovery_key,
+    flat_tree,
 )
 from storage.hypercore.proofs import (
     BlockRequest,
@@ -71,6 +74,27 @@ from storage.replication.sources import ArchiveSink, ArchiveSource, SignedHead
 # Hypercore gives up on a peer after this many invalid requests (replicator.js).
 MAX_INVALID_REQUESTS = 64
 DEFAULT_WINDOW = 128
+PRUNE_EVERY = 4096  # delivered blocks between prunes of the follower's verified nodes
+
+
+def block_nodes(index: int, length: int) -> int:
+    """How many levels of siblings to ask for with block `index` when blocks are fetched
+    in order: up to its lowest ancestor that is a right child, i.e. ``ctz(index)``
+    levels (0 for every odd block), capped where the tree of `length` has a root.
+
+    Why: the proof of block ``index - 2**h`` (h = ctz(index)) went at least one level
+    higher and so carried that ancestor as a sibling; the follower keeps every node it
+    verified, so the rest of the path would be sent and hashed for nothing. On average
+    this is one node per block instead of log2(length), on the wire, in the server's
+    node reads and in our hashing. Hypercore's own requester does the same thing
+    (``nodes`` = levels up to the first node it has). Should the ancestor not be known
+    when the answer arrives, the follower waits for earlier answers or asks again with
+    the full path."""
+    if index:
+        low = index & -index  # the ancestor at height ctz spans blocks [index, index + low)
+        if index + low <= length:
+            return low.bit_length() - 1  # a whole node: the path to it stays in the tree
+    return max_missing_nodes(2 * index, length)
 
 
 def capability(initiator: bool, key: bytes, handshake_hash: bytes) -> bytes:
@@ -118,11 +142,56 @@ class ReplicationSession:
         self.remote_handshake: M.Handshake | None = None
         self.closed = False  # our channel is closed (either side); nothing more will flow
         self.stats = Stats()
+        # serve_any: archive chosen by the peer's channel open (by discovery key)
+        self._lookup: Callable[[bytes], ArchiveSource | None] | None = None
 
     @classmethod
     def serve(cls, source: ArchiveSource, *, initiator: bool = False,
               keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
         return cls(source.key, _Server(source), initiator=initiator, keypair=keypair)
+
+    @classmethod
+    def serve_any(cls, lookup: Callable[[bytes], ArchiveSource | None], *,
+                  initiator: bool = False,
+                  keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
+        """Serve whichever archive the peer opens a channel for: `lookup(discovery_key)`
+        returns its source, or None (the channel is rejected). One archive per session:
+        the first channel the peer opens that we hold decides it. Used by a replication
+        port that serves many archives, one connection per archive."""
+        s = cls(bytes(32), _Server(None), initiator=initiator, keypair=keypair)
+        s._lookup = lookup
+        return s
+
+    @property
+    def source(self) -> ArchiveSource | None:
+        """The archive a serving session serves (None until a serve_any peer chose one)."""
+        return self.role.source if isinstance(self.role, _Server) else None
+
+    @property
+    def public_key(self) -> bytes | None:
+        """Follower: the signer's key, once given or learned from a verified manifest."""
+        return self.role.public_key if isinstance(self.role, _Follower) else None
+
+    @property
+    def latest_head(self) -> tuple[int, int, bytes, list[Node]] | None:
+        """Follower: the newest head verified so far, (length, fork, signature, roots),
+        before its blocks arrive (a mirror compares it with what it stores)."""
+        return self.role.latest_head if isinstance(self.role, _Follower) else None
+
+    @property
+    def remote_length(self) -> int | None:
+        """Follower: the length the peer announced (None before its first sync)."""
+        return self.role.remote_length if isinstance(self.role, _Follower) else None
+
+    def refetch(self, index: int) -> None:
+        """Follower: fetch block `index` again (below our verified length) and hand it to
+        the sink's `repair_block(index, value)` once verified (a block damaged on disk)."""
+        if isinstance(self.role, _Follower):
+            self.role.repairs.append(index)
+            if self.channel is not None and self.channel.opened:
+                self.mux.cork()
+                self.role._pump(self)
+                self.mux.uncork()
 
     @classmethod
     def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,
@@ -150,7 +219,8 @@ class ReplicationSession:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes read from the socket. Raises RemoteProtocolError on any violation."""
         msgs = self.stream.receive_data(data)
-        if self.stream.handshake_complete and self.channel is None and not self.closed:
+        if (self.stream.handshake_complete and self.channel is None and not self.closed
+                and self._lookup is None):
             self._open()
         for raw in msgs:
             for ev in self.mux.feed(raw):
@@ -163,7 +233,7 @@ class ReplicationSession:
 
     def notify_append(self) -> None:
         """The source has a new head: tell the peer (server role)."""
-        if isinstance(self.role, _Server) and self.channel is not None and self.channel.opened:
+        if isinstance(self.role, _Server) and self.role.source is not None and self.channel is not None and self.channel.opened:
             self.role.announce(self)
 
     # ------------------------------------------------------------------ internals
@@ -181,7 +251,17 @@ class ReplicationSession:
         self.mux.send(self.channel, int(m.TYPE), m.encode())
 
     def _on_event(self, ev: object) -> None:
-        if isinstance(ev, RemoteOpen):
+        if isinstance(ev, RemoteOpen) and self._lookup is not None and self.channel is None:
+            source = self._lookup(ev.id or b"") if ev.protocol == M.PROTOCOL else None
+            if source is None:
+                self.mux.reject(ev.remote_id)
+                return
+            self._lookup = None
+            self.key = source.key
+            self.discovery_key = discovery_key(source.key)
+            self.role = _Server(source)
+            self._open()
+        elif isinstance(ev, RemoteOpen):
             # One archive per session: any other channel (another core, another
             # protocol) is refused rather than left pending forever.
             if ev.protocol != M.PROTOCOL or ev.id != self.discovery_key:
@@ -215,9 +295,9 @@ class ReplicationSession:
 
 
 class _Server(_Role):
-    def __init__(self, source: ArchiveSource) -> None:
+    def __init__(self, source: ArchiveSource | None) -> None:
         self.source = source
-        self.head = source.head()
+        self.head = source.head() if source is not None else SignedHead(0, 0, None)
         self.remote_fork = 0
         self.remote_length = 0
         self.announced_remote: tuple[int, int] | None = None
@@ -243,12 +323,14 @@ class _Server(_Role):
         ))
 
     def on_open(self, s: ReplicationSession) -> None:
+        assert self.source is not None
         self.head = self.source.head()
         self._sync(s)
         if self.head.length:
             s.send(M.Range(0, self.head.length))
 
     def announce(self, s: ReplicationSession) -> None:
+        assert self.source is not None
         new = self.source.head()
         if new == self.head:
             return
@@ -272,9 +354,13 @@ class _Server(_Role):
         # server that answers every request synchronously and downloads nothing.
 
     def _on_request(self, s: ReplicationSession, m: M.Request) -> None:
+        assert self.source is not None
         head = self.head
         s.stats.requests += 1
         manifest = self.source.manifest if m.manifest else None
+        if manifest is not None and m.block is None and m.hash is None and m.upgrade is None:
+            s.send(M.Data(m.id, Proof(head.fork, manifest=manifest)))  # manifest alone
+            return
         if m.fork != head.fork or m.seek is not None or (
             m.block is not None and m.block.index >= head.length
         ):
@@ -284,8 +370,10 @@ class _Server(_Role):
                 s.send(M.NoData(m.id, M.NoDataReason.NOT_AVAILABLE))
             return
 
+        source = self.source
+
         def get(index: int) -> Node:
-            n = self.source.node(index)
+            n = source.node(index)
             if n is None:
                 raise KeyError(index)
             return n
@@ -318,6 +406,7 @@ class _Pending:
     block: int | None  # block index, or None for an upgrade request
     upgrade: bool
     manifest: bool
+    repair: bool = False  # a block fetched again for sink.repair_block
 
 
 @dataclass
@@ -340,6 +429,14 @@ class _Follower(_Role):
     remote_length: int | None = None
     remote_fork: int = 0
     upgrading: bool = False
+    manifest_requested: bool = False
+    latest_head: tuple[int, int, bytes, list[Node]] | None = None
+    repairs: list[int] = field(default_factory=list)
+    # block answers whose path ends at a node an earlier answer will prove
+    stalled: list[tuple[_Pending, M.Data]] = field(default_factory=list)
+    stalls: int = 0  # answers that waited for an earlier one (statistics, tests)
+    retries: int = 0  # short answers asked again with the full path
+    pruned_at: int = 0
 
     def __post_init__(self) -> None:
         if self.have is not None:
@@ -354,6 +451,7 @@ class _Follower(_Role):
             not self.live
             and self.remote_length is not None
             and not self.inflight
+            and not self.stalled
             and self.trusted.length >= self.remote_length
             and self.next_deliver == self.trusted.length
         )
@@ -399,6 +497,13 @@ class _Follower(_Role):
     def _pump(self, s: ReplicationSession) -> None:
         if self.remote_length is None:
             return
+        if (self.public_key is None and self.remote_length == 0 and not self.manifest_requested
+                and not self.upgrading):
+            # an empty archive sends no upgrade: ask for the manifest alone, so the sink
+            # learns the signer's key (verified: the manifest hashes to the archive key)
+            self.manifest_requested = True
+            rid = self._id()
+            self._request(s, _Pending(rid, None, False, True), M.Request(rid, self.fork, manifest=True))
         if (not self.upgrading and self.remote_length > self.trusted.length
                 and self.remote_fork == self.fork):
             rid = self._id()
@@ -411,12 +516,17 @@ class _Follower(_Role):
                 manifest=need_manifest,
             ))
         length = self.trusted.length
+        while self.repairs and self.repairs[0] < min(length, self.next_deliver):
+            i = self.repairs.pop(0)
+            rid = self._id()
+            self._request(s, _Pending(rid, i, False, False, repair=True), M.Request(
+                rid, self.fork, block=BlockRequest(i, max_missing_nodes(2 * i, length))))
         while self.next_request < length and len(self.inflight) < self.window:
             i = self.next_request
             self.next_request += 1
             rid = self._id()
             self._request(s, _Pending(rid, i, False, False), M.Request(
-                rid, self.fork, block=BlockRequest(i, max_missing_nodes(2 * i, length))))
+                rid, self.fork, block=BlockRequest(i, block_nodes(i, length))))
 
     def _id(self) -> int:
         rid = self.next_id
@@ -430,6 +540,11 @@ class _Follower(_Role):
         proof = m.proof
         if proof.fork != self.fork:
             raise VerificationError(f"data for fork {proof.fork}, we are on {self.fork}")
+        if (p.block is not None and not p.upgrade and not p.manifest and not p.repair
+                and proof.upgrade is None
+                and proof.manifest is None and proof.hash is None and self.public_key is not None):
+            self._on_block(s, p, m)
+            return
         if p.manifest:
             if proof.manifest is None:
                 raise VerificationError("peer did not send the manifest we asked for")
@@ -441,6 +556,8 @@ class _Follower(_Role):
             self.public_key = signers[0].public_key
         if self.public_key is None:
             raise VerificationError("no public key to verify against")
+        if p.manifest and not p.upgrade and p.block is None:
+            return  # the manifest alone (the key is all we wanted)
         if p.upgrade and proof.upgrade is None:
             raise VerificationError("peer answered an upgrade request without an upgrade")
         if p.block is not None and (proof.block is None or proof.block.index != p.block):
@@ -460,10 +577,21 @@ class _Follower(_Role):
             assert head is not None and vp.signature is not None
             self.trusted = head
             roots = head.roots()
+            # every upgrade node took part in the signed tree hash: verified
+            assert proof.upgrade is not None
+            for n in proof.upgrade.nodes + proof.upgrade.additional_nodes:
+                self.known[n.index] = n
             for r in roots:
                 self.known[r.index] = r
             self.heads.append((head.length, self.fork, vp.signature, roots))
+            self.latest_head = (head.length, self.fork, vp.signature, roots)
             self._sync(s)  # tell the peer our new length, as Hypercore does after upgrading
+        if p.repair:
+            assert proof.block is not None
+            repair = getattr(self.sink, "repair_block", None)
+            if repair is not None:
+                repair(p.block, proof.block.value or b"")
+            return
         if p.block is not None:
             assert proof.block is not None and vp.proven is not None
             self.buffered[p.block] = (proof.block.value or b"", vp.proven)
@@ -471,7 +599,73 @@ class _Follower(_Role):
             s.stats.bytes += len(proof.block.value or b"")
         self._deliver()
 
+    def _on_block(self, s: ReplicationSession, p: _Pending, m: M.Data) -> None:
+        """A plain block answer (the catch-up hot path): hash the value once, fold the
+        sibling path up to a node already verified, compare, keep the new nodes."""
+        b = m.proof.block
+        if b is None or b.index != p.block:
+            raise VerificationError("peer answered with another block than requested")
+        value = b.value
+        if value is None:
+            raise VerificationError("block proof without a value")
+        ite = 2 * b.index
+        size = len(value)
+        h = blake2b(b"\x00" + size.to_bytes(8, "little"), digest_size=32)
+        h.update(value)
+        leaf = cur = Node(ite, size, h.digest())
+        path = [cur]
+        for d, sib in enumerate(b.nodes):
+            step = 2 << d
+            right = (ite >> (d + 1)) & 1
+            if sib.index != (ite - step if right else ite + step) or len(sib.hash) != 32:
+                raise VerificationError(f"bad proof from peer: unexpected node {sib.index}")
+            left_n, right_n = (sib, cur) if right else (cur, sib)
+            total = left_n.size + right_n.size
+            ite = ite - (step >> 1) if right else ite + (step >> 1)
+            cur = Node(ite, total, blake2b(
+                b"\x01" + total.to_bytes(8, "little") + left_n.hash + right_n.hash,
+                digest_size=32).digest())
+            path.append(sib)
+            path.append(cur)
+        known = self.known
+        have = known.get(cur.index)
+        if have is None:
+            if any(q.block is not None and q.block < b.index for q in self.inflight.values()):
+                self.stalls += 1
+                self.stalled.append((p, m))  # an earlier answer proves its top node
+                return
+            # nothing in flight can prove it (e.g. an upgrade moved the roots): full path
+            self.retries += 1
+            rid = self._id()
+            self._request(s, _Pending(rid, b.index, False, False), M.Request(
+                rid, self.fork,
+                block=BlockRequest(b.index, max_missing_nodes(2 * b.index, self.trusted.length))))
+            return
+        if have.hash != cur.hash or have.size != cur.size:
+            raise VerificationError(f"bad proof from peer: checksum mismatch at node {cur.index}")
+        for n in path:
+            known[n.index] = n
+        self.buffered[b.index] = (value, leaf)
+        s.stats.blocks += 1
+        s.stats.bytes += size
+        self._deliver()
+        if self.stalled:
+            again, self.stalled = self.stalled, []
+            for q, dm in again:
+                self._on_block(s, q, dm)
+
+    def _prune(self) -> None:
+        """Forget verified nodes wholly left of every block still to come (they can
+        never be a sibling or an ancestor on a later path); keep the trusted roots."""
+        edge = 2 * self.next_deliver
+        self.known = {i: n for i, n in self.known.items() if flat_tree.right_span(i) >= edge}
+        for r in self.trusted.roots():
+            self.known[r.index] = r
+        self.pruned_at = self.next_deliver
+
     def _deliver(self) -> None:
+        if self.next_deliver - self.pruned_at >= PRUNE_EVERY:
+            self._prune()
         while self.next_deliver in self.buffered:
             value, leaf = self.buffered.pop(self.next_deliver)
             self.sink.put_block(self.next_deliver, value, leaf)

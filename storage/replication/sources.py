@@ -146,21 +146,5 @@ class PartitionLogSource:
         return self.log.node(index)
 
     def block(self, index: int) -> bytes:
-        """The stored batch at leaf `index`; KeyError below retention's minimum index.
-
-        PartitionLog has no public read-by-leaf yet, so this reaches into its segment
-        table (`_locate_leaf`, `_min_index`); a `PartitionLog.block(index)` would replace
-        it. The bytes are not re-authenticated here: the follower verifies every block
-        against the signed head anyway, and a bad one only costs this server the peer.
-        """
-        log = self.log
-        if index < log._min_index or not log._segments:
-            raise KeyError(index)
-        seg, k = log._locate_leaf(index)
-        if not 0 <= k < seg.count:
-            raise KeyError(index)
-        size = seg.size_of(k)
-        data = log.fs.pread_exact(seg.log_fd, size, seg.positions[k])
-        if len(data) != size:
-            raise KeyError(index)
-        return bytes(data)
+        """The stored batch at leaf `index`; KeyError below retention's minimum index."""
+        return self.log.block(index)

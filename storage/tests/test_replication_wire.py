@@ -322,3 +322,25 @@ def test_fuzz_established_stream_only_typed_errors(data: bytes) -> None:
         b.receive_data(data)
     except ReplicationError:
         return
+
+
+def test_secretstream_large_frames_in_any_chunking() -> None:
+    # receive_data decrypts whole frames in place and buffers only a torn tail: every
+    # way of cutting the wire must give the same messages, and a tampered frame that
+    # arrives in pieces is still a FramingError (not a BufferError from a live view).
+    msgs = [b"", b"x", bytes(range(256)) * 256, b"y" * 100_003, b"z" * 17]
+    for chunk in (1 << 18, 65_536, 4_099, 7):
+        a, b = _connected_pair()
+        for m in msgs:
+            a.send(m)
+        wire = a.data_to_send()
+        got: list[bytes] = []
+        for i in range(0, len(wire), chunk):
+            got += b.receive_data(memoryview(wire)[i : i + chunk])
+        assert got == [m for m in msgs if m]
+        a.send(b"q" * 70_000)
+        bad = bytearray(a.data_to_send())
+        bad[50_000] ^= 1
+        with pytest.raises(FramingError):
+            for i in range(0, len(bad), chunk):
+                b.receive_data(bytes(bad[i : i + chunk]))

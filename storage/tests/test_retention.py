@@ -130,3 +130,51 @@ def test_inclusion_and_consistency_proofs_from_the_tree_file_after_retention(tmp
         f.append(leaf_hash(b), len(b))
     verify_proof(c, public_key=KEYPAIR.public_key, key=lg.key, fork=head.fork, trusted=f)
     lg.close()
+
+
+def test_roll_starts_a_new_segment_at_the_next_append(tmp_path):
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1 << 20, retention_ms=-1), n=5)
+    assert segments(tmp_path) == ["00000000000000000000.log"]
+    lg.roll()
+    lg.roll()  # idempotent: no empty segment in between
+    b = batch_of_size(300, ts=1)
+    lg.append(b)
+    lg.commit()
+    assert segments(tmp_path) == ["00000000000000000000.log", "00000000000000000005.log"]
+    lg.append(batch_of_size(300, ts=2))
+    lg.commit()
+    assert segments(tmp_path)[-1] == "00000000000000000005.log"  # only one roll
+    assert split_batches(lg.read_bytes(0, 1 << 20)) == batches
+    lg.close()
+
+
+def test_drop_segments_below_an_offset(tmp_path):
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_ms=-1))
+    # segments [0,3) [3,6) ... [18,20): only whole segments ending at or below 10 go
+    assert lg.drop_segments_below(10) == 3
+    assert lg.log_start_offset == 9
+    assert split_batches(lg.read_bytes(9, 1 << 20)) == batches[9:12]
+    assert lg.drop_segments_below(10) == 0
+    # nothing above the high watermark, never the active segment
+    lg.append(batch_of_size(300, ts=1))
+    assert lg.drop_segments_below(10**6) == 3  # [9,12) [12,15) [15,18); [18,21) is active
+    assert lg.log_start_offset == 18
+    lg.commit()
+    assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
+    lg.close()
+    lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.ALWAYS)
+    assert lg.log_start_offset == 18 and lg.high_watermark == 21
+    assert split_batches(lg.read_bytes(18, 1 << 20))[:2] == batches[18:20]
+    lg.close()
+
+
+def test_drop_segments_below_waits_for_the_commit_job(tmp_path):
+    lg, _ = setup(tmp_path, LogConfig(segment_bytes=1000, retention_ms=-1))
+    lg.append(batch_of_size(300, ts=1))
+    job = lg.prepare_commit()
+    assert job is not None
+    assert lg.drop_segments_below(10) == 0  # a job is in flight: try again later
+    job.run()
+    lg.publish(job)
+    assert lg.drop_segments_below(10) == 3
+    lg.close()

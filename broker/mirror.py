@@ -1,0 +1,558 @@
+"""Mirrors: follow other nodes' archives, verify them, serve them read-only over Kafka.
+
+Owns `run_replication` (started by `Node.run_background` when `--replication-listen` or
+`--mirror` is set) and `NodeMirror`, one per `--mirror HOST:PORT[@NODEKEY]`:
+
+1. Discovery over Kafka: DescribeConfigs on the BROKER resource of HOST:PORT gives
+   ``hyperkafka.node.key`` and ``hyperkafka.replication.address``
+   (broker/replication_server.py). The key is pinned (``@NODEKEY``) or trusted on first
+   use and then remembered in ``<data_dir>/__mirrors/peers.json``; a node presenting
+   another key later is refused (logged, retried with backoff, nothing stored).
+2. The catalog archive (key = archive_key(node key)) is followed live into a
+   `storage.follower.FollowerLog`; every verified head is replayed into topics, and each
+   new topic is attached to the node (`Node.attach_mirrored`) with one follower archive
+   per partition, whose archive key comes from the verified catalog (so the whole chain
+   of trust is the node key). The partition's signer key is learned from its Hypercore
+   manifest, which must hash to that archive key.
+3. Every archive is followed on its own connection, live, with reconnect and exponential
+   backoff (0.2 s .. 5 s). Before following, a probe fetches the peer's signed head and
+   compares it with ours (`FollowerLog.check_conflict`): disagreeing valid heads freeze
+   the archive with evidence on disk. A block that fails authentication on read is
+   fetched again (`ReplicationSession.refetch`) and rewritten.
+4. While the writer is unreachable everything already verified stays served; topics
+   known from the local catalog copy are attached at start-up, before any connection.
+
+Layout: ``<data_dir>/__mirrors/<node key hex>/{__catalog,<topic>-<partition>}`` (storage/
+FORMAT.md section 10). Not done: topic deletion on the writer (the mirror keeps serving
+what it has and logs it), retention on mirrors, mirroring a mirror's copy of a third node.
+
+May import trio, `broker.node`, `broker.config`, `broker.protocol` (client side, for
+discovery), `broker.shape`, `broker.replication_server` and `storage`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from broker.config import ConfigError, parse_host_port
+from broker.node import Node, Topic
+from broker.protocol.codec import decode_response, encode_request
+from broker.protocol.header import RequestHeader
+from broker.shape import shape
+from storage import PartitionLog
+from storage.catalog import TopicRecord, apply_change, decode_changes
+from storage.errors import StorageError
+from storage.follower import Equivocation, FollowerLog, VerificationFailed
+from storage.hypercore import Node as TreeNode
+from storage.hypercore import archive_key
+from storage.replication import (
+    MemoryArchive,
+    RemoteProtocolError,
+    ReplicationError,
+    ReplicationSession,
+)
+from storage.store import CATALOG_DIR, MIRRORS_DIR
+
+log = logging.getLogger("hyperkafka.mirror")
+
+RECEIVE_SIZE = 1 << 18
+BACKOFF_MIN_S = 0.2
+BACKOFF_MAX_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+PROBE_TIMEOUT_S = 30.0  # a probe (manifest, head) is a few round trips
+REPAIR_POLL_S = 0.25
+PEERS_FILE = "peers.json"
+
+
+class DiscoveryError(Exception):
+    """The peer's Kafka port did not tell us its node key / replication address."""
+
+
+@dataclass(frozen=True)
+class MirrorTarget:
+    host: str
+    port: int
+    pinned: bytes | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MirrorTarget:
+        addr, _, key = text.partition("@")
+        host, port = parse_host_port(addr)
+        pinned = None
+        if key:
+            try:
+                pinned = bytes.fromhex(key)
+            except ValueError:
+                raise ConfigError(f"--mirror {text}: node key must be hex") from None
+            if len(pinned) != 32:
+                raise ConfigError(f"--mirror {text}: node key must be 32 bytes")
+        return cls(host, port, pinned)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+# ---------------------------------------------------------------------------- discovery
+
+
+async def discover(host: str, port: int) -> tuple[bytes, str | None]:
+    """(node key, replication address or None) from the node's Kafka listener."""
+    module = importlib.import_module("kio.schema.describe_configs.v1.request")
+    req = shape(module.DescribeConfigsRequest, {
+        "resources": [{"resource_type": 4, "resource_name": "", "configuration_keys": None}],
+        "include_synonyms": False,
+    })
+    header = RequestHeader(32, 1, 1, "hyperkafka-mirror")
+    with trio.fail_after(CONNECT_TIMEOUT_S):
+        stream = await trio.open_tcp_stream(host, port)
+        try:
+            await stream.send_all(encode_request(header, req))
+            buf = bytearray()
+            while len(buf) < 4 or len(buf) < 4 + struct.unpack_from(">i", buf)[0]:
+                data = await stream.receive_some(1 << 16)
+                if not data:
+                    raise DiscoveryError(f"{host}:{port} closed the connection")
+                buf += data
+        finally:
+            await trio.aclose_forcefully(stream)
+    size = struct.unpack_from(">i", buf)[0]
+    _, resp = decode_response(bytes(buf[4 : 4 + size]), 32, 1)
+    values: dict[str, str] = {}
+    for result in resp.results:
+        for c in result.configs:
+            if c.value is not None:
+                values[c.name] = c.value
+    key_hex = values.get("hyperkafka.node.key")
+    if not key_hex:
+        raise DiscoveryError(f"{host}:{port} does not publish hyperkafka.node.key (not a hyperkafka node?)")
+    try:
+        key = bytes.fromhex(key_hex)
+    except ValueError:
+        raise DiscoveryError(f"{host}:{port}: bad hyperkafka.node.key") from None
+    if len(key) != 32:
+        raise DiscoveryError(f"{host}:{port}: bad hyperkafka.node.key")
+    return key, values.get("hyperkafka.replication.address")
+
+
+# ---------------------------------------------------------------------------- one archive
+
+
+class _Sink:
+    """Delivers blocks into a FollowerLog; verified heads queue in `heads` and a task of
+    `_drive` stores them (hashing and fsync in a worker thread: a catch-up head covers the
+    whole archive) while the connection keeps receiving the next blocks, then wakes
+    Kafka readers."""
+
+    def __init__(self, log_: FollowerLog, on_head: Callable[[], None]) -> None:
+        self.log = log_
+        self.on_head = on_head
+        self.heads: list[tuple[int, int, bytes, list[TreeNode]]] = []
+        self._wake = trio.Event()
+        self._lock = trio.Lock()  # one stored head at a time (one job in flight per log)
+
+    def put_block(self, index: int, value: bytes, leaf: TreeNode) -> None:
+        self.log.put_block(index, value, leaf)
+
+    def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
+        self.heads.append((length, fork, signature, list(roots)))
+        self._wake.set()
+
+    def repair_block(self, index: int, value: bytes) -> None:
+        self.log.repair_block(index, value)
+        self.on_head()
+
+    async def store_heads(self) -> None:
+        async with self._lock:
+            while self.heads:
+                if len(self.heads) > 1:  # behind: the newest head covers the older ones
+                    del self.heads[:-1]
+                aj = self.log.prepare_accept(*self.heads.pop(0))
+                if aj is None:
+                    continue
+                try:
+                    await trio.to_thread.run_sync(self.log.run_accept, aj)
+                finally:  # the thread always finishes (not abandoned on cancel): publish or forget
+                    self.log.finish_accept(aj)
+                self.on_head()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self.store_heads()
+
+
+@contextlib.contextmanager
+def _single_error() -> Iterator[None]:
+    """A nursery wraps a task's exception in a group; callers here want the exception."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+
+
+async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
+                 until: Callable[[], bool] | None = None,
+                 repair_log: FollowerLog | None = None, sink: _Sink | None = None) -> None:
+    """Run a follower session on `stream` until the peer goes away or `until()` holds;
+    with `repair_log`, blocks of it that fail authentication on read are fetched again."""
+    lock = trio.Lock()
+
+    async def pump() -> None:
+        data = session.data_to_send()
+        if data:
+            async with lock:
+                await stream.send_all(data)
+
+    async def repairer(lg: FollowerLog) -> None:
+        asked: set[int] = set()
+        while True:
+            await trio.sleep(REPAIR_POLL_S)
+            bad = lg.bad_block()
+            if bad is not None and bad not in asked:
+                asked.add(bad)
+                log.warning("%s: block %d failed authentication on read; fetching it again",
+                            lg.path, bad)
+                session.refetch(bad)
+                await pump()
+            elif bad is None:
+                asked.clear()
+
+    try:
+        with _single_error():
+            async with trio.open_nursery() as nursery:
+                if repair_log is not None:
+                    nursery.start_soon(repairer, repair_log)
+                if sink is not None:
+                    nursery.start_soon(sink.run)
+                await pump()
+                while not session.done and not (until is not None and until()):
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        break
+                    session.receive_data(data)
+                    await pump()
+                if sink is not None:
+                    await sink.store_heads()  # what was verified before the peer left
+                nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _connect(address: str) -> trio.SocketStream:
+    host, port = parse_host_port(address)
+    with trio.fail_after(CONNECT_TIMEOUT_S):
+        stream = await trio.open_tcp_stream(host, port)
+    # A live session may rightly see nothing for hours (an idle writer), so no read
+    # timeout; TCP keepalive finds a writer whose host vanished (~25 s on Linux).
+    sock = stream.socket
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    return stream
+
+
+async def learn_public_key(address: str, key: bytes) -> bytes:
+    """The signer key of archive `key`, from its manifest (verified to hash to `key`)."""
+    session = ReplicationSession.follow(key, MemoryArchive(bytes(32)), initiator=True, window=0)
+    with trio.fail_after(PROBE_TIMEOUT_S):
+        await _drive(await _connect(address), session, until=lambda: session.public_key is not None)
+    if session.public_key is None:
+        raise RemoteProtocolError("peer did not send the archive's manifest")
+    return session.public_key
+
+
+async def probe_head(address: str, lg: FollowerLog) -> None:
+    """Fetch the peer's current signed head and hold it against ours: raises Equivocation
+    (frozen, evidence kept) when they disagree, VerificationFailed when it is forged."""
+    session = ReplicationSession.follow(lg.key, MemoryArchive(lg.public_key), initiator=True,
+                                        window=0, public_key=lg.public_key)
+    with trio.fail_after(PROBE_TIMEOUT_S):
+        await _drive(await _connect(address), session,
+                     until=lambda: session.latest_head is not None or session.remote_length == 0)
+    head = session.latest_head
+    if head is not None:
+        lg.check_conflict(*head)
+
+
+async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], None], name: str) -> None:
+    """Follow one archive live, reconnecting with backoff, until frozen or cancelled."""
+    backoff = BACKOFF_MIN_S
+    while True:
+        if lg.frozen:
+            log.error("%s: not following: frozen (%s)", name, lg.frozen)
+            return
+        started = trio.current_time()
+        try:
+            await probe_head(address, lg)
+            lg.discard_unsigned()  # blocks of an interrupted session: their head never came
+            sink = _Sink(lg, on_head)
+            session = ReplicationSession.follow(lg.key, sink, initiator=True,
+                                                live=True, have=lg.verified_tree(),
+                                                public_key=lg.public_key)
+            await _drive(await _connect(address), session, repair_log=lg, sink=sink)
+        except Equivocation as exc:
+            log.error("%s: %s", name, exc)
+            return
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ReplicationError,
+                VerificationFailed) as exc:
+            log.info("%s: replication from %s interrupted: %s", name, address, exc)
+        except StorageError as exc:
+            log.error("%s: stopped following: %s", name, exc)
+            return
+        if trio.current_time() - started > 10:
+            backoff = BACKOFF_MIN_S
+        await trio.sleep(backoff)
+        backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+
+# ---------------------------------------------------------------------------- one node
+
+
+class NodeMirror:
+    """Everything this node mirrors from one other node."""
+
+    def __init__(self, node: Node, target: MirrorTarget) -> None:
+        self.node = node
+        self.target = target
+        self.root = os.path.join(str(node.config.data_dir), MIRRORS_DIR)
+        self.node_key: bytes | None = target.pinned
+        self.catalog: FollowerLog | None = None
+        self.topics: dict[str, TopicRecord] = {}
+        self.attached: dict[str, tuple[TopicRecord, list[FollowerLog]]] = {}
+        self.skipped: set[str] = set()  # names taken by a local topic (or another mirror)
+        self._spawn: trio.Nursery | None = None
+        self._address: str | None = None
+        self._catalog_changed = trio.Event()
+
+    # -- persistence of the trusted key ---------------------------------------
+
+    def _peers(self) -> dict[str, str]:
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(self.root, PEERS_FILE)) as f:
+            data = json.load(f)
+            if isinstance(data, dict):
+                return {str(k): str(v) for k, v in data.items()}
+        return {}
+
+    def _remember(self, key: bytes) -> None:
+        peers = self._peers()
+        peers[self.target.address] = key.hex()
+        os.makedirs(self.root, exist_ok=True)
+        tmp = os.path.join(self.root, PEERS_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(peers, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(self.root, PEERS_FILE))
+
+    @property
+    def dir(self) -> str:
+        assert self.node_key is not None
+        return os.path.join(self.root, self.node_key.hex())
+
+    # -- local copy --------------------------------------------------------------
+
+    def open_local(self) -> None:
+        """Open the catalog copy and attach every topic whose archives we hold."""
+        assert self.node_key is not None
+        if self.catalog is None:
+            self.catalog = FollowerLog.open_replica(os.path.join(self.dir, CATALOG_DIR), self.node_key)
+        self._replay_catalog()
+        for name, rec in sorted(self.topics.items()):
+            if name in self.attached:
+                continue
+            keys = []
+            for p in range(rec.partitions):
+                kfile = os.path.join(self._partition_dir(name, p), "public_key")
+                if not os.path.exists(kfile):
+                    break
+                with open(kfile, "rb") as f:
+                    keys.append(f.read())
+            else:
+                self._attach(rec, keys)
+
+    def _partition_dir(self, topic: str, partition: int) -> str:
+        return os.path.join(self.dir, f"{topic}-{partition}")
+
+    def _replay_catalog(self) -> None:
+        cat = self.catalog
+        assert cat is not None
+        topics: dict[str, TopicRecord] = {}
+        offset = cat.log_start_offset
+        while offset < cat.high_watermark:
+            r = cat.read(offset, 1 << 20)
+            data = r.read()
+            pos = 0
+            while pos < len(data):
+                size = 12 + int.from_bytes(data[pos + 8 : pos + 12], "big")
+                for change in decode_changes(data[pos : pos + size]):
+                    apply_change(topics, change)
+                pos += size
+            offset = r.end_offset
+        gone = set(self.topics) - set(topics)
+        for name in gone:
+            log.warning("mirror of %s: topic %s was deleted on its writer; keeping the copy served",
+                        self.target.address, name)
+        self.topics.update(topics)
+
+    def _attach(self, rec: TopicRecord, public_keys: list[bytes]) -> bool:
+        """Open the follower archives of `rec` and serve them. False on a name clash."""
+        if rec.name.startswith("__"):
+            return False  # the writer's internal topics (its group offsets) stay its own
+        if rec.name in self.node.topics:
+            log.error("mirror of %s: topic %s exists here already; not mirroring it",
+                      self.target.address, rec.name)
+            self.skipped.add(rec.name)
+            return False
+        logs: list[FollowerLog] = []
+        for p, pk in enumerate(public_keys):
+            if archive_key(pk) != rec.archive_keys[p]:
+                raise VerificationFailed(f"{rec.name}-{p}: signer key does not match the catalog's archive key")
+            logs.append(FollowerLog.open_replica(self._partition_dir(rec.name, p), pk,
+                                                 config=self.node.config.log_config(rec.configs)))
+        plogs: list[PartitionLog] = list(logs)
+        topic: Topic = self.node.attach_mirrored(rec, plogs)
+        self.attached[rec.name] = (rec, logs)
+        log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
+        if self._spawn is not None and self._address is not None:
+            for p, lg in enumerate(logs):
+                self._spawn.start_soon(self._follow_partition, self._address, topic, p, lg)
+        return True
+
+    # -- following ---------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.node_key is None:
+            known = self._peers().get(self.target.address)
+            self.node_key = bytes.fromhex(known) if known else None
+        if self.node_key is not None:
+            self.open_local()  # serve what we hold even if the writer never answers
+        task_status.started()
+        backoff = BACKOFF_MIN_S
+        try:
+            while True:
+                started = trio.current_time()
+                try:
+                    key, address = await discover(self.target.host, self.target.port)
+                    if self.node_key is not None and key != self.node_key:
+                        log.error("mirror of %s: the node presents key %s but we trust %s; refusing it",
+                                  self.target.address, key.hex(), self.node_key.hex())
+                    elif address is None:
+                        log.warning("mirror of %s: the node serves no replication port", self.target.address)
+                    else:
+                        if self.node_key is None:
+                            self.node_key = key
+                            self._remember(key)
+                            log.info("mirror of %s: trusting node key %s on first use",
+                                     self.target.address, key.hex())
+                            self.open_local()
+                        await self._follow(address)
+                except Equivocation as exc:  # the catalog itself: frozen, keep serving
+                    log.error("mirror of %s: not following: %s", self.target.address, exc)
+                except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError,
+                        ReplicationError, StorageError) as exc:
+                    log.info("mirror of %s: %s: %s", self.target.address, type(exc).__name__, exc)
+                except Exception:  # keep mirroring (and serving) whatever went wrong
+                    log.exception("mirror of %s failed; retrying", self.target.address)
+                if trio.current_time() - started > 10:
+                    backoff = BACKOFF_MIN_S
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+        finally:
+            self.close()
+
+    async def _follow(self, address: str) -> None:
+        """Follow the catalog and every partition until the catalog connection ends."""
+        assert self.catalog is not None
+        self._address = address
+        try:
+            with _single_error():
+                async with trio.open_nursery() as nursery:
+                    self._spawn = nursery
+                    for rec, logs in self.attached.values():
+                        topic = self.node.topics[rec.name]
+                        for p, lg in enumerate(logs):
+                            nursery.start_soon(self._follow_partition, address, topic, p, lg)
+                    nursery.start_soon(self._sync_topics_loop, address)
+                    await self._follow_catalog(address)
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._spawn = None
+            self._address = None
+
+    async def _follow_catalog(self, address: str) -> None:
+        cat = self.catalog
+        assert cat is not None
+
+        def changed() -> None:
+            self._catalog_changed.set()
+
+        await probe_head(address, cat)
+        cat.discard_unsigned()
+        sink = _Sink(cat, changed)
+        session = ReplicationSession.follow(cat.key, sink, initiator=True, live=True,
+                                            have=cat.verified_tree(), public_key=cat.public_key)
+        self._catalog_changed.set()  # topics from the local copy may still lack archives
+        await _drive(await _connect(address), session, repair_log=cat, sink=sink)
+
+    async def _sync_topics_loop(self, address: str) -> None:
+        while True:
+            await self._catalog_changed.wait()
+            self._catalog_changed = trio.Event()
+            self._replay_catalog()
+            for name, rec in sorted(self.topics.items()):
+                if name in self.attached or name in self.skipped or name.startswith("__"):
+                    continue
+                try:
+                    keys = [await learn_public_key(address, rec.archive_keys[p])
+                            for p in range(rec.partitions)]
+                    self._attach(rec, keys)
+                except (OSError, trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
+                    log.info("mirror of %s: topic %s not attached yet: %s", self.target.address, name, exc)
+                    self._catalog_changed.set()
+                    await trio.sleep(BACKOFF_MAX_S / 5)
+
+    async def _follow_partition(self, address: str, topic: Topic, index: int, lg: FollowerLog) -> None:
+        partition = topic.partitions[index]
+
+        def moved() -> None:
+            partition.notify()
+            self.node.notify_data()
+
+        await follow_forever(address, lg, moved, f"{topic.name}-{index}")
+
+    def close(self) -> None:
+        for _, logs in self.attached.values():
+            for lg in logs:
+                with contextlib.suppress(Exception):
+                    lg.close()
+        if self.catalog is not None:
+            with contextlib.suppress(Exception):
+                self.catalog.close()
+
+
+async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The replication port (if configured) and one NodeMirror per --mirror."""
+    from broker.replication_server import serve_replication
+
+    async with trio.open_nursery() as nursery:
+        if node.config.replication_listen is not None:
+            host, port = node.config.replication_listen
+            await nursery.start(serve_replication, node, host, port)
+        for text in node.config.mirrors:
+            await nursery.start(NodeMirror(node, MirrorTarget.parse(text)).run)
+        task_status.started()

@@ -1,0 +1,130 @@
+"""The replication port: every archive this node holds, over the Hypercore protocol.
+
+Owns `serve_replication` (a TCP listener; `hyperkafka serve --replication-listen`) and
+`replication_config_entries` (what DescribeConfigs on the BROKER resource adds so a mirror
+can find us). One connection carries one archive: the peer opens a ``hypercore/alpha``
+channel for a discovery key and the session serves whichever archive that names (the
+catalog, any topic partition, or any archive this node itself mirrors), answering
+requests with proofs from the stored tree and announcing each new signed head (live
+updates after every group commit). Hypercore multiplexes many cores over one connection;
+we chose one connection per archive because the sessions stay independent (one slow or
+hostile channel cannot stall the others) and it is simpler; a mirror of P partitions
+holds P + 1 connections.
+
+Discovery, read-only broker configs (Kafka DescribeConfigs, resource type BROKER):
+``hyperkafka.node.key`` = the node's public key (hex; the catalog archive's signer) and
+``hyperkafka.replication.address`` = HOST:PORT of this port (absent when not serving).
+
+May import trio, `broker.node`, `broker.config` and `storage` (incl. its replication
+package); never the protocol codec.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import trio
+
+from broker.config import ConfigEntry, ConfigSource, ConfigType
+from broker.node import Node
+from storage import PartitionLog
+from storage.hypercore import discovery_key
+from storage.replication import PartitionLogSource, RemoteProtocolError, ReplicationSession
+from storage.replication.sources import ArchiveSource
+
+log = logging.getLogger("hyperkafka.replication")
+
+RECEIVE_SIZE = 1 << 18
+ANNOUNCE_POLL_S = 0.5  # catalog changes do not pass through the group commit: poll
+
+
+def replication_config_entries(node: Node) -> list[ConfigEntry]:
+    entries = [ConfigEntry("hyperkafka.node.key", node.store.node_public_key.hex(),
+                           ConfigSource.DEFAULT_CONFIG, ConfigType.STRING,
+                           "This node's public key: it signs the catalog archive, which lists every topic's archive key.",
+                           read_only=True)]
+    if node.replication_address is not None:
+        entries.append(ConfigEntry("hyperkafka.replication.address", node.replication_address,
+                                   ConfigSource.DEFAULT_CONFIG, ConfigType.STRING,
+                                   "Where this node serves its archives over the Hypercore replication protocol.",
+                                   read_only=True))
+    return entries
+
+
+def archives(node: Node) -> list[PartitionLog]:
+    """Every archive this node can serve: its catalog and every partition (written here or
+    mirrored: any holder of a verified copy may serve it)."""
+    logs: list[PartitionLog] = [node.store.catalog_log]
+    for topic in node.topics.values():
+        logs.extend(p.log for p in topic.partitions)
+    return logs
+
+
+class _Lookup:
+    """Discovery key -> source, rebuilt when a key is not found (topics come and go)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._by_dk: dict[bytes, PartitionLog] = {}
+
+    def __call__(self, dk: bytes) -> ArchiveSource | None:
+        lg = self._by_dk.get(dk)
+        if lg is None:
+            lg = self._rebuild().get(dk)
+        return PartitionLogSource(lg) if lg is not None else None
+
+    def _rebuild(self) -> dict[bytes, PartitionLog]:
+        self._by_dk = {discovery_key(lg.key): lg for lg in archives(self.node)}
+        return self._by_dk
+
+
+async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) -> None:
+    session = ReplicationSession.serve_any(lookup)
+    lock = trio.Lock()
+
+    async def pump() -> None:
+        data = session.data_to_send()
+        if data:
+            async with lock:
+                await stream.send_all(data)
+
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def announcer() -> None:
+                while True:
+                    with trio.move_on_after(ANNOUNCE_POLL_S):
+                        await node.wait_for_data()
+                    session.notify_append()
+                    await pump()
+
+            nursery.start_soon(announcer)
+            await pump()
+            while not session.closed:
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    break
+                session.receive_data(data)
+                await pump()
+            nursery.cancel_scope.cancel()
+    except Exception as exc:  # one peer's failure (a group from the nursery) never stops the port
+        errs = exc.exceptions if isinstance(exc, ExceptionGroup) else (exc,)
+        for e in errs:
+            if isinstance(e, RemoteProtocolError):
+                log.info("replication peer dropped: %s", e)
+            elif not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)):
+                log.warning("replication connection failed", exc_info=e)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def serve_replication(node: Node, host: str, port: int, *,
+                            task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()
+    shown = host if host not in ("0.0.0.0", "::", "") else node.config.advertised[0]
+    node.replication_address = f"{shown}:{bound[1]}"
+    log.info("serving archives over the Hypercore protocol on %s", node.replication_address)
+    task_status.started(listeners)
+    await trio.serve_listeners(partial(_connection, node, _Lookup(node)), listeners)

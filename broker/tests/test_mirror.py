@@ -1,0 +1,229 @@
+"""Mirrors in one process: a writer and a mirror node over loopback.
+
+Discovery through DescribeConfigs, catalog and partition following, Fetch of the same
+bytes from the mirror, NOT_LEADER_OR_FOLLOWER on produce, a topic created later showing
+up, a pinned key that does not match, and equivocation caught by the head probe."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from broker.config import BrokerConfig, ConfigError
+from broker.mirror import MirrorTarget, discover, probe_head
+from broker.server import run
+from broker.tests.conftest import RawClient
+from storage.batch import build_batch
+from storage.follower import Equivocation, FollowerLog
+from storage.hypercore import KeyPair
+from storage.log import FsyncPolicy, PartitionLog
+from storage.replication import PartitionLogSource, ReplicationSession
+
+
+def test_mirror_target_parse() -> None:
+    assert MirrorTarget.parse("h:1") == MirrorTarget("h", 1, None)
+    key = bytes(range(32))
+    assert MirrorTarget.parse(f"h:1@{key.hex()}") == MirrorTarget("h", 1, key)
+    for bad in ("h:1@zz", "h:1@abcd", "nohost"):
+        with pytest.raises(ConfigError):
+            MirrorTarget.parse(bad)
+
+
+async def _start(nursery: trio.Nursery, config: BrokerConfig) -> int:
+    listeners = await nursery.start(run, config)
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def _client(port: int) -> RawClient:
+    return RawClient(await trio.open_tcp_stream("127.0.0.1", port))
+
+
+async def _produce(c: RawClient, topic: str, values: list[bytes]) -> Any:
+    batch = bytes(build_batch(values, timestamp_ms=1_700_000_000_000))
+    return await c.call("produce", 8, {"acks": -1, "timeout": 5000, "transactional_id": None, "topic_data": [
+        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+
+
+async def _hwm(c: RawClient, topic: str) -> tuple[int, int]:
+    r = await c.call("list_offsets", 1, {"replica_id": -1, "topics": [
+        {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+    p = r.topics[0].partitions[0]
+    return p.error_code, p.offset
+
+
+async def _fetch(c: RawClient, topic: str) -> bytes:
+    r = await c.call("fetch", 4, {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 24,
+                                  "isolation_level": 0, "topics": [{"topic": topic, "partitions": [
+                                      {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 24}]}]})
+    return bytes(r.responses[0].partitions[0].records or b"")
+
+
+async def _wait_hwm(c: RawClient, topic: str, want: int) -> None:
+    with trio.fail_after(20):
+        while True:  # polling a remote process's state: no event to wait on
+            if await _hwm(c, topic) == (0, want):
+                return
+            await trio.sleep(0.05)
+
+
+async def test_writer_and_mirror_in_process(tmp_path: Path) -> None:
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        wport = await _start(nursery, wcfg)
+        key, address = await discover("127.0.0.1", wport)
+        assert address is not None and address.startswith("127.0.0.1:")
+        w = await _client(wport)
+        r = await _produce(w, "early", [b"a", b"b", b"c"])
+        assert r.responses[0].partition_responses[0].error_code == 0
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}@{key.hex()}"])
+        mport = await _start(nursery, mcfg)
+        m = await _client(mport)
+        await _wait_hwm(m, "early", 3)
+        assert await _fetch(m, "early") == await _fetch(w, "early")
+        # live: more records, and a topic created after the mirror started
+        await _produce(w, "early", [b"d"])
+        await _produce(w, "late", [b"x", b"y"])
+        await _wait_hwm(m, "early", 4)
+        await _wait_hwm(m, "late", 2)
+        assert await _fetch(m, "late") == await _fetch(w, "late")
+        r = await _produce(m, "late", [b"lost?"])
+        assert r.responses[0].partition_responses[0].error_code == 6  # NOT_LEADER_OR_FOLLOWER
+        assert await _hwm(m, "late") == (0, 2)
+        # a mirror pinned to another key stores nothing
+        other = dataclasses.replace(mcfg, data_dir=tmp_path / "m2", mirrors=[f"127.0.0.1:{wport}@{'ab' * 32}"])
+        oport = await _start(nursery, other)
+        o = await _client(oport)
+        await trio.sleep(1)
+        assert (await _hwm(o, "early"))[0] == 3  # UNKNOWN_TOPIC_OR_PARTITION
+        assert not (tmp_path / "m2" / "__mirrors" / key.hex()).exists()
+        nursery.cancel_scope.cancel()
+
+
+async def test_probe_catches_equivocation(tmp_path: Path) -> None:
+    kp = KeyPair.from_seed(bytes([5]) * 32)
+    honest = PartitionLog.open(tmp_path / "honest", kp, fsync=FsyncPolicy.NEVER)
+    evil = PartitionLog.open(tmp_path / "evil", kp, fsync=FsyncPolicy.NEVER)
+    for i in range(4):
+        honest.append(build_batch([b"h%d" % i], timestamp_ms=1000))
+        evil.append(build_batch([b"e%d" % i], timestamp_ms=1000))
+    honest.commit()
+    evil.commit()
+    follower = FollowerLog.open_replica(tmp_path / "m", kp.public_key)
+    server = ReplicationSession.serve(PartitionLogSource(honest))
+    client = ReplicationSession.follow(honest.key, follower, initiator=True, public_key=kp.public_key)
+    for _ in range(1000):  # sans-I/O: exchange until quiet
+        a, b = client.data_to_send(), server.data_to_send()
+        if not a and not b:
+            break
+        if a:
+            server.receive_data(a)
+        if b:
+            client.receive_data(b)
+    assert follower.high_watermark == 4
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def serve_evil(stream: trio.SocketStream) -> None:
+        s = ReplicationSession.serve_any(lambda dk: PartitionLogSource(evil))
+        try:
+            while True:
+                out = s.data_to_send()
+                if out:
+                    await stream.send_all(out)
+                data = await stream.receive_some(1 << 16)
+                if not data:
+                    return
+                s.receive_data(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve_evil, listeners)
+        with trio.fail_after(10), pytest.raises(Equivocation):
+            await probe_head(f"127.0.0.1:{port}", follower)
+        nursery.cancel_scope.cancel()
+    assert follower.frozen
+    assert follower.high_watermark == 4  # still serves what it verified
+    follower.close()
+    honest.close()
+    evil.close()
+
+
+async def test_mirror_restarted_while_writer_is_down_serves_its_copy(tmp_path: Path) -> None:
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", 0))
+    writer_scope = trio.CancelScope()  # the writer's lifetime
+    async with trio.open_nursery() as outer:
+        writer_nursery_done = trio.Event()
+
+        async def writer_life(task_status: trio.TaskStatus[int]) -> None:
+            with writer_scope:
+                async with trio.open_nursery() as n:
+                    task_status.started(await _start(n, wcfg))
+            writer_nursery_done.set()
+
+        wport = await outer.start(writer_life)
+        w = await _client(wport)
+        await _produce(w, "t", [b"1", b"2"])
+        want = await _fetch(w, "t")
+        # trust on first use: no key given
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}"])
+        with trio.CancelScope() as mirror_scope:
+            async with trio.open_nursery() as n:
+                m = await _client(await _start(n, mcfg))
+                await _wait_hwm(m, "t", 2)
+                mirror_scope.cancel()
+        writer_scope.cancel()  # the writer goes away for good
+        await writer_nursery_done.wait()
+        async with trio.open_nursery() as n:  # the mirror comes back alone
+            m = await _client(await _start(n, mcfg))
+            assert await _hwm(m, "t") == (0, 2)
+            assert await _fetch(m, "t") == want
+            n.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
+
+
+async def test_stock_node_hypercore_replicates_a_partition_from_the_broker(tmp_path: Path) -> None:
+    """The existing Hypercore network can carry our data: npm hypercore 11 dials the
+    broker's --replication-listen port, replicates one partition's archive, verifies
+    every proof and the signed head, and gets exactly the bytes Kafka Fetch serves."""
+    import hashlib
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    from storage.cli import keys_command
+    from storage.tests.test_replication_interop import PEER, _require_node
+
+    node_bin = _require_node()
+    cfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                       replication_listen=("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        wport = await _start(nursery, cfg)
+        _, address = await discover("127.0.0.1", wport)
+        assert address is not None
+        w = await _client(wport)
+        for i in range(5):  # five produces: five batches, five blocks
+            await _produce(w, "t", [b"record %d-%d" % (i, j) for j in range(3)])
+        served = await _fetch(w, "t")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert keys_command(str(cfg.data_dir)) == 0
+        key = next(line.split("\t")[2] for line in out.getvalue().splitlines() if line.startswith("t\t0\t"))
+        with trio.fail_after(60):
+            proc = await trio.run_process(
+                [node_bin, str(PEER), "fetch", address.rsplit(":", 1)[1], key, "5",
+                 hashlib.sha256(served).hexdigest()],
+                capture_stdout=True, capture_stderr=True, check=False)
+        assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
+        result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        assert result["ok"] and result["length"] == 5 and result["bytes"] == len(served)
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,384 @@
+"""A follower archive: a partition log that another node signs (storage/FORMAT.md sec. 10).
+
+Owns `FollowerLog`, the persistent sink of a mirror. It is a `PartitionLog` on the same
+files and format (segments, dense index, tree file, two-slot head file), opened with the
+writer's *public* key only, fsync `always`, and read-only for Kafka: blocks come in
+through `append_block` (each checked against the leaf hash a replication session
+verified), and become visible only when `accept_head` stores a head the writer signed,
+after checking that the blocks read back from our own files reproduce that signed tree.
+The writer's signature is stored verbatim in the head slot, so `verify` of the mirror's
+data dir checks it with the writer's key. We never sign anything: blocks past the last
+accepted head are dropped at close and at recovery (they are fetched again).
+
+Two valid heads that disagree (same length and another tree, a shorter head that is not
+a prefix of ours, or another fork than the one we hold) are equivocation: both heads go
+into the `evidence` file, the archive is frozen (it keeps serving what it holds and
+takes nothing new) and `Equivocation` is raised.
+
+May import the standard library, `storage.log`, `storage.hypercore`, `storage.fs`,
+`storage.errors`, `storage.batch`. Never `broker` or trio.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+
+from storage import batch as B
+from storage.errors import StorageError
+from storage.fs import FileSystem, OsFileSystem
+from storage.hypercore import Frontier, KeyPair, Node, flat_tree, tree_hash, verify_head
+from storage.log import (
+    ENTRY_SIZE,
+    IDX_HEADER_SIZE,
+    CommitJob,
+    FsyncPolicy,
+    Head,
+    LogConfig,
+    PartitionLog,
+    compute_leaf,
+    encode_entry,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLIC_KEY_FILE = "public_key"
+EVIDENCE_FILE = "evidence"
+_BE_I64 = struct.Struct(">q")
+_BE_I32 = struct.Struct(">i")
+
+
+class VerificationFailed(StorageError):
+    """A head or block handed to the follower does not verify: the peer lied; drop it."""
+
+
+class Equivocation(StorageError):
+    """The writer signed two heads that disagree; the archive is frozen."""
+
+
+def _head_json(length: int, fork: int, th: bytes, signature: bytes, roots: Sequence[Node]) -> dict[str, Any]:
+    return {
+        "length": length,
+        "fork": fork,
+        "tree_hash": th.hex(),
+        "signature": signature.hex(),
+        "roots": [[r.index, r.size, r.hash.hex()] for r in roots],
+    }
+
+
+def check_evidence(path: str, public_key: bytes) -> str | None:
+    """A description of the equivocation recorded in archive dir `path` when both heads in
+    its evidence file verify under `public_key` and disagree; None when there is no such
+    evidence (no file, or one that proves nothing)."""
+    from storage.hypercore import archive_key
+
+    try:
+        with open(os.path.join(path, EVIDENCE_FILE)) as f:
+            doc = json.load(f)
+        heads = []
+        for h in doc["heads"][:2]:
+            roots = [Node(int(i), int(s), bytes.fromhex(x)) for i, s, x in h["roots"]]
+            th = tree_hash(roots)
+            sig = bytes.fromhex(h["signature"])
+            ok = (flat_tree.full_roots(2 * int(h["length"])) == [r.index for r in roots]
+                  and verify_head(public_key, archive_key(public_key), th, int(h["length"]),
+                                  int(h["fork"]), sig))
+            if not ok:
+                return None
+            heads.append((int(h["length"]), int(h["fork"]), th))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if len(heads) != 2 or heads[0] == heads[1]:
+        return None
+    (la, fa, _), (lb, fb, _) = heads
+    return f"equivocation: writer signed (length {la}, fork {fa}) and (length {lb}, fork {fb}) that disagree"
+
+
+@dataclass
+class AcceptJob:
+    """A signed head being stored (FollowerLog.prepare_accept / run_accept / finish_accept)."""
+
+    job: CommitJob
+    length: int
+    tree_hash: bytes
+
+
+class FollowerLog(PartitionLog):
+    """A partition archive written by another node. Open with `FollowerLog.open_replica`."""
+
+    def __init__(self, path: str, keypair: KeyPair, policy: FsyncPolicy, config: LogConfig,
+                 fs: FileSystem) -> None:
+        super().__init__(path, keypair, policy, config, fs)
+        self._accepting = False  # only accept_head's own prepare_commit may build a job
+        self.frozen: str | None = None  # set: equivocation evidence on disk, take nothing
+
+    @classmethod
+    def open_replica(cls, path: str | os.PathLike[str], public_key: bytes, *,
+                     config: LogConfig | None = None, fs: FileSystem | None = None) -> FollowerLog:
+        """Open (create) the follower archive of the writer key `public_key` at `path`.
+        The key is recorded in `public_key` on first open; another key is refused."""
+        fs = fs or OsFileSystem()
+        p = os.fspath(path)
+        fs.makedirs(p)
+        kpath = os.path.join(p, PUBLIC_KEY_FILE)
+        if fs.exists(kpath):
+            if fs.read_file(kpath) != public_key:
+                raise VerificationFailed(f"{p} holds the archive of another key")
+        else:
+            fs.write_file_atomic(kpath, bytes(public_key))
+        # No secret key: signing would fail loudly, and nothing here ever signs.
+        lg = cast(FollowerLog, cls.open(p, KeyPair(bytes(public_key), b""),
+                                        fsync=FsyncPolicy.ALWAYS, config=config, fs=fs))
+        if fs.exists(os.path.join(p, EVIDENCE_FILE)):
+            lg.frozen = "equivocation evidence on disk"
+            log.error("%s: frozen: %s", p, lg.frozen)
+        return lg
+
+    # ------------------------------------------------------------------ never sign
+
+    def prepare_commit(self, *, force_sync: bool = False) -> CommitJob | None:
+        """Only `accept_head` (with the writer's signature) and shutdown/recovery (which
+        rewrite the last accepted head) build jobs; the broker's commit loop gets None."""
+        if not (self._accepting or force_sync):
+            return None
+        if not self._accepting:
+            self._drop_unsigned_tail()
+        return super().prepare_commit(force_sync=force_sync)
+
+    def commit(self, *, force_sync: bool = False) -> Head | None:
+        if not self._accepting:
+            self._drop_unsigned_tail()
+        return super().commit(force_sync=force_sync)
+
+    def apply_retention(self, now_ms: int) -> int:
+        return 0  # a mirror keeps what its writer signed (retention of mirrors: not yet)
+
+    def _drop_unsigned_tail(self) -> None:
+        """Forget blocks past the last accepted head (never signed by us, fetched again)."""
+        keep = self._published_length
+        if self._next_leaf <= keep or self._job is not None:
+            return
+        fs = self.fs
+        while len(self._segments) > 1 and self._segments[-1].first_leaf >= keep:
+            seg = self._segments.pop()
+            self._drop_segment_files(seg)
+        if self._segments:
+            seg = self._segments[-1]
+            n = max(0, keep - seg.first_leaf)
+            if n < seg.count:
+                end = int(seg.positions[n]) if n < seg.count else seg.log_size
+                self._truncate_entries(seg, n)
+                fs.ftruncate(seg.log_fd, end)
+                seg.log_size = end
+        self._segments_ready()
+        self._pending = []
+        self._pending_nodes = []
+        self._next_leaf = keep
+        self.log_end_offset = self._segments[-1].next_offset() if self._segments else self.log_start_offset
+        self._leaf_ok = self._leaf_ok[: max(0, keep - self._leaf_ok_base)]
+        head = self._head
+        self._frontier = Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
+
+    # ------------------------------------------------------------------ sink side
+
+    def discard_unsigned(self) -> None:
+        """Drop blocks delivered past the last stored head (a session that ended before
+        their head arrived); a new session fetches them again from `verified_tree()`."""
+        self._drop_unsigned_tail()
+
+    def verified_tree(self) -> Frontier:
+        """The tree of the last accepted head (a replication follower's `have`)."""
+        head = self._head
+        return Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
+
+    def append_block(self, index: int, value: bytes, leaf_hash: bytes) -> None:
+        """Store block `index` (the next one), which a replication session verified to hash
+        to `leaf_hash` under a signed head. Invisible until `accept_head` covers it."""
+        if self.frozen:
+            raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
+        self._check_writable()
+        if index != self._next_leaf:
+            raise StorageError(f"block {index} out of order (have {self._next_leaf})")
+        # The session hashed `value` to `leaf_hash` when it verified the proof; hashing it
+        # again here would only cost time: accept_head rehashes what it reads back from
+        # our files and refuses to publish unless that reproduces the signed tree.
+        size = len(value)
+        if size < B.HEADER_SIZE or value[B.MAGIC_AT] != B.MAGIC:
+            raise VerificationFailed(f"block {index} is not a record batch v2")
+        base = _BE_I64.unpack_from(value, B.BASE_OFFSET)[0]
+        if base != self.log_end_offset:
+            raise VerificationFailed(f"block {index} starts at offset {base}, expected {self.log_end_offset}")
+        epoch = _BE_I32.unpack_from(value, B.LEADER_EPOCH)[0]
+        buf = bytearray(value)
+        self.append(buf, leader_epoch=epoch)  # rewrites the same base offset and epoch
+        if buf != value:  # cannot happen (checked above); never store other bytes than signed
+            raise StorageError("append changed a replicated batch")
+
+    def accept_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
+        """Store and publish the writer's signed head over our first `length` blocks.
+        True when the high watermark moved. Raises VerificationFailed (bad head),
+        Equivocation (conflicting valid heads; frozen), StorageError (our own files do not
+        reproduce the verified tree: the log is poisoned and must be reopened).
+        `prepare_accept` + `run_accept` + `finish_accept` in a row."""
+        job = self.prepare_accept(length, fork, signature, roots)
+        if job is None:
+            return False
+        self.run_accept(job)
+        self.finish_accept(job)
+        return True
+
+    def prepare_accept(self, length: int, fork: int, signature: bytes,
+                       roots: Sequence[Node]) -> AcceptJob | None:
+        """Owner thread, cheap: check the head and snapshot the blocks it covers. None when
+        it is not newer than ours. Blocks may keep arriving while the job runs."""
+        if self.frozen:
+            raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
+        self._check_writable()
+        roots = list(roots)
+        if not self.check_conflict(length, fork, signature, roots):
+            return None
+        if length > self._next_leaf:
+            raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
+        self._fork = fork
+        n_tail = self._next_leaf - length
+        if n_tail > len(self._pending):
+            raise StorageError("blocks under the new head were already committed")
+        cut = len(self._pending) - n_tail
+        tail = self._pending[cut:]
+        self._pending = self._pending[:cut]
+        next_offset = tail[0][3] if tail else self.log_end_offset
+        self._accepting = True
+        try:
+            job = self.prepare_commit(force_sync=True)
+        finally:
+            self._accepting = False
+            self._pending = tail + self._pending
+        if job is None:  # pragma: no cover - new blocks always make a job
+            return None
+        job.next_offset = next_offset
+        job.remote_signature = signature
+        return AcceptJob(job, length, tree_hash(roots))
+
+    def run_accept(self, aj: AcceptJob) -> None:
+        """Any thread: read the covered blocks back from our files, hash them, check they
+        reproduce the signed tree, write index, tree nodes and the head slot, fsync."""
+        job = aj.job
+        try:
+            job._hash_pending()  # what we hash is read back from our files
+            if job.frontier.length != aj.length or job.frontier.tree_hash() != aj.tree_hash:
+                raise StorageError(f"{self.path}: stored blocks do not reproduce the signed "
+                                   f"head at length {aj.length}")
+            job.run()
+        except BaseException as exc:
+            self._poisoned = exc
+            raise
+
+    def finish_accept(self, aj: AcceptJob) -> None:
+        """Owner thread, after run_accept: publish (the high watermark moves), or forget a
+        job whose run failed (the log is poisoned then)."""
+        if not aj.job.done:
+            self.abandon(aj.job)
+            raise StorageError(f"{self.path}: head at length {aj.length} was not stored")
+        self.publish(aj.job)
+
+    def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
+        """Verify a head the writer signed against what we hold without storing it: raises
+        VerificationFailed (bad signature) or Equivocation (it disagrees with our head:
+        evidence written, frozen). True when it is newer than our head (worth storing)."""
+        if self.frozen:
+            raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
+        roots = list(roots)
+        th = tree_hash(roots)
+        if flat_tree.full_roots(2 * length) != [r.index for r in roots] or (
+                length and not verify_head(self.public_key, self.key, th, length, fork, signature)):
+            raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
+        cur = self._head
+        if cur is not None and cur.length:
+            if fork != cur.fork:
+                self._equivocation(cur, length, fork, th, signature, roots,
+                                   f"head on fork {fork}, we hold fork {cur.fork}")
+            if length == cur.length:
+                if th != cur.tree_hash:
+                    self._equivocation(cur, length, fork, th, signature, roots,
+                                       f"two trees signed at length {length}")
+                return False
+            if length < cur.length:
+                ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
+                if all(n is not None for n in ours) and tree_hash(cast(list[Node], ours)) != th:
+                    self._equivocation(cur, length, fork, th, signature, roots,
+                                       f"signed head at length {length} is not a prefix of ours")
+                return False
+        elif length == 0:
+            return False
+        return True
+
+    def _equivocation(self, cur: Head, length: int, fork: int, th: bytes, signature: bytes,
+                      roots: Sequence[Node], why: str) -> NoReturn:
+        doc = {
+            "reason": why,
+            "detected_ms": int(time.time() * 1000),
+            "heads": [
+                _head_json(cur.length, cur.fork, cur.tree_hash, cur.signature, cur.roots),
+                _head_json(length, fork, th, signature, roots),
+            ],
+        }
+        self.fs.write_file_atomic(os.path.join(self.path, EVIDENCE_FILE),
+                                  json.dumps(doc, indent=1).encode())
+        self.frozen = why
+        log.error("%s: EQUIVOCATION by the writer (%s); archive frozen, both heads kept in %s",
+                  self.path, why, EVIDENCE_FILE)
+        raise Equivocation(f"{self.path}: {why}")
+
+    # ArchiveSink (storage.replication.sources): a replication follower delivers here.
+    def put_block(self, index: int, value: bytes, leaf: Node) -> None:
+        self.append_block(index, value, leaf.hash)
+
+    def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:
+        self.accept_head(length, fork, signature, roots)
+
+    # ------------------------------------------------------------------ repair
+
+    def bad_block(self) -> int | None:
+        """The block of the first stored batch that failed authentication on read, if any."""
+        bad = self._bad_offset
+        if bad is None or not self._segments:
+            return None
+        seg, k = self._find(bad)
+        return seg.first_leaf + k
+
+    def repair_block(self, index: int, value: bytes) -> None:
+        """Overwrite stored block `index` with `value`, which a replication session verified
+        against our signed head. The next read authenticates it again."""
+        if not self._min_index <= index < self._published_length:
+            raise KeyError(index)
+        seg, k = self._locate_leaf(index)
+        size = seg.size_of(k)
+        if len(value) != size:
+            raise VerificationFailed(f"repair of block {index}: {len(value)} bytes, stored {size}")
+        pos = int(seg.positions[k])
+        base = _BE_I64.unpack_from(value, B.BASE_OFFSET)[0]
+        if base != int(seg.bases[k]):
+            raise VerificationFailed(f"repair of block {index}: base offset {base}")
+        delta = _BE_I32.unpack_from(value, B.LAST_OFFSET_DELTA)[0]
+        max_ts = _BE_I64.unpack_from(value, B.MAX_TIMESTAMP)[0]
+        entry = encode_entry(base, max_ts, pos, size, delta, compute_leaf(value, size))
+        self.fs.pwrite_all(seg.log_fd, value, pos)
+        self.fs.pwrite_all(seg.idx_fd, entry, IDX_HEADER_SIZE + k * ENTRY_SIZE)
+        seg.entries[k * ENTRY_SIZE : (k + 1) * ENTRY_SIZE] = entry
+        self.fs.fsync(seg.log_fd)
+        self.fs.fsync(seg.idx_fd)
+        li = index - self._leaf_ok_base
+        if 0 <= li < len(self._leaf_ok):
+            self._leaf_ok[li] = 0
+        if self._bad_offset == base:
+            self._bad_offset = None
+        log.warning("%s: block %d (offset %d) was damaged on disk; fetched again and verified",
+                    self.path, index, base)
+
+

@@ -1,0 +1,368 @@
+"""FollowerLog: a persistent mirror archive fed by a replication session.
+
+Covers: catch-up and live heads from a real PartitionLog writer, the writer's signature
+kept (offline verify with the writer's key), crash safety (blocks past the last head are
+dropped, not signed), a tampered block refused on read and fetched again, a peer signing
+with another key refused, and equivocation frozen with evidence on disk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from storage.errors import CorruptBatch, StorageError
+from storage.follower import (
+    EVIDENCE_FILE,
+    Equivocation,
+    FollowerLog,
+    VerificationFailed,
+    check_evidence,
+)
+from storage.hypercore import KeyPair, archive_key
+from storage.log import FsyncPolicy, PartitionLog
+from storage.replication import (
+    PartitionLogSource,
+    RemoteProtocolError,
+    ReplicationSession,
+)
+from storage.tests.storage_testutil import make_batch
+from storage.verify import verify_partition
+
+KP = KeyPair.from_seed(bytes([3]) * 32)
+OTHER = KeyPair.from_seed(bytes([4]) * 32)
+
+
+def _writer(path: Path, n: int, kp: KeyPair = KP, seed: int = 0) -> PartitionLog:
+    w = PartitionLog.open(path, kp, fsync=FsyncPolicy.NEVER)
+    for i in range(n):
+        w.append(make_batch(3, 40, ts=1000 + i, seed=seed * 1000 + i))
+        if i % 7 == 6:
+            w.commit()
+    w.commit()
+    return w
+
+
+def _pump(a: ReplicationSession, b: ReplicationSession) -> None:
+    for _ in range(100_000):
+        da, db = a.data_to_send(), b.data_to_send()
+        if not da and not db:
+            return
+        if da:
+            b.receive_data(da)
+        if db:
+            a.receive_data(db)
+    raise AssertionError("sessions did not go quiet")
+
+
+def _sync(writer: PartitionLog, follower: FollowerLog, live: bool = False,
+          lookup: bool = False) -> tuple[ReplicationSession, ReplicationSession]:
+    src = PartitionLogSource(writer)
+    if lookup:
+        server = ReplicationSession.serve_any(
+            lambda dk: src if dk == ReplicationSession.serve(src).discovery_key else None)
+    else:
+        server = ReplicationSession.serve(src)
+    client = ReplicationSession.follow(writer.key, follower, initiator=True, live=live,
+                                       have=follower.verified_tree())
+    _pump(client, server)
+    return server, client
+
+
+def _all(lg: PartitionLog) -> bytes:
+    out = b""
+    off = lg.log_start_offset
+    while off < lg.high_watermark:
+        r = lg.read(off, 1 << 20)
+        out += r.read()
+        off = r.end_offset
+    return out
+
+
+def test_catch_up_live_and_verify_offline(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 20)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    server, client = _sync(w, f, live=True, lookup=True)
+    assert f.high_watermark == w.high_watermark > 0
+    assert _all(f) == _all(w)
+    # live: the writer appends, the server announces, the follower catches up
+    for i in range(5):
+        w.append(make_batch(2, 10, seed=500 + i))
+    w.commit()
+    server.notify_append()
+    _pump(client, server)
+    assert f.high_watermark == w.high_watermark
+    assert _all(f) == _all(w)
+    assert f.head is not None and f.head.signature == w.head.signature  # type: ignore[union-attr]
+    f.close()
+    res = verify_partition(str(tmp_path / "m"), KP.public_key)
+    assert res.ok and res.signed_length == 25, res
+    # the follower is read-only for Kafka: it cannot sign
+    f2 = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert f2.prepare_commit() is None
+    assert _all(f2) == _all(w)
+    f2.close()
+    w.close()
+
+
+def test_resume_after_restart_fetches_only_the_rest(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 10)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    f.close()
+    for i in range(4):
+        w.append(make_batch(1, 10, seed=900 + i))
+    w.commit()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _, client = _sync(w, f)
+    assert client.stats.blocks == 4
+    assert _all(f) == _all(w)
+    f.close()
+    w.close()
+
+
+def test_blocks_past_the_head_are_dropped_at_reopen_not_signed(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 6)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(4):  # blocks delivered but the head (length 6) never arrived: a crash
+        f.put_block(i, w.block(i), _leaf(w, i))
+    assert f.high_watermark == 0
+    f._close_fds()  # simulate a crash: no close(), nothing committed
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert f.length == 0 and f.high_watermark == 0
+    _sync(w, f)
+    assert _all(f) == _all(w)
+    f.close()
+    assert verify_partition(str(tmp_path / "m"), KP.public_key).ok
+    w.close()
+
+
+def _leaf(w: PartitionLog, i: int):  # type: ignore[no-untyped-def]
+    n = w.node(2 * i)
+    assert n is not None
+    return n
+
+
+def test_bad_block_or_head_refused(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 3)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    with pytest.raises(VerificationFailed):  # not a batch
+        f.append_block(0, b"x" * 30, _leaf(w, 0).hash)
+    with pytest.raises(VerificationFailed):  # not the next offset
+        f.append_block(0, w.block(1), _leaf(w, 1).hash)
+    for i in range(3):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    head = w.head
+    assert head is not None
+    with pytest.raises(VerificationFailed):
+        f.accept_head(3, 0, bytes(68), head.roots)
+    assert f.high_watermark == 0
+    assert f.accept_head(3, 0, head.signature, head.roots)
+    assert f.high_watermark == w.high_watermark
+    f.close()
+    w.close()
+
+
+def test_another_key_is_refused(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 3, kp=OTHER)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    src = PartitionLogSource(w)
+    server = ReplicationSession.serve(src)
+    # we ask for KP's archive; the peer only holds OTHER's: it rejects the channel
+    client = ReplicationSession.follow(archive_key(KP.public_key), f, initiator=True)
+    with pytest.raises(RemoteProtocolError):
+        _pump(client, server)
+    assert f.high_watermark == 0 and f.length == 0
+    # a sink of KP fed with OTHER's head: the head does not verify
+    for i in range(3):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    head = w.head
+    assert head is not None
+    with pytest.raises(VerificationFailed):
+        f.accept_head(3, 0, head.signature, head.roots)
+    # reopening a follower dir under another key is refused
+    f.close()
+    with pytest.raises(VerificationFailed):
+        FollowerLog.open_replica(tmp_path / "m", OTHER.public_key)
+    w.close()
+
+
+def test_tampered_block_refused_then_fetched_again(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 12)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    want = _all(w)
+    f.close()
+    # flip a byte inside a record of block 5 on the mirror's disk, CRC left wrong or right
+    seg = os.path.join(tmp_path / "m", "00000000000000000000.log")
+    pos = sum(len(w.block(i)) for i in range(5)) + 70
+    with open(seg, "r+b") as fh:
+        fh.seek(pos)
+        b = fh.read(1)
+        fh.seek(pos)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    with pytest.raises(CorruptBatch):
+        _all(f)
+    bad = f.bad_block()
+    assert bad == 5
+    # fetch it again over the protocol, verified against our own signed head
+    server = ReplicationSession.serve(PartitionLogSource(w))
+    client = ReplicationSession.follow(w.key, f, initiator=True, live=True, have=f.verified_tree(),
+                                       public_key=KP.public_key)
+    _pump(client, server)
+    client.refetch(bad)
+    _pump(client, server)
+    assert f.bad_block() is None
+    assert _all(f) == want
+    f.close()
+    assert verify_partition(str(tmp_path / "m"), KP.public_key).ok
+    w.close()
+
+
+def test_equivocation_same_length_freezes_with_evidence(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 5)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    hw = f.high_watermark
+    # the same key signs another history of the same length
+    evil = _writer(tmp_path / "evil", 5, seed=7)
+    eh = evil.head
+    assert eh is not None and eh.length == 5 and eh.tree_hash != f.head.tree_hash  # type: ignore[union-attr]
+    with pytest.raises(Equivocation):
+        f.accept_head(5, 0, eh.signature, eh.roots)
+    assert f.frozen
+    assert f.high_watermark == hw  # keeps serving what it verified
+    with pytest.raises(Equivocation):
+        f.append_block(5, w.block(0), _leaf(w, 0).hash)
+    f.close()
+    path = str(tmp_path / "m")
+    assert os.path.exists(os.path.join(path, EVIDENCE_FILE))
+    assert check_evidence(path, KP.public_key) is not None
+    assert check_evidence(path, OTHER.public_key) is None  # evidence must verify
+    again = FollowerLog.open_replica(path, KP.public_key)
+    assert again.frozen
+    again.close()
+    w.close()
+    evil.close()
+
+
+def test_equivocation_other_fork_and_non_prefix(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 8)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    evil = _writer(tmp_path / "evil", 4, seed=9)  # shorter, another history
+    eh = evil.head
+    assert eh is not None
+    with pytest.raises(Equivocation):
+        f.accept_head(eh.length, eh.fork, eh.signature, eh.roots)
+    f.close()
+    w.close()
+    evil.close()
+
+
+def test_public_key_learned_from_manifest_even_when_empty(tmp_path: Path) -> None:
+    from storage.replication import MemoryArchive
+
+    for n in (0, 3):
+        w = _writer(tmp_path / f"w{n}", n)
+        server = ReplicationSession.serve(PartitionLogSource(w))
+        client = ReplicationSession.follow(w.key, MemoryArchive(KP.public_key), initiator=True)
+        _pump(client, server)
+        assert client.public_key == KP.public_key
+        w.close()
+
+
+def test_verify_command_checks_mirrors_and_reports_equivocation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from storage.cli import verify_command
+    from storage.store import CATALOG_DIR, MIRRORS_DIR, Store
+
+    w = Store.open(tmp_path / "w", fsync=FsyncPolicy.NEVER)
+    w.create_topic("t", 1, {})
+    plog = w.log("t", 0)
+    for i in range(4):
+        plog.append(make_batch(2, 20, seed=i))
+    plog.commit()
+    m = Store.open(tmp_path / "m")
+    m.close()
+    base = tmp_path / "m" / MIRRORS_DIR / w.node_public_key.hex()
+    cat = FollowerLog.open_replica(base / CATALOG_DIR, w.node_public_key)
+    _sync(w.catalog_log, cat)
+    part = FollowerLog.open_replica(base / "t-0", plog.public_key)
+    _sync(plog, part)
+    cat.close()
+    assert verify_command(str(tmp_path / "m"), None) == 0
+    out = capsys.readouterr().out
+    assert f"ok mirror:{w.node_public_key.hex()[:16]}/t 0 4 blocks, 4 signed" in out
+    # the writer's key signs a second history at the same length: evidence, frozen, BAD
+    evil = PartitionLog.open(tmp_path / "evil", w.partition_keypair("t", 0), fsync=FsyncPolicy.NEVER)
+    for i in range(4):
+        evil.append(make_batch(2, 20, seed=100 + i))
+    evil.commit()
+    eh = evil.head
+    assert eh is not None
+    with pytest.raises(Equivocation):
+        part.accept_head(eh.length, eh.fork, eh.signature, eh.roots)
+    part.close()
+    assert verify_command(str(tmp_path / "m"), None) == 1
+    out = capsys.readouterr().out
+    assert "BAD mirror:" in out and "equivocation" in out
+    evil.close()
+    w.close()
+
+
+def test_wrong_bytes_never_published(tmp_path: Path) -> None:
+    """Blocks whose bytes differ from what the head signs (a lying session, or a disk
+    that changed them between write and read-back) never become visible."""
+    w = _writer(tmp_path / "w", 3)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    forged = bytearray(w.block(2))
+    forged[-1] ^= 1
+    for i in range(2):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    f.append_block(2, bytes(forged), _leaf(w, 2).hash)
+    head = w.head
+    assert head is not None
+    with pytest.raises(StorageError):
+        f.accept_head(3, 0, head.signature, head.roots)
+    assert f.high_watermark == 0
+    f._close_fds()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)  # recovery drops the tail
+    assert f.length == 0 and f.high_watermark == 0
+    _sync(w, f)
+    assert _all(f) == _all(w)
+    f.close()
+    w.close()
+
+
+def test_interrupted_session_resumes_after_discarding_unsigned_blocks(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 9)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(5):  # a session delivered 5 blocks, then the connection dropped
+        f.put_block(i, w.block(i), _leaf(w, i))
+    f.discard_unsigned()
+    assert f.length == 0
+    _sync(w, f)
+    assert _all(f) == _all(w)
+    f.close()
+    w.close()
+
+
+def test_a_fork_we_did_not_agree_to_freezes(tmp_path: Path) -> None:
+    from storage.hypercore import sign_head
+
+    w = _writer(tmp_path / "w", 4)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    head = w.head
+    assert head is not None
+    # the same tree, validly signed under fork 1 (what a writer's truncate would bring)
+    sig = sign_head(KP, w.key, head.tree_hash, head.length, 1)
+    with pytest.raises(Equivocation):
+        f.accept_head(head.length, 1, sig, head.roots)
+    assert f.frozen and "fork" in f.frozen
+    assert check_evidence(str(tmp_path / "m"), KP.public_key) is not None
+    f.close()
+    w.close()
