@@ -117,7 +117,7 @@ def parse_rule(key: str, value: str) -> Rule:
             operation = None
         if operation is None or operation not in valid:
             names = ", ".join(sorted(o.value for o in valid))
-            raise RuleError(f"hyperkafka.acl.{key}: unknown {resource.value} operation {op!r} ({names}, all)")
+            raise RuleError(f"hyperkafka.acl.{key}: unknown operation {op!r} for a {resource.value} ({names}, all)")
         ops.add(operation)
     principals = frozenset(p.strip() for p in value.split(";") if p.strip())
     for p in principals:
