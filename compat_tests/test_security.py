@@ -12,13 +12,17 @@ and reads the records back over the same one. Then the refusals: a wrong passwor
 an unknown user (SASL_AUTHENTICATION_FAILED), a client without (or with a foreign)
 certificate on the mTLS listener (TLS handshake refused), a read-only principal producing
 (TOPIC_AUTHORIZATION_FAILED), an anonymous idempotent producer
-(CLUSTER_AUTHORIZATION_FAILED); after each, the writer still works. Last, 2,000 idle
-connections and a request trickled a byte a second leave the broker serving others.
+(CLUSTER_AUTHORIZATION_FAILED); after each, the writer still works. A principal
+without rights on a consumer group (`sec-team-*` is writer's only) gets
+GROUP_AUTHORIZATION_FAILED while writer consumes in that group, and a topic the
+principal may not read is missing from its topic list. Last, 2,000 idle connections and
+a request trickled a byte a second leave the broker serving others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import resource
 import selectors
@@ -66,6 +70,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
             # reader may write its own topics: its idempotent producer gets an id
             # (Kafka: WRITE on any topic), and its writes elsewhere are refused per topic.
             "hyperkafka.acl.topic.reader-own-.write": "User:reader",
+            "hyperkafka.acl.group.sec-team-*.read": "User:writer",
         },
     )
     try:
@@ -299,6 +304,76 @@ def test_anonymous_may_read_but_not_write(secure: SecureBroker) -> None:
     public = "sec-public"
     assert py_client("confluent", "produce", {**spec(secure, "SASL_PLAINTEXT", "SCRAM-SHA-256"), "tag": public}, public, 2)["ok"]
     assert py_client("confluent", "consume", spec(secure, "SSL", None), public, 2)["ok"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.matrix("security refusal: group without rights, hidden topic", client="confluent")
+def test_group_rights_and_hidden_topics(secure: SecureBroker) -> None:
+    harness.require(importlib.util.find_spec("confluent_kafka") is not None, "confluent-kafka is not installed")
+    from confluent_kafka import Consumer, KafkaError, Producer
+
+    def conf(listener: str, mechanism: str | None, user: str = "writer") -> dict[str, Any]:
+        s = spec(secure, listener, mechanism, user=user)
+        c: dict[str, Any] = {"bootstrap.servers": s["bootstrap"], "security.protocol": s["protocol"]}
+        if mechanism:
+            c.update({"sasl.mechanism": mechanism, "sasl.username": s["user"], "sasl.password": s["password"]})
+        return c
+
+    writer = conf("SASL_PLAINTEXT", "SCRAM-SHA-256")
+    topic, hidden, group = "sec-grouped", "private-sec-hidden", "sec-team-a"
+    p = Producer(writer)
+    for t in (topic, topic, hidden):
+        p.produce(t, b"v")
+    assert p.flush(15) == 0
+
+    def consumer(c: dict[str, Any]) -> Any:
+        consumer = Consumer({**c, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False, "session.timeout.ms": 6000})
+        consumer.subscribe([topic])
+        return consumer
+
+    member = consumer(writer)
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 2 and time.monotonic() < deadline:
+        m = member.poll(0.5)
+        if m is not None:
+            assert m.error() is None, m.error()
+            got.append(m.value())
+    assert got == [b"v", b"v"]
+    member.commit(asynchronous=False)  # raises on a refused commit
+
+    # reader may read every topic, but this group is writer's only.
+    outsider = consumer(conf("SASL_PLAINTEXT", "SCRAM-SHA-512", user="reader"))
+    error = None
+    deadline = time.monotonic() + 15
+    while error is None and time.monotonic() < deadline:
+        m = outsider.poll(0.5)
+        if m is not None and m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
+            error = m.error()
+    outsider.close()
+    assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
+    assert f"on group '{group}' to User:reader" in secure.broker.log_tail(400)
+    # The member kept its place: it still consumes and commits in its group.
+    p.produce(topic, b"later")
+    assert p.flush(15) == 0
+    m = None
+    deadline = time.monotonic() + 15
+    while m is None and time.monotonic() < deadline:
+        m = member.poll(0.5)
+    assert m is not None and m.error() is None and m.value() == b"later"
+    member.commit(asynchronous=False)
+    member.close()
+
+    # A topic anonymous may not read is not listed to it, and naming it is refused.
+    anon = Consumer({**conf("PLAINTEXT", None), "group.id": "sec-lister"})
+    listed = anon.list_topics(timeout=10).topics
+    assert topic in listed and hidden not in listed
+    named = anon.list_topics(hidden, timeout=10).topics[hidden]
+    assert named.error is not None and named.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    anon.close()
+    w = Consumer({**writer, "group.id": "sec-lister"})
+    assert hidden in w.list_topics(timeout=10).topics
+    w.close()
 
 
 # ---------------------------------------------------------------------------- hostile clients
