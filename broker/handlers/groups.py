@@ -62,13 +62,12 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
     # The coordinator's address on the listener this request came in on, as Metadata.
     host, port = ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
     key_type = field_of(req, "key_type", GROUP_KEY)
-    if key_type == GROUP_KEY:
-        node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here
 
     def one(key: str) -> dict[str, Any]:
         if key_type == GROUP_KEY and not authorize_group(ctx, Operation.DESCRIBE, key):
             return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": "Group authorization failed."}
         if key_type == GROUP_KEY:
+            node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here, once authorized
             return {"key": key, "node_id": node.config.node_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}
         error = codes.COORDINATOR_NOT_AVAILABLE if key_type == TRANSACTION_KEY else codes.INVALID_REQUEST
         message = "Transactions are not supported by this broker" if key_type == TRANSACTION_KEY else f"Unknown key type {key_type}"
