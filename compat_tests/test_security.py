@@ -12,13 +12,17 @@ and reads the records back over the same one. Then the refusals: a wrong passwor
 an unknown user (SASL_AUTHENTICATION_FAILED), a client without (or with a foreign)
 certificate on the mTLS listener (TLS handshake refused), a read-only principal producing
 (TOPIC_AUTHORIZATION_FAILED), an anonymous idempotent producer
-(CLUSTER_AUTHORIZATION_FAILED); after each, the writer still works. Last, 2,000 idle
-connections and a request trickled a byte a second leave the broker serving others.
+(CLUSTER_AUTHORIZATION_FAILED); after each, the writer still works. A principal
+without rights on a consumer group (`sec-team-*` is writer's only) gets
+GROUP_AUTHORIZATION_FAILED while writer consumes in that group, and a topic the
+principal may not read is missing from its topic list. Last, 2,000 idle connections and
+a request trickled a byte a second leave the broker serving others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import resource
 import selectors
@@ -66,6 +70,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
             # reader may write its own topics: its idempotent producer gets an id
             # (Kafka: WRITE on any topic), and its writes elsewhere are refused per topic.
             "hyperkafka.acl.topic.reader-own-.write": "User:reader",
+            "hyperkafka.acl.group.sec-team-*.read": "User:writer",
         },
     )
     try:
@@ -293,12 +298,87 @@ def test_anonymous_may_read_but_not_write(secure: SecureBroker) -> None:
     topic = "private-sec"
     assert py_client("confluent", "produce", {**spec(secure, "SASL_PLAINTEXT", "PLAIN"), "tag": topic}, topic, 1)["ok"]
     r = py_client("confluent", "consume", plain, topic, 1, timeout=6)
-    assert not r["ok"] and r["error"] == TOPIC_AUTHZ, r
+    # Anonymous may not DESCRIBE the topic either, so Metadata refuses it and librdkafka,
+    # with an assigned partition, waits without surfacing an error (as against Kafka).
+    assert not r["ok"] and r["error"] in (TOPIC_AUTHZ, "TIMEOUT") and r.get("n", 0) == 0, r
+    assert f"denied describe on topic '{topic}' to User:ANONYMOUS" in secure.broker.log_tail(400)
     assert py_client("confluent", "consume", spec(secure, "SASL_SSL", "SCRAM-SHA-512", user="reader"), topic, 1)["ok"]
     # TLS without a client certificate is anonymous too: it reads public topics.
     public = "sec-public"
     assert py_client("confluent", "produce", {**spec(secure, "SASL_PLAINTEXT", "SCRAM-SHA-256"), "tag": public}, public, 2)["ok"]
     assert py_client("confluent", "consume", spec(secure, "SSL", None), public, 2)["ok"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.matrix("security refusal: group without rights, hidden topic", client="confluent")
+def test_group_rights_and_hidden_topics(secure: SecureBroker) -> None:
+    harness.require(importlib.util.find_spec("confluent_kafka") is not None, "confluent-kafka is not installed")
+    from confluent_kafka import Consumer, KafkaError, Producer
+
+    def conf(listener: str, mechanism: str | None, user: str = "writer") -> dict[str, Any]:
+        s = spec(secure, listener, mechanism, user=user)
+        c: dict[str, Any] = {"bootstrap.servers": s["bootstrap"], "security.protocol": s["protocol"]}
+        if mechanism:
+            c.update({"sasl.mechanism": mechanism, "sasl.username": s["user"], "sasl.password": s["password"]})
+        return c
+
+    writer = conf("SASL_PLAINTEXT", "SCRAM-SHA-256")
+    topic, hidden, group = "sec-grouped", "private-sec-hidden", "sec-team-a"
+    p = Producer(writer)
+    for t in (topic, topic, hidden):
+        p.produce(t, b"v")
+    assert p.flush(15) == 0
+
+    def poll_until(c: Any, done: Any, seconds: float) -> list[Any]:
+        seen: list[Any] = []
+        deadline = time.monotonic() + seconds
+        while not done(seen) and time.monotonic() < deadline:
+            if (m := c.poll(0.5)) is not None:
+                seen.append(m)
+        return seen
+
+    def refusals(seen: list[Any]) -> list[int]:
+        return [m.error().code() for m in seen if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF]
+
+    with contextlib.ExitStack() as stack:
+
+        def consumer(c: dict[str, Any], group_id: str = group) -> Any:
+            opened = Consumer({**c, "group.id": group_id, "auto.offset.reset": "earliest", "enable.auto.commit": False, "session.timeout.ms": 6000})
+            stack.callback(_close_quietly, opened)  # a failed check must not leave it retrying
+            return opened
+
+        member = consumer(writer)
+        member.subscribe([topic])
+        seen = poll_until(member, lambda s: len(s) >= 2, 20)
+        assert [(m.error(), m.value()) for m in seen] == [(None, b"v"), (None, b"v")]
+        member.commit(asynchronous=False)  # raises on a refused commit
+
+        # reader may read every topic, but this group is writer's only.
+        outsider = consumer(conf("SASL_PLAINTEXT", "SCRAM-SHA-512", user="reader"))
+        outsider.subscribe([topic])
+        seen = poll_until(outsider, refusals, 15)
+        assert refusals(seen)[:1] == [KafkaError.GROUP_AUTHORIZATION_FAILED], [m.error() for m in seen]
+        assert f"on group '{group}' to User:reader" in secure.broker.log_tail(400)
+
+        # The member kept its place: it still consumes and commits in its group.
+        p.produce(topic, b"later")
+        assert p.flush(15) == 0
+        seen = poll_until(member, bool, 15)
+        assert [(m.error(), m.value()) for m in seen] == [(None, b"later")]
+        member.commit(asynchronous=False)
+
+        # A topic anonymous may not read is not listed to it, and naming it is refused.
+        anon = consumer(conf("PLAINTEXT", None), "sec-lister")
+        listed = anon.list_topics(timeout=10).topics
+        assert topic in listed and hidden not in listed
+        named = anon.list_topics(hidden, timeout=10).topics[hidden]
+        assert named.error is not None and named.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        assert hidden in consumer(writer, "sec-lister").list_topics(timeout=10).topics
+
+
+def _close_quietly(consumer: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # already closed
+        consumer.close()
 
 
 # ---------------------------------------------------------------------------- hostile clients

@@ -155,6 +155,10 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
         }
         results.append(entry)
         if r.resource_type == RESOURCE_TOPIC:
+            # Kafka asks for DESCRIBE_CONFIGS; here that is the topic's describe right.
+            if not authorize(ctx, Operation.DESCRIBE, r.resource_name):
+                entry.update(error_code=errors.TOPIC_AUTHORIZATION_FAILED, error_message="Authorization failed.")
+                continue
             topic = node.topics.get(r.resource_name)
             if topic is None:
                 entry.update(error_code=errors.UNKNOWN_TOPIC_OR_PARTITION, error_message=f"Topic {r.resource_name} does not exist")

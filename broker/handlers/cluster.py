@@ -65,7 +65,8 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
     requested = req.topics
     if requested is None or (ctx.api_version == 0 and not requested):
-        topics = [describe_topic(node, t) for t in node.visible_topics()]
+        # Kafka leaves out the topics the principal may not DESCRIBE.
+        topics = [describe_topic(node, t) for t in node.visible_topics() if authorize(ctx, Operation.DESCRIBE, t.name, quiet=True)]
     else:
         # v4+ lets the client forbid auto-creation; earlier versions always allow it.
         allow_create = field_of(req, "allow_auto_topic_creation", True) and node.config.auto_create_topics
@@ -74,6 +75,10 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
             name = entry.name
             if name is None:  # v10+ may address topics by id only
                 topics.append({"error_code": errors.UNKNOWN_TOPIC_ID, "name": None, "topic_id": field_of(entry, "topic_id"), "partitions": []})
+                continue
+            if not authorize(ctx, Operation.DESCRIBE, name):
+                # Before the existence check, as Kafka: whether it exists is not told.
+                topics.append({"error_code": errors.TOPIC_AUTHORIZATION_FAILED, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
                 continue
             topic = node.topics.get(name)
             if topic is None:

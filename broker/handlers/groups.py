@@ -8,6 +8,13 @@ through `Deferred`, so the connection keeps reading (heartbeats, commits) meanwh
 reply still leaves in request order. OffsetCommit/DeleteGroups/OffsetDelete wait for their
 records in the offsets archive to be covered by a signed head.
 
+Rights as in Kafka (broker.security): FindCoordinator, DescribeGroups and ListGroups
+need DESCRIBE on the group (ListGroups leaves out the others), Join/Sync/Heartbeat/
+LeaveGroup, OffsetCommit and OffsetFetch need READ on it, DeleteGroups and OffsetDelete
+DELETE; OffsetCommit and OffsetDelete also READ on each topic, OffsetFetch DESCRIBE on
+each topic. Denials are GROUP_AUTHORIZATION_FAILED / TOPIC_AUTHORIZATION_FAILED where
+each version carries an error.
+
 This node is the coordinator of every group. Transactions do not exist, so a
 FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. The KIP-848
 consumer protocol (ConsumerGroupHeartbeat 68/69) is deliberately not served.
@@ -21,6 +28,8 @@ from broker.api import Deferred, Reply, RequestContext, api
 from broker.groups import codes
 from broker.groups.coordinator import CommitEntry, GroupCoordinator, Waiter
 from broker.groups.state import JoinResult, SyncResult
+from broker.security.authz import Operation, Resource
+from broker.security.session import authorize, authorize_group, authorized_operations
 from broker.shape import field_of
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
@@ -28,6 +37,7 @@ INT32_MIN = -(2**31)
 # READ | DELETE | DESCRIBE (AclOperation codes 3, 6, 8): everything a group allows when
 # there is no authorizer.
 GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED = 30, 29
 
 
 def _coordinator(ctx: RequestContext) -> GroupCoordinator:
@@ -52,11 +62,12 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
     # The coordinator's address on the listener this request came in on, as Metadata.
     host, port = ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
     key_type = field_of(req, "key_type", GROUP_KEY)
-    if key_type == GROUP_KEY:
-        node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here
 
     def one(key: str) -> dict[str, Any]:
+        if key_type == GROUP_KEY and not authorize_group(ctx, Operation.DESCRIBE, key):
+            return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": "Group authorization failed."}
         if key_type == GROUP_KEY:
+            node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here, once authorized
             return {"key": key, "node_id": node.config.node_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}
         error = codes.COORDINATOR_NOT_AVAILABLE if key_type == TRANSACTION_KEY else codes.INVALID_REQUEST
         message = "Transactions are not supported by this broker" if key_type == TRANSACTION_KEY else f"Unknown key type {key_type}"
@@ -92,6 +103,8 @@ def _join_description(result: JoinResult, version: int) -> dict[str, Any]:
 @api(11, "JoinGroup", (0, 9))
 async def join_group(ctx: RequestContext, req: Any) -> Reply:
     version = ctx.api_version
+    if not authorize_group(ctx, Operation.READ, req.group_id):
+        return _join_description(JoinResult(GROUP_AUTHORIZATION_FAILED, req.member_id), version)
     session_ms = _ms(req.session_timeout)
     rebalance_ms = _ms(req.rebalance_timeout) if version >= 1 else session_ms
     answer = _coordinator(ctx).join(
@@ -133,6 +146,8 @@ def _sync_description(result: SyncResult) -> dict[str, Any]:
 
 @api(14, "SyncGroup", (0, 5))
 async def sync_group(ctx: RequestContext, req: Any) -> Reply:
+    if not authorize_group(ctx, Operation.READ, req.group_id):
+        return _sync_description(SyncResult(GROUP_AUTHORIZATION_FAILED))
     answer = _coordinator(ctx).sync(
         req.group_id,
         req.generation_id,
@@ -158,12 +173,16 @@ async def sync_group(ctx: RequestContext, req: Any) -> Reply:
 
 @api(12, "Heartbeat", (0, 4))
 async def heartbeat(ctx: RequestContext, req: Any) -> Reply:
+    if not authorize_group(ctx, Operation.READ, req.group_id):
+        return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
     error = _coordinator(ctx).heartbeat(req.group_id, req.generation_id, req.member_id, field_of(req, "group_instance_id"))
     return {"throttle_time": 0, "error_code": error}
 
 
 @api(13, "LeaveGroup", (0, 5))
 async def leave_group(ctx: RequestContext, req: Any) -> Reply:
+    if not authorize_group(ctx, Operation.READ, req.group_id):
+        return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
     if ctx.api_version >= 3:
         leaving = [(m.member_id, field_of(m, "group_instance_id")) for m in req.members]
     else:
@@ -193,32 +212,56 @@ async def offset_commit(ctx: RequestContext, req: Any) -> Reply:
         for t in req.topics
         for p in t.partitions
     ]
+    # Kafka: without READ on the group every partition fails; else each topic needs READ.
+    if not authorize_group(ctx, Operation.READ, req.group_id):
+        refused = dict.fromkeys(range(len(entries)), GROUP_AUTHORIZATION_FAILED)
+    else:
+        readable = {t.name: authorize(ctx, Operation.READ, t.name) for t in req.topics}
+        refused = {i: TOPIC_AUTHORIZATION_FAILED for i, e in enumerate(entries) if not readable[e.topic]}
 
     retention = field_of(req, "retention_time", -1)  # v2-v4 only
     retention_ms = -1 if retention is None else _ms(retention)
 
     async def finish() -> dict[str, Any]:
-        await coordinator.commit_offsets(
-            req.group_id,
-            req.generation_id_or_member_epoch,
-            req.member_id,
-            field_of(req, "group_instance_id"),
-            entries,
-            api_version=ctx.api_version,
-            retention_time_ms=retention_ms,
-        )
+        allowed = [e for i, e in enumerate(entries) if i not in refused]
+        if allowed or not entries:
+            await coordinator.commit_offsets(
+                req.group_id,
+                req.generation_id_or_member_epoch,
+                req.member_id,
+                field_of(req, "group_instance_id"),
+                allowed,
+                api_version=ctx.api_version,
+                retention_time_ms=retention_ms,
+            )
         by_topic: dict[str, list[dict[str, Any]]] = {}
-        for e in entries:
-            by_topic.setdefault(e.topic, []).append({"partition_index": e.partition, "error_code": e.error})
+        for i, e in enumerate(entries):
+            by_topic.setdefault(e.topic, []).append({"partition_index": e.partition, "error_code": refused.get(i, e.error)})
         return {"throttle_time": 0, "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}
 
     return Deferred(finish)
 
 
-def _fetched_topics(coordinator: GroupCoordinator, group_id: str, topics: Any) -> list[dict[str, Any]]:
-    wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
+def _unfetched(topics: Any, error: int) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "partitions": [{"partition_index": i, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "", "error_code": error} for i in t.partition_indexes]}
+        for t in topics
+    ]
+
+
+def _fetched_topics(ctx: RequestContext, group_id: str, topics: Any) -> list[dict[str, Any]]:
+    # Kafka: a named topic the principal may not DESCRIBE answers TOPIC_AUTHORIZATION_FAILED
+    # per partition; asking for all the group's offsets leaves such topics out.
+    if topics is None:
+        wanted, denied = None, []
+    else:
+        visible = {t.name: authorize(ctx, Operation.DESCRIBE, t.name) for t in topics}
+        wanted = [(t.name, list(t.partition_indexes)) for t in topics if visible[t.name]]
+        denied = [t for t in topics if not visible[t.name]]
     out = []
-    for topic, parts in coordinator.fetch_offsets(group_id, wanted).items():
+    for topic, parts in _coordinator(ctx).fetch_offsets(group_id, wanted).items():
+        if topics is None and not authorize(ctx, Operation.DESCRIBE, topic, quiet=True):
+            continue
         partitions = []
         for index, committed in parts.items():
             if committed is None:
@@ -234,7 +277,7 @@ def _fetched_topics(coordinator: GroupCoordinator, group_id: str, topics: Any) -
                     }
                 )
         out.append({"name": topic, "partitions": partitions})
-    return out
+    return out + _unfetched(denied, TOPIC_AUTHORIZATION_FAILED)
 
 
 @api(9, "OffsetFetch", (1, 9))
@@ -243,14 +286,19 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
     # for classic groups Kafka ignores them (ClassicGroup.validateOffsetFetch fails only a
     # Dead group, which answers like an unknown one: every offset -1, no error). Every
     # group here is classic, so they are ignored here too.
-    coordinator = _coordinator(ctx)
     if ctx.api_version >= 8:
         groups = [
-            {"group_id": g.group_id, "topics": _fetched_topics(coordinator, g.group_id, g.topics), "error_code": codes.NONE}
+            {"group_id": g.group_id, "topics": _fetched_topics(ctx, g.group_id, g.topics), "error_code": codes.NONE}
+            if authorize_group(ctx, Operation.READ, g.group_id)
+            else {"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
             for g in req.groups
         ]
         return {"throttle_time": 0, "groups": groups}
-    return {"throttle_time": 0, "topics": _fetched_topics(coordinator, req.group_id, req.topics), "error_code": codes.NONE}
+    if not authorize_group(ctx, Operation.READ, req.group_id):
+        # v1 has no top-level error: Kafka puts it on every partition asked for.
+        topics = _unfetched(req.topics, GROUP_AUTHORIZATION_FAILED) if ctx.api_version < 2 else []
+        return {"throttle_time": 0, "topics": topics, "error_code": GROUP_AUTHORIZATION_FAILED}
+    return {"throttle_time": 0, "topics": _fetched_topics(ctx, req.group_id, req.topics), "error_code": codes.NONE}
 
 
 # ------------------------------------------------------------------ admin
@@ -262,7 +310,21 @@ async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
     include_ops = field_of(req, "include_authorized_operations", False)
     described = []
     for group_id in req.groups:
+        if not authorize_group(ctx, Operation.DESCRIBE, group_id):
+            described.append(
+                {
+                    "error_code": GROUP_AUTHORIZATION_FAILED,
+                    "group_id": group_id,
+                    "group_state": "",
+                    "protocol_type": "",
+                    "protocol_data": "",
+                    "members": [],
+                    "authorized_operations": INT32_MIN,
+                }
+            )
+            continue
         s = coordinator.describe(group_id)
+        ops = authorized_operations(ctx, group_id, Resource.GROUP)
         described.append(
             {
                 "error_code": codes.NONE,
@@ -281,7 +343,7 @@ async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
                     }
                     for m in s.members
                 ],
-                "authorized_operations": GROUP_OPERATIONS if include_ops else INT32_MIN,
+                "authorized_operations": (GROUP_OPERATIONS if ops is None else ops) if include_ops else INT32_MIN,
             }
         )
     return {"throttle_time": 0, "groups": described}
@@ -290,6 +352,7 @@ async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
 @api(16, "ListGroups", (0, 5))
 async def list_groups(ctx: RequestContext, req: Any) -> Reply:
     listed = _coordinator(ctx).list_groups(field_of(req, "states_filter", ()), field_of(req, "types_filter", ()))
+    listed = [g for g in listed if authorize_group(ctx, Operation.DESCRIBE, g[0], quiet=True)]
     return {
         "throttle_time": 0,
         "error_code": codes.NONE,
@@ -303,9 +366,13 @@ async def list_groups(ctx: RequestContext, req: Any) -> Reply:
 async def delete_groups(ctx: RequestContext, req: Any) -> Reply:
     coordinator = _coordinator(ctx)
     names = list(req.groups_names)
+    refused = {g for g in dict.fromkeys(names) if not authorize_group(ctx, Operation.DELETE, g)}
 
     async def finish() -> dict[str, Any]:
-        results = await coordinator.delete_groups(names)
+        allowed = [g for g in names if g not in refused]
+        results = dict.fromkeys(refused, GROUP_AUTHORIZATION_FAILED)
+        if allowed:
+            results.update(await coordinator.delete_groups(allowed))
         return {"throttle_time": 0, "results": [{"group_id": g, "error_code": results[g]} for g in dict.fromkeys(names)]}
 
     return Deferred(finish)
@@ -315,16 +382,21 @@ async def delete_groups(ctx: RequestContext, req: Any) -> Reply:
 async def offset_delete(ctx: RequestContext, req: Any) -> Reply:
     coordinator = _coordinator(ctx)
     node = ctx.node
+    # Kafka: DELETE on the group, then READ on each topic.
+    if not authorize_group(ctx, Operation.DELETE, req.group_id):
+        return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time": 0, "topics": []}
     requested = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
-    unknown = {tp for tp in requested if node.partition(*tp) is None}
+    readable = {t.name: authorize(ctx, Operation.READ, t.name) for t in req.topics}
+    refused = {tp for tp in requested if not readable[tp[0]]}
+    unknown = {tp for tp in requested if tp not in refused and node.partition(*tp) is None}
 
     async def finish() -> dict[str, Any]:
-        error, per_partition = await coordinator.delete_offsets(req.group_id, [tp for tp in requested if tp not in unknown])
+        error, per_partition = await coordinator.delete_offsets(req.group_id, [tp for tp in requested if tp not in unknown and tp not in refused])
         if error != codes.NONE:
             return {"error_code": error, "throttle_time": 0, "topics": []}
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for tp in requested:
-            code = codes.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else per_partition.get(tp, codes.NONE)
+            code = TOPIC_AUTHORIZATION_FAILED if tp in refused else codes.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else per_partition.get(tp, codes.NONE)
             by_topic.setdefault(tp[0], []).append({"partition_index": tp[1], "error_code": code})
         return {"error_code": codes.NONE, "throttle_time": 0, "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}
 

@@ -98,11 +98,14 @@ async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Reply:
     topics = []
     for t in req.topics:
         parts = []
+        describable = authorize(ctx, Operation.DESCRIBE, t.topic)  # Kafka: DESCRIBE on the topic
         for p in t.partitions:
             partition = node.partition(t.topic, p.partition)
             entry: dict[str, Any] = {"partition": p.partition, "error_code": errors.NONE, "leader_epoch": -1, "end_offset": -1}
             current = getattr(p, "current_leader_epoch", -1)
-            if partition is None:
+            if not describable:
+                entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
+            elif partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
             elif current > LEADER_EPOCH:
                 entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH

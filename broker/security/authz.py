@@ -1,16 +1,22 @@
-"""Who may do what to which topic: explicit rules, most specific first.
+"""Who may do what to which topic or consumer group: explicit rules, most specific first.
 
-Owns `Operation`, `Rule`, `parse_rule` (the `hyperkafka.acl.*` property syntax) and
-`Authorizer`. A rule names a topic pattern (an exact name, `prefix*`, or `*`), one
-operation and the principals allowed. For a request the most specific matching pattern
-decides (exact name, then the longest prefix, then `*`); principals are `User:NAME`,
-`User:*` (any authenticated principal) or `*` (anyone, ANONYMOUS included).
+Owns `Resource`, `Operation`, `Rule`, `parse_rule` (the `hyperkafka.acl.*` property
+syntax) and `Authorizer`. A rule names a resource kind (topic or group), a pattern (an
+exact name, `prefix*`, or `*`), operations and the principals allowed. For a request the
+most specific matching pattern of that kind and operation decides (exact name, then the
+longest prefix, then `*`); principals are `User:NAME`, `User:*` (any authenticated
+principal) or `*` (anyone, ANONYMOUS included).
 
-Defaults once the node is secured (any TLS/SASL listener, rule or super user): anyone
-may READ and DESCRIBE; WRITE, CREATE and DELETE need a rule or `super.users`, and are
-never granted to `User:ANONYMOUS`. A node with no security configuration at all is
-open: everything is allowed, as before this package existed.
-Imports only the standard library.
+Defaults once the node is secured (any TLS/SASL listener, rule or super user):
+- topics: anyone may READ; WRITE, CREATE and DELETE need a rule or `super.users` and
+  are never granted to `User:ANONYMOUS`;
+- groups: anyone (ANONYMOUS included) may READ (join, commit, fetch offsets); DELETE
+  (DeleteGroups, OffsetDelete) needs a rule or `super.users`, never ANONYMOUS;
+- DESCRIBE of a topic is granted by a describe rule, or implied by READ, WRITE or DELETE
+  on it; of a group, by a describe rule or implied by READ or DELETE on it (Kafka's
+  implied DESCRIBE). So a topic nobody lets you read, write or describe is hidden.
+A node with no security configuration at all is open: everything is allowed, as before
+this package existed. Imports only the standard library.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ from dataclasses import dataclass
 ANONYMOUS = "User:ANONYMOUS"
 
 
+class Resource(enum.StrEnum):
+    TOPIC = "topic"
+    GROUP = "group"
+
+
 class Operation(enum.StrEnum):
     READ = "read"
     WRITE = "write"
@@ -29,8 +40,23 @@ class Operation(enum.StrEnum):
     DESCRIBE = "describe"
 
 
-_OPEN_BY_DEFAULT = frozenset({Operation.READ, Operation.DESCRIBE})
-_NEEDS_AUTHENTICATION = frozenset({Operation.WRITE, Operation.CREATE, Operation.DELETE})
+# Kafka's AclOperation codes, for the authorized_operations bit fields of answers.
+ACL_OPERATION_CODES = {Operation.READ: 3, Operation.WRITE: 4, Operation.CREATE: 5, Operation.DELETE: 6, Operation.DESCRIBE: 8}
+
+_OPERATIONS = {
+    Resource.TOPIC: frozenset(Operation),
+    Resource.GROUP: frozenset({Operation.READ, Operation.DESCRIBE, Operation.DELETE}),
+}
+_OPEN_BY_DEFAULT = frozenset({Operation.READ})  # DESCRIBE follows from READ (below)
+_NEEDS_AUTHENTICATION = {
+    Resource.TOPIC: frozenset({Operation.WRITE, Operation.CREATE, Operation.DELETE}),
+    Resource.GROUP: frozenset({Operation.DELETE}),
+}
+# Kafka: READ, WRITE, DELETE (and ALTER) imply DESCRIBE.
+_IMPLIES_DESCRIBE = {
+    Resource.TOPIC: (Operation.READ, Operation.WRITE, Operation.DELETE),
+    Resource.GROUP: (Operation.READ, Operation.DELETE),
+}
 
 
 class RuleError(ValueError):
@@ -42,6 +68,7 @@ class Rule:
     pattern: str  # "orders", "logs-*" or "*"
     operations: frozenset[Operation]
     principals: frozenset[str]
+    resource: Resource = Resource.TOPIC
 
     @property
     def prefix(self) -> str | None:
@@ -61,32 +88,42 @@ class Rule:
 
 
 def parse_rule(key: str, value: str) -> Rule:
-    """`topic.<pattern>.<op>[+<op>...]` = `User:a;User:b` (key without `hyperkafka.acl.`).
+    """`topic|group.<pattern>.<op>[+<op>...]` = `User:a;User:b` (key without `hyperkafka.acl.`).
 
     Principals are separated by ";" as in Kafka's super.users: a certificate's
-    distinguished name contains commas."""
+    distinguished name contains commas. A group rule allows read, describe, delete and
+    all (= those three)."""
     kind, _, rest = key.partition(".")
-    if kind != "topic" or not rest:
-        raise RuleError(f"hyperkafka.acl.{key}: expected hyperkafka.acl.topic.<pattern>.<operation>")
+    try:
+        resource = Resource(kind)
+    except ValueError:
+        resource = None
+    if resource is None or not rest:
+        raise RuleError(f"hyperkafka.acl.{key}: expected hyperkafka.acl.topic.<pattern>.<operation> or hyperkafka.acl.group.<pattern>.<operation>")
     pattern, _, ops_text = rest.rpartition(".")
     if not pattern:
-        raise RuleError(f"hyperkafka.acl.{key}: no topic pattern")
+        raise RuleError(f"hyperkafka.acl.{key}: no {resource.value} pattern")
     if "*" in pattern[:-1]:
         raise RuleError(f"hyperkafka.acl.{key}: '*' may only end a pattern")
+    valid = _OPERATIONS[resource]
     ops: set[Operation] = set()
     for op in ops_text.split("+"):
         if op == "all":
-            ops.update(Operation)
+            ops.update(valid)
             continue
         try:
-            ops.add(Operation(op))
+            operation = Operation(op)
         except ValueError:
-            raise RuleError(f"hyperkafka.acl.{key}: unknown operation {op!r} (read, write, create, delete, describe, all)") from None
+            operation = None
+        if operation is None or operation not in valid:
+            names = ", ".join(sorted(o.value for o in valid))
+            raise RuleError(f"hyperkafka.acl.{key}: unknown operation {op!r} for a {resource.value} ({names}, all)")
+        ops.add(operation)
     principals = frozenset(p.strip() for p in value.split(";") if p.strip())
     for p in principals:
         if p != "*" and not p.startswith("User:"):
             raise RuleError(f"hyperkafka.acl.{key}: principal {p!r} must be User:NAME, User:* or *")
-    return Rule(pattern, frozenset(ops), principals)
+    return Rule(pattern, frozenset(ops), principals, resource)
 
 
 class Authorizer:
@@ -95,23 +132,41 @@ class Authorizer:
         self.super_users = super_users
         self.secured = secured
 
-    def allowed(self, principal: str, operation: Operation, topic: str) -> bool:
+    def allowed(self, principal: str, operation: Operation, name: str, resource: Resource = Resource.TOPIC) -> bool:
+        """May `principal` do `operation` to the topic (or group) `name`?"""
         if not self.secured:
             return True
-        if operation in _NEEDS_AUTHENTICATION and principal == ANONYMOUS:
-            return False
         if principal in self.super_users:
-            return True
+            return principal != ANONYMOUS or operation not in _NEEDS_AUTHENTICATION[resource]
+        if operation is Operation.DESCRIBE:
+            rule = self._decisive(resource, operation, name)
+            if rule is not None and rule.grants(principal):
+                return True
+            return any(self._decide(principal, op, name, resource) for op in _IMPLIES_DESCRIBE[resource])
+        return self._decide(principal, operation, name, resource)
+
+    def operations(self, principal: str, name: str, resource: Resource) -> int:
+        """Kafka's authorized_operations bit field for this principal on `name`."""
+        return sum(1 << ACL_OPERATION_CODES[op] for op in _OPERATIONS[resource] if self.allowed(principal, op, name, resource))
+
+    def _decide(self, principal: str, operation: Operation, name: str, resource: Resource) -> bool:
+        if operation in _NEEDS_AUTHENTICATION[resource] and principal == ANONYMOUS:
+            return False
+        rule = self._decisive(resource, operation, name)
+        if rule is None:
+            return operation in _OPEN_BY_DEFAULT
+        return rule.grants(principal)
+
+    def _decisive(self, resource: Resource, operation: Operation, name: str) -> Rule | None:
+        """The most specific rule of this kind and operation that matches `name`."""
         best: Rule | None = None
         best_score = -1
         for rule in self.rules:
-            if operation in rule.operations:
-                score = rule.specificity(topic)
+            if rule.resource is resource and operation in rule.operations:
+                score = rule.specificity(name)
                 if score > best_score:
                     best, best_score = rule, score
-        if best is None:
-            return operation in _OPEN_BY_DEFAULT
-        return best.grants(principal)
+        return best
 
     def may_write_somewhere(self, principal: str) -> bool:
         """For InitProducerId: Kafka asks for IDEMPOTENT_WRITE or WRITE on some topic."""
@@ -121,4 +176,4 @@ class Authorizer:
             return False
         if principal in self.super_users:
             return True
-        return any(Operation.WRITE in r.operations and r.grants(principal) for r in self.rules)
+        return any(r.resource is Resource.TOPIC and Operation.WRITE in r.operations and r.grants(principal) for r in self.rules)

@@ -3,11 +3,11 @@
 Owns `Security` (settings, the credential store, the authorizer, the connection limiter,
 byte quotas and TLS contexts, built once at start) and `Session` (one connection: its
 listener, principal, SASL exchange and re-authentication deadline, and the time it is
-muted for after a throttled response), plus `authorize`, the one call a handler makes to
-ask whether the connection's principal may do something to a topic. A connection on a
-SASL listener that sends anything but ApiVersions, SaslHandshake or SaslAuthenticate
-before it has authenticated (or after its session expired, KIP-368) is closed, as Kafka
-closes it. Imports trio, the standard library, `broker.config`, `broker.protocol.errors`
+muted for after a throttled response), plus `authorize` (and `authorize_group`), the one
+call a handler makes to ask whether the connection's principal may do something to a
+topic (or a consumer group). A connection on a SASL listener that sends anything but
+ApiVersions, SaslHandshake or SaslAuthenticate before it has authenticated (or after its
+session expired, KIP-368) is closed, as Kafka closes it. Imports trio, the standard library, `broker.config`, `broker.protocol.errors`
 and sibling modules; never `broker.server` or `broker.node`.
 """
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.protocol.errors import ProtocolError
-from broker.security.authz import ANONYMOUS, Authorizer, Operation
+from broker.security.authz import ANONYMOUS, Authorizer, Operation, Resource
 from broker.security.limits import ByteRateQuota, ConnectionLimiter
 from broker.security.sasl import SaslServer
 from broker.security.settings import Listener, SecuritySettings
@@ -163,15 +163,33 @@ class Session:
         return max(1, round(seconds * 1000))
 
 
-def authorize(ctx: RequestContext, operation: Operation, topic: str) -> bool:
-    """May the principal of this request's connection do `operation` to `topic`? Denials are logged."""
+def authorize(ctx: RequestContext, operation: Operation, topic: str, *, resource: Resource = Resource.TOPIC, quiet: bool = False) -> bool:
+    """May the principal of this request's connection do `operation` to `topic` (or, with
+    `resource=Resource.GROUP`, to that group)? Denials are logged; `quiet` ones (a
+    listing that leaves out what the principal may not see) only at debug level."""
     session: Session | None = getattr(ctx, "session", None)
     if session is None:
         return True  # called outside a server (unit tests of handlers): no connection, no principal
-    if session.security.authorizer.allowed(session.principal, operation, topic):
+    if session.security.authorizer.allowed(session.principal, operation, topic, resource):
         return True
-    log.warning("denied %s on topic %r to %s (%s, listener %s)", operation.value, topic, session.principal, session.peer, session.listener.name)
+    log.log(
+        logging.DEBUG if quiet else logging.WARNING,
+        "denied %s on %s %r to %s (%s, listener %s)",
+        operation.value, resource.value, topic, session.principal, session.peer, session.listener.name,
+    )
     return False
+
+
+def authorize_group(ctx: RequestContext, operation: Operation, group: str, *, quiet: bool = False) -> bool:
+    return authorize(ctx, operation, group, resource=Resource.GROUP, quiet=quiet)
+
+
+def authorized_operations(ctx: RequestContext, name: str, resource: Resource) -> int | None:
+    """Kafka's authorized_operations bits for the connection's principal; None without a session."""
+    session: Session | None = getattr(ctx, "session", None)
+    if session is None:
+        return None
+    return session.security.authorizer.operations(session.principal, name, resource)
 
 
 def authorize_idempotent_write(ctx: RequestContext) -> bool:

@@ -2,7 +2,7 @@
 
 Owns `SecuritySettings.parse`: listeners and advertised listeners with their security
 protocols, TLS files per listener, enabled SASL mechanisms, super users, the per-topic
-authorization rules, connection limits, timeouts and byte quotas. The names are Kafka's
+and per-group authorization rules, connection limits, timeouts and byte quotas. The names are Kafka's
 where Kafka has one (`listeners`, `ssl.keystore.location`, `max.connections.per.ip`,
 `connections.max.idle.ms`, ...); `hyperkafka.*` where it has none. Unknown names fail
 here, at start, never at the first connection. Imports the standard library,

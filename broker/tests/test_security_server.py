@@ -239,3 +239,117 @@ async def test_quotas_report_throttle_time(secured: Secured) -> None:
     assert f1.throttle_time.total_seconds() > 0 and f1.responses[0].partitions[0].records
     # ...the next one, still over quota, gets no data at all (KIP-219), only the time left.
     assert f2.throttle_time.total_seconds() > 0 and f2.responses == ()
+
+
+# ---------------------------------------------------------------- group rights, hidden topics
+
+GROUP_RULES = {
+    "hyperkafka.acl.group.team-*.read": "User:writer",
+    "hyperkafka.acl.group.team-*.delete": "User:writer",
+}
+
+
+def _commit(group: str, *topics: str, offset: int = 5) -> dict[str, object]:
+    parts = [{"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1, "committed_metadata": ""}]
+    return {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+            "topics": [{"name": t, "partitions": parts} for t in topics]}
+
+
+def _codes(response: object) -> dict[str, list[int]]:
+    return {t.name: [p.error_code for p in t.partitions] for t in response.topics}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("secured", [GROUP_RULES], indirect=True)
+async def test_group_rights(secured: Secured, caplog: pytest.LogCaptureFixture) -> None:
+    from broker.tests.test_groups_handlers import join_body
+
+    anon = await secured.connect("PLAINTEXT")
+    w = await secured.connect("SASL_PLAINTEXT")
+    await authenticate(w, "SCRAM-SHA-256", "writer", "w-pw")
+    for topic in ("shared", "private-g"):
+        assert (await produce(w, topic, batch([b"x"]))).error_code == 0
+
+    # FindCoordinator needs DESCRIBE on the group: per key from v4, top level before.
+    fc = await anon.call("find_coordinator", 4, {"key_type": 0, "coordinator_keys": ["team-a", "free"]})
+    assert [(c.key, c.error_code) for c in fc.coordinators] == [("team-a", 30), ("free", 0)]
+    assert (await anon.call("find_coordinator", 3, {"key": "team-a", "key_type": 0})).error_code == 30
+    assert (await w.call("find_coordinator", 3, {"key": "team-a", "key_type": 0})).error_code == 0
+
+    # Membership needs READ on the group.
+    assert (await anon.call("join_group", 9, join_body("team-a"))).error_code == 30
+    assert (await anon.call("join_group", 0, {**join_body("team-a"), "member_id": ""})).error_code == 30
+    sync = {"group_id": "team-a", "generation_id": 1, "member_id": "m", "group_instance_id": None, "protocol_type": "consumer", "protocol_name": "range", "assignments": []}
+    assert (await anon.call("sync_group", 5, sync)).error_code == 30
+    assert (await anon.call("heartbeat", 4, {"group_id": "team-a", "generation_id": 1, "member_id": "m", "group_instance_id": None})).error_code == 30
+    assert (await anon.call("leave_group", 5, {"group_id": "team-a", "members": [{"member_id": "m", "group_instance_id": None, "reason": None}]})).error_code == 30
+    assert (await anon.call("leave_group", 1, {"group_id": "team-a", "member_id": "m"})).error_code == 30
+    assert (await w.call("join_group", 9, join_body("team-a", session=10000))).error_code == 79  # MEMBER_ID_REQUIRED: admitted
+
+    # OffsetCommit: the group's READ first, then READ on each topic.
+    assert _codes(await anon.call("offset_commit", 9, _commit("team-a", "shared"))) == {"shared": [30]}
+    assert _codes(await anon.call("offset_commit", 9, _commit("free", "shared", "private-g"))) == {"shared": [0], "private-g": [29]}
+    assert _codes(await w.call("offset_commit", 9, _commit("team-a", "shared", "private-g", offset=7))) == {"shared": [0], "private-g": [0]}
+    assert _codes(await w.call("offset_commit", 2, {**_commit("free", "private-g", offset=9), "retention_time": -1})) == {"private-g": [0]}
+
+    # OffsetFetch: GROUP_AUTHORIZATION_FAILED where each version carries it...
+    named = [{"name": "shared", "partition_indexes": [0]}, {"name": "private-g", "partition_indexes": [0]}]
+    f7 = await anon.call("offset_fetch", 7, {"group_id": "team-a", "topics": named, "require_stable": False})
+    assert f7.error_code == 30 and f7.topics == ()
+    f1 = await anon.call("offset_fetch", 1, {"group_id": "team-a", "topics": named})
+    assert _codes(f1) == {"shared": [30], "private-g": [30]}
+    f8 = await anon.call("offset_fetch", 8, {"groups": [{"group_id": "team-a", "topics": None}, {"group_id": "free", "topics": named}], "require_stable": False})
+    assert [(g.group_id, g.error_code) for g in f8.groups] == [("team-a", 30), ("free", 0)]
+    # ...and a topic the principal may not DESCRIBE: refused when named, left out of "all".
+    free = f8.groups[1]
+    assert {t.name: [(p.committed_offset, p.error_code) for p in t.partitions] for t in free.topics} == {"shared": [(5, 0)], "private-g": [(-1, 29)]}
+    everything = await anon.call("offset_fetch", 7, {"group_id": "free", "topics": None, "require_stable": False})
+    assert [t.name for t in everything.topics] == ["shared"]
+    mine = await w.call("offset_fetch", 7, {"group_id": "free", "topics": None, "require_stable": False})
+    assert sorted((t.name, t.partitions[0].committed_offset) for t in mine.topics) == [("private-g", 9), ("shared", 5)]
+
+    # DescribeGroups / ListGroups need DESCRIBE; ListGroups leaves the others out.
+    d = await anon.call("describe_groups", 5, {"groups": ["team-a", "free"], "include_authorized_operations": True})
+    assert [(g.group_id, g.error_code) for g in d.groups] == [("team-a", 30), ("free", 0)]
+    assert d.groups[1].authorized_operations == (1 << 3) | (1 << 8)  # READ | DESCRIBE, no DELETE for ANONYMOUS
+    dw = await w.call("describe_groups", 5, {"groups": ["team-a"], "include_authorized_operations": True})
+    assert dw.groups[0].error_code == 0 and dw.groups[0].authorized_operations == (1 << 3) | (1 << 6) | (1 << 8)
+    listed = {g.group_id for g in (await anon.call("list_groups", 5, {"states_filter": [], "types_filter": []})).groups}
+    assert "free" in listed and "team-a" not in listed
+    assert "team-a" in {g.group_id for g in (await w.call("list_groups", 0, {})).groups}
+
+    # DeleteGroups and OffsetDelete need DELETE on the group (a rule; never ANONYMOUS).
+    od = await anon.call("offset_delete", 0, {"group_id": "free", "topics": [{"name": "shared", "partitions": [{"partition_index": 0}]}]})
+    assert od.error_code == 30
+    odw = await w.call("offset_delete", 0, {"group_id": "team-a", "topics": [{"name": "shared", "partitions": [{"partition_index": 0}]}]})
+    assert odw.error_code == 0 and _codes(odw) == {"shared": [0]}
+    dg = await anon.call("delete_groups", 2, {"groups_names": ["free", "team-a"]})
+    assert [(r.group_id, r.error_code) for r in dg.results] == [("free", 30), ("team-a", 30)]
+    dg = await w.call("delete_groups", 2, {"groups_names": ["team-a", "free"]})
+    assert [(r.group_id, r.error_code) for r in dg.results] == [("team-a", 0), ("free", 30)]
+    assert "denied read on group 'team-a' to User:ANONYMOUS" in caplog.text
+    assert "denied delete on group 'free' to User:writer" in caplog.text
+
+
+async def test_topics_hidden_from_who_may_not_describe(secured: Secured) -> None:
+    anon = await secured.connect("PLAINTEXT")
+    w = await secured.connect("SASL_PLAINTEXT")
+    await authenticate(w, "PLAIN", "writer", "w-pw")
+    for topic in ("private-hidden", "seen"):
+        assert (await produce(w, topic, batch([b"x"]))).error_code == 0
+    # All topics: what the principal may not describe is left out.
+    names = {t.name for t in (await anon.call("metadata", 12, metadata_body())).topics}
+    assert "seen" in names and "private-hidden" not in names
+    assert {"seen", "private-hidden"} <= {t.name for t in (await w.call("metadata", 12, metadata_body())).topics}
+    # Named: TOPIC_AUTHORIZATION_FAILED, whether or not the topic exists.
+    for name in ("private-hidden", "private-never"):
+        m = await anon.call("metadata", 12, metadata_body(name))
+        assert (m.topics[0].error_code, m.topics[0].partitions) == (29, ())
+    assert (await anon.call("metadata", 1, {"topics": [{"name": "private-hidden"}]})).topics[0].error_code == 29
+    assert (await w.call("metadata", 12, metadata_body("private-hidden"))).topics[0].error_code == 0
+    # DescribeConfigs (DESCRIBE_CONFIGS maps to describe) and OffsetForLeaderEpoch.
+    dc = await anon.call("describe_configs", 4, {"resources": [{"resource_type": 2, "resource_name": n, "configuration_keys": None} for n in ("private-hidden", "seen")], "include_synonyms": False, "include_documentation": False})
+    assert [(r.resource_name, r.error_code) for r in dc.results] == [("private-hidden", 29), ("seen", 0)]
+    assert dc.results[1].configs
+    epoch = {"replica_id": -1, "topics": [{"topic": n, "partitions": [{"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]} for n in ("private-hidden", "seen")]}
+    e = await anon.call("offset_for_leader_epoch", 4, epoch)
+    assert [(t.topic, t.partitions[0].error_code) for t in e.topics] == [("private-hidden", 29), ("seen", 0)]

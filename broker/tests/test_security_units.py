@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig, ConfigError, apply_properties
-from broker.security.authz import ANONYMOUS, Authorizer, Operation, RuleError, parse_rule
+from broker.security.authz import ANONYMOUS, Authorizer, Operation, Resource, RuleError, parse_rule
 from broker.security.limits import ByteRateQuota, ConnectionLimiter
 from broker.security.sasl import SaslFailed, SaslServer
 from broker.security.scram import (
@@ -169,9 +169,72 @@ def test_authorizer_defaults_and_specificity() -> None:
     assert opened.allowed(ANONYMOUS, W, "x") and opened.may_write_somewhere(ANONYMOUS)
 
 
+def test_group_rules_parse_and_most_specific_wins() -> None:
+    G = Resource.GROUP
+    R, D, X = Operation.READ, Operation.DESCRIBE, Operation.DELETE
+    assert parse_rule("group.team-*.all", "User:a").operations == {R, D, X}
+    assert parse_rule("group.g.read+describe", "*").resource is G
+    assert parse_rule("topic.t.read", "*").resource is Resource.TOPIC
+    rules = (
+        parse_rule("group.*.delete", "User:ops"),
+        parse_rule("group.team-*.read", "User:alice;User:bob"),
+        parse_rule("group.team-x.read", "User:bob"),
+        parse_rule("group.audit.describe", "User:auditor"),
+        parse_rule("topic.team-x.read", "User:nobody"),  # a topic rule says nothing of groups
+    )
+    a = Authorizer(rules, frozenset({"User:root"}))
+    # No group rule matches: anyone may use the group, ANONYMOUS included...
+    assert a.allowed(ANONYMOUS, R, "free", G) and a.allowed(ANONYMOUS, D, "free", G)
+    # ...but deleting needs a rule, and never ANONYMOUS even through "*".
+    assert not a.allowed(ANONYMOUS, X, "free", G) and not a.allowed("User:alice", X, "free", G)
+    assert a.allowed("User:ops", X, "free", G) and a.allowed("User:root", X, "free", G)
+    assert not Authorizer((parse_rule("group.*.delete", "*"),)).allowed(ANONYMOUS, X, "g", G)
+    # Most specific wins: team-x is bob's only, other team-* are alice's and bob's.
+    assert a.allowed("User:alice", R, "team-y", G) and not a.allowed("User:carol", R, "team-y", G)
+    assert a.allowed("User:bob", R, "team-x", G) and not a.allowed("User:alice", R, "team-x", G)
+    assert not a.allowed(ANONYMOUS, R, "team-x", G)
+    # DESCRIBE: a describe rule, or implied by READ or DELETE on the group.
+    assert a.allowed("User:alice", D, "team-y", G) and not a.allowed("User:alice", D, "team-x", G)
+    assert a.allowed("User:ops", D, "team-x", G)  # through delete
+    assert a.allowed("User:auditor", D, "audit", G) and a.allowed(ANONYMOUS, D, "audit", G)  # read is open there
+    # Group rules do not touch topics of the same name, and the reverse.
+    assert a.allowed("User:alice", R, "audit", Resource.TOPIC) and not a.allowed("User:alice", R, "team-x", Resource.TOPIC)
+    assert a.operations("User:alice", "team-y", G) == (1 << 3) | (1 << 8)
+    assert a.operations("User:ops", "team-x", G) == (1 << 6) | (1 << 8)
+    assert Authorizer(rules, secured=False).allowed(ANONYMOUS, X, "team-x", G)
+
+
+def test_topic_describe_follows_read_write_or_describe_rules() -> None:
+    rules = (
+        parse_rule("topic.*.write", "User:ingest"),
+        parse_rule("topic.hidden-*.read", "User:reader"),
+        parse_rule("topic.hidden-*.describe", "User:monitor"),
+        parse_rule("topic.secret.read", "User:reader"),
+    )
+    a = Authorizer(rules)
+    D = Operation.DESCRIBE
+    assert a.allowed(ANONYMOUS, D, "public")  # read is open, so is describe
+    assert not a.allowed(ANONYMOUS, D, "hidden-1") and not a.allowed("User:other", D, "secret")
+    assert a.allowed("User:reader", D, "hidden-1") and a.allowed("User:reader", D, "secret")
+    assert a.allowed("User:monitor", D, "hidden-1") and not a.allowed("User:monitor", Operation.READ, "hidden-1")
+    assert not a.allowed("User:monitor", D, "secret")
+    assert a.allowed("User:ingest", D, "secret")  # a writer sees what it writes to (Kafka: WRITE implies DESCRIBE)
+    assert Authorizer(rules, frozenset({"User:root"})).allowed("User:root", D, "secret")
+
+
 @pytest.mark.parametrize(
     "key,value",
-    [("group.g.read", "User:a"), ("topic.x.fly", "User:a"), ("topic.a*b.read", "User:a"), ("topic.x.read", "alice"), ("topic..read", "*")],
+    [
+        ("cluster.x.read", "User:a"),
+        ("topic.x.fly", "User:a"),
+        ("topic.a*b.read", "User:a"),
+        ("topic.x.read", "alice"),
+        ("topic..read", "*"),
+        ("group.g.write", "User:a"),  # a group is read, described or deleted, never written
+        ("group.g.read+create", "User:a"),
+        ("group..read", "User:a"),
+        ("group.a*b.read", "User:a"),
+    ],
 )
 def test_bad_rules(key: str, value: str) -> None:
     with pytest.raises(RuleError):
@@ -225,6 +288,7 @@ def test_settings_several_listeners(tmp_path: Path) -> None:
         ({"listeners": "SASL_PLAINTEXT://127.0.0.1:1", "sasl.enabled.mechanisms": "GSSAPI"}, "not supported"),
         ({"max.connections.per.ip": "0"}, "bad value"),
         ({"hyperkafka.acl.topic.x.fly": "User:a"}, "unknown operation"),
+        ({"hyperkafka.acl.group.g.write": "User:a"}, "unknown operation 'write' for a group"),
     ],
 )
 def test_settings_errors(props: dict[str, str], match: str) -> None:
