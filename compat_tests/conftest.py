@@ -200,6 +200,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     results = config.stash[_RESULTS]
     entry = results.setdefault(report.nodeid, {"outcome": "passed", "seconds": 0.0})
     entry["seconds"] = round(entry["seconds"] + report.duration, 2)
+    if report.when == "call" and report.user_properties:
+        # Figures a test measured (rebalance time, peer-suite counts) for the matrix.
+        entry["measured"] = {str(k): v for k, v in report.user_properties}
     if report.failed:
         entry["outcome"] = "failed" if report.when == "call" else "error"
         entry.setdefault("message", _short(report))

@@ -67,6 +67,12 @@ def render(doc: dict[str, object]) -> str:
         "tests: "
         + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "error", "skipped"))
     )
+    measured = [t for t in every if t.get("measured")]
+    if measured:
+        lines.append("measured:")
+    for t in measured:
+        figures = ", ".join(f"{k}={v}" for k, v in t["measured"].items())
+        lines.append(f"  {t['client']:<12} {t['scenario']:<28} {figures}")
     bad = [t for t in every if t["outcome"] in ("failed", "error", "skipped")]
     for t in bad:
         msg = str(t.get("message", "")).replace("\n", " ")[:160]
