@@ -1249,7 +1249,11 @@ class PartitionLog:
         due = (
             force_sync
             or policy is FsyncPolicy.ALWAYS
-            or (policy is FsyncPolicy.INTERVAL and now - self._last_sync_ms >= interval)
+            # Nothing written since the last sync: nothing is due. (Else a finished
+            # background sync's head commit started another, empty, background sync, and
+            # an idle log fsynced its head and started a thread on every tick.)
+            or (policy is FsyncPolicy.INTERVAL and self._dirty
+                and now - self._last_sync_ms >= interval)
         )
         background = background and due and policy is FsyncPolicy.INTERVAL and not force_sync
         if background and self._sync is not None:

@@ -139,3 +139,29 @@ def test_no_second_sync_while_one_runs_and_close_waits(tmp_path, monkeypatch):
     assert len(served(lg)) == 4 and lg.fork == 0
     lg.close()
     assert os.path.exists(tmp_path / "head")
+
+
+def test_an_idle_log_stops_committing_once_its_data_and_head_are_synced(tmp_path):
+    # Regression: the head commit after a finished background sync started another,
+    # empty, background sync, so an idle log fsynced its head and started a thread on
+    # every commit tick, forever (a third of a core with 1,000 idle partitions).
+    fs = FaultyFileSystem()
+    lg = open_log(tmp_path, fs)
+    fill(lg, 3)
+    jobs = 0
+    for _ in range(50):
+        job = lg.prepare_commit()
+        if job is None:
+            if lg._sync is None:
+                break
+            lg._sync.wait()  # let the background sync finish, then look again
+            continue
+        job.run()
+        lg.publish(job)
+        jobs += 1
+    else:
+        pytest.fail("an idle log kept preparing commit jobs")
+    assert jobs <= 3  # the data's head, its sync's head record, nothing more
+    assert lg.prepare_commit() is None
+    lg.close()
+    assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
