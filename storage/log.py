@@ -632,6 +632,19 @@ class PartitionLog:
         """First retained block (blocks below it were dropped by retention)."""
         return self._min_index
 
+    @property
+    def quiescent(self) -> bool:
+        """Nothing for a commit to do: every appended batch is published, no commit or
+        background sync is in flight, and (under `interval`) nothing written waits for a
+        sync. `prepare_commit` would return None; a periodic tick can skip this log."""
+        return (
+            self._job is None
+            and self._sync is None
+            and self._next_leaf == self._published_length
+            and (self._head is None or self._fork == self._head.fork)
+            and not (self._dirty and self.policy is FsyncPolicy.INTERVAL)
+        )
+
     def set_config(self, config: LogConfig) -> None:
         self.config = config
 

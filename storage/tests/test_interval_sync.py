@@ -147,7 +147,9 @@ def test_an_idle_log_stops_committing_once_its_data_and_head_are_synced(tmp_path
     # every commit tick, forever (a third of a core with 1,000 idle partitions).
     fs = FaultyFileSystem()
     lg = open_log(tmp_path, fs)
+    assert lg.quiescent
     fill(lg, 3)
+    assert not lg.quiescent
     jobs = 0
     for _ in range(50):
         job = lg.prepare_commit()
@@ -162,6 +164,9 @@ def test_an_idle_log_stops_committing_once_its_data_and_head_are_synced(tmp_path
     else:
         pytest.fail("an idle log kept preparing commit jobs")
     assert jobs <= 3  # the data's head, its sync's head record, nothing more
+    assert lg.quiescent  # the broker's tick skips it from now on
     assert lg.prepare_commit() is None
+    fill(lg, 1, start=3)
+    assert not lg.quiescent
     lg.close()
     assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
