@@ -267,6 +267,7 @@ class JavaTools:
         producer_props: Mapping[str, str] | None = None,
         acks: str = "-1",
         timeout: float = 120.0,
+        check: bool = True,
     ) -> ToolResult:
         """Feed `lines` (one record per line) to `kafka-console-producer.sh` on stdin.
 
@@ -279,7 +280,7 @@ class JavaTools:
             args += ["--reader-property", f"{k}={v}"]
         for k, v in (producer_props or {}).items():
             args += ["--command-property", f"{k}={v}"]
-        return self.run(CONSOLE_PRODUCER, args, input=lines, timeout=timeout)
+        return self.run(CONSOLE_PRODUCER, args, input=lines, timeout=timeout, check=check)
 
     def console_consumer(
         self,

@@ -194,3 +194,60 @@ def assert_same(
             break
     if problems:
         raise AssertionError("records do not round-trip:\n" + "\n".join(problems))
+
+
+# ---------------------------------------------------------------------------- batch sizes
+
+# A v2 record batch before its records: base offset (8), length (4), partition leader epoch
+# (4), magic (1), crc (4), attributes (2), last offset delta (4), base and max timestamp
+# (8 + 8), producer id (8), producer epoch (2), base sequence (4), record count (4). The
+# broker's max.message.bytes bounds the whole batch, these 61 bytes included.
+BATCH_HEADER_BYTES = 61
+MAX_MESSAGE_BYTES = 1048588  # the broker's default max.message.bytes, as Kafka's
+
+
+def varint_size(n: int) -> int:
+    """Bytes of n as a zigzag varint (Kafka's record fields)."""
+    z = (n << 1) ^ (n >> 63)
+    size = 1
+    while z >= 0x80:
+        z >>= 7
+        size += 1
+    return size
+
+
+def _bytes_field(b: bytes | None) -> int:
+    return varint_size(-1) if b is None else varint_size(len(b)) + len(b)
+
+
+def single_record_batch_bytes(r: Record) -> int:
+    """The size of an uncompressed v2 batch holding `r` alone, as a producer sends it.
+
+    The only record of a batch has timestamp and offset deltas 0.
+    """
+    body = 1 + varint_size(0) + varint_size(0) + _bytes_field(r.key) + _bytes_field(r.value)
+    body += varint_size(len(r.headers))
+    for name, value in r.headers:
+        body += _bytes_field(name.encode()) + _bytes_field(value)
+    return BATCH_HEADER_BYTES + varint_size(body) + body
+
+
+def record_of_batch_size(
+    batch_bytes: int, profile: Profile, seed: int, *, printable: bool = False
+) -> Record:
+    """A record (null key, the profile's fixed headers if any) whose single-record batch is
+    exactly `batch_bytes`; its value is seeded random bytes, or printable ASCII."""
+    headers: tuple[Header, ...] = profile.fixed_headers or ()
+    rng = random.Random(seed)
+    size = batch_bytes - single_record_batch_bytes(Record(None, b"", headers))
+    # Longer values need longer length varints: shrink until the batch is exact.
+    while single_record_batch_bytes(Record(None, b"\0" * size, headers)) > batch_bytes:
+        size -= 1
+    if single_record_batch_bytes(Record(None, b"\0" * size, headers)) != batch_bytes:
+        raise ValueError(f"no single-record batch is exactly {batch_bytes} bytes")
+    if printable:
+        alphabet = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 -_.:;,!?/"
+        value = bytes(rng.choices(alphabet, k=size))
+    else:
+        value = _payload(rng, size, profile.forbidden)
+    return Record(None, value, headers)

@@ -1,4 +1,4 @@
-"""franz-go and sarama beyond the shared round trips: admin, idempotence, record size limits.
+"""franz-go and sarama beyond the shared round trips: admin, idempotence, group admin.
 
 The shared scenarios (rt-<codec>, read-by-other, the group tests) run the Go clients through
 the same code as every other client (compat_tests/clients.py, test_groups.py). This file
@@ -11,8 +11,6 @@ holds what only a client with an admin API and an idempotence switch can be aske
 - idempotent-default: franz-go is idempotent unless told otherwise; its records must carry
   a producer id and land exactly once. sarama is not idempotent by default, so its row is
   `idempotent-on` (Producer.Idempotent = true), its producer id read back through franz-go.
-- near-max-message-bytes: single records whose batch is a few bytes under the broker's
-  max.message.bytes (1048588) round-trip; one byte over is refused with MESSAGE_TOO_LARGE.
 - group-admin: list and describe a live group of that client (members, assignments, state)
   and fetch its committed offsets.
 
@@ -31,18 +29,12 @@ import pytest
 
 from compat_tests.clients import CLIENTS, GO_CLIENTS, create_topic, go_admin, run_json
 from compat_tests.harness import Broker, find_hkgo
-from compat_tests.records import Record, assert_same, generate
+from compat_tests.records import MAX_MESSAGE_BYTES, assert_same, generate
 
 N = int(os.environ.get("HK_COMPAT_RECORDS", "20000"))
 
 TOPIC_ALREADY_EXISTS = 36
 UNKNOWN_TOPIC_OR_PARTITION = 3
-MESSAGE_TOO_LARGE = 10
-MAX_MESSAGE_BYTES = 1048588  # the broker's default max.message.bytes
-# A v2 batch of one record with a null key, no headers and a value of about 1 MB: 61 bytes
-# of batch header, then the record: length (3-byte varint), attributes, timestamp delta,
-# offset delta, key length (-1), value length (3-byte varint), header count: 11 bytes.
-ONE_RECORD_OVERHEAD = 61 + 11
 
 
 def _wait(pred: Any, what: str, timeout: float = 20.0) -> None:
@@ -152,37 +144,3 @@ def _producer_ids(broker: Broker, topic: str, workdir: Path) -> list[int]:
     argv = [hkgo, "franz-go", "consume", "--bootstrap", broker.bootstrap, "--topic", topic]
     argv += ["--outfile", str(out), "--count", "1", "--timeout", "30"]
     return list(run_json(argv, 60, env=dict(os.environ), label="franz-go consume")["producer_ids"])
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.matrix("near-max-message-bytes")
-@pytest.mark.parametrize("client", GO_CLIENTS)
-def test_go_records_near_max_message_bytes(broker: Broker, workdir: Path, client: str) -> None:
-    c = CLIENTS[client]
-    c.require()
-    topic = f"gmax-{client}-{uuid.uuid4().hex[:8]}"
-    create_topic(broker, topic)
-    biggest = MAX_MESSAGE_BYTES - ONE_RECORD_OVERHEAD
-    # One record per batch (too big to share one): 16 bytes under the limit, and exactly at it.
-    records = [
-        Record(None, bytes([i]) * (biggest - 16 + 16 * i), ()) for i in range(2)
-    ]
-    # The clients' own limits default to about 1 MB (franz-go 1000012, sarama 1000000), and
-    # franz-go sizes a batch for the largest request version it might send: a little slack
-    # above the broker's limit leaves the exact boundary to the broker.
-    limit = ("--max-batch-bytes", str(MAX_MESSAGE_BYTES + 256))
-    summary = c.produce(broker, topic, records, workdir, extra=("--idempotence", "off", *limit))
-    assert summary["offsets"] == [0, 1], summary
-    consumed, hwm = c.consume(broker, topic, 2, workdir)
-    assert_same(records, consumed, check_headers=False)
-    assert hwm == 2
-
-    over = [Record(None, b"x" * (biggest + 1), ())]
-    # A client limit above the broker's, so that refusing the batch is the broker's call.
-    limit = ("--max-batch-bytes", str(2 * MAX_MESSAGE_BYTES))
-    summary = c.produce(
-        broker, topic, over, workdir, extra=("--idempotence", "off", "--allow-errors", *limit)
-    )
-    assert summary == {"n": 0, "error_codes": {str(MESSAGE_TOO_LARGE): 1}, "seconds": summary["seconds"]}, summary
-    _consumed, hwm = c.consume(broker, topic, 2, workdir)
-    assert hwm == 2, "a refused batch must not move the high watermark"

@@ -6,7 +6,9 @@ killed by a timeout and never shares a process (or an event loop) with pytest. R
 and go as JSON lines (compat_tests.records). Consumption is assign-mode (no group).
 
 Prints one JSON line on stdout at the end: for produce {"offsets": [first, last], "n": N,
-...}, for consume {"n": N, "high_watermark": H}.
+...}, for consume {"n": N, "high_watermark": H}. With --allow-errors a produce reports the
+records the broker refused instead of failing: {"n": delivered, "error_codes": {code:
+count}, "errors": ["ExceptionType: text", ...]}, each error as the client surfaced it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,20 @@ class _Clock:
         return now < self.deadline and now - self.last_change < self.idle
 
 
+def _refusals(n: int, errors: list[tuple[int, str]]) -> dict[str, Any]:
+    """The --allow-errors summary: delivered count, Kafka error codes, the clients' texts."""
+    codes: dict[str, int] = {}
+    for code, _text in errors:
+        codes[str(code)] = codes.get(str(code), 0) + 1
+    return {"n": n, "error_codes": codes, "errors": [text for _code, text in errors]}
+
+
+def _surfaced(e: BaseException) -> tuple[int, str]:
+    """(Kafka error code, "Type: text") of an exception kafka-python or aiokafka raised."""
+    code = getattr(e, "errno", None)
+    return (code if isinstance(code, int) else -1), f"{type(e).__name__}: {e}"
+
+
 def _check_offsets(offsets: list[int]) -> dict[str, Any]:
     """The producer's own acks must be consecutive offsets: no gaps, no reorder."""
     for a, b in itertools.pairwise(offsets):
@@ -88,6 +104,18 @@ def kp_produce(args: argparse.Namespace, records: list[Record]) -> dict[str, Any
         for r in records
     ]
     producer.flush(timeout=120)
+    if args.allow_errors:
+        from kafka.errors import KafkaError
+
+        delivered, errors = 0, []
+        for f in futures:
+            try:
+                f.get(timeout=30)
+                delivered += 1
+            except KafkaError as e:
+                errors.append(_surfaced(e))
+        producer.close(timeout=10)
+        return _refusals(delivered, errors)
     offsets = [f.get(timeout=30).offset for f in futures]
     result = _check_offsets(offsets)
     tm = getattr(producer, "_transaction_manager", None)
@@ -152,11 +180,11 @@ def ck_produce(args: argparse.Namespace, records: list[Record]) -> dict[str, Any
         conf["enable.idempotence"] = args.idempotence == "on"
     producer = ck.Producer(conf)
     offsets: list[int] = []
-    errors: list[str] = []
+    errors: list[tuple[int, str]] = []
 
     def on_delivery(err: Any, msg: Any) -> None:
         if err is not None:
-            errors.append(str(err))
+            errors.append((err.code(), f"{err.name()}: {err.str()}"))
         else:
             offsets.append(msg.offset())
 
@@ -174,8 +202,12 @@ def ck_produce(args: argparse.Namespace, records: list[Record]) -> dict[str, Any
                 producer.poll(0.05)
         producer.poll(0)
     left = producer.flush(120)
-    if left or errors:
+    if left:
         _fail(f"confluent producer: {left} undelivered, errors: {errors[:5]}")
+    if args.allow_errors:
+        return _refusals(len(offsets), errors)
+    if errors:
+        _fail(f"confluent producer: delivery errors: {errors[:5]}")
     return _check_offsets(offsets)
 
 
@@ -251,6 +283,19 @@ async def ak_produce_async(args: argparse.Namespace, records: list[Record]) -> d
                     timestamp_ms=r.timestamp,
                 )
             )
+        if args.allow_errors:
+            from aiokafka.errors import KafkaError
+
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(*futures, return_exceptions=True), timeout=120
+            )
+            errors = []
+            for o in outcomes:
+                if isinstance(o, KafkaError):
+                    errors.append(_surfaced(o))
+                elif isinstance(o, BaseException):
+                    raise o
+            return _refusals(len(outcomes) - len(errors), errors)
         metas = await asyncio.wait_for(asyncio.gather(*futures), timeout=120)
     finally:
         await producer.stop()
@@ -299,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codec", choices=CODECS, default="none")
     ap.add_argument("--acks", default="all", choices=["all", "0", "1"])
     ap.add_argument("--idempotence", choices=["on", "off"], default=None)
+    ap.add_argument(
+        "--allow-errors",
+        action="store_true",
+        help="report records the broker refused (produce) instead of failing",
+    )
     ap.add_argument("--infile", type=Path)
     ap.add_argument("--outfile", type=Path)
     ap.add_argument("--count", type=int, default=0)
