@@ -166,6 +166,31 @@ def go_admin(client: str, op: str, broker: Broker, *args: str, timeout: float = 
     return run_json(argv, timeout, env=dict(os.environ), label=f"{client} admin {op}")
 
 
+# Clients whose topic admin (create/list/describe/delete, describe configs) the tests drive
+# through `client_admin`; kafka-python's topic admin runs in-process in
+# test_metadata_admin.py, its describe configs here (the only op pyadmin has for it).
+ADMIN_CLIENTS = ("confluent", "aiokafka", "kafkajs", "franz-go", "sarama")
+
+
+def client_admin(client: str, op: str, broker: Broker, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+    """One admin operation (create, list, describe, delete, configs) through `client`'s own
+    admin API, answered in one shape whatever the client (see compat_tests/workers/pyadmin.py)."""
+    if client in GO_CLIENTS:
+        return go_admin(client, op, broker, *args, timeout=timeout)
+    tail = [op, "--bootstrap", broker.bootstrap, *args, "--timeout", str(timeout - 10)]
+    if client == "kafkajs":
+        node, why = harness.find_node_kafkajs()
+        if node is None:
+            raise AssertionError(why)
+        argv = [node, str(harness.JS_DIR / "admin.js"), *tail]
+        env = dict(os.environ)
+    else:
+        argv = [sys.executable, "-m", "compat_tests.workers.pyadmin", client, *tail]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(harness.ROOT), env.get("PYTHONPATH", "")) if p)
+    return run_json(argv, timeout, env=env, label=f"{client} admin {op}")
+
+
 def run_json(argv: list[str], timeout: float, *, env: dict[str, str], label: str) -> dict[str, Any]:
     """Run a worker; return the JSON on its last stdout line or raise with its stderr."""
     started = time.monotonic()

@@ -1,10 +1,15 @@
-"""Metadata listing with kcat -L, topic administration with kafka-python, auto-creation.
+"""Metadata listing with kcat -L, topic administration and describe configs, auto-creation.
 
 kcat -L (both librdkafkas) must list our broker at its advertised host:port and a topic
-with its partitions; kafka-python's admin client must create, list, describe and delete
-topics with the right errors for duplicates and unknown names. Auto-creation of topics on
-first produce is tested here and only here: every other test creates its topics through
-the admin API, so a broker (like tansu) without auto-creation fails this test alone.
+with its partitions. Every client with an admin API (kafka-python's KafkaAdminClient,
+confluent-kafka's AdminClient, aiokafka's AIOKafkaAdminClient, kafkajs's admin, franz-go's
+kadm, sarama's ClusterAdmin) must create, list, describe and delete topics with the right
+errors for duplicates and unknown names (admin-topics), and describe a topic's configs
+with their values and sources (describe-configs). kafka-python's topic admin runs in this
+process, the others through `clients.client_admin` (compat_tests/workers/pyadmin.py,
+compat_tests/js/admin.js and the Go driver), which answer in one shape. Auto-creation of
+topics on first produce is tested here and only here: every other test creates its topics
+through the admin API, so a broker (like tansu) without auto-creation fails this test alone.
 """
 
 from __future__ import annotations
@@ -13,13 +18,17 @@ import json
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from compat_tests import harness
-from compat_tests.clients import CLIENTS, admin, create_topic
+from compat_tests.clients import ADMIN_CLIENTS, CLIENTS, admin, client_admin, create_topic
 from compat_tests.harness import Broker
-from compat_tests.records import Profile, assert_same, generate
+from compat_tests.records import MAX_MESSAGE_BYTES, Profile, assert_same, generate
+
+TOPIC_ALREADY_EXISTS = 36
+UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 @pytest.mark.timeout(90)
@@ -88,7 +97,69 @@ def test_kafka_python_admin_create_list_delete(broker: Broker) -> None:
         a.close()
 
 
-def _wait(pred, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.timeout(120)
+@pytest.mark.matrix("admin-topics")
+@pytest.mark.parametrize("client", ADMIN_CLIENTS)
+def test_admin_create_list_describe_delete(broker: Broker, client: str) -> None:
+    CLIENTS[client].require()
+    tag = uuid.uuid4().hex[:8]
+    one, four = f"adm-{client}-one-{tag}", f"adm-{client}-four-{tag}"
+
+    got = client_admin(client, "create", broker, "--topic", one, "--partitions", "1")
+    assert got["topics"][one]["error_code"] == 0, got
+    got = client_admin(client, "create", broker, "--topic", four, "--partitions", "4")
+    assert got["topics"][four]["error_code"] == 0, got
+    _wait(lambda: {one, four} <= set(client_admin(client, "list", broker)["topics"]), "created topics listed")
+
+    described = client_admin(client, "describe", broker, "--topic", one, "--topic", four)["topics"]
+    for name, n in ((one, 1), (four, 4)):
+        t = described[name]
+        assert t["error_code"] == 0, t
+        assert [p["partition"] for p in t["partitions"]] == list(range(n)), t
+        for p in t["partitions"]:
+            assert p["error_code"] == 0 and p["leader"] >= 0, p
+            assert p["replicas"] == [p["leader"]] and p["isr"] == [p["leader"]], p
+
+    again = client_admin(client, "create", broker, "--topic", one, "--partitions", "1")
+    assert again["topics"][one]["error_code"] == TOPIC_ALREADY_EXISTS, again
+
+    gone = client_admin(client, "delete", broker, "--topic", one, "--topic", four)["topics"]
+    assert gone[one]["error_code"] == 0 and gone[four]["error_code"] == 0, gone
+    _wait(lambda: not ({one, four} & set(client_admin(client, "list", broker)["topics"])), "deleted topics gone")
+
+    missing = f"never-{tag}"
+    got = client_admin(client, "delete", broker, "--topic", missing)
+    assert got["topics"][missing]["error_code"] == UNKNOWN_TOPIC_OR_PARTITION, got
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.matrix("describe-configs")
+@pytest.mark.parametrize("client", [*ADMIN_CLIENTS, "kafka-python"])
+def test_admin_describe_topic_configs(broker: Broker, client: str) -> None:
+    CLIENTS[client].require()
+    topic = f"cfg-{client}-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic)
+    got = client_admin(client, "configs", broker, "--topic", topic)["topics"][topic]
+    # kafka-python 3.0.12's describe_configs drops each resource's error code (null here).
+    assert got["error_code"] == (None if client == "kafka-python" else 0), got
+    configs = got["configs"]
+    assert configs["max.message.bytes"]["value"] == str(MAX_MESSAGE_BYTES), configs["max.message.bytes"]
+    assert configs["cleanup.policy"]["value"] == "delete", configs.get("cleanup.policy")
+    assert configs["retention.ms"]["value"] == "604800000", configs.get("retention.ms")
+    # Nothing was set on the topic: every value is a default of some kind.
+    sources = {name: c["source"] for name, c in configs.items()}
+    assert not [n for n, s in sources.items() if "TOPIC" in s.upper()], sources
+
+    missing = f"never-{uuid.uuid4().hex[:8]}"
+    got = client_admin(client, "configs", broker, "--topic", missing)["topics"][missing]
+    if client == "kafka-python":
+        # All kafka-python surfaces for a missing topic is a topic without configs.
+        assert got == {"error_code": None, "configs": {}}, got
+    else:
+        assert got["error_code"] == UNKNOWN_TOPIC_OR_PARTITION, got
+
+
+def _wait(pred: Any, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
