@@ -1,7 +1,8 @@
 """Group administration through each client's own admin API: list, describe, committed offsets.
 
 For each client with an admin API that covers groups (kafka-python's KafkaAdminClient,
-confluent-kafka's AdminClient, franz-go's kadm, sarama's ClusterAdmin), two members of
+confluent-kafka's AdminClient, aiokafka's AIOKafkaAdminClient, kafkajs's admin, franz-go's
+kadm, sarama's ClusterAdmin), two members of
 that client share a 4-partition topic (the workers of test_groups.py). While they run, the
 client's admin must list the group as a "consumer" group and describe it as Stable with two
 members whose assignments split the partitions between them, the same split the members
@@ -21,11 +22,14 @@ from typing import Any
 
 import pytest
 
-from compat_tests.clients import CLIENTS, GO_CLIENTS, create_topic, go_admin
+from compat_tests.clients import CLIENTS, GO_CLIENTS, client_admin, create_topic
 from compat_tests.harness import Broker
 from compat_tests.test_groups import PARTITIONS, last_split, members, produce, stop_all, wait_for
 
-ADMIN_CLIENTS = ["kafka-python", "confluent", "franz-go", "sarama"]
+ADMIN_CLIENTS = ["kafka-python", "confluent", "aiokafka", "kafkajs", "franz-go", "sarama"]
+# Driven through clients.client_admin (the Go driver, workers/pyadmin.py, js/admin.js), which
+# answer in one shape; kafka-python and confluent run in this process.
+CLI_ADMIN = (*GO_CLIENTS, "aiokafka", "kafkajs")
 
 
 # Each adapter answers in one shape: list -> {group: protocol_type}; describe ->
@@ -105,37 +109,37 @@ def _ck_offsets(broker: Broker, group: str, topic: str) -> dict[int, int]:
     return {tp.partition: tp.offset for tp in got.topic_partitions if tp.topic == topic}
 
 
-def _go_list(client: str, broker: Broker) -> dict[str, str]:
-    return {g: d["protocol_type"] for g, d in go_admin(client, "list-groups", broker)["groups"].items()}
+def _cli_list(client: str, broker: Broker) -> dict[str, str]:
+    return {g: d["protocol_type"] for g, d in client_admin(client, "list-groups", broker)["groups"].items()}
 
 
-def _go_describe(client: str, broker: Broker, group: str, topic: str) -> dict[str, Any]:
-    d = go_admin(client, "describe-groups", broker, "--group", group)["groups"][group]
+def _cli_describe(client: str, broker: Broker, group: str, topic: str) -> dict[str, Any]:
+    d = client_admin(client, "describe-groups", broker, "--group", group)["groups"][group]
     assert d["error_code"] == 0, d
     parts = sorted(sorted(m["assigned"].get(topic) or []) for m in d["members"])
     return {"state": d["state"], "members": parts, "protocol_type": d["protocol_type"]}
 
 
-def _go_offsets(client: str, broker: Broker, group: str, topic: str) -> dict[int, int]:
-    got = go_admin(client, "offsets", broker, "--group", group)["offsets"]
+def _cli_offsets(client: str, broker: Broker, group: str, topic: str) -> dict[int, int]:
+    got = client_admin(client, "offsets", broker, "--group", group, "--topic", topic)["offsets"]
     return {int(p): int(o) for p, o in got.items()}
 
 
 def list_groups(client: str, broker: Broker) -> dict[str, str]:
-    if client in GO_CLIENTS:
-        return _go_list(client, broker)
+    if client in CLI_ADMIN:
+        return _cli_list(client, broker)
     return _kp_list(broker) if client == "kafka-python" else _ck_list(broker)
 
 
 def describe_group(client: str, broker: Broker, group: str, topic: str) -> dict[str, Any]:
-    if client in GO_CLIENTS:
-        return _go_describe(client, broker, group, topic)
+    if client in CLI_ADMIN:
+        return _cli_describe(client, broker, group, topic)
     return _kp_describe(broker, group, topic) if client == "kafka-python" else _ck_describe(broker, group, topic)
 
 
 def group_offsets(client: str, broker: Broker, group: str, topic: str) -> dict[int, int]:
-    if client in GO_CLIENTS:
-        return _go_offsets(client, broker, group, topic)
+    if client in CLI_ADMIN:
+        return _cli_offsets(client, broker, group, topic)
     return _kp_offsets(broker, group, topic) if client == "kafka-python" else _ck_offsets(broker, group, topic)
 
 

@@ -1,7 +1,7 @@
 // kafkajs's admin client for hyperkafka's compatibility tests.
 //
-// `node admin.js create|list|describe|delete|configs --bootstrap H:P [--topic T]...
-// [--partitions N] [--timeout S]` prints one JSON line in the shape the Go driver's
+// `node admin.js create|list|describe|delete|configs|list-groups|describe-groups|offsets
+// --bootstrap H:P [--topic T]... [--group G]... [--partitions N] [--timeout S]` prints one JSON line in the shape the Go driver's
 // `hkgo CLIENT admin OP` prints (see compat_tests/workers/pyadmin.py), so one test serves
 // every admin client. Error codes are Kafka's, read from what kafkajs surfaces: its
 // protocol errors carry `.code`; createTopics answers `false` for a topic that already
@@ -9,7 +9,7 @@
 // describeConfigs go one topic a call, since kafkajs answers (or throws) per call.
 'use strict'
 
-const { Kafka, ConfigResourceTypes, logLevel } = require('kafkajs')
+const { Kafka, AssignerProtocol, ConfigResourceTypes, logLevel } = require('kafkajs')
 
 const TOPIC_ALREADY_EXISTS = 36
 
@@ -27,10 +27,11 @@ const CONFIG_SOURCES = [
 ]
 
 function parseArgs(argv) {
-  const args = { op: argv[0], topics: [], partitions: 1, timeout: 30 }
+  const args = { op: argv[0], topics: [], groups: [], partitions: 1, timeout: 30 }
   for (let i = 1; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, '')
     if (name === 'topic') args.topics.push(argv[i + 1])
+    else if (name === 'group') args.groups.push(argv[i + 1])
     else args[name] = argv[i + 1]
   }
   args.partitions = Number(args.partitions)
@@ -123,6 +124,31 @@ async function run(admin, args) {
         }
       }
       return { topics: out }
+    }
+    case 'list-groups': {
+      const out = {}
+      for (const g of (await admin.listGroups()).groups) out[g.groupId] = { protocol_type: g.protocolType }
+      return { groups: out }
+    }
+    case 'describe-groups': {
+      const out = {}
+      for (const g of (await admin.describeGroups(args.groups)).groups) {
+        const members = g.members.map(m => ({
+          member_id: m.memberId,
+          assigned: m.memberAssignment.length
+            ? AssignerProtocol.MemberAssignment.decode(m.memberAssignment).assignment
+            : {},
+        }))
+        out[g.groupId] = { error_code: g.errorCode, state: g.state, protocol_type: g.protocolType, members }
+      }
+      return { groups: out }
+    }
+    case 'offsets': {
+      const offsets = {}
+      for (const t of await admin.fetchOffsets({ groupId: args.groups[0], topics: args.topics })) {
+        for (const p of t.partitions) offsets[p.partition] = Number(p.offset)
+      }
+      return { offsets }
     }
     default:
       throw new Error(`unknown op ${args.op}`)

@@ -1,15 +1,20 @@
 """Topic administration with one Python client's admin API, in its own process.
 
 `python -m compat_tests.workers.pyadmin CLIENT OP --bootstrap H:P [--topic T]... [--partitions
-N]` with CLIENT confluent (AdminClient), aiokafka (AIOKafkaAdminClient) or kafka-python
-(KafkaAdminClient) and OP one of create, list, describe, delete, configs. Prints one JSON
-line in the shape the Go driver's `hkgo CLIENT admin OP` prints, so one test serves all:
+N] [--group G]` with CLIENT confluent (AdminClient), aiokafka (AIOKafkaAdminClient) or
+kafka-python (KafkaAdminClient) and OP one of create, list, describe, delete, configs (and
+for aiokafka list-groups, describe-groups, offsets). Prints one JSON line in the shape the
+Go driver's `hkgo CLIENT admin OP` prints, so one test serves all:
 
 - create / delete: {"topics": {name: {"error_code": int}}}
 - list: {"topics": [name, ...]}
 - describe: {"topics": {name: {"error_code", "partitions": [{"partition", "leader",
   "replicas", "isr", "error_code"}]}}}
 - configs: {"topics": {name: {"error_code", "configs": {key: {"value", "source"}}}}}
+- list-groups: {"groups": {group: {"protocol_type": str}}}
+- describe-groups: {"groups": {group: {"error_code", "state", "protocol_type", "members":
+  [{"member_id", "assigned": {topic: [partition, ...]}}]}}}
+- offsets: {"offsets": {partition: offset}} of the group's commits for --topic
 
 Error codes are Kafka's, read from what the client surfaces (a KafkaError's code, an
 exception's errno, a response field); `null` where the client surfaces none.
@@ -23,7 +28,7 @@ import json
 import sys
 from typing import Any
 
-OPS = ("create", "list", "describe", "delete", "configs")
+OPS = ("create", "list", "describe", "delete", "configs", "list-groups", "describe-groups", "offsets")
 
 
 # ---------------------------------------------------------------------------- confluent
@@ -139,6 +144,29 @@ async def ak_admin(args: argparse.Namespace) -> dict[str, Any]:
                 ]
                 out[t["topic"]] = {"error_code": t["error_code"], "partitions": parts}
             return {"topics": out}
+        if args.op == "list-groups":
+            return {"groups": {g[0]: {"protocol_type": g[1]} for g in await a.list_consumer_groups()}}
+        if args.op == "describe-groups":
+            from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+            groups: dict[str, Any] = {}
+            for response in await a.describe_consumer_groups(args.group):
+                for code, group, state, protocol_type, _protocol, members, *_rest in response.groups:
+                    described = []
+                    for member_id, _client_id, _host, _metadata, assignment in members:
+                        assigned = ConsumerProtocolMemberAssignment.decode(assignment).assignment
+                        described.append({"member_id": member_id, "assigned": dict(assigned)})
+                    groups[group] = {
+                        "error_code": code,
+                        "state": state,
+                        "protocol_type": protocol_type,
+                        "members": described,
+                    }
+            return {"groups": groups}
+        if args.op == "offsets":
+            (group,) = args.group
+            got = await a.list_consumer_group_offsets(group)
+            return {"offsets": {tp.partition: om.offset for tp, om in got.items() if tp.topic in args.topic}}
         # configs
         out = {}
         resources = [ConfigResource(ConfigResourceType.TOPIC, t) for t in args.topic]
@@ -188,9 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("op", choices=OPS)
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--topic", action="append", default=[])
+    ap.add_argument("--group", action="append", default=[])
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=30.0)
     args = ap.parse_args(argv)
+    if args.op in ("list-groups", "describe-groups", "offsets") and args.client != "aiokafka":
+        ap.error(f"{args.op}: the group admin of {args.client} is tested in-process (test_group_admin.py)")
     if args.client == "confluent":
         summary = ck_admin(args)
     elif args.client == "aiokafka":
