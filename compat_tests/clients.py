@@ -79,11 +79,12 @@ class Client:
 
         With `allow_errors`, records the broker refuses are reported, not raised:
         {"n": delivered, "error_codes": {"code": count}, "errors": [text as the client
-        surfaced it]} (the Go driver reports codes only).
+        surfaced it]} (the Go driver reports codes only). `extra` goes to the worker's command
+        line (kcat's: e.g. ("-X", "enable.idempotence=true")).
         """
         if self.name.startswith("kcat"):
             return _kcat_produce(
-                self, broker, topic, records, workdir, codec, timeout, allow_errors
+                self, broker, topic, records, workdir, codec, timeout, allow_errors, extra
             )
         if allow_errors:
             extra = (*extra, "--allow-errors")
@@ -231,6 +232,7 @@ def _kcat_produce(
     codec: str,
     timeout: float,
     allow_errors: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     kc = _kcat(client)
     payload = bytearray()
@@ -249,7 +251,7 @@ def _kcat_produce(
         args += ["-z", codec]
     for name, value in KCAT_HEADERS:
         args += ["-H", f"{name}={value.decode()}"]
-    args += ["-l", str(infile)]
+    args += [*extra, "-l", str(infile)]
     started = time.monotonic()
     proc = kc.run(args, timeout=timeout, check=not allow_errors)
     err = proc.stderr.decode("utf-8", "replace")

@@ -10,7 +10,8 @@ Owns:
   the tests themselves are synchronous and every client runs in a child process.
 - the broker's log tail attached to every failed test that used a broker.
 - a JSON results file (HK_COMPAT_RESULTS, default compat_tests/.tools/results.json) with one
-  entry per test: client, scenario, outcome, seconds; `python -m compat_tests.matrix` prints it.
+  entry per test: client, scenario, outcome, seconds, and every matrix cell the collected
+  tests fill (also with --collect-only); `python -m compat_tests.matrix` prints it.
 
 Imports the standard library, pytest and compat_tests.harness only.
 """
@@ -170,6 +171,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cells = config.stash[_CELLS]
+    if any("broker" in getattr(item, "fixturenames", ()) for item in items):
+        cells["(session)"] = ("broker", "sigterm-exit-0")  # the `broker` fixture's own row
     for item in items:
         m = item.get_closest_marker("matrix")
         if m is None:
@@ -246,6 +249,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "wall_seconds": round(time.time() - started, 1),
         "exitstatus": int(exitstatus),
         "tests": out,
+        # Every matrix cell some collected test fills (before -k deselection), run or not:
+        # compat_tests.matrix checks that each grid cell is tested or explained.
+        "collected": sorted(set(cells.values())),
     }
     path = Path(os.environ.get("HK_COMPAT_RESULTS") or harness.TOOLS_DIR / "results.json")
     path.parent.mkdir(parents=True, exist_ok=True)

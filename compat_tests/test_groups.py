@@ -255,7 +255,7 @@ def _killed_member_scenario(broker: Broker, workdir: Path, client: str, request:
 
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("group-resume-after-restart")
-@pytest.mark.parametrize("client", ["kafka-python", "confluent", "kafkajs", "franz-go", "sarama"])
+@pytest.mark.parametrize("client", GROUP_CLIENTS)
 def test_group_resumes_at_its_commits_after_a_broker_restart(fresh_broker: Broker, workdir: Path, client: str) -> None:
     _require(client)
     b = fresh_broker

@@ -2,15 +2,22 @@
 
 assert_same must catch a changed byte, a null turned empty, a lost header, a duplicate, a
 gap and a reorder; generated data must be deterministic and honour a client's profile; the
-kcat output parser must read binary keys and values containing newlines.
+kcat output parser must read binary keys and values containing newlines. Every cell of the
+client x scenario matrix must be tested or explained (compat_tests/matrix.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from compat_tests import harness, matrix
 from compat_tests.clients import CLIENTS, KCAT_KEY_DELIM, KCAT_MSG_DELIM, parse_kcat_format
 from compat_tests.records import Profile, Record, assert_same, from_json, generate, to_json
 
@@ -84,3 +91,34 @@ def test_parse_kcat_format_reads_binary() -> None:
         Record(None, b"\n\n\xff\x00", (), 1001, 1),
         Record(b"", b"", (), 1002, 2),
     ]
+
+
+def test_every_matrix_cell_is_tested_or_explained(tmp_path: Path) -> None:
+    """Collect the whole suite (as a child pytest, so -k here changes nothing) and check that
+    each grid cell is filled by a test or explained as n/a with a note, and that no
+    explanation has gone stale."""
+    results = tmp_path / "collected.json"
+    env = dict(os.environ, HK_COMPAT_RESULTS=str(results))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "compat_tests"],
+        cwd=harness.ROOT,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout.decode()[-3000:] + proc.stderr.decode()[-3000:]
+    cells = [(c, s) for c, s in json.loads(results.read_text())["collected"]]
+    assert len(cells) > 100, f"collected only {len(cells)} matrix cells"
+    assert matrix.problems(cells) == []
+
+
+def test_matrix_problems_catch_a_gap_and_a_stale_explanation() -> None:
+    full = [(c, "rt-none") for c in matrix.GRID_CLIENTS if c != "java-tools"]
+    assert matrix.problems(full, complete=False) == []  # java-tools: n/a[c]
+    gap = [cell for cell in full if cell[0] != "sarama"]
+    assert matrix.problems(gap, complete=False) == ["'rt-none' x sarama: neither tested nor explained"]
+    stale = [*full, ("java-tools", "rt-none")]
+    assert matrix.problems(stale, complete=False) == ["'rt-none' x java-tools: tested, but explained as n/a[c]"]
+    new_row = [("confluent", "brand-new-scenario")]
+    assert len(matrix.problems(new_row, complete=False)) == len(matrix.GRID_CLIENTS) - 1

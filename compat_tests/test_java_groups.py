@@ -54,7 +54,7 @@ def _describe_rows(java: JavaTools, broker: Broker, group: str, topic: str) -> d
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.matrix("kafka-consumer-groups describe/reset/delete", client="java-tools")
+@pytest.mark.matrix("group-admin list/describe/offsets", client="java-tools")
 def test_consumer_groups_describe_reset_and_delete(java: JavaTools, broker: Broker) -> None:
     tag = uuid.uuid4().hex[:8]
     topic, group = f"jg-{tag}", f"jg-group-{tag}"

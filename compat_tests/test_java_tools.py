@@ -64,7 +64,7 @@ def keyed_lines(n: int, seed: int) -> bytes:
 # ------------------------------------------------------------------------- kafka-topics
 
 
-@pytest.mark.matrix("kafka-topics create/list/describe/delete", client="java-tools")
+@pytest.mark.matrix("admin-topics", client="java-tools")
 def test_topics_create_list_describe_delete(java: JavaTools, hk: Broker) -> None:
     b = hk.bootstrap
     topic = "jt-topics"
@@ -100,7 +100,7 @@ def test_topics_create_list_describe_delete(java: JavaTools, hk: Broker) -> None
     assert gone.returncode != 0, gone.text
 
 
-@pytest.mark.matrix("kafka-topics --config", client="java-tools")
+@pytest.mark.matrix("describe-configs", client="java-tools")
 def test_topics_create_with_config_and_describe_config(java: JavaTools, hk: Broker) -> None:
     b = hk.bootstrap
     topic = "jt-configs"

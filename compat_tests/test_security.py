@@ -52,7 +52,7 @@ CELLS = {
     "SASL_SSL/SCRAM-SHA-512": ("SASL_SSL", "SCRAM-SHA-512"),
 }
 JAVA_CONSUMES = ("SSL/mTLS", "SASL_SSL/SCRAM-SHA-512")
-CLIENTS = ("kcat-new", "kcat-old", "confluent", "kafka-python", "java")
+CLIENTS = ("kcat-new", "kcat-old", "confluent", "kafka-python", "java-tools")
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def produce_and_consume(client: str, s: dict[str, Any], topic: str, workdir: Pat
         kc.run(["-P", "-t", topic, *kcat_args(s)], input="\n".join(values).encode() + b"\n", timeout=60)
         out = kc.run(["-C", "-t", topic, "-p", "0", "-o", "beginning", "-c", str(n), "-e", *kcat_args(s)], timeout=60)
         assert out.stdout.decode().split() == values
-    elif client == "java":
+    elif client == "java-tools":
         tools = java_tools()
         props = java_props(s, workdir)
         tools.console_producer(s["bootstrap"], topic, ("\n".join(values) + "\n").encode(), producer_props=props, timeout=90)
@@ -208,7 +208,7 @@ def writer_still_works(sb: SecureBroker, topic: str = "sec-after-refusal") -> No
 @pytest.mark.matrix("security refusal: {case}")
 @pytest.mark.parametrize(
     "client,case",
-    [(c, case) for c in ("kcat-new", "confluent", "kafka-python") for case in ("wrong password", "unknown user")] + [("java", "wrong password")],
+    [(c, case) for c in ("kcat-new", "confluent", "kafka-python") for case in ("wrong password", "unknown user")] + [("java-tools", "wrong password")],
 )
 def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: str, tmp_path: Path) -> None:
     s = spec(secure, "SASL_PLAINTEXT", "SCRAM-SHA-256", user="writer" if case == "wrong password" else "mallory", password="not-the-password")
@@ -217,7 +217,7 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
         out = kcat("new").run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=4000"], input=b"x\n", timeout=60, check=False)
         err = out.stderr.decode()
         assert out.returncode != 0 and "Authentication failed" in err, err[-1500:]
-    elif client == "java":
+    elif client == "java-tools":
         from compat_tests.java_tools import ToolFailed
 
         tools = java_tools()
@@ -257,7 +257,7 @@ def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: Sec
 
 @pytest.mark.timeout(120)
 @pytest.mark.matrix("security refusal: read-only principal produces")
-@pytest.mark.parametrize("client", ["kcat-new", "confluent", "kafka-python", "java"])
+@pytest.mark.parametrize("client", ["kcat-new", "confluent", "kafka-python", "java-tools"])
 def test_read_only_principal_cannot_produce(secure: SecureBroker, client: str, tmp_path: Path) -> None:
     topic = "sec-shared"
     r = py_client("confluent", "produce", {**spec(secure, "SASL_SSL", "SCRAM-SHA-512"), "tag": topic}, topic, 1)
@@ -267,7 +267,7 @@ def test_read_only_principal_cannot_produce(secure: SecureBroker, client: str, t
         out = kcat("new").run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=5000"], input=b"x\n", timeout=60, check=False)
         err = out.stderr.decode()
         assert "Topic authorization failed" in err or "TOPIC_AUTHORIZATION_FAILED" in err, err[-1500:]
-    elif client == "java":
+    elif client == "java-tools":
         from compat_tests.java_tools import ToolFailed
 
         tools = java_tools()

@@ -2,7 +2,7 @@
 //
 // Owns the kafkajs side of a round trip: `node worker.js produce|consume --bootstrap H:P
 // --topic T [--partition 0] [--codec none|gzip] [--infile F] [--outfile F] [--count N]
-// [--offset O] [--timeout S] [--chunk N] [--allow-errors]`. Records come and go as the JSON
+// [--offset O] [--timeout S] [--chunk N] [--allow-errors] [--idempotence on|off]`. Records come and go as the JSON
 // lines described in compat_tests/records.py. Prints one JSON summary line on stdout; exits
 // non-zero on error. A produce sends --chunk records (500) per send(), which kafkajs puts in
 // one batch; with --allow-errors it reports what the broker refused, {"n": delivered,
@@ -57,7 +57,13 @@ function toMessage(rec, partition) {
 
 async function produce(kafka, args) {
   const records = readRecords(args.infile)
-  const producer = kafka.producer({ allowAutoTopicCreation: false, idempotent: false })
+  // Not idempotent unless asked (kafkajs's default); idempotence needs one request in flight.
+  const idempotent = args.idempotence === 'on'
+  const producer = kafka.producer({
+    allowAutoTopicCreation: false,
+    idempotent,
+    ...(idempotent ? { maxInFlightRequests: 1 } : {}),
+  })
   await producer.connect()
   const compression = args.codec === 'gzip' ? CompressionTypes.GZIP : CompressionTypes.None
   const offsets = []

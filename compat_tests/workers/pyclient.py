@@ -268,6 +268,8 @@ async def ak_produce_async(args: argparse.Namespace, records: list[Record]) -> d
     }
     if args.codec != "none":
         kw["compression_type"] = args.codec
+    if args.idempotence is not None:
+        kw["enable_idempotence"] = args.idempotence == "on"
     producer = AIOKafkaProducer(**kw)
     await producer.start()
     try:
