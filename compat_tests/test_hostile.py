@@ -179,3 +179,25 @@ def test_clients_work_after_hostile_bytes(broker: Broker, workdir: Path, client:
     c.produce(broker, topic, records, workdir, timeout=120)
     consumed, _ = c.consume(broker, topic, len(records), workdir, timeout=120)
     assert_same(records, consumed)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.matrix("after-hostile", client="java-tools")
+def test_console_tools_work_after_hostile_bytes(broker: Broker) -> None:
+    """The same, for the Java console producer and consumer (text lines, their format)."""
+    from compat_tests.java_tools import JavaTools, require_java
+
+    java = JavaTools(require_java())
+    for attack in ATTACKS.values():
+        with harness.raw_connection(broker) as s, contextlib.suppress(OSError):
+            attack(s)
+    _assert_alive(broker)
+    topic = f"after-hostile-java-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic)
+    data = b"".join(b"k%03d\tafter hostile bytes %03d \xc3\xa4\xe2\x82\xac\n" % (i, i) for i in range(300))
+    java.console_producer(broker.bootstrap, topic, data, reader_props={"parse.key": "true", "key.separator": "\t"})
+    res = java.console_consumer(
+        broker.bootstrap, topic, partition=0, offset="earliest", max_messages=300, timeout_ms=30_000,
+        formatter_props={"print.key": "true", "key.separator": "\t"},
+    )  # fmt: skip
+    assert res.processed() == 300 and res.stdout == data, res.stderr_tail()
