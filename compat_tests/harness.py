@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,6 +221,44 @@ def new_broker(
         log_path=workdir / "broker.log",
         env=env,
     )
+
+
+@contextlib.contextmanager
+def configured_broker(
+    workdir: Path,
+    properties: Mapping[str, str],
+    *,
+    data_dir: Path | None = None,
+    port: int | None = None,
+    what: str = "the test",
+) -> Iterator[Broker]:
+    """A started broker of ours run with `--config workdir/server.properties` (`properties`).
+
+    If the properties name `listeners`, those are the broker's and the harness's `--listen`
+    is left out (`port` must then be the PLAINTEXT listener's, which the harness probes).
+    When the with-block ends normally, a broker it did not stop itself must still be running
+    and exit 0 on SIGTERM (BrokerError otherwise); however it ends, the broker is killed if
+    it is still alive.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    conf = workdir / "server.properties"
+    conf.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+    b = new_broker(workdir, data_dir=data_dir, port=port, extra=["--config", str(conf)])
+    if "listeners" in properties and "--listen" in b.argv:
+        i = b.argv.index("--listen")
+        del b.argv[i : i + 2]
+    try:
+        b.start()
+        yield b
+        if b.proc is not None:
+            status = b.proc.poll()
+            if status is not None:
+                raise BrokerError(f"broker died during {what} with status {status}\n" + b.log_tail())
+            status = b.stop()
+            if status != 0:
+                raise BrokerError(f"broker exited {status} after SIGTERM (expected 0)\n" + b.log_tail())
+    finally:
+        b.kill()
 
 
 def external_broker() -> Broker | None:

@@ -9,10 +9,12 @@ Imports the standard library and compat_tests.harness only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,8 +82,10 @@ def add_user(data_dir: Path, name: str, password: str) -> None:
     )
 
 
-def start_secure_broker(workdir: Path, pki: Pki, extra_props: dict[str, str] | None = None) -> SecureBroker:
-    """A broker with one listener of every kind; the PLAINTEXT one is what the harness probes."""
+@contextlib.contextmanager
+def secure_broker(workdir: Path, pki: Pki, extra_props: dict[str, str] | None = None) -> Iterator[SecureBroker]:
+    """A started broker with one listener of every kind; the PLAINTEXT one is what the
+    harness probes. It must still run, and exit 0 on SIGTERM, when the with-block ends."""
     ports = {name: harness.free_port() for name in LISTENERS}
     data_dir = workdir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -101,11 +105,7 @@ def start_secure_broker(workdir: Path, pki: Pki, extra_props: dict[str, str] | N
         "hyperkafka.acl.topic.private-*.read": "User:writer;User:reader",
     }
     props.update(extra_props or {})
-    conf = workdir / "server.properties"
-    conf.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    b = harness.new_broker(workdir, data_dir=data_dir, port=ports["PLAINTEXT"], extra=["--config", str(conf)])
-    # The harness's argv has --listen; listeners come from the file instead.
-    i = b.argv.index("--listen")
-    del b.argv[i : i + 2]
-    b.start()
-    return SecureBroker(b, ports, pki)
+    with harness.configured_broker(
+        workdir, props, data_dir=data_dir, port=ports["PLAINTEXT"], what="the security tests"
+    ) as b:
+        yield SecureBroker(b, ports, pki)

@@ -352,15 +352,11 @@ def test_offsets_expire_and_compaction_keeps_commits_across_restarts(fresh_broke
     topic = f"expiry-{tag}"
     create_topic(b, topic, PARTITIONS)
     assert b.stop() == 0
-    props = workdir / "phase1.properties"
-    props.write_text("hyperkafka.offsets.compaction.min.dirty.records=50\noffsets.retention.check.interval.ms=200\n")
-    assert b.data_dir is not None
-    for phase in ("p1", "p2"):
-        (workdir / phase).mkdir()
-    b = harness.new_broker(workdir / "p1", data_dir=b.data_dir, extra=["--config", str(props)])
-    offsets_dir = b.data_dir / "__consumer_offsets-0"  # type: ignore[operator]
-    try:
-        b.start()
+    data_dir = b.data_dir
+    assert data_dir is not None
+    offsets_dir = data_dir / "__consumer_offsets-0"
+    phase1 = {"hyperkafka.offsets.compaction.min.dirty.records": "50", "offsets.retention.check.interval.ms": "200"}
+    with harness.configured_broker(workdir / "p1", phase1, data_dir=data_dir) as b:
         t_exp = time.monotonic()
         _commit_standalone(b, "exp", topic, {0: 5})
         _commit_standalone(b, "kept", topic, {p: 10 * p for p in range(PARTITIONS)}, times=100)
@@ -373,24 +369,15 @@ def test_offsets_expire_and_compaction_keeps_commits_across_restarts(fresh_broke
         _commit_standalone(b, "kept", topic, final)
         t_kept = time.monotonic()
         assert committed(b, "exp") == {0: 5}  # the default retention is 7 days
-        assert b.stop() == 0
-    finally:
-        b.kill()
     segments = sorted(n for n in os.listdir(offsets_dir) if n.endswith(".log"))
     assert int(segments[0][:-4]) > 0, f"old segments were not dropped: {segments}"
 
     restart = time.monotonic()
     retention_ms = int((restart - t_kept + margin) * 1000)  # exp is >= gap - margin past it
-    props2 = workdir / "phase2.properties"
-    props2.write_text(f"hyperkafka.offsets.retention.ms={retention_ms}\noffsets.retention.check.interval.ms=200\n")
-    b = harness.new_broker(workdir / "p2", data_dir=b.data_dir, extra=["--config", str(props2)])
-    try:
-        b.start()
+    phase2 = {"hyperkafka.offsets.retention.ms": str(retention_ms), "offsets.retention.check.interval.ms": "200"}
+    with harness.configured_broker(workdir / "p2", phase2, data_dir=data_dir) as b:
         kept = committed(b, "kept")
         assert time.monotonic() - t_kept < retention_ms / 1000, "too slow to tell expiry apart (machine overloaded?)"
         assert kept == final, "compaction or restart lost committed offsets"
         assert committed(b, "exp") == {}, "the expired offset came back"
         assert "exp" not in _listed_groups(b) and "kept" in _listed_groups(b)
-        assert b.stop() == 0
-    finally:
-        b.kill()

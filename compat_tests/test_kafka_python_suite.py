@@ -77,7 +77,7 @@ class SpawnedService:
 
 # kafka-python's test broker runs with a low group session floor (its group tests ask for
 # 3 s sessions; the Kafka and hyperkafka default floor is 6 s) and no initial rebalance delay.
-BROKER_PROPERTIES = "group.min.session.timeout.ms=1000\ngroup.initial.rebalance.delay.ms=0\n"
+BROKER_PROPERTIES = {"group.min.session.timeout.ms": "1000", "group.initial.rebalance.delay.ms": "0"}
 
 
 def allowlist() -> list[str]:
@@ -93,16 +93,8 @@ def allowlist() -> list[str]:
 def kp_broker(tmp_path: Path) -> Iterator[Broker]:
     if harness.external_broker() is not None:
         pytest.skip("kafka-python's suite runs against a broker the harness starts with its config")
-    props = tmp_path / "server.properties"
-    props.write_text(BROKER_PROPERTIES)
-    b = harness.new_broker(tmp_path / "kp", extra=["--config", str(props)])
-    b.start()
-    try:
+    with harness.configured_broker(tmp_path / "kp", BROKER_PROPERTIES, what="kafka-python's suite") as b:
         yield b
-        assert b.proc is not None and b.proc.poll() is None, "broker died during the suite\n" + b.log_tail()
-        assert b.stop() == 0, "broker did not exit 0 after SIGTERM\n" + b.log_tail()
-    finally:
-        b.kill()
 
 
 def unpack(into: Path) -> Path:

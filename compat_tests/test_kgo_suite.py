@@ -40,7 +40,7 @@ SUITE_TIMEOUT = 270  # seconds for the whole go test run; CI budget is < 5 min
 # REQUEST_TIMED_OUT. On a 2-core machine shared with other jobs (load average 11) an fsync
 # took longer than that and failed TestGroupETL twice in four runs; this suite tests the
 # protocol, not the disk, so its broker waits up to 30 s.
-BROKER_PROPERTIES = "offsets.commit.timeout.ms=30000\n"
+BROKER_PROPERTIES = {"offsets.commit.timeout.ms": "30000"}
 _RESULT = re.compile(r"^--- (PASS|FAIL|SKIP): (\S+) \(([\d.]+)s\)", re.MULTILINE)
 
 
@@ -79,16 +79,8 @@ def kgo_broker(tmp_path: Path) -> Iterator[Broker]:
         ext.start(timeout=15)
         yield ext
         return
-    props = tmp_path / "server.properties"
-    props.write_text(BROKER_PROPERTIES)
-    b = harness.new_broker(tmp_path / "kgo", extra=["--config", str(props)])
-    b.start()
-    try:
+    with harness.configured_broker(tmp_path / "kgo", BROKER_PROPERTIES, what="the kgo suite") as b:
         yield b
-        assert b.proc is not None and b.proc.poll() is None, "broker died during the kgo suite\n" + b.log_tail()
-        assert b.stop() == 0, "broker did not exit 0 after SIGTERM\n" + b.log_tail()
-    finally:
-        b.kill()
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT + 60)

@@ -1,6 +1,6 @@
 """Who may write, through real clients: TLS and SASL listeners, rights, hostile clients.
 
-One broker for the module with five listeners (security_env.start_secure_broker):
+One broker for the module with five listeners (security_env.secure_broker):
 PLAINTEXT (anonymous), SSL (anonymous TLS), MTLS (TLS with a required client
 certificate), SASL_PLAINTEXT and SASL_SSL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); users
 writer, reader and admin added with `hyperkafka users add`; rules that let `writer`
@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 
 from compat_tests import harness
-from compat_tests.security_env import SecureBroker, make_pki, start_secure_broker
+from compat_tests.security_env import SecureBroker, make_pki, secure_broker
 
 TOPIC_AUTHZ = "TOPIC_AUTHORIZATION_FAILED"
 REQUEST_TIMEOUT_MS = 4000
@@ -61,7 +61,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
         pytest.skip("the security tests start their own broker with its listeners")
     workdir = tmp_path_factory.mktemp("hk-security")
     pki = make_pki(workdir / "pki")
-    sb = start_secure_broker(
+    with secure_broker(
         workdir,
         pki,
         {
@@ -72,15 +72,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
             "hyperkafka.acl.topic.reader-own-.write": "User:reader",
             "hyperkafka.acl.group.sec-team-*.read": "User:writer",
         },
-    )
-    try:
+    ) as sb:
         yield sb
-    finally:
-        alive = sb.broker.proc is not None and sb.broker.proc.poll() is None
-        tail = sb.broker.log_tail()
-        status = sb.broker.stop()
-        assert alive, "the secured broker died during the tests\n" + tail
-        assert status == 0, f"secured broker exited {status} after SIGTERM\n" + tail
 
 
 def spec(sb: SecureBroker, listener: str, mechanism: str | None, user: str = "writer", password: str | None = None, cert: bool = True) -> dict[str, Any]:
