@@ -113,8 +113,10 @@ class Client:
         *,
         offset: int = 0,
         timeout: float = 240.0,
+        extra: tuple[str, ...] = (),
     ) -> tuple[list[Record], int | None]:
-        """Assign-mode read of partition 0 from `offset` until `count` records (or time out)."""
+        """Assign-mode read of partition 0 from `offset` until `count` records (or time out);
+        `extra` goes to the worker's command line (not kcat's)."""
         if self.name.startswith("kcat"):
             return _kcat_consume(self, broker, topic, workdir, offset, timeout)
         outfile = workdir / f"{self.name}-consume-{topic}.jsonl"
@@ -132,6 +134,7 @@ class Client:
             str(offset),
             "--timeout",
             str(max(5.0, timeout - 20)),
+            *extra,
         ]
         summary = self._run_worker(args, timeout)
         return read_jsonl(outfile), int(summary["high_watermark"])

@@ -38,7 +38,10 @@ from typing import Any
 
 import pytest
 
+from compat_tests import clients as client_matrix
 from compat_tests import harness
+from compat_tests.harness import Broker
+from compat_tests.records import Record
 from compat_tests.security_env import SecureBroker, make_pki, secure_broker
 
 TOPIC_AUTHZ = "TOPIC_AUTHORIZATION_FAILED"
@@ -52,7 +55,7 @@ CELLS = {
     "SASL_SSL/SCRAM-SHA-512": ("SASL_SSL", "SCRAM-SHA-512"),
 }
 JAVA_CONSUMES = ("SSL/mTLS", "SASL_SSL/SCRAM-SHA-512")
-CLIENTS = ("kcat-new", "kcat-old", "confluent", "kafka-python", "java-tools")
+CLIENTS = ("kcat-new", "kcat-old", "confluent", "kafka-python", "aiokafka", "kafkajs", "java-tools")
 
 
 @pytest.fixture(scope="module")
@@ -165,9 +168,17 @@ def produce_and_consume(client: str, s: dict[str, Any], topic: str, workdir: Pat
         else:  # a JVM start costs seconds: the other cells read back with librdkafka
             r = py_client("confluent", "consume", s, topic, n)
             assert r["ok"] and r["n"] == n, r
+    elif client == "kafkajs":
+        js = client_matrix.CLIENTS["kafkajs"]
+        js.require()
+        b = Broker(*harness.parse_host_port(s["bootstrap"]))
+        records = [Record(None, v.encode(), ()) for v in values]
+        js.produce(b, topic, records, workdir, timeout=90, extra=("--spec", json.dumps(s), "--auto-create"))
+        got, _hwm = js.consume(b, topic, n, workdir, timeout=90, extra=("--spec", json.dumps(s)))
+        assert [r.value for r in got] == [r.value for r in records], got
     else:
         with contextlib.suppress(ImportError):
-            __import__({"confluent": "confluent_kafka", "kafka-python": "kafka"}[client])
+            __import__({"confluent": "confluent_kafka", "kafka-python": "kafka", "aiokafka": "aiokafka"}[client])
         r = py_client(client, "produce", {**s, "tag": topic}, topic, n)
         assert r["ok"], r
         r = py_client(client, "consume", s, topic, n)

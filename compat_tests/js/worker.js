@@ -2,7 +2,8 @@
 //
 // Owns the kafkajs side of a round trip: `node worker.js produce|consume --bootstrap H:P
 // --topic T [--partition 0] [--codec none|gzip] [--infile F] [--outfile F] [--count N]
-// [--offset O] [--timeout S] [--chunk N] [--allow-errors] [--idempotence on|off]`. Records come and go as the JSON
+// [--offset O] [--timeout S] [--chunk N] [--allow-errors] [--idempotence on|off]
+// [--auto-create] [--spec JSON (TLS/SASL)]`. Records come and go as the JSON
 // lines described in compat_tests/records.py. Prints one JSON summary line on stdout; exits
 // non-zero on error. A produce sends --chunk records (500) per send(), which kafkajs puts in
 // one batch; with --allow-errors it reports what the broker refused, {"n": delivered,
@@ -60,7 +61,7 @@ async function produce(kafka, args) {
   // Not idempotent unless asked (kafkajs's default); idempotence needs one request in flight.
   const idempotent = args.idempotence === 'on'
   const producer = kafka.producer({
-    allowAutoTopicCreation: false,
+    allowAutoTopicCreation: Boolean(args['auto-create']),
     idempotent,
     ...(idempotent ? { maxInFlightRequests: 1 } : {}),
   })
@@ -183,6 +184,21 @@ async function consume(kafka, args) {
   return { n: lines.length, high_watermark: hwm }
 }
 
+// TLS and SASL options from the security tests' client-neutral spec (test_security.py):
+// {"protocol", "mechanism", "user", "password", "ca", "cert", "key"}.
+function security(spec) {
+  if (!spec) return {}
+  const out = {}
+  if (spec.ca) {
+    out.ssl = { ca: [fs.readFileSync(spec.ca)] }
+    if (spec.cert) Object.assign(out.ssl, { cert: fs.readFileSync(spec.cert), key: fs.readFileSync(spec.key) })
+  }
+  if (spec.mechanism) {
+    out.sasl = { mechanism: spec.mechanism.toLowerCase(), username: spec.user, password: spec.password }
+  }
+  return out
+}
+
 async function main() {
   const args = parseArgs(process.argv.slice(2))
   const kafka = new Kafka({
@@ -190,6 +206,7 @@ async function main() {
     brokers: [args.bootstrap],
     logLevel: logLevel.WARN,
     retry: { retries: 5 },
+    ...security(args.spec ? JSON.parse(args.spec) : null),
   })
   let summary
   if (args.action === 'produce') summary = await produce(kafka, args)

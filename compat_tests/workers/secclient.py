@@ -1,5 +1,5 @@
-"""Produce or consume over a secured listener with confluent-kafka or kafka-python, in its
-own process: `python -m compat_tests.workers.secclient CLIENT produce|consume --spec JSON`.
+"""Produce or consume over a secured listener with confluent-kafka, kafka-python or aiokafka,
+in its own process: `python -m compat_tests.workers.secclient CLIENT produce|consume --spec JSON`.
 
 The spec is client-neutral: {"bootstrap", "protocol", "mechanism", "user", "password",
 "ca", "cert", "key"}. Prints one JSON line: {"ok": true, "n": N} or {"ok": false,
@@ -133,16 +133,58 @@ def kafka_python(action: str, spec: dict[str, Any], topic: str, n: int, timeout:
         return {"ok": False, "error": name, "detail": str(exc)[:300], "log": [m for m in seen.messages if "ail" in m][:4]}
 
 
+def aiokafka(action: str, spec: dict[str, Any], topic: str, n: int, timeout: float) -> dict[str, Any]:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.helpers import create_ssl_context
+
+    kw: dict[str, Any] = {"bootstrap_servers": spec["bootstrap"], "security_protocol": spec["protocol"]}
+    if spec.get("mechanism"):
+        kw.update({"sasl_mechanism": spec["mechanism"], "sasl_plain_username": spec["user"], "sasl_plain_password": spec["password"]})
+    if spec.get("ca"):
+        kw["ssl_context"] = create_ssl_context(cafile=spec["ca"], certfile=spec.get("cert"), keyfile=spec.get("key"))
+
+    async def run() -> dict[str, Any]:
+        if action == "produce":
+            p = AIOKafkaProducer(**kw, acks="all", request_timeout_ms=int(timeout * 1000))
+            await p.start()
+            try:
+                for i in range(n):
+                    await p.send_and_wait(topic, f"{spec.get('tag', 'v')}-{i}".encode())
+            finally:
+                await p.stop()
+            return {"ok": True, "n": n}
+        c = AIOKafkaConsumer(**kw, enable_auto_commit=False, auto_offset_reset="earliest")
+        await c.start()
+        try:
+            tp = TopicPartition(topic, 0)
+            c.assign([tp])
+            c.seek(tp, 0)
+            got = 0
+            deadline = time.monotonic() + timeout
+            while got < n and time.monotonic() < deadline:
+                got += sum(len(msgs) for msgs in (await c.getmany(tp, timeout_ms=500)).values())
+        finally:
+            await c.stop()
+        return {"ok": got >= n, "n": got, **({} if got >= n else {"error": "TIMEOUT"})}
+
+    try:
+        return asyncio.run(asyncio.wait_for(run(), timeout + 10))
+    except Exception as exc:  # the test compares the class name with the refusal it expects
+        return {"ok": False, "error": type(exc).__name__, "detail": str(exc)[:300]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("client", choices=["confluent", "kafka-python"])
+    ap.add_argument("client", choices=["confluent", "kafka-python", "aiokafka"])
     ap.add_argument("action", choices=["produce", "consume"])
     ap.add_argument("--spec", required=True)
     ap.add_argument("--topic", required=True)
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=20.0)
     a = ap.parse_args()
-    run = confluent if a.client == "confluent" else kafka_python
+    run = {"confluent": confluent, "kafka-python": kafka_python, "aiokafka": aiokafka}[a.client]
     print(json.dumps(run(a.action, json.loads(a.spec), a.topic, a.n, a.timeout)))
     sys.stdout.flush()
 
