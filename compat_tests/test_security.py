@@ -208,6 +208,18 @@ def writer_still_works(sb: SecureBroker, topic: str = "sec-after-refusal") -> No
     assert harness.api_versions_v0_probe("127.0.0.1", sb.ports["PLAINTEXT"])
 
 
+def java_refused_produce(s: dict[str, Any], topic: str, tmp_path: Path) -> str:
+    """Run the Java console producer for one record that the broker should refuse; its stderr."""
+    from compat_tests.java_tools import ToolFailed
+
+    props = {**java_props(s, tmp_path), "max.block.ms": "8000", "delivery.timeout.ms": "8000", "request.timeout.ms": "5000"}
+    try:
+        res = java_tools().console_producer(s["bootstrap"], topic, b"x\n", producer_props=props, timeout=60)
+    except ToolFailed as exc:
+        res = exc.result
+    return res.stderr.decode("utf-8", "replace")
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.matrix("security refusal: {case}")
 @pytest.mark.parametrize(
@@ -222,15 +234,7 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
         err = out.stderr.decode()
         assert out.returncode != 0 and "Authentication failed" in err, err[-1500:]
     elif client == "java-tools":
-        from compat_tests.java_tools import ToolFailed
-
-        tools = java_tools()
-        props = {**java_props(s, tmp_path), "max.block.ms": "8000", "delivery.timeout.ms": "8000", "request.timeout.ms": "5000"}
-        try:
-            res = tools.console_producer(s["bootstrap"], topic, b"x\n", producer_props=props, timeout=60)
-            text = res.stderr.decode("utf-8", "replace")
-        except ToolFailed as exc:
-            text = exc.result.stderr.decode("utf-8", "replace")
+        text = java_refused_produce(s, topic, tmp_path)
         assert "SaslAuthenticationException" in text and "Authentication failed" in text, text[-2000:]
     else:
         r = py_client(client, "produce", s, topic, 1, timeout=4)
@@ -272,15 +276,7 @@ def test_read_only_principal_cannot_produce(secure: SecureBroker, client: str, t
         err = out.stderr.decode()
         assert "Topic authorization failed" in err or "TOPIC_AUTHORIZATION_FAILED" in err, err[-1500:]
     elif client == "java-tools":
-        from compat_tests.java_tools import ToolFailed
-
-        tools = java_tools()
-        props = {**java_props(s, tmp_path), "max.block.ms": "8000", "delivery.timeout.ms": "8000", "request.timeout.ms": "5000"}
-        try:
-            res = tools.console_producer(s["bootstrap"], topic, b"x\n", producer_props=props, timeout=60)
-            text = res.stderr.decode("utf-8", "replace")
-        except ToolFailed as exc:
-            text = exc.result.stderr.decode("utf-8", "replace")
+        text = java_refused_produce(s, topic, tmp_path)
         assert "TopicAuthorizationException" in text, text[-2000:]
     else:
         r = py_client(client, "produce", s, topic, 1, timeout=8)

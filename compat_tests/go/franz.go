@@ -105,22 +105,10 @@ func (franz) produce(o opts, recs []rec) (map[string]any, error) {
 		})
 	}
 	wg.Wait()
-	codes := map[string]int{}
-	var ok []int64
-	for i, err := range errs {
-		if err != nil {
-			if !o.allowErrors {
-				return nil, fmt.Errorf("record %d: %w", i, err)
-			}
-			codes[fmt.Sprint(errCode(err))]++
-			continue
-		}
-		ok = append(ok, offsets[i])
+	out, err := produceResult(o, offsets, errs, errCode)
+	if err != nil || o.allowErrors {
+		return out, err
 	}
-	if o.allowErrors {
-		return map[string]any{"n": len(ok), "error_codes": codes}, nil
-	}
-	out := checkOffsets(ok)
 	out["producer_id"] = nil
 	if len(pids) > 0 && pids[0] >= 0 {
 		out["producer_id"] = pids[0]

@@ -172,6 +172,28 @@ func checkOffsets(offsets []int64) map[string]any {
 	return out
 }
 
+// produceResult turns the per-record outcome of a produce into the JSON the tests read.
+// With allowErrors, failures are counted by Kafka error code (code maps a client's error
+// to one); without, the first failure fails the run and the acks must be consecutive.
+func produceResult(o opts, offsets []int64, errs []error, code func(error) int) (map[string]any, error) {
+	codes := map[string]int{}
+	var ok []int64
+	for i, err := range errs {
+		if err != nil {
+			if !o.allowErrors {
+				return nil, fmt.Errorf("record %d: %w", i, err)
+			}
+			codes[fmt.Sprint(code(err))]++
+			continue
+		}
+		ok = append(ok, offsets[i])
+	}
+	if o.allowErrors {
+		return map[string]any{"n": len(ok), "error_codes": codes}, nil
+	}
+	return checkOffsets(ok), nil
+}
+
 type multi []string
 
 func (m *multi) String() string     { return strings.Join(*m, ",") }

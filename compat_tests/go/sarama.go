@@ -132,22 +132,7 @@ func (saramaDriver) produce(o opts, recs []rec) (map[string]any, error) {
 	}
 	p.AsyncClose() // flushes everything, then closes Successes and Errors
 	wg.Wait()
-	codes := map[string]int{}
-	var ok []int64
-	for i, err := range errs {
-		if err != nil {
-			if !o.allowErrors {
-				return nil, fmt.Errorf("record %d: %w", i, err)
-			}
-			codes[fmt.Sprint(saramaCode(err))]++
-			continue
-		}
-		ok = append(ok, offsets[i])
-	}
-	if o.allowErrors {
-		return map[string]any{"n": len(ok), "error_codes": codes}, nil
-	}
-	return checkOffsets(ok), nil
+	return produceResult(o, offsets, errs, saramaCode)
 }
 
 func saramaRec(m *sarama.ConsumerMessage) rec {
