@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -137,41 +137,61 @@ def _helpers() -> ThreadPoolExecutor:
         return _leaf_pool
 
 
+def _hash_range(view: memoryview, items: Sequence[tuple[int, int]], leaves: list[bytes],
+                lo: int, hi: int) -> None:
+    for t in range(lo, hi):
+        o, size = items[t]
+        leaves[t] = compute_leaf(view[o : o + size], size)
+
+
 def _hash_chunks(view: memoryview, items: Sequence[tuple[int, int]], leaves: list[bytes],
                  chunks: Iterator[int], step: int) -> None:
-    """Hash the chunks of `items` ((offset in view, size) per batch) claimed from the shared
-    iterator `chunks` (next() is atomic under the GIL) into `leaves`."""
+    """Hash the chunks of `items` claimed from the shared iterator `chunks` (next() is
+    atomic under the GIL) into `leaves`."""
     n = len(items)
     for lo in chunks:
-        for t in range(lo, min(lo + step, n)):
-            o, size = items[t]
-            leaves[t] = compute_leaf(view[o : o + size], size)
+        _hash_range(view, items, leaves, lo, min(lo + step, n))
 
 
-def hash_leaves(view: memoryview, items: Sequence[tuple[int, int]]) -> list[bytes]:
-    """Leaf hashes of the batches at `items` ((offset in view, size) each), in order. A large
-    run of large batches is shared with helper threads in chunks; small ones would only
-    fight over the GIL (BLAKE2b keeps it below 2 KiB), so they are hashed here."""
+def hash_leaves(view: memoryview, items: Sequence[tuple[int, int]],
+                consume: Callable[[list[bytes], int, int], None]) -> None:
+    """Leaf hashes of the batches at `items` ((offset in view, size) each), handed to
+    `consume(leaves, lo, hi)` on this thread, in order, as ranges of them are ready.
+
+    A large run of large batches is shared with helper threads: every thread claims chunks
+    in order from one iterator, and this one, after each chunk, consumes whatever prefix is
+    ready, so the (sequential) folding overlaps the helpers' hashing. Small batches would
+    only fight over the GIL (BLAKE2b keeps it below 2 KiB): they are hashed here alone."""
     n = len(items)
     leaves = [b""] * n
     total = sum(size for _, size in items)
     if total < PARALLEL_HASH_MIN or total < INLINE_HASH_BELOW * n:
-        _hash_chunks(view, items, leaves, iter((0,)), n)
-        return leaves
+        _hash_range(view, items, leaves, 0, n)
+        consume(leaves, 0, n)
+        return
     step = max(1, HASH_CHUNK * n // total)
     chunks = iter(range(0, n, step))
     pool = _helpers()
     futures: list[Future[None]] = [
         pool.submit(_hash_chunks, view, items, leaves, chunks, step) for _ in range(LEAF_HELPERS)
     ]
+    done = 0
     try:
-        _hash_chunks(view, items, leaves, chunks, step)
+        for lo in chunks:
+            _hash_range(view, items, leaves, lo, min(lo + step, n))
+            ready = done
+            while ready < n and leaves[ready]:  # a helper stores a leaf once it is complete
+                ready += 1
+            if ready > done:
+                consume(leaves, done, ready)
+                done = ready
     finally:
         # even when this thread failed: the helpers must be done with `view` before the
         # caller unmaps it
         for f in futures:
             f.result()
-    return leaves
+    if done < n:
+        consume(leaves, done, n)
 
 
 def _boot_id() -> bytes:
@@ -593,36 +613,42 @@ class CommitJob:
         self.leaf_lo = fr.length
         self.leaf_hi = fr.length + len(pending)
         fs = self.log.fs
-        run_fd = -1
-        run_start = 0
-        buf = bytearray()
+        fr_append = fr.append
+        pack_entry = _ENTRY.pack
+        pack_u32 = _U32.pack
+        crc = crc32c.crc32c
         i, n = 0, len(pending)
         while i < n:
-            # The new batches of one segment are contiguous: read them back as one span (a
-            # view of the page cache, see FileSystem.read_view). What we hash is exactly
-            # what we will serve.
-            log_fd = pending[i][0]
+            # The new batches of one segment are contiguous in its .log and its .bidx: read
+            # them back as one span (a view of the page cache, see FileSystem.read_view) and
+            # write their entries as one run. What we hash is exactly what we will serve.
+            log_fd, idx_fd, k0 = pending[i][:3]
             j = i + 1
             while j < n and pending[j][0] == log_fd:
                 j += 1
-            span_start = pending[i][5]
-            span_len = pending[j - 1][5] + pending[j - 1][6] - span_start
             group = pending[i:j]
+            if group[-1][2] - k0 != len(group) - 1:
+                raise StorageError("appended batches are not contiguous in their segment")
+            span_start = group[0][5]
+            span_len = group[-1][5] + group[-1][6] - span_start
+            entries = bytearray()
+
+            def fold(leaves: list[bytes], lo: int, hi: int, group: list[PendingBatch] = group,
+                     entries: bytearray = entries) -> None:
+                for t in range(lo, hi):
+                    _, _, _, base, max_ts, pos, size, delta = group[t]
+                    leaf = leaves[t]
+                    nodes.extend(fr_append(leaf, size))
+                    body = pack_entry(base, max_ts, pos, size, delta, leaf)
+                    entries.extend(body)
+                    entries.extend(pack_u32(crc(body)))
+
             with fs.read_view(log_fd, span_len, span_start) as span:
                 if len(span) != span_len:
                     raise StorageError("segment shorter than what was appended")
-                leaves = hash_leaves(span, [(p[5] - span_start, p[6]) for p in group])
-            for (_, fd, k, base, max_ts, pos, size, delta), leaf in zip(group, leaves, strict=True):
-                nodes.extend(fr.append(leaf, size))
-                if fd != run_fd or k != run_start + len(buf) // ENTRY_SIZE:
-                    if buf:
-                        self.index_writes.append(
-                            (run_fd, IDX_HEADER_SIZE + run_start * ENTRY_SIZE, bytes(buf)))
-                    run_fd, run_start, buf = fd, k, bytearray()
-                buf += encode_entry(base, max_ts, pos, size, delta, leaf)
+                hash_leaves(span, [(p[5] - span_start, p[6]) for p in group], fold)
+            self.index_writes.append((idx_fd, IDX_HEADER_SIZE + k0 * ENTRY_SIZE, bytes(entries)))
             i = j
-        if buf:
-            self.index_writes.append((run_fd, IDX_HEADER_SIZE + run_start * ENTRY_SIZE, bytes(buf)))
         self.pending = []
 
 
