@@ -60,7 +60,7 @@ def _items(sizes):
     return out, pos
 
 
-def _hash_all(view, items):
+def _hash_all(view, items, helpers):
     """hash_leaves' leaves as consumed, checking the ranges come in order and complete."""
     got: list[bytes] = []
 
@@ -69,23 +69,25 @@ def _hash_all(view, items):
         assert all(len(leaf) == 32 for leaf in leaves[lo:hi])
         got.extend(leaves[lo:hi])
 
-    log_mod.hash_leaves(view, items, consume)
+    log_mod.hash_leaves(view, items, consume, helpers)
     return got
 
 
+@pytest.mark.parametrize("helpers", [0, 1, 3])
 @pytest.mark.parametrize("sizes", [
     [16384] * 200,  # 3.1 MiB: parallel, 16 batches per chunk
     [1 << 20] * 3 + [5000, 70000],  # a chunk per batch, uneven
     [1024] * 600,  # small batches: one thread
 ])
-def test_hash_leaves_matches_one_by_one(sizes):
+def test_hash_leaves_matches_one_by_one(sizes, helpers):
     items, total = _items(sizes)
     view = memoryview(os.urandom(total))
     expect = [leaf_hash(view[o : o + s]) for o, s in items]
-    assert _hash_all(view, items) == expect
+    assert _hash_all(view, items, helpers) == expect
 
 
-def test_hash_leaves_reports_a_helper_failure(monkeypatch):
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_hash_leaves_reports_a_hashing_failure(monkeypatch, helpers):
     items, total = _items([16384] * 100)
     calls = []
     real = log_mod.compute_leaf
@@ -98,11 +100,22 @@ def test_hash_leaves_reports_a_helper_failure(monkeypatch):
 
     monkeypatch.setattr(log_mod, "compute_leaf", flaky)
     with pytest.raises(OSError, match="boom"):
-        _hash_all(memoryview(bytes(total)), items)
+        _hash_all(memoryview(bytes(total)), items, helpers)
 
 
+def test_idle_helpers_follow_the_load(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(log_mod, "LEAF_HELPERS", 1)
+    for load, want in ((0.2, 1), (1.2, 0), (7.5, 0)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert log_mod.idle_helpers() == want
+
+
+@pytest.mark.parametrize("helpers", [0, 1])
 @pytest.mark.parametrize("fs_cls", [OsFileSystem, FaultyFileSystem])
-def test_large_commits_across_segments_sign_the_tree_of_what_was_written(tmp_path, fs_cls):
+def test_large_commits_across_segments_sign_the_tree_of_what_was_written(tmp_path, fs_cls,
+                                                                         helpers, monkeypatch):
+    monkeypatch.setattr(log_mod, "idle_helpers", lambda: helpers)
     # 3 MiB of 16 KiB batches per commit (parallel hashing of a mapped span), rolling a
     # segment every 1 MiB so one job reads back spans of several segments
     lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.INTERVAL,
