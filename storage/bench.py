@@ -9,6 +9,9 @@ Measures, on this machine's disk:
     one-time authentication of old batches) and a second pass (page cache, nothing checked);
   * reopen time of a 1 GiB partition after a clean close and after a process crash.
 
+Each append run also reports the CPU seconds per GB of the whole process and the load
+average: on a shared machine MB/s follows the load, CPU-s/GB much less.
+
 Writes a JSON file under bench-results/ (git ignores it) and prints a table.
 Imports only the standard library and `storage`.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -71,6 +75,7 @@ def append_run(path: str, policy: FsyncPolicy, batch_size: int, total_bytes: int
     last_commit = time.perf_counter()
     since = 0
     commits = 0
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     for i in range(n):
         lg.append(batches[i & 7])
@@ -93,6 +98,7 @@ def append_run(path: str, policy: FsyncPolicy, batch_size: int, total_bytes: int
         lg.publish(inflight[0])
     lg.commit()
     elapsed = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
     assert lg.high_watermark == n
     lg.close()
     pool.shutdown()
@@ -104,7 +110,17 @@ def append_run(path: str, policy: FsyncPolicy, batch_size: int, total_bytes: int
         "MB_per_s": n * batch_size / elapsed / 1e6,
         "batches_per_s": n / elapsed,
         "commits": commits,
+        # every thread of this process (appends, commit jobs, leaf hashing helpers, fsync):
+        # steadier than MB/s on a shared machine, and what bounds MB/s when cores are busy
+        "cpu_seconds": cpu,
+        "cpu_s_per_GB": cpu / (n * batch_size / 1e9),
+        "load_average": os.getloadavg()[0],
     }
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def read_pass(lg: PartitionLog, max_bytes: int) -> tuple[int, float]:
@@ -196,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = append_run(d, policy, size, total)
                 appends.append(r)
                 print(f"append {size:>8} B  {policy!s:<8} {r['MB_per_s']:8.1f} MB/s "
-                      f"{r['batches_per_s']:10.0f} batches/s  ({r['commits']} commits)",
-                      flush=True)
+                      f"{r['batches_per_s']:10.0f} batches/s  {r['cpu_s_per_GB']:5.2f} CPU-s/GB  "
+                      f"({r['commits']} commits, load {r['load_average']:.1f})", flush=True)
                 if not (size == 16 * 1024 and policy is FsyncPolicy.INTERVAL):
                     shutil.rmtree(d)
         results["append"] = appends

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+# Below this a pread (one copy into a fresh buffer) is cheaper than mapping and unmapping.
+MAP_MIN = 256 * 1024
 
 
 class FileSystem:
@@ -99,6 +102,35 @@ class FileSystem:
             parts.append(more)
             got += len(more)
         return b"".join(parts)
+
+    @contextlib.contextmanager
+    def read_view(self, fd: int, size: int, offset: int) -> Iterator[memoryview]:
+        """A read-only view of `size` bytes at `offset` of the file, valid inside the `with`
+        block; shorter only at end of file. Large ranges are a shared memory map of the page
+        cache: no copy and no fresh buffer (whose page faults and zeroing cost more than
+        the copy), so hashing just-written data reads it where the kernel keeps it.
+        Callers must drop every slice of the view before the block ends."""
+        if size < MAP_MIN:
+            yield memoryview(self.pread_exact(fd, size, offset))
+            return
+        size = min(size, self.size(fd) - offset)
+        if size <= 0:
+            yield memoryview(b"")
+            return
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(fd, size + offset - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
+        try:
+            with memoryview(mm) as whole:
+                view = whole[offset - start :]
+                try:
+                    yield view
+                finally:
+                    view.release()
+        finally:
+            # a slice still held somewhere (a traceback) keeps the map alive; it is unmapped
+            # when that goes, and the original exception is not masked by BufferError
+            with contextlib.suppress(BufferError):
+                mm.close()
 
     def read_file(self, path: str) -> bytes:
         fd = self.open(path, os.O_RDONLY)

@@ -121,26 +121,27 @@ class Frontier:
         Returns the nodes created, leaf first then each new parent upwards, so a log can
         persist them. Takes the precomputed hash so the caller may hash off-thread.
         """
-        node = Node(2 * self.length, size, leaf)
+        # tuple.__new__ skips NamedTuple's Python-level __new__ (this runs once per block)
+        new = tuple.__new__
+        index = 2 * self.length
+        node = new(Node, (index, size, leaf))
         created = [node]
         roots = self._roots
         span = 2  # distance between same-depth neighbours: 2 ** (depth + 1)
         # The last root is the new node's left sibling exactly when it sits one span left.
-        while roots and roots[-1].index == node.index - span:
-            left = roots.pop()
-            node = Node(
-                node.index - (span >> 1),
-                left.size + node.size,
-                blake2b(
-                    _PARENT + (left.size + node.size).to_bytes(8, "little") + left.hash + node.hash,
-                    digest_size=32,
-                ).digest(),
-            )
+        while roots and roots[-1][0] == index - span:
+            _, left_size, left_hash = roots.pop()
+            total = left_size + size
+            index -= span >> 1
+            size = total
+            leaf = blake2b(_PARENT + total.to_bytes(8, "little") + left_hash + leaf,
+                           digest_size=32).digest()
+            node = new(Node, (index, total, leaf))
             created.append(node)
             span <<= 1
         roots.append(node)
         self.length += 1
-        self.byte_length += size
+        self.byte_length += created[0][1]
         self._hash = None
         return created
 
