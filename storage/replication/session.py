@@ -41,6 +41,7 @@ from storage.hypercore import (
     discovery_key,
     flat_tree,
 )
+from storage.hypercore.encoding import encode_uint
 from storage.hypercore.proofs import (
     BlockRequest,
     InvalidRequest,
@@ -95,6 +96,12 @@ def block_nodes(index: int, length: int) -> int:
         if index + low <= length:
             return low.bit_length() - 1  # a whole node: the path to it stays in the tree
     return max_missing_nodes(2 * index, length)
+
+
+def encode_nodes(nodes: tuple[Node, ...]) -> bytes:
+    """A proof's node list as on the wire (``uint count``, then index, size, hash each)."""
+    return b"".join([encode_uint(len(nodes)),
+                     *(encode_uint(n.index) + encode_uint(n.size) + n.hash for n in nodes)])
 
 
 def capability(initiator: bool, key: bytes, handshake_hash: bytes) -> bytes:
@@ -212,13 +219,39 @@ class ReplicationSession:
         return self.closed or (isinstance(self.role, _Follower) and self.role.finished)
 
     def data_to_send(self) -> bytes:
-        for msg in self.mux.outgoing():
-            self.stream.send(msg)
+        self._encrypt_outgoing()
         return self.stream.data_to_send()
+
+    def buffers_to_send(self) -> list[bytes | bytearray]:
+        """`data_to_send` as a list of frames, for a vectored write (`sendmsg`)."""
+        self._encrypt_outgoing()
+        return self.stream.buffers_to_send()
+
+    def recycle(self, frames: list[bytes | bytearray]) -> None:
+        """Frames from `buffers_to_send` that are written: reuse their memory."""
+        self.stream.recycle(frames)
+
+    def _encrypt_outgoing(self) -> None:
+        stream = self.stream
+        for msg in self.mux.outgoing():
+            if isinstance(msg, list):
+                stream.send_parts(msg)
+            else:
+                stream.send(msg)
+
+    def get_buffer(self) -> memoryview:
+        """Read from the socket into this view (``recv_into``), release it, then call
+        `buffer_updated` with the count: `receive_data` without a copy."""
+        return self.stream.get_buffer()
+
+    def buffer_updated(self, n: int) -> None:
+        self._received(self.stream.buffer_updated(n))
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes read from the socket. Raises RemoteProtocolError on any violation."""
-        msgs = self.stream.receive_data(data)
+        self._received(self.stream.receive_data(data))
+
+    def _received(self, msgs: list[bytes]) -> None:
         if (self.stream.handshake_complete and self.channel is None and not self.closed
                 and self._lookup is None):
             self._open()
@@ -249,6 +282,12 @@ class ReplicationSession:
         if self.channel is None:
             raise LocalProtocolError("channel not open")
         self.mux.send(self.channel, int(m.TYPE), m.encode())
+
+    def send_parts(self, type_: int, parts: list[bytes | bytearray | memoryview]) -> None:
+        """`send` of a message already encoded as the concatenation of `parts`."""
+        if self.channel is None:
+            raise LocalProtocolError("channel not open")
+        self.mux.send_parts(self.channel, int(type_), parts)
 
     def _on_event(self, ev: object) -> None:
         if isinstance(ev, RemoteOpen) and self._lookup is not None and self.channel is None:
@@ -394,6 +433,17 @@ class _Server(_Role):
         if value is not None:
             s.stats.blocks += 1
             s.stats.bytes += len(value)
+        b = proof.block
+        if b is not None and b.value is not None and proof.hash is None and proof.upgrade is None \
+                and proof.manifest is None:
+            # Proof.encode's bytes, in parts: the block is copied once, into the encryption
+            s.send_parts(M.MessageType.DATA, [
+                b"".join((b"\x01", encode_uint(m.id), encode_uint(proof.fork),
+                          encode_uint(b.index), encode_uint(len(b.value)))),
+                b.value,
+                encode_nodes(b.nodes),
+            ])
+            return
         s.send(M.Data(m.id, proof))
 
 
