@@ -61,11 +61,11 @@ from storage.replication import (
     ReplicationError,
     ReplicationSession,
 )
+from storage.replication.trio_driver import receive_into, send_frames
 from storage.store import CATALOG_DIR, MIRRORS_DIR
 
 log = logging.getLogger("hyperkafka.mirror")
 
-RECEIVE_SIZE = 1 << 18
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
@@ -161,7 +161,7 @@ class _Sink:
         self._wake = trio.Event()
         self._lock = trio.Lock()  # one stored head at a time (one job in flight per log)
 
-    def put_block(self, index: int, value: bytes, leaf: TreeNode) -> None:
+    def put_block(self, index: int, value: bytes | memoryview, leaf: TreeNode) -> None:
         self.log.put_block(index, value, leaf)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
@@ -212,10 +212,11 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
     lock = trio.Lock()
 
     async def pump() -> None:
-        data = session.data_to_send()
-        if data:
+        frames = session.buffers_to_send()
+        if frames:
             async with lock:
-                await stream.send_all(data)
+                await send_frames(stream, frames)
+            session.recycle(frames)
 
     async def repairer(lg: FollowerLog) -> None:
         asked: set[int] = set()
@@ -240,10 +241,8 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                     nursery.start_soon(sink.run)
                 await pump()
                 while not session.done and not (until is not None and until()):
-                    data = await stream.receive_some(RECEIVE_SIZE)
-                    if not data:
+                    if not await receive_into(stream, session):
                         break
-                    session.receive_data(data)
                     await pump()
                 if sink is not None:
                     await sink.store_heads()  # what was verified before the peer left

@@ -450,6 +450,10 @@ class CommitJob:
     # A follower's commit: the writer's signature over this tree, verified by the caller
     # (storage.follower); used instead of signing with our own key.
     remote_signature: bytes | None = None
+    # A follower's commit: the leaf hash of each pending batch, verified by the caller
+    # against the writer's signed tree before the batch was written; used instead of
+    # reading the batches back and hashing them a second time.
+    leaves: list[bytes] | None = None
     # INTERVAL policy, periodic sync: the fsyncs run in a `BackgroundSync` beside later
     # commits instead of inside this job (FORMAT.md section 6).
     background: bool = False
@@ -534,8 +538,13 @@ class CommitJob:
         buf = bytearray()
         span = memoryview(b"")
         span_fd = span_start = span_end = -1
+        leaves = self.leaves
+        if leaves is not None and len(leaves) != len(pending):
+            raise StorageError("verified leaf hashes do not match the pending batches")
         for i, (log_fd, fd, k, base, max_ts, pos, size, delta) in enumerate(pending):
-            if log_fd != span_fd or pos + size > span_end:
+            if leaves is not None:
+                leaf = leaves[i]
+            elif log_fd != span_fd or pos + size > span_end:
                 # one pread for every new batch of this segment (they are contiguous); the
                 # page cache has them, and what we hash is exactly what we will serve
                 j = i
@@ -546,7 +555,8 @@ class CommitJob:
                 span = memoryview(fs.pread_exact(log_fd, span_end - span_start, span_start))
                 if len(span) != span_end - span_start:
                     raise StorageError("segment shorter than what was appended")
-            leaf = compute_leaf(span[pos - span_start : pos - span_start + size], size)
+            if leaves is None:
+                leaf = compute_leaf(span[pos - span_start : pos - span_start + size], size)
             nodes.extend(fr.append(leaf, size))
             if fd != run_fd or k != run_start + len(buf) // ENTRY_SIZE:
                 if buf:
@@ -557,6 +567,7 @@ class CommitJob:
         if buf:
             self.index_writes.append((run_fd, IDX_HEADER_SIZE + run_start * ENTRY_SIZE, bytes(buf)))
         self.pending = []
+        self.leaves = None
 
 
 # ---------------------------------------------------------------------------- the log
@@ -580,6 +591,8 @@ class PartitionLog:
         self._frontier = Frontier()
         self._pending_nodes: list[Node] = []
         self._pending: list[PendingBatch] = []
+        # a follower's verified leaf hashes of `_pending` (storage.follower); None: hash them
+        self._pending_leaves: list[bytes] | None = None
         self._next_leaf = 0  # blocks appended (the frontier catches up in the commit job)
         self._head: Head | None = None
         self._head_seq = 0
@@ -1173,6 +1186,11 @@ class PartitionLog:
         base = self.log_end_offset
         _BE_I64.pack_into(batch, B.BASE_OFFSET, base)
         _BE_I32.pack_into(batch, B.LEADER_EPOCH, leader_epoch)
+        return self._store(batch, size, base, delta, max_ts)
+
+    def _store(self, batch: bytes | bytearray | memoryview, size: int, base: int, delta: int,
+               max_ts: int) -> tuple[int, int]:
+        """Write a checked batch whose base offset is `base` (= log_end_offset) as is."""
         seg = self._active_for(size)
         pos = seg.log_size
         self.fs.pwrite_all(seg.log_fd, batch, pos)
@@ -1319,6 +1337,7 @@ class PartitionLog:
             index_writes=[],
             nodes=self._pending_nodes,
             pending=self._pending,
+            leaves=self._pending_leaves,
             sync_fds=sync_fds,
             sync_derived=derived_due,
             derived_length=derived_length,
@@ -1332,6 +1351,8 @@ class PartitionLog:
         pending_bytes = sum(p[6] for p in self._pending)
         self._pending_nodes = []
         self._pending = []
+        if self._pending_leaves is not None:
+            self._pending_leaves = []
         self._disk_clean = False
         self._job = job
         if job.pending and pending_bytes < INLINE_HASH_BELOW * len(job.pending):

@@ -41,7 +41,7 @@ from storage.hypercore import (
     discovery_key,
     flat_tree,
 )
-from storage.hypercore.encoding import encode_uint
+from storage.hypercore.encoding import Reader, encode_uint
 from storage.hypercore.proofs import (
     BlockRequest,
     InvalidRequest,
@@ -102,6 +102,25 @@ def encode_nodes(nodes: tuple[Node, ...]) -> bytes:
     """A proof's node list as on the wire (``uint count``, then index, size, hash each)."""
     return b"".join([encode_uint(len(nodes)),
                      *(encode_uint(n.index) + encode_uint(n.size) + n.hash for n in nodes)])
+
+
+def _read_block_data(body: bytes | memoryview) -> tuple[int, int, int, memoryview, tuple[Node, ...]] | None:
+    """A ``data`` message that carries a block and nothing else (flags = 1; the catch-up
+    hot path) as (request, fork, index, value, nodes), the value a view into `body` (no
+    copy); None for any other data message, or one that does not decode (the general
+    decoder then reports it)."""
+    try:
+        r = Reader(body)
+        if r.uint() != 1:
+            return None
+        request, fork, index = r.uint(), r.uint(), r.uint()
+        value = r.view(r.uint())
+        n = r.array_length()
+        nodes = tuple(Node(r.uint(), r.uint(), r.fixed(32)) for _ in range(n))
+        r.finish()
+    except HypercoreError:
+        return None
+    return request, fork, index, value, nodes
 
 
 def capability(initiator: bool, key: bytes, handshake_hash: bytes) -> bytes:
@@ -322,6 +341,10 @@ class ReplicationSession:
         elif isinstance(ev, ChannelMessage):
             if not 0 <= ev.type < len(M.MessageType):
                 return  # protomux ignores message types a channel did not register
+            if ev.type == M.MessageType.DATA and isinstance(self.role, _Follower):
+                block = _read_block_data(ev.payload)
+                if block is not None and self.role.take_block(self, *block):
+                    return
             m = M.decode_message(ev.type, ev.payload)
             self.mux.cork()
             try:
@@ -471,7 +494,7 @@ class _Follower(_Role):
     fork: int = 0
     known: dict[int, Node] = field(default_factory=dict)
     heads: list[tuple[int, int, bytes, list[Node]]] = field(default_factory=list)
-    buffered: dict[int, tuple[bytes, Node]] = field(default_factory=dict)
+    buffered: dict[int, tuple[bytes | memoryview, Node]] = field(default_factory=dict)
     inflight: dict[int, _Pending] = field(default_factory=dict)
     next_id: int = 1
     next_request: int = 0
@@ -483,7 +506,7 @@ class _Follower(_Role):
     latest_head: tuple[int, int, bytes, list[Node]] | None = None
     repairs: list[int] = field(default_factory=list)
     # block answers whose path ends at a node an earlier answer will prove
-    stalled: list[tuple[_Pending, M.Data]] = field(default_factory=list)
+    stalled: list[tuple[_Pending, int, memoryview, tuple[Node, ...]]] = field(default_factory=list)
     stalls: int = 0  # answers that waited for an earlier one (statistics, tests)
     retries: int = 0  # short answers asked again with the full path
     pruned_at: int = 0
@@ -583,6 +606,22 @@ class _Follower(_Role):
         self.next_id += 1
         return rid
 
+    def take_block(self, s: ReplicationSession, request: int, fork: int, index: int,
+                   value: memoryview, nodes: tuple[Node, ...]) -> bool:
+        """A block-only ``data`` message, decoded without copying the value: verified
+        here when it answers a plain block request (True), else False and it goes
+        through `_on_data` like any other message."""
+        p = self.inflight.get(request)
+        if (p is None or p.block is None or p.upgrade or p.manifest or p.repair
+                or self.public_key is None or fork != self.fork):
+            return False
+        del self.inflight[request]
+        self._on_block(s, p, index, value, nodes)
+        self._pump(s)
+        if self.finished:
+            s.close()
+        return True
+
     def _on_data(self, s: ReplicationSession, m: M.Data) -> None:
         p = self.inflight.pop(m.request, None)
         if p is None:
@@ -591,9 +630,12 @@ class _Follower(_Role):
         if proof.fork != self.fork:
             raise VerificationError(f"data for fork {proof.fork}, we are on {self.fork}")
         if (p.block is not None and not p.upgrade and not p.manifest and not p.repair
-                and proof.upgrade is None
+                and proof.upgrade is None and proof.block is not None
                 and proof.manifest is None and proof.hash is None and self.public_key is not None):
-            self._on_block(s, p, m)
+            if proof.block.value is None:
+                raise VerificationError("block proof without a value")
+            self._on_block(s, p, proof.block.index, memoryview(proof.block.value),
+                           proof.block.nodes)
             return
         if p.manifest:
             if proof.manifest is None:
@@ -649,22 +691,19 @@ class _Follower(_Role):
             s.stats.bytes += len(proof.block.value or b"")
         self._deliver()
 
-    def _on_block(self, s: ReplicationSession, p: _Pending, m: M.Data) -> None:
+    def _on_block(self, s: ReplicationSession, p: _Pending, index: int, value: memoryview,
+                  nodes: tuple[Node, ...]) -> None:
         """A plain block answer (the catch-up hot path): hash the value once, fold the
         sibling path up to a node already verified, compare, keep the new nodes."""
-        b = m.proof.block
-        if b is None or b.index != p.block:
+        if index != p.block:
             raise VerificationError("peer answered with another block than requested")
-        value = b.value
-        if value is None:
-            raise VerificationError("block proof without a value")
-        ite = 2 * b.index
+        ite = 2 * index
         size = len(value)
         h = blake2b(b"\x00" + size.to_bytes(8, "little"), digest_size=32)
         h.update(value)
         leaf = cur = Node(ite, size, h.digest())
         path = [cur]
-        for d, sib in enumerate(b.nodes):
+        for d, sib in enumerate(nodes):
             step = 2 << d
             right = (ite >> (d + 1)) & 1
             if sib.index != (ite - step if right else ite + step) or len(sib.hash) != 32:
@@ -680,29 +719,29 @@ class _Follower(_Role):
         known = self.known
         have = known.get(cur.index)
         if have is None:
-            if any(q.block is not None and q.block < b.index for q in self.inflight.values()):
+            if any(q.block is not None and q.block < index for q in self.inflight.values()):
                 self.stalls += 1
-                self.stalled.append((p, m))  # an earlier answer proves its top node
+                self.stalled.append((p, index, value, nodes))  # an earlier answer proves its top
                 return
             # nothing in flight can prove it (e.g. an upgrade moved the roots): full path
             self.retries += 1
             rid = self._id()
-            self._request(s, _Pending(rid, b.index, False, False), M.Request(
+            self._request(s, _Pending(rid, index, False, False), M.Request(
                 rid, self.fork,
-                block=BlockRequest(b.index, max_missing_nodes(2 * b.index, self.trusted.length))))
+                block=BlockRequest(index, max_missing_nodes(2 * index, self.trusted.length))))
             return
         if have.hash != cur.hash or have.size != cur.size:
             raise VerificationError(f"bad proof from peer: checksum mismatch at node {cur.index}")
         for n in path:
             known[n.index] = n
-        self.buffered[b.index] = (value, leaf)
+        self.buffered[index] = (value, leaf)
         s.stats.blocks += 1
         s.stats.bytes += size
         self._deliver()
         if self.stalled:
             again, self.stalled = self.stalled, []
-            for q, dm in again:
-                self._on_block(s, q, dm)
+            for q, i, v, ns in again:
+                self._on_block(s, q, i, v, ns)
 
     def _prune(self) -> None:
         """Forget verified nodes wholly left of every block still to come (they can

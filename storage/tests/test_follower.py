@@ -20,7 +20,7 @@ from storage.follower import (
     VerificationFailed,
     check_evidence,
 )
-from storage.hypercore import KeyPair, archive_key
+from storage.hypercore import KeyPair, archive_key, leaf_hash
 from storage.log import FsyncPolicy, PartitionLog
 from storage.replication import (
     PartitionLogSource,
@@ -313,16 +313,18 @@ def test_verify_command_checks_mirrors_and_reports_equivocation(
     w.close()
 
 
-def test_wrong_bytes_never_published(tmp_path: Path) -> None:
-    """Blocks whose bytes differ from what the head signs (a lying session, or a disk
-    that changed them between write and read-back) never become visible."""
+def test_leaves_that_do_not_form_the_signed_tree_never_published(tmp_path: Path) -> None:
+    """Blocks whose delivered leaf hashes do not fold into the tree the head signs (a
+    session that lied, or handed over blocks in another order) never become visible.
+    (The leaf hash is the caller's hash of exactly the bytes handed over; they are
+    written unchanged and hashed once.)"""
     w = _writer(tmp_path / "w", 3)
     f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
     forged = bytearray(w.block(2))
     forged[-1] ^= 1
     for i in range(2):
         f.append_block(i, w.block(i), _leaf(w, i).hash)
-    f.append_block(2, bytes(forged), _leaf(w, 2).hash)
+    f.append_block(2, bytes(forged), leaf_hash(bytes(forged)))
     head = w.head
     assert head is not None
     with pytest.raises(StorageError):
