@@ -149,10 +149,10 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
 
 
 class _Sink:
-    """Delivers blocks into a FollowerLog; verified heads queue in `heads` and a task of
-    `_drive` stores them (hashing and fsync in a worker thread: a catch-up head covers the
-    whole archive) while the connection keeps receiving the next blocks, then wakes
-    Kafka readers."""
+    """Delivers blocks into a FollowerLog; a verified head makes its blocks readable at
+    once (`FollowerLog.reveal`, Kafka readers woken), then queues in `heads` and a task
+    of `_drive` stores it (fsyncs in a worker thread) while the connection keeps
+    receiving the next blocks."""
 
     def __init__(self, log_: FollowerLog, on_head: Callable[[], None]) -> None:
         self.log = log_
@@ -167,6 +167,10 @@ class _Sink:
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
         self.heads.append((length, fork, signature, list(roots)))
         self._wake.set()
+        # Every block under the head is verified and written: readable now; storing the
+        # head (fsyncs) follows in `run` and is no part of the replication lag.
+        if self.log.reveal(length):
+            self.on_head()
 
     def repair_block(self, index: int, value: bytes) -> None:
         self.log.repair_block(index, value)

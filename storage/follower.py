@@ -184,6 +184,7 @@ class FollowerLog(PartitionLog):
         self._pending_nodes = []
         self._next_leaf = keep
         self.log_end_offset = self._segments[-1].next_offset() if self._segments else self.log_start_offset
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)  # revealed, unstored
         self._leaf_ok = self._leaf_ok[: max(0, keep - self._leaf_ok_base)]
         head = self._head
         self._frontier = Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
@@ -229,6 +230,23 @@ class FollowerLog(PartitionLog):
         self._store(value, size, base, delta, max_ts)
         assert self._pending_leaves is not None
         self._pending_leaves.append(bytes(leaf_hash))
+
+    def reveal(self, length: int) -> bool:
+        """Make blocks [0, `length`) readable (the high watermark moves) before the head
+        over them is stored. Only for a caller that delivered them through `append_block`
+        after a replication session verified each against a signed head of that length
+        (`storage.replication` hands the head to its sink only then): every byte served is
+        verified; what waits for `accept_head` is durability (the fsyncs and the head
+        slot, several milliseconds on a busy disk, are then off the replication lag).
+        After a crash before the head is stored the archive reopens at its last stored
+        head and fetches the rest again. True when the high watermark moved."""
+        if self.frozen or self._poisoned is not None or not self._published_length < length <= self._next_leaf:
+            return False
+        offset = self._offset_of_leaf(length)
+        if offset <= self.high_watermark:
+            return False
+        self.high_watermark = offset
+        return True
 
     def accept_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
         """Store and publish the writer's signed head over our first `length` blocks.
@@ -300,6 +318,8 @@ class FollowerLog(PartitionLog):
         job whose run failed (the log is poisoned then)."""
         if not aj.job.done:
             self.abandon(aj.job)
+            head = self._head
+            self.high_watermark = head.next_offset if head is not None else self.log_start_offset
             raise StorageError(f"{self.path}: head at length {aj.length} was not stored")
         self.publish(aj.job)
 

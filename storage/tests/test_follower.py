@@ -368,3 +368,44 @@ def test_a_fork_we_did_not_agree_to_freezes(tmp_path: Path) -> None:
     assert check_evidence(str(tmp_path / "m"), KP.public_key) is not None
     f.close()
     w.close()
+
+
+def test_reveal_makes_verified_blocks_readable_before_their_head_is_stored(tmp_path: Path) -> None:
+    """A mirror serves blocks a session verified as soon as they are written; the head
+    slot (durability) follows. Unstored, they vanish at a reopen and are fetched again."""
+    w = _writer(tmp_path / "w", 9)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(9):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    assert f.high_watermark == 0
+    assert not f.reveal(10)  # not delivered
+    assert f.reveal(4) and not f.reveal(4)
+    data = _all(f)
+    assert data and w.read_bytes(0, len(data)) == data  # blocks 0..3, byte for byte
+    assert f.head is None or f.head.length == 0  # nothing stored: no head on disk
+    f._close_fds()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert f.length == 0 and f.high_watermark == 0  # reopened at its last stored head
+    for i in range(9):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    assert f.reveal(9)
+    head = w.head
+    assert head is not None
+    assert f.accept_head(9, 0, head.signature, head.roots)
+    assert f.high_watermark == w.high_watermark and _all(f) == _all(w)
+    f.close()
+    w.close()
+
+
+def test_discarding_unstored_blocks_takes_back_what_was_revealed(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 5)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(5):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    assert f.reveal(5)
+    f.discard_unsigned()  # the session ended before the head was stored
+    assert f.length == 0 and f.high_watermark == f.log_end_offset == 0
+    _sync(w, f)
+    assert _all(f) == _all(w)
+    f.close()
+    w.close()
