@@ -583,8 +583,14 @@ class _Follower(_Role):
             need_manifest = self.public_key is None
             self.upgrading = True
             start = self.trusted.length
-            self._request(s, _Pending(rid, None, True, need_manifest), M.Request(
-                rid, self.fork,
+            # The first new block rides along (its path is part of the upgrade proof): a
+            # live head of one block costs one round trip instead of two.
+            first = None
+            if not need_manifest and self.next_request == start and len(self.inflight) < self.window:
+                first = BlockRequest(start, 0)
+                self.next_request = start + 1
+            self._request(s, _Pending(rid, start if first else None, True, need_manifest), M.Request(
+                rid, self.fork, block=first,
                 upgrade=UpgradeRequest(start, self.remote_length - start),
                 manifest=need_manifest,
             ))
@@ -686,6 +692,8 @@ class _Follower(_Role):
             return
         if p.block is not None:
             assert proof.block is not None and vp.proven is not None
+            if p.upgrade:
+                self._keep_path(vp.proven, proof.block.nodes)
             self.buffered[p.block] = (proof.block.value or b"", vp.proven)
             s.stats.blocks += 1
             s.stats.bytes += len(proof.block.value or b"")
@@ -742,6 +750,23 @@ class _Follower(_Role):
             again, self.stalled = self.stalled, []
             for q, i, v, ns in again:
                 self._on_block(s, q, i, v, ns)
+
+    def _keep_path(self, leaf: Node, siblings: tuple[Node, ...]) -> None:
+        """Remember a verified block's path (its siblings and the parents they make), as
+        `_on_block` does, so the next blocks' short proofs can end on it."""
+        known = self.known
+        cur = leaf
+        known[cur.index] = cur
+        for sib in siblings:
+            if sib.index != flat_tree.sibling(cur.index):
+                return  # not a plain path: keep what we have
+            left, right = (sib, cur) if sib.index < cur.index else (cur, sib)
+            total = left.size + right.size
+            cur = Node(flat_tree.parent(cur.index), total, blake2b(
+                b"\x01" + total.to_bytes(8, "little") + left.hash + right.hash,
+                digest_size=32).digest())
+            known[sib.index] = sib
+            known[cur.index] = cur
 
     def _prune(self) -> None:
         """Forget verified nodes wholly left of every block still to come (they can
