@@ -321,7 +321,10 @@ class FollowerLog(PartitionLog):
             head = self._head
             self.high_watermark = head.next_offset if head is not None else self.log_start_offset
             raise StorageError(f"{self.path}: head at length {aj.length} was not stored")
+        revealed = self.high_watermark
         self.publish(aj.job)
+        # a newer head may have been revealed meanwhile: never move readers back
+        self.high_watermark = max(self.high_watermark, revealed)
 
     def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
         """Verify a head the writer signed against what we hold without storing it: raises

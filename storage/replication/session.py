@@ -698,6 +698,7 @@ class _Follower(_Role):
             s.stats.blocks += 1
             s.stats.bytes += len(proof.block.value or b"")
         self._deliver()
+        self._unstall(s)
 
     def _on_block(self, s: ReplicationSession, p: _Pending, index: int, value: memoryview,
                   nodes: tuple[Node, ...]) -> None:
@@ -746,6 +747,10 @@ class _Follower(_Role):
         s.stats.blocks += 1
         s.stats.bytes += size
         self._deliver()
+        self._unstall(s)
+
+    def _unstall(self, s: ReplicationSession) -> None:
+        """Answers that waited for an earlier one: try them again (that one is in)."""
         if self.stalled:
             again, self.stalled = self.stalled, []
             for q, i, v, ns in again:

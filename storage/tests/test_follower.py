@@ -409,3 +409,29 @@ def test_discarding_unstored_blocks_takes_back_what_was_revealed(tmp_path: Path)
     assert _all(f) == _all(w)
     f.close()
     w.close()
+
+
+def test_storing_an_older_head_keeps_what_a_newer_one_revealed(tmp_path: Path) -> None:
+    """Heads are stored one at a time while newer ones are revealed: the high watermark
+    never goes back (a consumer past it would get OFFSET_OUT_OF_RANGE and skip ahead)."""
+    w = _writer(tmp_path / "w", 3)
+    old = w.head
+    assert old is not None
+    for i in range(3, 6):
+        w.append(make_batch(2, 30, ts=5000 + i, seed=900 + i))
+    w.commit()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(6):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    aj = f.prepare_accept(3, 0, old.signature, old.roots)
+    assert aj is not None
+    assert f.reveal(6)  # the newer head's blocks, verified, while the older is stored
+    f.run_accept(aj)
+    f.finish_accept(aj)
+    assert f.head is not None and f.head.length == 3
+    assert f.high_watermark == w.high_watermark and _all(f) == _all(w)
+    new = w.head
+    assert new is not None and f.accept_head(6, 0, new.signature, new.roots)
+    assert f.high_watermark == w.high_watermark
+    f.close()
+    w.close()
