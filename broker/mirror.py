@@ -251,6 +251,13 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                 if sink is not None:
                     await sink.store_heads()  # what was verified before the peer left
                 nursery.cancel_scope.cancel()
+    except Exception:
+        if sink is not None and sink.heads:
+            # their blocks are readable already (revealed): store them, or the next
+            # session's discard_unsigned would take them back from under readers
+            with trio.CancelScope(shield=True):
+                await sink.store_heads()
+        raise
     finally:
         await trio.aclose_forcefully(stream)
 
