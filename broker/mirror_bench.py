@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -309,6 +310,8 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(30)
+        if args.dir is None:  # a temporary dir: hundreds of MB per run
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
