@@ -61,11 +61,11 @@ from storage.replication import (
     ReplicationError,
     ReplicationSession,
 )
+from storage.replication.trio_driver import receive_into, send_frames
 from storage.store import CATALOG_DIR, MIRRORS_DIR
 
 log = logging.getLogger("hyperkafka.mirror")
 
-RECEIVE_SIZE = 1 << 18
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
@@ -149,10 +149,10 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
 
 
 class _Sink:
-    """Delivers blocks into a FollowerLog; verified heads queue in `heads` and a task of
-    `_drive` stores them (hashing and fsync in a worker thread: a catch-up head covers the
-    whole archive) while the connection keeps receiving the next blocks, then wakes
-    Kafka readers."""
+    """Delivers blocks into a FollowerLog; a verified head makes its blocks readable at
+    once (`FollowerLog.reveal`, Kafka readers woken), then queues in `heads` and a task
+    of `_drive` stores it (fsyncs in a worker thread) while the connection keeps
+    receiving the next blocks."""
 
     def __init__(self, log_: FollowerLog, on_head: Callable[[], None]) -> None:
         self.log = log_
@@ -161,12 +161,16 @@ class _Sink:
         self._wake = trio.Event()
         self._lock = trio.Lock()  # one stored head at a time (one job in flight per log)
 
-    def put_block(self, index: int, value: bytes, leaf: TreeNode) -> None:
+    def put_block(self, index: int, value: bytes | memoryview, leaf: TreeNode) -> None:
         self.log.put_block(index, value, leaf)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
         self.heads.append((length, fork, signature, list(roots)))
         self._wake.set()
+        # Every block under the head is verified and written: readable now; storing the
+        # head (fsyncs) follows in `run` and is no part of the replication lag.
+        if self.log.reveal(length):
+            self.on_head()
 
     def repair_block(self, index: int, value: bytes) -> None:
         self.log.repair_block(index, value)
@@ -212,10 +216,11 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
     lock = trio.Lock()
 
     async def pump() -> None:
-        data = session.data_to_send()
-        if data:
+        frames = session.buffers_to_send()
+        if frames:
             async with lock:
-                await stream.send_all(data)
+                await send_frames(stream, frames)
+            session.recycle(frames)
 
     async def repairer(lg: FollowerLog) -> None:
         asked: set[int] = set()
@@ -240,14 +245,19 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                     nursery.start_soon(sink.run)
                 await pump()
                 while not session.done and not (until is not None and until()):
-                    data = await stream.receive_some(RECEIVE_SIZE)
-                    if not data:
+                    if not await receive_into(stream, session):
                         break
-                    session.receive_data(data)
                     await pump()
                 if sink is not None:
                     await sink.store_heads()  # what was verified before the peer left
                 nursery.cancel_scope.cancel()
+    except Exception:
+        if sink is not None and sink.heads:
+            # their blocks are readable already (revealed): store them, or the next
+            # session's discard_unsigned would take them back from under readers
+            with trio.CancelScope(shield=True):
+                await sink.store_heads()
+        raise
     finally:
         await trio.aclose_forcefully(stream)
 

@@ -32,10 +32,10 @@ from storage import PartitionLog
 from storage.hypercore import discovery_key
 from storage.replication import PartitionLogSource, RemoteProtocolError, ReplicationSession
 from storage.replication.sources import ArchiveSource
+from storage.replication.trio_driver import receive_into, send_frames
 
 log = logging.getLogger("hyperkafka.replication")
 
-RECEIVE_SIZE = 1 << 18
 ANNOUNCE_POLL_S = 0.5  # catalog changes do not pass through the group commit: poll
 
 
@@ -84,10 +84,11 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
     lock = trio.Lock()
 
     async def pump() -> None:
-        data = session.data_to_send()
-        if data:
+        frames = session.buffers_to_send()
+        if frames:
             async with lock:
-                await stream.send_all(data)
+                await send_frames(stream, frames)
+            session.recycle(frames)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -102,10 +103,8 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
             nursery.start_soon(announcer)
             await pump()
             while not session.closed:
-                data = await stream.receive_some(RECEIVE_SIZE)
-                if not data:
+                if not await receive_into(stream, session):
                     break
-                session.receive_data(data)
                 await pump()
             nursery.cancel_scope.cancel()
     except Exception as exc:  # one peer's failure (a group from the nursery) never stops the port

@@ -3,9 +3,10 @@
 Owns `FollowerLog`, the persistent sink of a mirror. It is a `PartitionLog` on the same
 files and format (segments, dense index, tree file, two-slot head file), opened with the
 writer's *public* key only, fsync `always`, and read-only for Kafka: blocks come in
-through `append_block` (each checked against the leaf hash a replication session
-verified), and become visible only when `accept_head` stores a head the writer signed,
-after checking that the blocks read back from our own files reproduce that signed tree.
+through `append_block` (written byte for byte, with the leaf hash a replication session
+computed from those bytes when it verified them), and become visible only when
+`accept_head` stores a head the writer signed, after checking that the delivered leaf
+hashes fold into that signed tree (each block is hashed once, not again on the way in).
 The writer's signature is stored verbatim in the head slot, so `verify` of the mirror's
 data dir checks it with the writer's key. We never sign anything: blocks past the last
 accepted head are dropped at close and at recovery (they are fetched again).
@@ -116,6 +117,7 @@ class FollowerLog(PartitionLog):
                  fs: FileSystem) -> None:
         super().__init__(path, keypair, policy, config, fs)
         self._accepting = False  # only accept_head's own prepare_commit may build a job
+        self._pending_leaves = []  # verified leaf hashes of the blocks not yet accepted
         self.frozen: str | None = None  # set: equivocation evidence on disk, take nothing
 
     @classmethod
@@ -178,9 +180,11 @@ class FollowerLog(PartitionLog):
                 seg.log_size = end
         self._segments_ready()
         self._pending = []
+        self._pending_leaves = []
         self._pending_nodes = []
         self._next_leaf = keep
         self.log_end_offset = self._segments[-1].next_offset() if self._segments else self.log_start_offset
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)  # revealed, unstored
         self._leaf_ok = self._leaf_ok[: max(0, keep - self._leaf_ok_base)]
         head = self._head
         self._frontier = Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
@@ -197,7 +201,8 @@ class FollowerLog(PartitionLog):
         head = self._head
         return Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
 
-    def append_block(self, index: int, value: bytes, leaf_hash: bytes) -> None:
+    def append_block(self, index: int, value: bytes | bytearray | memoryview,
+                     leaf_hash: bytes) -> None:
         """Store block `index` (the next one), which a replication session verified to hash
         to `leaf_hash` under a signed head. Invisible until `accept_head` covers it."""
         if self.frozen:
@@ -205,20 +210,43 @@ class FollowerLog(PartitionLog):
         self._check_writable()
         if index != self._next_leaf:
             raise StorageError(f"block {index} out of order (have {self._next_leaf})")
-        # The session hashed `value` to `leaf_hash` when it verified the proof; hashing it
-        # again here would only cost time: accept_head rehashes what it reads back from
-        # our files and refuses to publish unless that reproduces the signed tree.
+        # The session hashed `value` to `leaf_hash` when it verified the proof, and these
+        # very bytes are written (no offset or epoch is stamped into a replicated batch):
+        # the index gets `leaf_hash`, and accept_head folds the delivered leaf hashes into
+        # the tree and refuses to publish unless it is the signed one. Reads after a
+        # reopen authenticate every batch against its leaf hash.
         size = len(value)
         if size < B.HEADER_SIZE or value[B.MAGIC_AT] != B.MAGIC:
             raise VerificationFailed(f"block {index} is not a record batch v2")
+        if 12 + _BE_I32.unpack_from(value, B.BATCH_LENGTH)[0] != size:
+            raise VerificationFailed(f"block {index}: batch length does not match its size")
         base = _BE_I64.unpack_from(value, B.BASE_OFFSET)[0]
         if base != self.log_end_offset:
             raise VerificationFailed(f"block {index} starts at offset {base}, expected {self.log_end_offset}")
-        epoch = _BE_I32.unpack_from(value, B.LEADER_EPOCH)[0]
-        buf = bytearray(value)
-        self.append(buf, leader_epoch=epoch)  # rewrites the same base offset and epoch
-        if buf != value:  # cannot happen (checked above); never store other bytes than signed
-            raise StorageError("append changed a replicated batch")
+        delta = _BE_I32.unpack_from(value, B.LAST_OFFSET_DELTA)[0]
+        if delta < 0:
+            raise VerificationFailed(f"block {index}: negative lastOffsetDelta")
+        max_ts = _BE_I64.unpack_from(value, B.MAX_TIMESTAMP)[0]
+        self._store(value, size, base, delta, max_ts)
+        assert self._pending_leaves is not None
+        self._pending_leaves.append(bytes(leaf_hash))
+
+    def reveal(self, length: int) -> bool:
+        """Make blocks [0, `length`) readable (the high watermark moves) before the head
+        over them is stored. Only for a caller that delivered them through `append_block`
+        after a replication session verified each against a signed head of that length
+        (`storage.replication` hands the head to its sink only then): every byte served is
+        verified; what waits for `accept_head` is durability (the fsyncs and the head
+        slot, several milliseconds on a busy disk, are then off the replication lag).
+        After a crash before the head is stored the archive reopens at its last stored
+        head and fetches the rest again. True when the high watermark moved."""
+        if self.frozen or self._poisoned is not None or not self._published_length < length <= self._next_leaf:
+            return False
+        offset = self._offset_of_leaf(length)
+        if offset <= self.high_watermark:
+            return False
+        self.high_watermark = offset
+        return True
 
     def accept_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
         """Store and publish the writer's signed head over our first `length` blocks.
@@ -249,28 +277,34 @@ class FollowerLog(PartitionLog):
         n_tail = self._next_leaf - length
         if n_tail > len(self._pending):
             raise StorageError("blocks under the new head were already committed")
-        cut = len(self._pending) - n_tail
-        tail = self._pending[cut:]
-        self._pending = self._pending[:cut]
+        pending, leaves = self._pending, self._pending_leaves
+        cut = len(pending) - n_tail
+        assert leaves is not None and len(leaves) == len(pending)
+        tail = pending[cut:]
+        self._pending, self._pending_leaves = pending[:cut], leaves[:cut]
         next_offset = tail[0][3] if tail else self.log_end_offset
         self._accepting = True
         try:
             job = self.prepare_commit(force_sync=True)
+        except BaseException:
+            self._pending, self._pending_leaves = pending, leaves
+            raise
         finally:
             self._accepting = False
-            self._pending = tail + self._pending
         if job is None:  # pragma: no cover - new blocks always make a job
+            self._pending, self._pending_leaves = pending, leaves
             return None
+        self._pending, self._pending_leaves = tail, leaves[cut:]
         job.next_offset = next_offset
         job.remote_signature = signature
         return AcceptJob(job, length, tree_hash(roots))
 
     def run_accept(self, aj: AcceptJob) -> None:
-        """Any thread: read the covered blocks back from our files, hash them, check they
-        reproduce the signed tree, write index, tree nodes and the head slot, fsync."""
+        """Any thread: fold the verified leaf hashes of the covered blocks into the tree,
+        check it is the signed one, write index, tree nodes and the head slot, fsync."""
         job = aj.job
         try:
-            job._hash_pending()  # what we hash is read back from our files
+            job._hash_pending()  # folds the verified leaf hashes into the tree
             if job.frontier.length != aj.length or job.frontier.tree_hash() != aj.tree_hash:
                 raise StorageError(f"{self.path}: stored blocks do not reproduce the signed "
                                    f"head at length {aj.length}")
@@ -284,8 +318,13 @@ class FollowerLog(PartitionLog):
         job whose run failed (the log is poisoned then)."""
         if not aj.job.done:
             self.abandon(aj.job)
+            head = self._head
+            self.high_watermark = head.next_offset if head is not None else self.log_start_offset
             raise StorageError(f"{self.path}: head at length {aj.length} was not stored")
+        revealed = self.high_watermark
         self.publish(aj.job)
+        # a newer head may have been revealed meanwhile: never move readers back
+        self.high_watermark = max(self.high_watermark, revealed)
 
     def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
         """Verify a head the writer signed against what we hold without storing it: raises
@@ -336,7 +375,7 @@ class FollowerLog(PartitionLog):
         raise Equivocation(f"{self.path}: {why}")
 
     # ArchiveSink (storage.replication.sources): a replication follower delivers here.
-    def put_block(self, index: int, value: bytes, leaf: Node) -> None:
+    def put_block(self, index: int, value: bytes | memoryview, leaf: Node) -> None:
         self.append_block(index, value, leaf.hash)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:

@@ -554,6 +554,10 @@ class CommitJob:
     # A follower's commit: the writer's signature over this tree, verified by the caller
     # (storage.follower); used instead of signing with our own key.
     remote_signature: bytes | None = None
+    # A follower's commit: the leaf hash of each pending batch, verified by the caller
+    # against the writer's signed tree before the batch was written; used instead of
+    # reading the batches back and hashing them a second time.
+    leaves: list[bytes] | None = None
     # INTERVAL policy, periodic sync: the fsyncs run in a `BackgroundSync` beside later
     # commits instead of inside this job (FORMAT.md section 6).
     background: bool = False
@@ -637,6 +641,9 @@ class CommitJob:
         pack_entry = _ENTRY.pack
         pack_u32 = _U32.pack
         crc = crc32c.crc32c
+        verified = self.leaves  # a follower's leaf hashes, computed while verifying
+        if verified is not None and len(verified) != len(pending):
+            raise StorageError("verified leaf hashes do not match the pending batches")
         i, n = 0, len(pending)
         while i < n:
             # The new batches of one segment are contiguous in its .log and its .bidx: read
@@ -663,13 +670,17 @@ class CommitJob:
                     entries.extend(body)
                     entries.extend(pack_u32(crc(body)))
 
-            with fs.read_view(log_fd, span_len, span_start) as span:
-                if len(span) != span_len:
-                    raise StorageError("segment shorter than what was appended")
-                hash_leaves(span, [(p[5] - span_start, p[6]) for p in group], fold)
+            if verified is not None:
+                fold(verified[i:j], 0, len(group))
+            else:
+                with fs.read_view(log_fd, span_len, span_start) as span:
+                    if len(span) != span_len:
+                        raise StorageError("segment shorter than what was appended")
+                    hash_leaves(span, [(p[5] - span_start, p[6]) for p in group], fold)
             self.index_writes.append((idx_fd, IDX_HEADER_SIZE + k0 * ENTRY_SIZE, bytes(entries)))
             i = j
         self.pending = []
+        self.leaves = None
 
 
 # ---------------------------------------------------------------------------- the log
@@ -695,6 +706,8 @@ class PartitionLog:
         self._frontier = Frontier()
         self._pending_nodes: list[Node] = []
         self._pending: list[PendingBatch] = []
+        # a follower's verified leaf hashes of `_pending` (storage.follower); None: hash them
+        self._pending_leaves: list[bytes] | None = None
         self._next_leaf = 0  # blocks appended (the frontier catches up in the commit job)
         self._head: Head | None = None
         self._head_seq = 0
@@ -1290,6 +1303,11 @@ class PartitionLog:
             raise CorruptBatch("negative lastOffsetDelta")
         base = self.log_end_offset
         _BATCH_WRITE.pack_into(batch, 0, base, batch_length, leader_epoch)
+        return self._store(batch, size, base, delta, max_ts)
+
+    def _store(self, batch: bytes | bytearray | memoryview, size: int, base: int, delta: int,
+               max_ts: int) -> tuple[int, int]:
+        """Write a checked batch whose base offset is `base` (= log_end_offset) as is."""
         segs = self._segments
         seg = segs[-1] if segs else None
         if (seg is None or not seg.bases or seg.log_size + size > self._segment_limit
@@ -1440,6 +1458,7 @@ class PartitionLog:
             index_writes=[],
             nodes=self._pending_nodes,
             pending=self._pending,
+            leaves=self._pending_leaves,
             sync_fds=sync_fds,
             sync_derived=derived_due,
             derived_length=derived_length,
@@ -1453,6 +1472,8 @@ class PartitionLog:
         pending_bytes = sum(p[6] for p in self._pending)
         self._pending_nodes = []
         self._pending = []
+        if self._pending_leaves is not None:
+            self._pending_leaves = []
         self._disk_clean = False
         self._job = job
         if job.pending and pending_bytes < INLINE_HASH_BELOW * len(job.pending):

@@ -21,10 +21,13 @@ May import only the standard library, `storage.hypercore.{encoding,errors}` and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from storage.hypercore.encoding import Reader, encode_buffer, encode_uint
 from storage.hypercore.errors import HypercoreError
 from storage.replication.errors import LocalProtocolError, MessageError
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
 
 CONTROL_BATCH = 0
 CONTROL_OPEN = 1
@@ -115,14 +118,16 @@ class Mux:
     _remote: dict[int, Channel | None] = field(default_factory=dict)
     _pending_remote: dict[tuple[str, bytes | None], RemoteOpen] = field(default_factory=dict)
     _next_id: int = 1
-    _out: list[bytes] = field(default_factory=list)
-    _batch: list[tuple[int, int, bytes]] | None = None
+    _out: list[bytes | list[Buffer]] = field(default_factory=list)
+    _batch: list[tuple[int, int, bytes | list[Buffer]]] | None = None
     _corked: int = 0
 
     # ------------------------------------------------------------------ output
 
-    def outgoing(self) -> list[bytes]:
-        """Transport messages queued since the last call, in order."""
+    def outgoing(self) -> list[bytes | list[Buffer]]:
+        """Transport messages queued since the last call, in order. A message sent with
+        `send_parts` alone in its batch stays a list of parts (to be gathered by the
+        transport, not joined here: a block is copied once, into the encryption)."""
         out, self._out = self._out, []
         return out
 
@@ -138,9 +143,14 @@ class Mux:
         if self._corked == 0:
             batch, self._batch = self._batch or [], None
             if len(batch) == 1:
-                self._out.append(encode_message(*batch[0]))
+                ch, type_, payload = batch[0]
+                if isinstance(payload, list):
+                    self._out.append([encode_uint(ch) + encode_uint(type_), *payload])
+                else:
+                    self._out.append(encode_message(ch, type_, payload))
             elif batch:
-                self._out.append(encode_batch(batch))
+                self._out.append(encode_batch([
+                    (ch, t, b"".join(p) if isinstance(p, list) else p) for ch, t, p in batch]))
 
     def open(self, protocol: str, id: bytes | None, handshake: bytes) -> tuple[Channel, list[MuxEvent]]:
         """Open a channel; pairs at once if the remote already opened the same one."""
@@ -170,6 +180,15 @@ class Mux:
             self._batch.append((ch.local_id, type_, payload))
         else:
             self._out.append(encode_message(ch.local_id, type_, payload))
+
+    def send_parts(self, ch: Channel, type_: int, parts: list[Buffer]) -> None:
+        """`send` of the concatenation of `parts`, without concatenating them."""
+        if ch.closed:
+            return
+        if self._batch is not None:
+            self._batch.append((ch.local_id, type_, parts))
+        else:
+            self._out.append([encode_uint(ch.local_id) + encode_uint(type_), *parts])
 
     def close(self, ch: Channel) -> None:
         if ch.closed:

@@ -41,6 +41,7 @@ from storage.hypercore import (
     discovery_key,
     flat_tree,
 )
+from storage.hypercore.encoding import Reader, encode_uint
 from storage.hypercore.proofs import (
     BlockRequest,
     InvalidRequest,
@@ -95,6 +96,31 @@ def block_nodes(index: int, length: int) -> int:
         if index + low <= length:
             return low.bit_length() - 1  # a whole node: the path to it stays in the tree
     return max_missing_nodes(2 * index, length)
+
+
+def encode_nodes(nodes: tuple[Node, ...]) -> bytes:
+    """A proof's node list as on the wire (``uint count``, then index, size, hash each)."""
+    return b"".join([encode_uint(len(nodes)),
+                     *(encode_uint(n.index) + encode_uint(n.size) + n.hash for n in nodes)])
+
+
+def _read_block_data(body: bytes | memoryview) -> tuple[int, int, int, memoryview, tuple[Node, ...]] | None:
+    """A ``data`` message that carries a block and nothing else (flags = 1; the catch-up
+    hot path) as (request, fork, index, value, nodes), the value a view into `body` (no
+    copy); None for any other data message, or one that does not decode (the general
+    decoder then reports it)."""
+    try:
+        r = Reader(body)
+        if r.uint() != 1:
+            return None
+        request, fork, index = r.uint(), r.uint(), r.uint()
+        value = r.view(r.uint())
+        n = r.array_length()
+        nodes = tuple(Node(r.uint(), r.uint(), r.fixed(32)) for _ in range(n))
+        r.finish()
+    except HypercoreError:
+        return None
+    return request, fork, index, value, nodes
 
 
 def capability(initiator: bool, key: bytes, handshake_hash: bytes) -> bytes:
@@ -212,13 +238,39 @@ class ReplicationSession:
         return self.closed or (isinstance(self.role, _Follower) and self.role.finished)
 
     def data_to_send(self) -> bytes:
-        for msg in self.mux.outgoing():
-            self.stream.send(msg)
+        self._encrypt_outgoing()
         return self.stream.data_to_send()
+
+    def buffers_to_send(self) -> list[bytes | bytearray]:
+        """`data_to_send` as a list of frames, for a vectored write (`sendmsg`)."""
+        self._encrypt_outgoing()
+        return self.stream.buffers_to_send()
+
+    def recycle(self, frames: list[bytes | bytearray]) -> None:
+        """Frames from `buffers_to_send` that are written: reuse their memory."""
+        self.stream.recycle(frames)
+
+    def _encrypt_outgoing(self) -> None:
+        stream = self.stream
+        for msg in self.mux.outgoing():
+            if isinstance(msg, list):
+                stream.send_parts(msg)
+            else:
+                stream.send(msg)
+
+    def get_buffer(self) -> memoryview:
+        """Read from the socket into this view (``recv_into``), release it, then call
+        `buffer_updated` with the count: `receive_data` without a copy."""
+        return self.stream.get_buffer()
+
+    def buffer_updated(self, n: int) -> None:
+        self._received(self.stream.buffer_updated(n))
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes read from the socket. Raises RemoteProtocolError on any violation."""
-        msgs = self.stream.receive_data(data)
+        self._received(self.stream.receive_data(data))
+
+    def _received(self, msgs: list[bytes]) -> None:
         if (self.stream.handshake_complete and self.channel is None and not self.closed
                 and self._lookup is None):
             self._open()
@@ -249,6 +301,12 @@ class ReplicationSession:
         if self.channel is None:
             raise LocalProtocolError("channel not open")
         self.mux.send(self.channel, int(m.TYPE), m.encode())
+
+    def send_parts(self, type_: int, parts: list[bytes | bytearray | memoryview]) -> None:
+        """`send` of a message already encoded as the concatenation of `parts`."""
+        if self.channel is None:
+            raise LocalProtocolError("channel not open")
+        self.mux.send_parts(self.channel, int(type_), parts)
 
     def _on_event(self, ev: object) -> None:
         if isinstance(ev, RemoteOpen) and self._lookup is not None and self.channel is None:
@@ -283,6 +341,10 @@ class ReplicationSession:
         elif isinstance(ev, ChannelMessage):
             if not 0 <= ev.type < len(M.MessageType):
                 return  # protomux ignores message types a channel did not register
+            if ev.type == M.MessageType.DATA and isinstance(self.role, _Follower):
+                block = _read_block_data(ev.payload)
+                if block is not None and self.role.take_block(self, *block):
+                    return
             m = M.decode_message(ev.type, ev.payload)
             self.mux.cork()
             try:
@@ -394,6 +456,17 @@ class _Server(_Role):
         if value is not None:
             s.stats.blocks += 1
             s.stats.bytes += len(value)
+        b = proof.block
+        if b is not None and b.value is not None and proof.hash is None and proof.upgrade is None \
+                and proof.manifest is None:
+            # Proof.encode's bytes, in parts: the block is copied once, into the encryption
+            s.send_parts(M.MessageType.DATA, [
+                b"".join((b"\x01", encode_uint(m.id), encode_uint(proof.fork),
+                          encode_uint(b.index), encode_uint(len(b.value)))),
+                b.value,
+                encode_nodes(b.nodes),
+            ])
+            return
         s.send(M.Data(m.id, proof))
 
 
@@ -421,7 +494,7 @@ class _Follower(_Role):
     fork: int = 0
     known: dict[int, Node] = field(default_factory=dict)
     heads: list[tuple[int, int, bytes, list[Node]]] = field(default_factory=list)
-    buffered: dict[int, tuple[bytes, Node]] = field(default_factory=dict)
+    buffered: dict[int, tuple[bytes | memoryview, Node]] = field(default_factory=dict)
     inflight: dict[int, _Pending] = field(default_factory=dict)
     next_id: int = 1
     next_request: int = 0
@@ -433,7 +506,7 @@ class _Follower(_Role):
     latest_head: tuple[int, int, bytes, list[Node]] | None = None
     repairs: list[int] = field(default_factory=list)
     # block answers whose path ends at a node an earlier answer will prove
-    stalled: list[tuple[_Pending, M.Data]] = field(default_factory=list)
+    stalled: list[tuple[_Pending, int, memoryview, tuple[Node, ...]]] = field(default_factory=list)
     stalls: int = 0  # answers that waited for an earlier one (statistics, tests)
     retries: int = 0  # short answers asked again with the full path
     pruned_at: int = 0
@@ -510,8 +583,14 @@ class _Follower(_Role):
             need_manifest = self.public_key is None
             self.upgrading = True
             start = self.trusted.length
-            self._request(s, _Pending(rid, None, True, need_manifest), M.Request(
-                rid, self.fork,
+            # The first new block rides along (its path is part of the upgrade proof): a
+            # live head of one block costs one round trip instead of two.
+            first = None
+            if not need_manifest and self.next_request == start and len(self.inflight) < self.window:
+                first = BlockRequest(start, 0)
+                self.next_request = start + 1
+            self._request(s, _Pending(rid, start if first else None, True, need_manifest), M.Request(
+                rid, self.fork, block=first,
                 upgrade=UpgradeRequest(start, self.remote_length - start),
                 manifest=need_manifest,
             ))
@@ -533,6 +612,22 @@ class _Follower(_Role):
         self.next_id += 1
         return rid
 
+    def take_block(self, s: ReplicationSession, request: int, fork: int, index: int,
+                   value: memoryview, nodes: tuple[Node, ...]) -> bool:
+        """A block-only ``data`` message, decoded without copying the value: verified
+        here when it answers a plain block request (True), else False and it goes
+        through `_on_data` like any other message."""
+        p = self.inflight.get(request)
+        if (p is None or p.block is None or p.upgrade or p.manifest or p.repair
+                or self.public_key is None or fork != self.fork):
+            return False
+        del self.inflight[request]
+        self._on_block(s, p, index, value, nodes)
+        self._pump(s)
+        if self.finished:
+            s.close()
+        return True
+
     def _on_data(self, s: ReplicationSession, m: M.Data) -> None:
         p = self.inflight.pop(m.request, None)
         if p is None:
@@ -541,9 +636,12 @@ class _Follower(_Role):
         if proof.fork != self.fork:
             raise VerificationError(f"data for fork {proof.fork}, we are on {self.fork}")
         if (p.block is not None and not p.upgrade and not p.manifest and not p.repair
-                and proof.upgrade is None
+                and proof.upgrade is None and proof.block is not None
                 and proof.manifest is None and proof.hash is None and self.public_key is not None):
-            self._on_block(s, p, m)
+            if proof.block.value is None:
+                raise VerificationError("block proof without a value")
+            self._on_block(s, p, proof.block.index, memoryview(proof.block.value),
+                           proof.block.nodes)
             return
         if p.manifest:
             if proof.manifest is None:
@@ -594,27 +692,27 @@ class _Follower(_Role):
             return
         if p.block is not None:
             assert proof.block is not None and vp.proven is not None
+            if p.upgrade:
+                self._keep_path(vp.proven, proof.block.nodes)
             self.buffered[p.block] = (proof.block.value or b"", vp.proven)
             s.stats.blocks += 1
             s.stats.bytes += len(proof.block.value or b"")
         self._deliver()
+        self._unstall(s)
 
-    def _on_block(self, s: ReplicationSession, p: _Pending, m: M.Data) -> None:
+    def _on_block(self, s: ReplicationSession, p: _Pending, index: int, value: memoryview,
+                  nodes: tuple[Node, ...]) -> None:
         """A plain block answer (the catch-up hot path): hash the value once, fold the
         sibling path up to a node already verified, compare, keep the new nodes."""
-        b = m.proof.block
-        if b is None or b.index != p.block:
+        if index != p.block:
             raise VerificationError("peer answered with another block than requested")
-        value = b.value
-        if value is None:
-            raise VerificationError("block proof without a value")
-        ite = 2 * b.index
+        ite = 2 * index
         size = len(value)
         h = blake2b(b"\x00" + size.to_bytes(8, "little"), digest_size=32)
         h.update(value)
         leaf = cur = Node(ite, size, h.digest())
         path = [cur]
-        for d, sib in enumerate(b.nodes):
+        for d, sib in enumerate(nodes):
             step = 2 << d
             right = (ite >> (d + 1)) & 1
             if sib.index != (ite - step if right else ite + step) or len(sib.hash) != 32:
@@ -630,29 +728,50 @@ class _Follower(_Role):
         known = self.known
         have = known.get(cur.index)
         if have is None:
-            if any(q.block is not None and q.block < b.index for q in self.inflight.values()):
+            if any(q.block is not None and q.block < index for q in self.inflight.values()):
                 self.stalls += 1
-                self.stalled.append((p, m))  # an earlier answer proves its top node
+                self.stalled.append((p, index, value, nodes))  # an earlier answer proves its top
                 return
             # nothing in flight can prove it (e.g. an upgrade moved the roots): full path
             self.retries += 1
             rid = self._id()
-            self._request(s, _Pending(rid, b.index, False, False), M.Request(
+            self._request(s, _Pending(rid, index, False, False), M.Request(
                 rid, self.fork,
-                block=BlockRequest(b.index, max_missing_nodes(2 * b.index, self.trusted.length))))
+                block=BlockRequest(index, max_missing_nodes(2 * index, self.trusted.length))))
             return
         if have.hash != cur.hash or have.size != cur.size:
             raise VerificationError(f"bad proof from peer: checksum mismatch at node {cur.index}")
         for n in path:
             known[n.index] = n
-        self.buffered[b.index] = (value, leaf)
+        self.buffered[index] = (value, leaf)
         s.stats.blocks += 1
         s.stats.bytes += size
         self._deliver()
+        self._unstall(s)
+
+    def _unstall(self, s: ReplicationSession) -> None:
+        """Answers that waited for an earlier one: try them again (that one is in)."""
         if self.stalled:
             again, self.stalled = self.stalled, []
-            for q, dm in again:
-                self._on_block(s, q, dm)
+            for q, i, v, ns in again:
+                self._on_block(s, q, i, v, ns)
+
+    def _keep_path(self, leaf: Node, siblings: tuple[Node, ...]) -> None:
+        """Remember a verified block's path (its siblings and the parents they make), as
+        `_on_block` does, so the next blocks' short proofs can end on it."""
+        known = self.known
+        cur = leaf
+        known[cur.index] = cur
+        for sib in siblings:
+            if sib.index != flat_tree.sibling(cur.index):
+                return  # not a plain path: keep what we have
+            left, right = (sib, cur) if sib.index < cur.index else (cur, sib)
+            total = left.size + right.size
+            cur = Node(flat_tree.parent(cur.index), total, blake2b(
+                b"\x01" + total.to_bytes(8, "little") + left.hash + right.hash,
+                digest_size=32).digest())
+            known[sib.index] = sib
+            known[cur.index] = cur
 
     def _prune(self) -> None:
         """Forget verified nodes wholly left of every block still to come (they can

@@ -49,9 +49,10 @@ class ArchiveSource(Protocol):
 
 class ArchiveSink(Protocol):
     """Write side of a follower. Calls come in order: blocks 0, 1, 2, … and, once every
-    block below a verified head's length was delivered, that head."""
+    block below a verified head's length was delivered, that head. A block's `value` may
+    be a read-only view into the message it came in (immutable: keeping it is safe)."""
 
-    def put_block(self, index: int, value: bytes, leaf: Node) -> None: ...
+    def put_block(self, index: int, value: bytes | memoryview, leaf: Node) -> None: ...
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None: ...
 
@@ -65,7 +66,7 @@ class MemoryArchive:
         self.keypair = keypair
         self._manifest = Manifest.default(public_key)
         self._key = archive_key(public_key)
-        self.blocks: list[bytes] = []
+        self.blocks: list[bytes | memoryview] = []
         self.nodes: dict[int, Node] = {}
         self.frontier = Frontier()
         self._head = SignedHead(0, 0, None)
@@ -102,11 +103,11 @@ class MemoryArchive:
         return self.nodes.get(index)
 
     def block(self, index: int) -> bytes:
-        return self.blocks[index]
+        return bytes(self.blocks[index])  # (a no-op for the bytes of a writer)
 
     # ------------------------------------------------------------------ sink side
 
-    def put_block(self, index: int, value: bytes, leaf: Node) -> None:
+    def put_block(self, index: int, value: bytes | memoryview, leaf: Node) -> None:
         if index != len(self.blocks):
             raise ValueError(f"block {index} out of order (have {len(self.blocks)})")
         self.blocks.append(value)

@@ -20,7 +20,7 @@ from storage.follower import (
     VerificationFailed,
     check_evidence,
 )
-from storage.hypercore import KeyPair, archive_key
+from storage.hypercore import KeyPair, archive_key, leaf_hash
 from storage.log import FsyncPolicy, PartitionLog
 from storage.replication import (
     PartitionLogSource,
@@ -313,16 +313,18 @@ def test_verify_command_checks_mirrors_and_reports_equivocation(
     w.close()
 
 
-def test_wrong_bytes_never_published(tmp_path: Path) -> None:
-    """Blocks whose bytes differ from what the head signs (a lying session, or a disk
-    that changed them between write and read-back) never become visible."""
+def test_leaves_that_do_not_form_the_signed_tree_never_published(tmp_path: Path) -> None:
+    """Blocks whose delivered leaf hashes do not fold into the tree the head signs (a
+    session that lied, or handed over blocks in another order) never become visible.
+    (The leaf hash is the caller's hash of exactly the bytes handed over; they are
+    written unchanged and hashed once.)"""
     w = _writer(tmp_path / "w", 3)
     f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
     forged = bytearray(w.block(2))
     forged[-1] ^= 1
     for i in range(2):
         f.append_block(i, w.block(i), _leaf(w, i).hash)
-    f.append_block(2, bytes(forged), _leaf(w, 2).hash)
+    f.append_block(2, bytes(forged), leaf_hash(bytes(forged)))
     head = w.head
     assert head is not None
     with pytest.raises(StorageError):
@@ -364,5 +366,72 @@ def test_a_fork_we_did_not_agree_to_freezes(tmp_path: Path) -> None:
         f.accept_head(head.length, 1, sig, head.roots)
     assert f.frozen and "fork" in f.frozen
     assert check_evidence(str(tmp_path / "m"), KP.public_key) is not None
+    f.close()
+    w.close()
+
+
+def test_reveal_makes_verified_blocks_readable_before_their_head_is_stored(tmp_path: Path) -> None:
+    """A mirror serves blocks a session verified as soon as they are written; the head
+    slot (durability) follows. Unstored, they vanish at a reopen and are fetched again."""
+    w = _writer(tmp_path / "w", 9)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(9):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    assert f.high_watermark == 0
+    assert not f.reveal(10)  # not delivered
+    assert f.reveal(4) and not f.reveal(4)
+    data = _all(f)
+    assert data and w.read_bytes(0, len(data)) == data  # blocks 0..3, byte for byte
+    assert f.head is None or f.head.length == 0  # nothing stored: no head on disk
+    f._close_fds()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert f.length == 0 and f.high_watermark == 0  # reopened at its last stored head
+    for i in range(9):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    assert f.reveal(9)
+    head = w.head
+    assert head is not None
+    assert f.accept_head(9, 0, head.signature, head.roots)
+    assert f.high_watermark == w.high_watermark and _all(f) == _all(w)
+    f.close()
+    w.close()
+
+
+def test_discarding_unstored_blocks_takes_back_what_was_revealed(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "w", 5)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(5):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    assert f.reveal(5)
+    f.discard_unsigned()  # the session ended before the head was stored
+    assert f.length == 0 and f.high_watermark == f.log_end_offset == 0
+    _sync(w, f)
+    assert _all(f) == _all(w)
+    f.close()
+    w.close()
+
+
+def test_storing_an_older_head_keeps_what_a_newer_one_revealed(tmp_path: Path) -> None:
+    """Heads are stored one at a time while newer ones are revealed: the high watermark
+    never goes back (a consumer past it would get OFFSET_OUT_OF_RANGE and skip ahead)."""
+    w = _writer(tmp_path / "w", 3)
+    old = w.head
+    assert old is not None
+    for i in range(3, 6):
+        w.append(make_batch(2, 30, ts=5000 + i, seed=900 + i))
+    w.commit()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(6):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    aj = f.prepare_accept(3, 0, old.signature, old.roots)
+    assert aj is not None
+    assert f.reveal(6)  # the newer head's blocks, verified, while the older is stored
+    f.run_accept(aj)
+    f.finish_accept(aj)
+    assert f.head is not None and f.head.length == 3
+    assert f.high_watermark == w.high_watermark and _all(f) == _all(w)
+    new = w.head
+    assert new is not None and f.accept_head(6, 0, new.signature, new.roots)
+    assert f.high_watermark == w.high_watermark
     f.close()
     w.close()

@@ -5,12 +5,13 @@ need a full-path retry)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from storage.hypercore import KeyPair
 from storage.hypercore.proofs import max_missing_nodes
 from storage.replication import MemoryArchive, ReplicationSession, VerificationError
-from storage.replication import messages as M
 from storage.replication.session import block_nodes
 
 KP = KeyPair.from_seed(bytes([5]) * 32)
@@ -93,27 +94,25 @@ def test_answers_out_of_order_wait_for_the_answer_that_proves_them() -> None:
     server = ReplicationSession.serve(src)
     client = ReplicationSession.follow(src.key, sink, window=16)
     role = client.role
-    orig = role.on_message
-    held: list[M.Message] = []
+    orig = role.take_block  # type: ignore[attr-defined]
+    held: list[tuple[Any, ...]] = []
 
-    def reorder(s: ReplicationSession, m: M.Message) -> None:
+    def reorder(s: ReplicationSession, *block: Any) -> bool:
         # hold back block answers and hand them over newest first, four at a time
-        if isinstance(m, M.Data) and m.proof.block is not None and m.proof.upgrade is None:
-            held.append(m)
-            if len(held) == 4:
-                for x in reversed(held):
-                    orig(s, x)
-                held.clear()
-            return
-        orig(s, m)
+        held.append(block)
+        if len(held) == 4:
+            for x in reversed(held):
+                assert orig(s, *x)
+            held.clear()
+        return True
 
-    role.on_message = reorder  # type: ignore[method-assign]
+    role.take_block = reorder  # type: ignore[attr-defined]
     for _ in range(1000):
         _pump(client, server)
         if not held:
             break
         for x in reversed(held):  # the tail of the window
-            orig(client, x)
+            assert orig(client, *x)
         held.clear()
     assert sink.blocks == src.blocks and sink.heads[-1] == src.head()
     assert client.done and role.stalls > 0  # type: ignore[attr-defined]
