@@ -39,12 +39,14 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
-from broker.config import ConfigError, parse_host_port
+from broker.cluster import signed_blocks
+from broker.config import ClusterBroker, ConfigError, parse_host_port
 from broker.node import Node, Topic
 from broker.protocol.codec import decode_response, encode_request
 from broker.protocol.header import RequestHeader
@@ -61,6 +63,7 @@ from storage.replication import (
     ReplicationError,
     ReplicationSession,
 )
+from storage.replication.noise import Ed25519KeyPair
 from storage.store import CATALOG_DIR, MIRRORS_DIR
 
 log = logging.getLogger("hyperkafka.mirror")
@@ -72,6 +75,8 @@ CONNECT_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 30.0  # a probe (manifest, head) is a few round trips
 REPAIR_POLL_S = 0.25
 PEERS_FILE = "peers.json"
+ISR_POLL_MIN_S = 0.1
+ISR_POLL_MAX_S = 1.0
 
 
 class DiscoveryError(Exception):
@@ -106,14 +111,14 @@ class MirrorTarget:
 # ---------------------------------------------------------------------------- discovery
 
 
-async def discover(host: str, port: int) -> tuple[bytes, str | None]:
-    """(node key, replication address or None) from the node's Kafka listener."""
-    module = importlib.import_module("kio.schema.describe_configs.v1.request")
-    req = shape(module.DescribeConfigsRequest, {
-        "resources": [{"resource_type": 4, "resource_name": "", "configuration_keys": None}],
-        "include_synonyms": False,
-    })
-    header = RequestHeader(32, 1, 1, "hyperkafka-mirror")
+async def kafka_request(host: str, port: int, api_key: int, version: int, schema: str,
+                        body: dict[str, object]) -> Any:
+    """One Kafka request (kio's `schema`, e.g. "describe_configs") to HOST:PORT on a fresh
+    connection; returns the decoded response."""
+    module = importlib.import_module(f"kio.schema.{schema}.v{version}.request")
+    name = "".join(part.title() for part in schema.split("_")) + "Request"
+    req = shape(getattr(module, name), body)
+    header = RequestHeader(api_key, version, 1, "hyperkafka-mirror")
     with trio.fail_after(CONNECT_TIMEOUT_S):
         stream = await trio.open_tcp_stream(host, port)
         try:
@@ -127,12 +132,25 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
         finally:
             await trio.aclose_forcefully(stream)
     size = struct.unpack_from(">i", buf)[0]
-    _, resp = decode_response(bytes(buf[4 : 4 + size]), 32, 1)
+    _, resp = decode_response(bytes(buf[4 : 4 + size]), api_key, version)
+    return resp
+
+
+async def discover_configs(host: str, port: int) -> dict[str, str]:
+    """The node's broker configs (DescribeConfigs on the BROKER resource), by name."""
+    resp = await kafka_request(host, port, 32, 1, "describe_configs", {
+        "resources": [{"resource_type": 4, "resource_name": "", "configuration_keys": None}],
+        "include_synonyms": False,
+    })
     values: dict[str, str] = {}
     for result in resp.results:
         for c in result.configs:
             if c.value is not None:
                 values[c.name] = c.value
+    return values
+
+
+def _node_key(host: str, port: int, values: dict[str, str]) -> bytes:
     key_hex = values.get("hyperkafka.node.key")
     if not key_hex:
         raise DiscoveryError(f"{host}:{port} does not publish hyperkafka.node.key (not a hyperkafka node?)")
@@ -142,7 +160,13 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
         raise DiscoveryError(f"{host}:{port}: bad hyperkafka.node.key") from None
     if len(key) != 32:
         raise DiscoveryError(f"{host}:{port}: bad hyperkafka.node.key")
-    return key, values.get("hyperkafka.replication.address")
+    return key
+
+
+async def discover(host: str, port: int) -> tuple[bytes, str | None]:
+    """(node key, replication address or None) from the node's Kafka listener."""
+    values = await discover_configs(host, port)
+    return _node_key(host, port, values), values.get("hyperkafka.replication.address")
 
 
 # ---------------------------------------------------------------------------- one archive
@@ -186,11 +210,12 @@ class _Sink:
                     self.log.finish_accept(aj)
                 self.on_head()
 
-    async def run(self) -> None:
+    async def run(self, stored: Callable[[], Awaitable[None]]) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
             await self.store_heads()
+            await stored()
 
 
 @contextlib.contextmanager
@@ -217,6 +242,13 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
             async with lock:
                 await stream.send_all(data)
 
+    async def stored() -> None:
+        # Tell the peer what a stored signed head now covers (a Hypercore `range`): the
+        # writer of a cluster counts it for the ISR and acks=all.
+        assert sink is not None
+        session.announce_stored(signed_blocks(sink.log))
+        await pump()
+
     async def repairer(lg: FollowerLog) -> None:
         asked: set[int] = set()
         while True:
@@ -237,7 +269,7 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                 if repair_log is not None:
                     nursery.start_soon(repairer, repair_log)
                 if sink is not None:
-                    nursery.start_soon(sink.run)
+                    nursery.start_soon(sink.run, stored)
                 await pump()
                 while not session.done and not (until is not None and until()):
                     data = await stream.receive_some(RECEIVE_SIZE)
@@ -289,8 +321,11 @@ async def probe_head(address: str, lg: FollowerLog) -> None:
         lg.check_conflict(*head)
 
 
-async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], None], name: str) -> None:
-    """Follow one archive live, reconnecting with backoff, until frozen or cancelled."""
+async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], None], name: str,
+                         keypair: Ed25519KeyPair | None = None) -> None:
+    """Follow one archive live, reconnecting with backoff, until frozen or cancelled.
+    `keypair`: the Noise static key to connect with (the node key in cluster mode, so
+    the writer knows which broker's progress it hears; else a fresh one)."""
     backoff = BACKOFF_MIN_S
     while True:
         if lg.frozen:
@@ -303,7 +338,7 @@ async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], No
             sink = _Sink(lg, on_head)
             session = ReplicationSession.follow(lg.key, sink, initiator=True,
                                                 live=True, have=lg.verified_tree(),
-                                                public_key=lg.public_key)
+                                                public_key=lg.public_key, keypair=keypair)
             await _drive(await _connect(address), session, repair_log=lg, sink=sink)
         except Equivocation as exc:
             log.error("%s: %s", name, exc)
@@ -326,9 +361,16 @@ async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], No
 class NodeMirror:
     """Everything this node mirrors from one other node."""
 
-    def __init__(self, node: Node, target: MirrorTarget) -> None:
+    def __init__(self, node: Node, target: MirrorTarget, broker_id: int | None = None) -> None:
         self.node = node
         self.target = target
+        # Cluster mode: the peer's broker id (the leader of what it writes), and our node
+        # key as the Noise static key, by which the writer tells our progress apart.
+        self.broker_id = broker_id
+        self.keypair: Ed25519KeyPair | None = None
+        if broker_id is not None:
+            kp = node.store.node_keypair
+            self.keypair = Ed25519KeyPair(kp.public_key, kp.secret_key)
         self.root = os.path.join(str(node.config.data_dir), MIRRORS_DIR)
         self.node_key: bytes | None = target.pinned
         self.catalog: FollowerLog | None = None
@@ -425,7 +467,7 @@ class NodeMirror:
             logs.append(FollowerLog.open_replica(self._partition_dir(rec.name, p), pk,
                                                  config=self.node.config.log_config(rec.configs)))
         plogs: list[PartitionLog] = list(logs)
-        topic: Topic = self.node.attach_mirrored(rec, plogs)
+        topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
         self.attached[rec.name] = (rec, logs)
         log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
         if self._spawn is not None and self._address is not None:
@@ -447,7 +489,9 @@ class NodeMirror:
             while True:
                 started = trio.current_time()
                 try:
-                    key, address = await discover(self.target.host, self.target.port)
+                    values = await discover_configs(self.target.host, self.target.port)
+                    key = _node_key(self.target.host, self.target.port, values)
+                    address = values.get("hyperkafka.replication.address")
                     if self.node_key is not None and key != self.node_key:
                         log.error("mirror of %s: the node presents key %s but we trust %s; refusing it",
                                   self.target.address, key.hex(), self.node_key.hex())
@@ -460,6 +504,8 @@ class NodeMirror:
                             log.info("mirror of %s: trusting node key %s on first use",
                                      self.target.address, key.hex())
                             self.open_local()
+                        if self.broker_id is not None and self.node.cluster is not None:
+                            self.node.cluster.learn(self.broker_id, key, values.get("broker.rack"))
                         await self._follow(address)
                 except Equivocation as exc:  # the catalog itself: frozen, keep serving
                     log.error("mirror of %s: not following: %s", self.target.address, exc)
@@ -533,7 +579,7 @@ class NodeMirror:
             partition.notify()
             self.node.notify_data()
 
-        await follow_forever(address, lg, moved, f"{topic.name}-{index}")
+        await follow_forever(address, lg, moved, f"{topic.name}-{index}", self.keypair)
 
     def close(self) -> None:
         for _, logs in self.attached.values():
@@ -555,4 +601,31 @@ async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.
             await nursery.start(serve_replication, node, host, port)
         for text in node.config.mirrors:
             await nursery.start(NodeMirror(node, MirrorTarget.parse(text)).run)
+        if node.cluster is not None:
+            for peer in node.cluster.peers():  # every broker mirrors every other
+                await nursery.start(NodeMirror(node, MirrorTarget(peer.host, peer.port), peer.node_id).run)
+                nursery.start_soon(poll_leader_isr, node, peer)
         task_status.started()
+
+
+async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
+    """Cluster mode: the ISR of what `peer` writes, as it says in its Metadata, for our own
+    Metadata answers (the writer is the authority on its ISR, as Kafka's controller is;
+    we pull it, Kafka's controller pushes it)."""
+    cluster = node.cluster
+    assert cluster is not None
+    interval = min(ISR_POLL_MAX_S, max(cluster.lag_s / 4, ISR_POLL_MIN_S))
+    while True:
+        try:
+            resp = await kafka_request(peer.host, peer.port, 3, 1, "metadata", {"topics": None})
+            isr: dict[tuple[str, int], list[int]] = {}
+            for t in resp.topics:
+                for p in t.partitions:
+                    if int(p.leader_id) == peer.node_id:
+                        isr[(str(t.name), int(p.partition_index))] = [int(i) for i in p.isr_nodes]
+            for k in [k for k, v in cluster.remote_isr.items() if v and v[0] == peer.node_id and k not in isr]:
+                del cluster.remote_isr[k]
+            cluster.remote_isr.update(isr)
+        except (OSError, trio.TooSlowError, DiscoveryError, ValueError) as exc:
+            log.debug("cluster: metadata from broker %d: %s", peer.node_id, exc)
+        await trio.sleep(interval)
