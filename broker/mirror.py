@@ -23,8 +23,15 @@ Owns `run_replication` (started by `Node.run_background` when `--replication-lis
    known from the local catalog copy are attached at start-up, before any connection.
 
 Layout: ``<data_dir>/__mirrors/<node key hex>/{__catalog,<topic>-<partition>}`` (storage/
-FORMAT.md section 10). Not done: topic deletion on the writer (the mirror keeps serving
-what it has and logs it), retention on mirrors, mirroring a mirror's copy of a third node.
+FORMAT.md section 10). A topic deleted on its writer stays served from the copy (logged);
+in cluster mode the copy is deleted, as Kafka's replicas are. Not done: retention on
+mirrors, mirroring a mirror's copy of a third node.
+
+Cluster mode (broker/cluster.py): `run_replication` starts one NodeMirror per other broker
+of the cluster, which knows that broker's id (the leader of what it mirrors), connects
+with this node's key as its Noise static key (the writer counts our `range` messages as
+this broker's progress), tells `Node.cluster` the peer's key and rack once discovered,
+and `poll_leader_isr` keeps the ISR the peer reports for what it writes.
 
 May import trio, `broker.node`, `broker.config`, `broker.protocol` (client side, for
 discovery), `broker.shape`, `broker.replication_server` and `storage`.
@@ -37,6 +44,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -378,6 +386,7 @@ class NodeMirror:
         self.attached: dict[str, tuple[TopicRecord, list[FollowerLog]]] = {}
         self.skipped: set[str] = set()  # names taken by a local topic (or another mirror)
         self._spawn: trio.Nursery | None = None
+        self._scopes: dict[str, set[trio.CancelScope]] = {}  # per topic: its follow tasks
         self._address: str | None = None
         self._catalog_changed = trio.Event()
 
@@ -446,10 +455,35 @@ class NodeMirror:
                 pos += size
             offset = r.end_offset
         gone = set(self.topics) - set(topics)
+        if self.broker_id is not None:
+            # Cluster mode: a topic deleted on its writer (the controller) is deleted on
+            # every broker, as in Kafka, so that Metadata agrees everywhere and the name
+            # can be created again.
+            for name in sorted(gone):
+                self._detach(name)
+            self.topics = topics
+            return
         for name in gone:
             log.warning("mirror of %s: topic %s was deleted on its writer; keeping the copy served",
                         self.target.address, name)
         self.topics.update(topics)
+
+    def _detach(self, name: str) -> None:
+        """Stop following, stop serving and delete our copy of topic `name`."""
+        self.topics.pop(name, None)
+        self.skipped.discard(name)
+        attached = self.attached.pop(name, None)
+        if attached is None:
+            return
+        _, logs = attached
+        for scope in self._scopes.pop(name, set()):
+            scope.cancel()
+        self.node.detach_mirrored(name)
+        for p, lg in enumerate(logs):
+            with contextlib.suppress(Exception):
+                lg.close()
+            shutil.rmtree(self._partition_dir(name, p), ignore_errors=True)
+        log.info("topic %s was deleted on %s; deleted our copy", name, self.target.address)
 
     def _attach(self, rec: TopicRecord, public_keys: list[bytes]) -> bool:
         """Open the follower archives of `rec` and serve them. False on a name clash."""
@@ -579,7 +613,17 @@ class NodeMirror:
             partition.notify()
             self.node.notify_data()
 
-        await follow_forever(address, lg, moved, f"{topic.name}-{index}", self.keypair)
+        attached = self.attached.get(topic.name)
+        if attached is None or lg not in attached[1]:
+            return  # detached before this task started
+        scope = trio.CancelScope()
+        scopes = self._scopes.setdefault(topic.name, set())
+        scopes.add(scope)
+        try:
+            with scope:
+                await follow_forever(address, lg, moved, f"{topic.name}-{index}", self.keypair)
+        finally:
+            scopes.discard(scope)
 
     def close(self) -> None:
         for _, logs in self.attached.values():

@@ -241,6 +241,17 @@ class Node:
         self.topics[record.name] = topic
         return topic
 
+    def detach_mirrored(self, name: str) -> None:
+        """Stop serving a mirrored topic (its writer deleted it; broker/mirror.py)."""
+        topic = self.topics.get(name)
+        if topic is None or not topic.mirrored:
+            return
+        del self.topics[name]
+        for p in topic.partitions:
+            p.failed = "topic deleted"
+            p.notify()
+        self.notify_data()
+
     def notify_data(self) -> None:
         """Wake Fetch long-polls: a high watermark moved outside the group commit."""
         self._data_changed.set()

@@ -4,7 +4,9 @@ choice, and the config that turns it on. Processes and real clients: compat_test
 from __future__ import annotations
 
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -236,4 +238,92 @@ async def test_other_brokers_route_to_the_controller(tmp_path: Path) -> None:
                                               "include_topic_authorized_operations": False})
             # forwarded to the controller (down here): the client is told to ask again
             assert md.controller_id == 1 and md.topics[0].error_code == 5
+            nursery.cancel_scope.cancel()
+
+
+async def _metadata(c: RawClient, topic: str) -> Any:
+    return await c.call("metadata", 9, {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
+                                        "include_cluster_authorized_operations": False,
+                                        "include_topic_authorized_operations": False})
+
+
+async def _until(check: Callable[[], Awaitable[bool]]) -> None:
+    while True:  # another broker's state, over the network: no event to wait on
+        if await check():
+            return
+        await trio.sleep(0.05)
+
+
+async def test_two_brokers_in_process(tmp_path: Path) -> None:
+    """Broker 2 mirrors broker 1: the ISR grows from its range messages, acks=all with
+    min.insync.replicas=2 succeeds, a fetch from its rack is sent to it, and a deletion
+    on the controller removes the topic from broker 2 too."""
+    ports = _free_ports(2)
+    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
+
+    async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
+        config = apply_properties(
+            BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1], shutdown_grace_s=2,
+                         replication_listen=("127.0.0.1", 0)),
+            {"node.id": str(node_id), "broker.rack": f"r{node_id}", "hyperkafka.cluster.brokers": brokers,
+             "replica.lag.time.max.ms": "2000"})
+        await nursery.start(run, config)
+        return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            c1 = await serve(nursery, 1)
+            c2 = await serve(nursery, 2)
+            r = await c1.call("create_topics", 5, {"topics": [
+                {"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
+                 "configs": [{"name": "min.insync.replicas", "value": "2"}]}], "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 0
+
+            async def isr_everywhere() -> bool:
+                for c in (c1, c2):
+                    md = await _metadata(c, "t")
+                    if md.topics[0].error_code or list(md.topics[0].partitions[0].isr_nodes) != [1, 2]:
+                        return False
+                return True
+
+            await _until(isr_everywhere)
+            md = await _metadata(c2, "t")
+            assert [(b.node_id, b.rack) for b in md.brokers] == [(1, "r1"), (2, "r2")]
+            p = md.topics[0].partitions[0]
+            assert (p.leader_id, list(p.replica_nodes)) == (1, [1, 2])
+
+            batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
+            r = await c1.call("produce", 8, {"acks": -1, "timeout": 10000, "transactional_id": None, "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]})
+            assert r.responses[0].partition_responses[0].error_code == 0
+            r = await c2.call("produce", 8, {"acks": -1, "timeout": 10000, "transactional_id": None, "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]})
+            assert r.responses[0].partition_responses[0].error_code == 6  # NOT_LEADER_OR_FOLLOWER
+
+            def fetch(rack: str) -> dict[str, Any]:
+                return {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+                        "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": rack,
+                        "topics": [{"topic": "t", "partitions": [
+                            {"partition": 0, "current_leader_epoch": 0, "fetch_offset": 0, "log_start_offset": -1,
+                             "partition_max_bytes": 1 << 20}]}]}
+
+            f = (await c1.call("fetch", 11, fetch("r2"))).responses[0].partitions[0]
+            assert (f.preferred_read_replica, f.records or b"") == (2, b"")  # go to broker 2
+            f = (await c1.call("fetch", 11, fetch("r1"))).responses[0].partitions[0]
+            assert f.preferred_read_replica == -1 and f.records  # the leader's own rack
+            at_leader = bytes(f.records)
+            f = (await c2.call("fetch", 11, fetch("r2"))).responses[0].partitions[0]
+            # broker 2 serves its verified copy, byte for byte the leader's
+            assert (f.preferred_read_replica, f.high_watermark, bytes(f.records)) == (-1, 1, at_leader)
+
+            r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
+            assert r.responses[0].error_code == 41  # NOT_CONTROLLER
+            r = await c1.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
+            assert r.responses[0].error_code == 0
+
+            async def gone() -> bool:
+                return bool((await _metadata(c2, "t")).topics[0].error_code == 3)
+
+            await _until(gone)
+            assert list((tmp_path / "b2" / "__mirrors").glob("*/t-0")) == []  # the copy is deleted too
             nursery.cancel_scope.cancel()
