@@ -170,6 +170,10 @@ class Cluster:
         if a is None:
             return
         p = a.peers.setdefault(node_id, _Progress())
+        if p.connections == 0:
+            # What it held before is no proof of what it holds now (its disk may have been
+            # wiped): it says so again with a range as soon as the channel opens.
+            p.length = 0
         p.connections += 1
         p.last_seen = self.clock()
 

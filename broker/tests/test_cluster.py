@@ -109,6 +109,10 @@ def test_isr_follows_acked_lengths_and_the_lag() -> None:
     assert c.isr(KEY) == [1, 2, 3]
     clock.now += 0.02
     assert c.isr(KEY) == [1, 2]
+    c.connected(KEY, 3)  # back: it must say again what it holds
+    assert c.isr(KEY) == [1, 2]
+    c.acked(KEY, 3, 9)
+    assert c.isr(KEY) == [1, 2, 3]
     c.acked(b"elsewhere" * 4, 2, 3)  # an archive this broker does not write: not tracked
     assert c.isr(b"elsewhere" * 4) == [1]
 
@@ -315,6 +319,11 @@ async def test_two_brokers_in_process(tmp_path: Path) -> None:
             f = (await c2.call("fetch", 11, fetch("r2"))).responses[0].partitions[0]
             # broker 2 serves its verified copy, byte for byte the leader's
             assert (f.preferred_read_replica, f.high_watermark, bytes(f.records)) == (-1, 1, at_leader)
+
+            # producer ids: each broker hands out its own range, so any broker may answer
+            pids = [(await c.call("init_producer_id", 1, {"transactional_id": None, "transaction_timeout": 60000})).producer_id
+                    for c in (c1, c2)]
+            assert pids[0] >> 40 == 1 and pids[1] >> 40 == 2
 
             r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
             assert r.responses[0].error_code == 41  # NOT_CONTROLLER
