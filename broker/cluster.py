@@ -89,7 +89,7 @@ class Cluster:
     """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode."""
 
     def __init__(self, brokers: Iterable[ClusterBroker], me: int, *, rack: str | None = None,
-                 replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS,
+                 replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS, rack_aware: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.brokers = {b.node_id: b for b in brokers}
         if me not in self.brokers:
@@ -97,6 +97,7 @@ class Cluster:
         self.me = me
         self.controller_id = min(self.brokers)
         self.lag_s = replica_lag_ms / 1000
+        self.rack_aware = rack_aware
         self.clock = clock
         self.racks: dict[int, str | None] = {me: rack}
         self.node_keys: dict[int, bytes] = {}
@@ -246,8 +247,9 @@ class Cluster:
     def preferred_read_replica(self, key: bytes, client_rack: str) -> int | None:
         """A follower in the client's rack to fetch from, as Kafka's
         RackAwareReplicaSelector picks it: none when the leader is in that rack, else the
-        in-sync follower there holding the most (ties: the lowest id)."""
-        if not client_rack or self.racks.get(self.me) == client_rack:
+        in-sync follower there holding the most (ties: the lowest id). None always with
+        Kafka's LeaderSelector (replica.selector.class)."""
+        if not self.rack_aware or not client_rack or self.racks.get(self.me) == client_rack:
             return None
         a = self._archives.get(key)
         candidates = [i for i in self.in_sync(key) if self.racks.get(i) == client_rack]

@@ -18,6 +18,8 @@ from broker.groups.state import GroupSettings
 from storage import FsyncPolicy, LogConfig
 
 LONG_MAX = 9223372036854775807
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+LEADER_SELECTOR = "org.apache.kafka.common.replica.LeaderSelector"
 
 
 class ConfigError(ValueError):
@@ -187,6 +189,9 @@ class BrokerConfig:
     # and Kafka's replica.lag.time.max.ms.
     cluster_brokers: list[ClusterBroker] = field(default_factory=list)
     replica_lag_ms: int = 30_000
+    # KIP-392's replica.selector.class: rack-aware by default in a cluster (mirrors are
+    # there to serve reads), Kafka's LeaderSelector to keep every fetch on the leader.
+    replica_selector: str = RACK_AWARE_SELECTOR
     # Broker-level topic defaults (log.retention.ms, message.max.bytes, ...) by broker name.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # Every name set in the properties file, for DescribeConfigs on the broker resource.
@@ -261,6 +266,8 @@ class BrokerConfig:
                            ConfigType.LIST, "Every broker of the cluster, ID@HOST:PORT."))
             values.append(("replica.lag.time.max.ms", str(self.replica_lag_ms), ConfigType.LONG,
                            "A follower not holding what the leader signed this long ago leaves the ISR."))
+            values.append(("replica.selector.class", self.replica_selector, ConfigType.CLASS,
+                           "How the leader picks a replica for a consumer to fetch from (KIP-392)."))
         for d in TOPIC_CONFIGS.values():
             if d.broker_synonym:
                 value, _ = self.topic_default(d)
@@ -383,6 +390,10 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["replication_listen"] = parse_host_port(value)
             elif key == "hyperkafka.cluster.brokers":
                 changes["cluster_brokers"] = parse_cluster_brokers(value)
+            elif key == "replica.selector.class":
+                if value not in (RACK_AWARE_SELECTOR, LEADER_SELECTOR):
+                    raise ConfigError(f"replica.selector.class must be {RACK_AWARE_SELECTOR} or {LEADER_SELECTOR}")
+                changes["replica_selector"] = value
             elif key == "replica.lag.time.max.ms":
                 changes["replica_lag_ms"] = int(value)
                 if int(value) <= 0:

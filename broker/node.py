@@ -37,7 +37,7 @@ from typing import Any, cast
 import trio
 
 from broker.cluster import Cluster, signed_blocks
-from broker.config import BrokerConfig, validate_topic_configs
+from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from storage import CommitJob, PartitionLog, Store, TopicRecord
@@ -191,7 +191,8 @@ class Node:
         self.cluster: Cluster | None = None
         if config.cluster_brokers:
             self.cluster = Cluster(config.cluster_brokers, config.node_id, rack=config.rack,
-                                   replica_lag_ms=config.replica_lag_ms)
+                                   replica_lag_ms=config.replica_lag_ms,
+                                   rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
             self.cluster_id = self.cluster.cluster_id
         for record in store.topics().values():
             self._attach(record)

@@ -59,6 +59,10 @@ def test_properties_and_flags(tmp_path: Path) -> None:
     assert [b.node_id for b in config.cluster_brokers] == [1, 2, 3] and config.replica_lag_ms == 2500
     with pytest.raises(ConfigError):
         apply_properties(BrokerConfig(), {"replica.lag.time.max.ms": "0"})
+    with pytest.raises(ConfigError):
+        apply_properties(BrokerConfig(), {"replica.selector.class": "com.example.Mine"})
+    leader_only = "org.apache.kafka.common.replica.LeaderSelector"
+    assert apply_properties(BrokerConfig(), {"replica.selector.class": leader_only}).replica_selector == leader_only
     props = tmp_path / "server.properties"
     props.write_text(f"node.id=2\nhyperkafka.cluster.brokers={LIST}\n")
     with pytest.raises(ConfigError, match="replication"):
@@ -134,6 +138,8 @@ def test_preferred_read_replica() -> None:
     assert c.preferred_read_replica(KEY, "r2") is None  # out of sync: never sent there
     c.learn(3, b"3" * 32, "r2")
     assert c.preferred_read_replica(KEY, "r2") == 3
+    c.rack_aware = False  # replica.selector.class=...LeaderSelector
+    assert c.preferred_read_replica(KEY, "r2") is None
 
 
 async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: trio.testing.MockClock) -> None:
