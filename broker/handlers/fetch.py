@@ -87,6 +87,14 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             try:
                 data = plog.read_bytes(p.fetch_offset, max(limit, 1))
             except OffsetOutOfRange:
+                if (topic is not None and topic.mirrored and node.cluster is not None and version >= 11
+                        and leader_epoch < 0 and p.fetch_offset > hwm):
+                    # A follower behind an offset the consumer learned at the leader, as
+                    # Kafka's ReplicaManager answers it: a client that sent no leader epoch
+                    # cannot tell "ask the leader" from "reset", so it gets an empty answer
+                    # and asks again; one that sent an epoch gets the error and consults
+                    # the leader.
+                    continue
                 entry["error_code"] = errors.OFFSET_OUT_OF_RANGE
                 continue
             except CorruptBatch:

@@ -326,6 +326,16 @@ async def test_two_brokers_in_process(tmp_path: Path) -> None:
             # broker 2 serves its verified copy, byte for byte the leader's
             assert (f.preferred_read_replica, f.high_watermark, bytes(f.records)) == (-1, 1, at_leader)
 
+            # beyond what broker 2 holds: the error for a client that sent an epoch (it asks
+            # the leader), an empty answer for one that did not (as Kafka)
+            ahead = fetch("r2")
+            ahead["topics"][0]["partitions"][0]["fetch_offset"] = 5
+            f = (await c2.call("fetch", 11, ahead)).responses[0].partitions[0]
+            assert (f.error_code, f.high_watermark) == (1, 1)
+            ahead["topics"][0]["partitions"][0]["current_leader_epoch"] = -1
+            f = (await c2.call("fetch", 11, ahead)).responses[0].partitions[0]
+            assert (f.error_code, f.records or b"") == (0, b"")
+
             # producer ids: each broker hands out its own range, so any broker may answer
             pids = [(await c.call("init_producer_id", 1, {"transactional_id": None, "transaction_timeout": 60000})).producer_id
                     for c in (c1, c2)]
