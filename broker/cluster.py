@@ -1,7 +1,7 @@
 """Cluster mode: brokers listed in one config, replicas, in-sync replicas and acks=all.
 
-Owns the cluster's membership (`ClusterBroker`, parsed from ``hyperkafka.cluster.brokers``)
-and `Cluster`, the state every broker keeps about the others: what it learned of each peer
+Owns `Cluster` (the membership itself, `ClusterBroker` parsed from
+``hyperkafka.cluster.brokers``, lives in broker/config.py), the state every broker keeps about the others: what it learned of each peer
 (node key, rack), how far each peer's copy of each archive written here has got, and from
 that the in-sync replicas and the acks=all wait.
 
@@ -18,7 +18,9 @@ Design, as Kafka and Hypercore each would have it:
 * The controller is the broker with the lowest id. It alone creates topics (CreateTopics
   elsewhere answers NOT_CONTROLLER; Metadata names it as controller_id, so Java's Admin and
   librdkafka route there) and it is every group's coordinator, so that a group never has
-  two coordinators. Auto-creation happens on the controller only.
+  two coordinators. Auto-creation happens on the controller only (other brokers forward
+  it, as Kafka's KIP-590 forwarding does), and so does deletion; the others follow the
+  controller's catalog and drop a deleted topic's copy.
 * Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
   writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
   each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a
@@ -26,7 +28,7 @@ Design, as Kafka and Hypercore each would have it:
   "holds length L" means "holds a signed head of length >= L, verified and durable". The
   peer is identified by its Noise static key, which is its node key (as Hyperswarm peers
   use their identity key), mapped to a broker id through discovery.
-* In-sync (Kafka's rule, KIP-537 semantics of ``replica.lag.time.max.ms``): a follower is
+* In-sync (Kafka's rule for ``replica.lag.time.max.ms``, default 30 s as since KIP-537): a follower is
   in sync while it holds at least what the leader had signed ``replica.lag.time.max.ms``
   ago, and it has had a replication connection within that time. The leader is always in
   sync. A mirror that went away therefore leaves the ISR after the lag time, not at once.
@@ -35,7 +37,11 @@ Design, as Kafka and Hypercore each would have it:
   after the append the answer waits until every in-sync replica holds the batch (a
   replica that falls out of the ISR meanwhile stops being waited for), then answers
   NONE if at least ``min.insync.replicas`` replicas hold it, else
-  NOT_ENOUGH_REPLICAS_AFTER_APPEND; the same when the request's timeout runs out first.
+  NOT_ENOUGH_REPLICAS_AFTER_APPEND; the same when the request's timeout runs out first
+  (Kafka says REQUEST_TIMED_OUT there; the batch is stored, which this code says).
+* Reads (KIP-392): `preferred_read_replica` picks an in-sync follower in the consumer's
+  rack as Kafka's RackAwareReplicaSelector; ``replica.selector.class`` may name Kafka's
+  LeaderSelector to turn it off.
 
 May import trio, `broker.config` and `storage`; never the protocol codec or the handlers.
 """
