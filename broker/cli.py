@@ -89,6 +89,12 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         # A Metadata request for a topic not mirrored yet must not create a local topic of
         # that name (the mirrored one could then never be attached).
         config.auto_create_topics = False
+    if config.cluster_brokers:
+        if config.node_id not in {b.node_id for b in config.cluster_brokers}:
+            raise ConfigError(f"node.id {config.node_id} is not listed in hyperkafka.cluster.brokers")
+        if config.replication_listen is None:
+            raise ConfigError("cluster mode (hyperkafka.cluster.brokers) needs --replication-listen "
+                              "(or hyperkafka.replication.listen): the other brokers mirror this one's archives")
     from broker.security.settings import SecuritySettings
 
     SecuritySettings.parse(config.security_props, (config.listen_host, config.listen_port), (config.advertised_host, config.advertised_port))

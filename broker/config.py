@@ -18,6 +18,8 @@ from broker.groups.state import GroupSettings
 from storage import FsyncPolicy, LogConfig
 
 LONG_MAX = 9223372036854775807
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+LEADER_SELECTOR = "org.apache.kafka.common.replica.LeaderSelector"
 
 
 class ConfigError(ValueError):
@@ -183,6 +185,13 @@ class BrokerConfig:
     # on first use).
     replication_listen: tuple[str, int] | None = None
     mirrors: list[str] = field(default_factory=list)
+    # Cluster mode (broker/cluster.py): every broker of the cluster (hyperkafka.cluster.brokers)
+    # and Kafka's replica.lag.time.max.ms.
+    cluster_brokers: list[ClusterBroker] = field(default_factory=list)
+    replica_lag_ms: int = 30_000
+    # KIP-392's replica.selector.class: rack-aware by default in a cluster (mirrors are
+    # there to serve reads), Kafka's LeaderSelector to keep every fetch on the leader.
+    replica_selector: str = RACK_AWARE_SELECTOR
     # Broker-level topic defaults (log.retention.ms, message.max.bytes, ...) by broker name.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # Every name set in the properties file, for DescribeConfigs on the broker resource.
@@ -250,6 +259,15 @@ class BrokerConfig:
             ("delete.topic.enable", str(self.delete_topic_enable).lower(), ConfigType.BOOLEAN, "Allow DeleteTopics."),
             ("socket.request.max.bytes", str(self.socket_request_max_bytes), ConfigType.INT, "Largest request frame accepted."),
         ]
+        if self.rack is not None:
+            values.append(("broker.rack", self.rack, ConfigType.STRING, "This broker's rack (KIP-392: consumers in it may fetch from it)."))
+        if self.cluster_brokers:
+            values.append(("hyperkafka.cluster.brokers", ",".join(f"{b.node_id}@{b.address}" for b in self.cluster_brokers),
+                           ConfigType.LIST, "Every broker of the cluster, ID@HOST:PORT."))
+            values.append(("replica.lag.time.max.ms", str(self.replica_lag_ms), ConfigType.LONG,
+                           "A follower not holding what the leader signed this long ago leaves the ISR."))
+            values.append(("replica.selector.class", self.replica_selector, ConfigType.CLASS,
+                           "How the leader picks a replica for a consumer to fetch from (KIP-392)."))
         for d in TOPIC_CONFIGS.values():
             if d.broker_synonym:
                 value, _ = self.topic_default(d)
@@ -276,6 +294,39 @@ def parse_host_port(text: str) -> tuple[str, int]:
         raise ConfigError(f"expected HOST:PORT, got {text!r}")
     host = host.strip("[]")
     return host, int(port)
+
+
+@dataclass(frozen=True)
+class ClusterBroker:
+    node_id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_cluster_brokers(text: str) -> list[ClusterBroker]:
+    """``ID@HOST:PORT,ID@HOST:PORT,...`` (the form of Kafka's controller.quorum.voters)."""
+    out: list[ClusterBroker] = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        ident, sep, addr = item.partition("@")
+        if not sep or not ident.strip().lstrip("-").isdigit():
+            raise ConfigError(f"hyperkafka.cluster.brokers: expected ID@HOST:PORT, got {item!r}")
+        node_id = int(ident)
+        if node_id < 0:
+            raise ConfigError(f"hyperkafka.cluster.brokers: broker id {node_id} must not be negative")
+        host, port = parse_host_port(addr.strip())
+        out.append(ClusterBroker(node_id, host, port))
+    ids = [b.node_id for b in out]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("hyperkafka.cluster.brokers: a broker id is listed twice")
+    if not out:
+        raise ConfigError("hyperkafka.cluster.brokers: no brokers listed")
+    return sorted(out, key=lambda b: b.node_id)
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -337,6 +388,16 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["max_connections"] = int(value)
             elif key == "hyperkafka.replication.listen":
                 changes["replication_listen"] = parse_host_port(value)
+            elif key == "hyperkafka.cluster.brokers":
+                changes["cluster_brokers"] = parse_cluster_brokers(value)
+            elif key == "replica.selector.class":
+                if value not in (RACK_AWARE_SELECTOR, LEADER_SELECTOR):
+                    raise ConfigError(f"replica.selector.class must be {RACK_AWARE_SELECTOR} or {LEADER_SELECTOR}")
+                changes["replica_selector"] = value
+            elif key == "replica.lag.time.max.ms":
+                changes["replica_lag_ms"] = int(value)
+                if int(value) <= 0:
+                    raise ConfigError("replica.lag.time.max.ms must be positive")
             elif key == "hyperkafka.mirrors":
                 changes["mirrors"] = [m.strip() for m in value.split(",") if m.strip()]
             elif key == "log.retention.check.interval.ms":

@@ -23,8 +23,15 @@ Owns `run_replication` (started by `Node.run_background` when `--replication-lis
    known from the local catalog copy are attached at start-up, before any connection.
 
 Layout: ``<data_dir>/__mirrors/<node key hex>/{__catalog,<topic>-<partition>}`` (storage/
-FORMAT.md section 10). Not done: topic deletion on the writer (the mirror keeps serving
-what it has and logs it), retention on mirrors, mirroring a mirror's copy of a third node.
+FORMAT.md section 10). A topic deleted on its writer stays served from the copy (logged);
+in cluster mode the copy is deleted, as Kafka's replicas are. Not done: retention on
+mirrors, mirroring a mirror's copy of a third node.
+
+Cluster mode (broker/cluster.py): `run_replication` starts one NodeMirror per other broker
+of the cluster, which knows that broker's id (the leader of what it mirrors), connects
+with this node's key as its Noise static key (the writer counts our `range` messages as
+this broker's progress), tells `Node.cluster` the peer's key and rack once discovered,
+and `poll_leader_isr` keeps the ISR the peer reports for what it writes.
 
 May import trio, `broker.node`, `broker.config`, `broker.protocol` (client side, for
 discovery), `broker.shape`, `broker.replication_server` and `storage`.
@@ -37,14 +44,17 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import socket
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
-from broker.config import ConfigError, parse_host_port
+from broker.cluster import signed_blocks
+from broker.config import ClusterBroker, ConfigError, parse_host_port
 from broker.node import Node, Topic
 from broker.protocol.codec import decode_response, encode_request
 from broker.protocol.header import RequestHeader
@@ -61,6 +71,7 @@ from storage.replication import (
     ReplicationError,
     ReplicationSession,
 )
+from storage.replication.noise import Ed25519KeyPair
 from storage.replication.trio_driver import receive_into, send_frames
 from storage.store import CATALOG_DIR, MIRRORS_DIR
 
@@ -72,6 +83,8 @@ CONNECT_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 30.0  # a probe (manifest, head) is a few round trips
 REPAIR_POLL_S = 0.25
 PEERS_FILE = "peers.json"
+ISR_POLL_MIN_S = 0.1
+ISR_POLL_MAX_S = 1.0
 
 
 class DiscoveryError(Exception):
@@ -106,14 +119,14 @@ class MirrorTarget:
 # ---------------------------------------------------------------------------- discovery
 
 
-async def discover(host: str, port: int) -> tuple[bytes, str | None]:
-    """(node key, replication address or None) from the node's Kafka listener."""
-    module = importlib.import_module("kio.schema.describe_configs.v1.request")
-    req = shape(module.DescribeConfigsRequest, {
-        "resources": [{"resource_type": 4, "resource_name": "", "configuration_keys": None}],
-        "include_synonyms": False,
-    })
-    header = RequestHeader(32, 1, 1, "hyperkafka-mirror")
+async def kafka_request(host: str, port: int, api_key: int, version: int, schema: str,
+                        body: dict[str, object]) -> Any:
+    """One Kafka request (kio's `schema`, e.g. "describe_configs") to HOST:PORT on a fresh
+    connection; returns the decoded response."""
+    module = importlib.import_module(f"kio.schema.{schema}.v{version}.request")
+    name = "".join(part.title() for part in schema.split("_")) + "Request"
+    req = shape(getattr(module, name), body)
+    header = RequestHeader(api_key, version, 1, "hyperkafka-mirror")
     with trio.fail_after(CONNECT_TIMEOUT_S):
         stream = await trio.open_tcp_stream(host, port)
         try:
@@ -127,12 +140,25 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
         finally:
             await trio.aclose_forcefully(stream)
     size = struct.unpack_from(">i", buf)[0]
-    _, resp = decode_response(bytes(buf[4 : 4 + size]), 32, 1)
+    _, resp = decode_response(bytes(buf[4 : 4 + size]), api_key, version)
+    return resp
+
+
+async def discover_configs(host: str, port: int) -> dict[str, str]:
+    """The node's broker configs (DescribeConfigs on the BROKER resource), by name."""
+    resp = await kafka_request(host, port, 32, 1, "describe_configs", {
+        "resources": [{"resource_type": 4, "resource_name": "", "configuration_keys": None}],
+        "include_synonyms": False,
+    })
     values: dict[str, str] = {}
     for result in resp.results:
         for c in result.configs:
             if c.value is not None:
                 values[c.name] = c.value
+    return values
+
+
+def _node_key(host: str, port: int, values: dict[str, str]) -> bytes:
     key_hex = values.get("hyperkafka.node.key")
     if not key_hex:
         raise DiscoveryError(f"{host}:{port} does not publish hyperkafka.node.key (not a hyperkafka node?)")
@@ -142,7 +168,13 @@ async def discover(host: str, port: int) -> tuple[bytes, str | None]:
         raise DiscoveryError(f"{host}:{port}: bad hyperkafka.node.key") from None
     if len(key) != 32:
         raise DiscoveryError(f"{host}:{port}: bad hyperkafka.node.key")
-    return key, values.get("hyperkafka.replication.address")
+    return key
+
+
+async def discover(host: str, port: int) -> tuple[bytes, str | None]:
+    """(node key, replication address or None) from the node's Kafka listener."""
+    values = await discover_configs(host, port)
+    return _node_key(host, port, values), values.get("hyperkafka.replication.address")
 
 
 # ---------------------------------------------------------------------------- one archive
@@ -190,11 +222,12 @@ class _Sink:
                     self.log.finish_accept(aj)
                 self.on_head()
 
-    async def run(self) -> None:
+    async def run(self, stored: Callable[[], Awaitable[None]]) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
             await self.store_heads()
+            await stored()
 
 
 @contextlib.contextmanager
@@ -222,6 +255,13 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                 await send_frames(stream, frames)
             session.recycle(frames)
 
+    async def stored() -> None:
+        # Tell the peer what a stored signed head now covers (a Hypercore `range`): the
+        # writer of a cluster counts it for the ISR and acks=all.
+        assert sink is not None
+        session.announce_stored(signed_blocks(sink.log))
+        await pump()
+
     async def repairer(lg: FollowerLog) -> None:
         asked: set[int] = set()
         while True:
@@ -242,7 +282,7 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                 if repair_log is not None:
                     nursery.start_soon(repairer, repair_log)
                 if sink is not None:
-                    nursery.start_soon(sink.run)
+                    nursery.start_soon(sink.run, stored)
                 await pump()
                 while not session.done and not (until is not None and until()):
                     if not await receive_into(stream, session):
@@ -299,8 +339,11 @@ async def probe_head(address: str, lg: FollowerLog) -> None:
         lg.check_conflict(*head)
 
 
-async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], None], name: str) -> None:
-    """Follow one archive live, reconnecting with backoff, until frozen or cancelled."""
+async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], None], name: str,
+                         keypair: Ed25519KeyPair | None = None) -> None:
+    """Follow one archive live, reconnecting with backoff, until frozen or cancelled.
+    `keypair`: the Noise static key to connect with (the node key in cluster mode, so
+    the writer knows which broker's progress it hears; else a fresh one)."""
     backoff = BACKOFF_MIN_S
     while True:
         if lg.frozen:
@@ -313,7 +356,7 @@ async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], No
             sink = _Sink(lg, on_head)
             session = ReplicationSession.follow(lg.key, sink, initiator=True,
                                                 live=True, have=lg.verified_tree(),
-                                                public_key=lg.public_key)
+                                                public_key=lg.public_key, keypair=keypair)
             await _drive(await _connect(address), session, repair_log=lg, sink=sink)
         except Equivocation as exc:
             log.error("%s: %s", name, exc)
@@ -336,9 +379,16 @@ async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], No
 class NodeMirror:
     """Everything this node mirrors from one other node."""
 
-    def __init__(self, node: Node, target: MirrorTarget) -> None:
+    def __init__(self, node: Node, target: MirrorTarget, broker_id: int | None = None) -> None:
         self.node = node
         self.target = target
+        # Cluster mode: the peer's broker id (the leader of what it writes), and our node
+        # key as the Noise static key, by which the writer tells our progress apart.
+        self.broker_id = broker_id
+        self.keypair: Ed25519KeyPair | None = None
+        if broker_id is not None:
+            kp = node.store.node_keypair
+            self.keypair = Ed25519KeyPair(kp.public_key, kp.secret_key)
         self.root = os.path.join(str(node.config.data_dir), MIRRORS_DIR)
         self.node_key: bytes | None = target.pinned
         self.catalog: FollowerLog | None = None
@@ -346,6 +396,7 @@ class NodeMirror:
         self.attached: dict[str, tuple[TopicRecord, list[FollowerLog]]] = {}
         self.skipped: set[str] = set()  # names taken by a local topic (or another mirror)
         self._spawn: trio.Nursery | None = None
+        self._scopes: dict[str, set[trio.CancelScope]] = {}  # per topic: its follow tasks
         self._address: str | None = None
         self._catalog_changed = trio.Event()
 
@@ -414,10 +465,35 @@ class NodeMirror:
                 pos += size
             offset = r.end_offset
         gone = set(self.topics) - set(topics)
+        if self.broker_id is not None:
+            # Cluster mode: a topic deleted on its writer (the controller) is deleted on
+            # every broker, as in Kafka, so that Metadata agrees everywhere and the name
+            # can be created again.
+            for name in sorted(gone):
+                self._detach(name)
+            self.topics = topics
+            return
         for name in gone:
             log.warning("mirror of %s: topic %s was deleted on its writer; keeping the copy served",
                         self.target.address, name)
         self.topics.update(topics)
+
+    def _detach(self, name: str) -> None:
+        """Stop following, stop serving and delete our copy of topic `name`."""
+        self.topics.pop(name, None)
+        self.skipped.discard(name)
+        attached = self.attached.pop(name, None)
+        if attached is None:
+            return
+        _, logs = attached
+        for scope in self._scopes.pop(name, set()):
+            scope.cancel()
+        self.node.detach_mirrored(name)
+        for p, lg in enumerate(logs):
+            with contextlib.suppress(Exception):
+                lg.close()
+            shutil.rmtree(self._partition_dir(name, p), ignore_errors=True)
+        log.info("topic %s was deleted on %s; deleted our copy", name, self.target.address)
 
     def _attach(self, rec: TopicRecord, public_keys: list[bytes]) -> bool:
         """Open the follower archives of `rec` and serve them. False on a name clash."""
@@ -435,7 +511,7 @@ class NodeMirror:
             logs.append(FollowerLog.open_replica(self._partition_dir(rec.name, p), pk,
                                                  config=self.node.config.log_config(rec.configs)))
         plogs: list[PartitionLog] = list(logs)
-        topic: Topic = self.node.attach_mirrored(rec, plogs)
+        topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
         self.attached[rec.name] = (rec, logs)
         log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
         if self._spawn is not None and self._address is not None:
@@ -457,7 +533,9 @@ class NodeMirror:
             while True:
                 started = trio.current_time()
                 try:
-                    key, address = await discover(self.target.host, self.target.port)
+                    values = await discover_configs(self.target.host, self.target.port)
+                    key = _node_key(self.target.host, self.target.port, values)
+                    address = values.get("hyperkafka.replication.address")
                     if self.node_key is not None and key != self.node_key:
                         log.error("mirror of %s: the node presents key %s but we trust %s; refusing it",
                                   self.target.address, key.hex(), self.node_key.hex())
@@ -470,6 +548,8 @@ class NodeMirror:
                             log.info("mirror of %s: trusting node key %s on first use",
                                      self.target.address, key.hex())
                             self.open_local()
+                        if self.broker_id is not None and self.node.cluster is not None:
+                            self.node.cluster.learn(self.broker_id, key, values.get("broker.rack"))
                         await self._follow(address)
                 except Equivocation as exc:  # the catalog itself: frozen, keep serving
                     log.error("mirror of %s: not following: %s", self.target.address, exc)
@@ -543,7 +623,17 @@ class NodeMirror:
             partition.notify()
             self.node.notify_data()
 
-        await follow_forever(address, lg, moved, f"{topic.name}-{index}")
+        attached = self.attached.get(topic.name)
+        if attached is None or lg not in attached[1]:
+            return  # detached before this task started
+        scope = trio.CancelScope()
+        scopes = self._scopes.setdefault(topic.name, set())
+        scopes.add(scope)
+        try:
+            with scope:
+                await follow_forever(address, lg, moved, f"{topic.name}-{index}", self.keypair)
+        finally:
+            scopes.discard(scope)
 
     def close(self) -> None:
         for _, logs in self.attached.values():
@@ -565,4 +655,31 @@ async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.
             await nursery.start(serve_replication, node, host, port)
         for text in node.config.mirrors:
             await nursery.start(NodeMirror(node, MirrorTarget.parse(text)).run)
+        if node.cluster is not None:
+            for peer in node.cluster.peers():  # every broker mirrors every other
+                await nursery.start(NodeMirror(node, MirrorTarget(peer.host, peer.port), peer.node_id).run)
+                nursery.start_soon(poll_leader_isr, node, peer)
         task_status.started()
+
+
+async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
+    """Cluster mode: the ISR of what `peer` writes, as it says in its Metadata, for our own
+    Metadata answers (the writer is the authority on its ISR, as Kafka's controller is;
+    we pull it, Kafka's controller pushes it)."""
+    cluster = node.cluster
+    assert cluster is not None
+    interval = min(ISR_POLL_MAX_S, max(cluster.lag_s / 4, ISR_POLL_MIN_S))
+    while True:
+        try:
+            resp = await kafka_request(peer.host, peer.port, 3, 1, "metadata", {"topics": None})
+            isr: dict[tuple[str, int], list[int]] = {}
+            for t in resp.topics:
+                for p in t.partitions:
+                    if int(p.leader_id) == peer.node_id:
+                        isr[(str(t.name), int(p.partition_index))] = [int(i) for i in p.isr_nodes]
+            for k in [k for k, v in cluster.remote_isr.items() if v and v[0] == peer.node_id and k not in isr]:
+                del cluster.remote_isr[k]
+            cluster.remote_isr.update(isr)
+        except (OSError, trio.TooSlowError, DiscoveryError, ValueError) as exc:
+            log.debug("cluster: metadata from broker %d: %s", peer.node_id, exc)
+        await trio.sleep(interval)

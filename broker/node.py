@@ -36,7 +36,8 @@ from typing import Any, cast
 
 import trio
 
-from broker.config import BrokerConfig, validate_topic_configs
+from broker.cluster import Cluster, signed_blocks
+from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from storage import CommitJob, PartitionLog, Store, TopicRecord
@@ -51,6 +52,7 @@ MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
 PRODUCER_ID_EXPIRATION_MS = 86_400_000
 INLINE_ROUND_BYTES = 64 * 1024  # a round writing less runs on the loop (no fsync due)
+CLUSTER_PID_SHIFT = 40  # cluster mode: producer ids of broker N start at N << 40
 COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interval_ms)
 
 
@@ -71,6 +73,7 @@ TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
 INVALID_REPLICATION_FACTOR = 38
 INVALID_CONFIG = 40
+NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
 
@@ -149,8 +152,11 @@ class Topic:
     log_append_time: bool = False
     timestamp_after_max_ms: int = 3600000
     timestamp_before_max_ms: int = 2**63 - 1
+    min_insync_replicas: int = 1
     # Written by another node and mirrored here (broker/mirror.py): read-only for Kafka.
     mirrored: bool = False
+    # Cluster mode: the broker id of the writer (the partitions' leader); None = this node.
+    leader_id: int | None = None
 
     @property
     def name(self) -> str:
@@ -181,6 +187,13 @@ class Node:
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
         self.replication_address: str | None = None
+        # Cluster mode (broker/cluster.py): the brokers, the ISR and acks=all.
+        self.cluster: Cluster | None = None
+        if config.cluster_brokers:
+            self.cluster = Cluster(config.cluster_brokers, config.node_id, rack=config.rack,
+                                   replica_lag_ms=config.replica_lag_ms,
+                                   rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
+            self.cluster_id = self.cluster.cluster_id
         for record in store.topics().values():
             self._attach(record)
         self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)
@@ -204,6 +217,8 @@ class Node:
                 self.fail_partition(partition, f"archive damaged: {plog.damage}")
             partition.producers.rebuild(_producer_headers(plog))
             topic.partitions.append(partition)
+            if self.cluster is not None:
+                self.cluster.published(plog.key, signed_blocks(plog))
         self.topics[record.name] = topic
         return topic
 
@@ -213,16 +228,30 @@ class Node:
         topic.max_message_bytes = int(eff(overrides, "max.message.bytes"))
         topic.log_append_time = eff(overrides, "message.timestamp.type") == "LogAppendTime"
         topic.timestamp_after_max_ms = int(eff(overrides, "message.timestamp.after.max.ms"))
+        topic.min_insync_replicas = int(eff(overrides, "min.insync.replicas"))
         topic.timestamp_before_max_ms = int(eff(overrides, "message.timestamp.before.max.ms"))
 
-    def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog]) -> Topic:
+    def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog],
+                        leader_id: int | None = None) -> Topic:
         """Serve a topic another node writes from this node's verified copies (`logs`,
-        follower archives): Metadata, ListOffsets and Fetch work, produces are refused."""
-        topic = Topic(record, mirrored=True)
+        follower archives): Metadata, ListOffsets and Fetch work, produces are refused.
+        `leader_id`: the writer's broker id in cluster mode."""
+        topic = Topic(record, mirrored=True, leader_id=leader_id)
         self._apply_configs(topic)
         topic.partitions = [Partition(topic, i, lg) for i, lg in enumerate(logs)]
         self.topics[record.name] = topic
         return topic
+
+    def detach_mirrored(self, name: str) -> None:
+        """Stop serving a mirrored topic (its writer deleted it; broker/mirror.py)."""
+        topic = self.topics.get(name)
+        if topic is None or not topic.mirrored:
+            return
+        del self.topics[name]
+        for p in topic.partitions:
+            p.failed = "topic deleted"
+            p.notify()
+        self.notify_data()
 
     def notify_data(self) -> None:
         """Wake Fetch long-polls: a high watermark moved outside the group commit."""
@@ -260,9 +289,21 @@ class Node:
             raise TopicError(INVALID_PARTITIONS, "Number of partitions must be larger than 0.")
         if partitions > 100_000:
             raise TopicError(INVALID_PARTITIONS, "Number of partitions is larger than 100000.")
+        if self.cluster is not None and not self.cluster.is_controller and name not in INTERNAL_TOPICS:
+            raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are created on broker {self.cluster.controller_id}.")
         if replication_factor == -1:
             replication_factor = self.config.default_replication_factor
-        if replication_factor != 1:
+        if self.cluster is not None:
+            # Every broker of the cluster mirrors every archive: any factor up to the
+            # cluster's size is met (with more copies than asked for below it).
+            brokers = len(self.cluster.brokers)
+            if not 1 <= replication_factor <= brokers:
+                raise TopicError(
+                    INVALID_REPLICATION_FACTOR,
+                    f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
+                    f"of {replication_factor} cannot be reached because only {brokers} broker(s) are registered.",
+                )
+        elif replication_factor != 1:
             raise TopicError(
                 INVALID_REPLICATION_FACTOR,
                 f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
@@ -283,6 +324,8 @@ class Node:
             raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
         if name in INTERNAL_TOPICS:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Internal topic {name} cannot be deleted")
+        if self.cluster is not None and not self.cluster.is_controller and name not in INTERNAL_TOPICS:
+            raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are deleted on broker {self.cluster.controller_id}.")
         if name in self.topics and self.topics[name].mirrored:
             raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is mirrored from another node; delete it there")
         topic = self.topics.pop(name, None)
@@ -307,7 +350,8 @@ class Node:
             if topic.mirrored:  # this node holds no key for it: an error, never silent loss
                 raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is a read-only mirror; produce to its writer")
             return topic
-        if not self.config.auto_create_topics:
+        if not self.config.auto_create_topics or (self.cluster is not None and not self.cluster.is_controller):
+            # (in a cluster, topics are created on the controller; Metadata forwards it)
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
         created = self.create_topic(name)
         assert created is not None
@@ -338,6 +382,10 @@ class Node:
             self._next_pid, self._pid_limit = start, limit
         pid = self._next_pid
         self._next_pid += 1
+        if self.cluster is not None:
+            # Any broker hands out ids and any writer checks them: each broker gets its
+            # own range, so two brokers never give one id to two producers.
+            pid += self.config.node_id << CLUSTER_PID_SHIFT
         return pid
 
     # -- group commit -------------------------------------------------------------
@@ -431,6 +479,8 @@ class Node:
                     self.fail_partition(p, f"commit failed: {error}")
                 elif job is not None and not p.failed:
                     p.log.publish(job)
+                    if self.cluster is not None:
+                        self.cluster.published(p.log.key, signed_blocks(p.log))
         for share in work:
             share.partition.notify()
         self._data_changed.set()

@@ -2,7 +2,8 @@
 
 Owns `serve_replication` (a TCP listener; `hyperkafka serve --replication-listen`) and
 `replication_config_entries` (what DescribeConfigs on the BROKER resource adds so a mirror
-can find us). One connection carries one archive: the peer opens a ``hypercore/alpha``
+can find us), and in cluster mode reports to `Node.cluster` how far each broker's copy
+of each archive written here has got (broker/cluster.py). One connection carries one archive: the peer opens a ``hypercore/alpha``
 channel for a discovery key and the session serves whichever archive that names (the
 catalog, any topic partition, or any archive this node itself mirrors), answering
 requests with proofs from the stored tree and announcing each new signed head (live
@@ -79,8 +80,44 @@ class _Lookup:
         return self._by_dk
 
 
+class _Progress:
+    """Cluster mode: reports what the peer of one connection says it holds (its Hypercore
+    ``range``/``bitfield`` messages) to `Node.cluster`, once the peer is known to be a
+    broker of the cluster (by its Noise static key, which is its node key)."""
+
+    def __init__(self, node: Node, session: ReplicationSession) -> None:
+        self.node = node
+        self.session = session
+        self.key: bytes | None = None
+        self.broker: int | None = None
+        self.reported = -1
+
+    def update(self) -> None:
+        cluster, source = self.node.cluster, self.session.source
+        if cluster is None or source is None:
+            return
+        if self.key is None:
+            broker = cluster.broker_for_identity(self.session.stream.remote_public_key)
+            if broker is None or not cluster.writes(source.key):
+                return  # a stranger's mirror, an archive written elsewhere, or not discovered yet
+            self.key, self.broker = source.key, broker
+            cluster.connected(source.key, broker)
+        assert self.broker is not None
+        length = self.session.remote_contiguous_length
+        # Nothing is reported before the peer's first range: a fresh connection's 0 would
+        # take a caught-up mirror out of the ISR until its range arrives.
+        if length != self.reported and (length > 0 or self.reported > 0):
+            self.reported = length
+            cluster.acked(self.key, self.broker, length)
+
+    def close(self) -> None:
+        if self.node.cluster is not None and self.key is not None and self.broker is not None:
+            self.node.cluster.disconnected(self.key, self.broker)
+
+
 async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) -> None:
     session = ReplicationSession.serve_any(lookup)
+    progress = _Progress(node, session)
     lock = trio.Lock()
 
     async def pump() -> None:
@@ -98,6 +135,7 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
                     with trio.move_on_after(ANNOUNCE_POLL_S):
                         await node.wait_for_data()
                     session.notify_append()
+                    progress.update()  # (the peer may have become known meanwhile)
                     await pump()
 
             nursery.start_soon(announcer)
@@ -105,6 +143,7 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
             while not session.closed:
                 if not await receive_into(stream, session):
                     break
+                progress.update()
                 await pump()
             nursery.cancel_scope.cancel()
     except Exception as exc:  # one peer's failure (a group from the nursery) never stops the port
@@ -115,6 +154,7 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
             elif not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)):
                 log.warning("replication connection failed", exc_info=e)
     finally:
+        progress.close()
         await trio.aclose_forcefully(stream)
 
 

@@ -225,6 +225,13 @@ class Store:
         return lg
 
     @property
+    def node_keypair(self) -> KeyPair:
+        """The node key pair (the catalog's signer). A cluster broker also authenticates
+        its replication connections with it (the Noise static key), so the writer knows
+        whose progress it hears."""
+        return self._catalog_keys
+
+    @property
     def catalog_log(self) -> PartitionLog:
         """The catalog archive (served to mirrors; written only through this class)."""
         assert self._catalog is not None

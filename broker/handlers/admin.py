@@ -54,7 +54,10 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
                 continue
             partitions = len(t.assignments)
             replication = len(t.assignments[0].broker_ids)
-            if any(list(a.broker_ids) != [node.config.node_id] for a in t.assignments):
+            if node.cluster is not None and any(not set(a.broker_ids) <= set(node.cluster.brokers) for a in t.assignments):
+                entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only brokers {sorted(node.cluster.brokers)} exist")
+                continue
+            if node.cluster is None and any(list(a.broker_ids) != [node.config.node_id] for a in t.assignments):
                 entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only broker {node.config.node_id} exists")
                 continue
         try:
@@ -72,7 +75,7 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
         entry.update(
             topic_id=topic.topic_id if topic else None,
             num_partitions=len(topic.partitions) if topic else (partitions if partitions != -1 else node.config.num_partitions),
-            replication_factor=1,
+            replication_factor=len(node.cluster.brokers) if node.cluster is not None else 1,
             configs=[
                 {
                     "name": e.name,

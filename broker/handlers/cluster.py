@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from typing import Any
 
 from broker.api import Reply, RequestContext, advertised, api
 from broker.handlers import errors
-from broker.node import Node, Topic, TopicError, check_topic_name
+from broker.node import Node, Partition, Topic, TopicError, check_topic_name
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.shape import field_of
+
+log = logging.getLogger("hyperkafka.metadata")
 
 LEADER_EPOCH = 0  # one writer per archive, never re-elected: the epoch never moves
 _ZERO_UUID = uuid.UUID(int=0)
@@ -35,29 +38,77 @@ def brokers(node: Node, ctx: RequestContext | None = None) -> list[dict[str, Any
     # Kafka answers with the endpoint of the listener the request came in on.
     session = ctx.session if ctx is not None else None
     host, port = session.listener.advertised if session is not None else node.config.advertised
-    return [{"node_id": node.config.node_id, "broker_id": node.config.node_id, "host": host, "port": port, "rack": node.config.rack}]
+    me = node.config.node_id
+    out: list[dict[str, Any]] = [{"node_id": me, "broker_id": me, "host": host, "port": port, "rack": node.config.rack}]
+    cluster = node.cluster
+    if cluster is not None:
+        # Cluster mode: every listed broker, at the address the cluster list gives it;
+        # its rack once we have heard it from the broker itself (discovery).
+        out += [{"node_id": b.node_id, "broker_id": b.node_id, "host": b.host, "port": b.port,
+                 "rack": cluster.racks.get(b.node_id)} for b in cluster.peers()]
+        out.sort(key=lambda b: b["node_id"])
+    return out
+
+
+def controller_id(node: Node) -> int:
+    return node.cluster.controller_id if node.cluster is not None else node.config.node_id
+
+
+def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], list[int]]:
+    """(leader, replicas, isr) of one partition."""
+    me = node.config.node_id
+    cluster = node.cluster
+    if cluster is None or topic.name.startswith("__") or (topic.mirrored and topic.leader_id is None):
+        # Alone, a broker's own internal archives, or a mirror of a node outside the
+        # cluster: this broker is all Kafka needs to know of.
+        return me, [me], [me]
+    if topic.leader_id is None or topic.leader_id == me:
+        return me, cluster.replicas(me), cluster.isr(p.log.key)
+    leader = topic.leader_id
+    # Written elsewhere: the ISR as its writer last told us (it alone can know it).
+    return leader, cluster.replicas(leader), cluster.remote_isr.get((topic.name, p.index), [leader])
 
 
 def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
-    me = node.config.node_id
+    partitions = []
+    for p in topic.partitions:
+        leader, replicas, isr = _replicas(node, topic, p)
+        partitions.append({
+            "error_code": errors.NONE,
+            "partition_index": p.index,
+            "leader_id": leader,
+            "leader_epoch": LEADER_EPOCH,
+            "replica_nodes": replicas,
+            "isr_nodes": isr,
+            "offline_replicas": [node.config.node_id] if p.failed else [],
+        })
     return {
         "error_code": errors.NONE,
         "name": topic.name,
         "topic_id": topic.topic_id,
         "is_internal": topic.name.startswith("__"),
-        "partitions": [
-            {
-                "error_code": errors.NONE,
-                "partition_index": p.index,
-                "leader_id": me,
-                "leader_epoch": LEADER_EPOCH,
-                "replica_nodes": [me],
-                "isr_nodes": [me],
-                "offline_replicas": [me] if p.failed else [],
-            }
-            for p in topic.partitions
-        ],
+        "partitions": partitions,
     }
+
+
+async def _create_on_controller(node: Node, name: str) -> None:
+    """Cluster mode, auto-creation asked of a broker that is not the controller: ask the
+    controller (Kafka forwards it there too, KIP-590); the topic reaches this broker
+    through its mirror of the controller, meanwhile the client hears LEADER_NOT_AVAILABLE
+    and asks again."""
+    from broker.mirror import kafka_request  # the client side of the mirror machinery
+
+    cluster = node.cluster
+    assert cluster is not None
+    controller = cluster.brokers[cluster.controller_id]
+    try:
+        await kafka_request(controller.host, controller.port, 19, 4, "create_topics", {
+            "topics": [{"name": name, "num_partitions": -1, "replication_factor": -1,
+                        "assignments": [], "configs": []}],
+            "timeout": 5000, "validate_only": False,
+        })
+    except Exception as exc:  # the client asks again; the next try forwards again
+        log.info("auto-creating %s on controller %d failed: %s", name, controller.node_id, exc)
 
 
 @api(3, "Metadata", (0, 12))
@@ -88,6 +139,9 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, "unknown topic")
                     if not authorize(ctx, Operation.CREATE, name):
                         raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "not authorized to create")
+                    if node.cluster is not None and not node.cluster.is_controller:
+                        await _create_on_controller(node, name)
+                        raise TopicError(errors.LEADER_NOT_AVAILABLE, "created on the controller")
                     topic = node.create_topic(name)
                 except TopicError as exc:
                     topics.append({"error_code": exc.code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
@@ -98,7 +152,7 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
         "throttle_time": 0,
         "brokers": brokers(node, ctx),
         "cluster_id": node.cluster_id,
-        "controller_id": node.config.node_id,
+        "controller_id": controller_id(node),
         "topics": topics,
     }
 
@@ -114,7 +168,7 @@ async def describe_cluster(ctx: RequestContext, req: Any) -> Reply:
         "error_message": None,
         "endpoint_type": 1,
         "cluster_id": ctx.node.cluster_id,
-        "controller_id": ctx.node.config.node_id,
+        "controller_id": controller_id(ctx.node),
         "brokers": brokers(ctx.node, ctx),
     }
 

@@ -10,6 +10,12 @@ requested partition with session id 0, which the KIP defines as "no session crea
 clients then keep sending full fetches. A request naming a session we never gave out
 gets FETCH_SESSION_ID_NOT_FOUND.
 
+Follower fetching (KIP-392), cluster mode: a consumer fetch (v11+) whose rack_id differs
+from this broker's rack, for a partition written here, is answered with the id of an
+in-sync mirror in that rack as preferred_read_replica and no records (broker/cluster.py
+picks it as Kafka's RackAwareReplicaSelector does); the consumer then fetches from that
+mirror, which serves its own verified copy.
+
 Long poll: when fewer than min_bytes are ready the handler waits, inside a cancel scope
 of max_wait_ms, for the node's next group commit, then reads again.
 """
@@ -28,9 +34,12 @@ from broker.security.session import authorize
 from storage.errors import CorruptBatch, OffsetOutOfRange
 
 
-def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], int]:
+def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset(),
+              rack: str = "") -> tuple[list[dict[str, Any]], int, bool]:
+    """(responses, bytes of records, whether a partition named a preferred read replica)."""
     budget = req.max_bytes if version >= 3 else 2**31 - 1
     total = 0
+    redirected = False
     responses = []
     for t in req.topics:
         topic = node.topics.get(t.topic)
@@ -64,12 +73,28 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             if leader_epoch > 0:
                 entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
                 continue
+            if rack and node.cluster is not None and topic is not None and not topic.mirrored:
+                # KIP-392, as Kafka's leader: a consumer in another rack than ours is sent
+                # to an in-sync follower in its own rack, with no records this time.
+                preferred = node.cluster.preferred_read_replica(plog.key, rack)
+                if preferred is not None:
+                    entry["preferred_read_replica"] = preferred
+                    redirected = True
+                    continue
             limit = min(p.partition_max_bytes, budget - total)
             if limit <= 0 and total > 0:
                 continue
             try:
                 data = plog.read_bytes(p.fetch_offset, max(limit, 1))
             except OffsetOutOfRange:
+                if (topic is not None and topic.mirrored and node.cluster is not None and version >= 11
+                        and leader_epoch < 0 and p.fetch_offset > hwm):
+                    # A follower behind an offset the consumer learned at the leader, as
+                    # Kafka's ReplicaManager answers it: a client that sent no leader epoch
+                    # cannot tell "ask the leader" from "reset", so it gets an empty answer
+                    # and asks again; one that sent an epoch gets the error and consults
+                    # the leader.
+                    continue
                 entry["error_code"] = errors.OFFSET_OUT_OF_RANGE
                 continue
             except CorruptBatch:
@@ -79,7 +104,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             entry["records"] = data
             total += len(data)
         responses.append({"topic": t.topic, "partitions": parts})
-    return responses, total
+    return responses, total, redirected
 
 
 @api(1, "Fetch", (4, 12))
@@ -89,11 +114,16 @@ async def fetch(ctx: RequestContext, req: Any) -> Reply:
     if session_id != 0:
         return {"throttle_time": 0, "error_code": errors.FETCH_SESSION_ID_NOT_FOUND, "session_id": 0, "responses": []}
     denied = frozenset(t.topic for t in req.topics if not authorize(ctx, Operation.READ, t.topic))
-    responses, total = _read_all(node, req, ctx.api_version, denied)
+    # KIP-392: only a consumer's fetch (v11+) names a rack; a replica's is never redirected.
+    rack = (getattr(req, "rack_id", "") or "") if getattr(req, "replica_id", -1) < 0 else ""
+    responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack)
     max_wait = req.max_wait.total_seconds()
-    if total < req.min_bytes and max_wait > 0:
+    if total < req.min_bytes and max_wait > 0 and not redirected:
+        # (a preferred read replica is told at once, as Kafka does)
         with trio.move_on_after(max_wait):
             while total < req.min_bytes:
                 await node.wait_for_data()
-                responses, total = _read_all(node, req, ctx.api_version, denied)
+                responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack)
+                if redirected:
+                    break
     return {"throttle_time": 0, "error_code": errors.NONE, "session_id": 0, "responses": responses}

@@ -15,7 +15,8 @@ DELETE; OffsetCommit and OffsetDelete also READ on each topic, OffsetFetch DESCR
 each topic. Denials are GROUP_AUTHORIZATION_FAILED / TOPIC_AUTHORIZATION_FAILED where
 each version carries an error.
 
-This node is the coordinator of every group. Transactions do not exist, so a
+This node is the coordinator of every group (in cluster mode, the controller is: any
+other broker's FindCoordinator names it, broker/cluster.py). Transactions do not exist, so a
 FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. The KIP-848
 consumer protocol (ConsumerGroupHeartbeat 68/69) is deliberately not served.
 """
@@ -61,6 +62,13 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
     # The coordinator's address on the listener this request came in on, as Metadata.
     host, port = ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
+    coordinator_id = node.config.node_id
+    if node.cluster is not None and not node.cluster.is_controller:
+        # Cluster mode: the controller coordinates every group, so a group never has two
+        # coordinators whichever broker a client asks.
+        coordinator_id = node.cluster.controller_id
+        controller = node.cluster.brokers[coordinator_id]
+        host, port = controller.host, controller.port
     key_type = field_of(req, "key_type", GROUP_KEY)
 
     def one(key: str) -> dict[str, Any]:
@@ -68,7 +76,7 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
             return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": "Group authorization failed."}
         if key_type == GROUP_KEY:
             node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here, once authorized
-            return {"key": key, "node_id": node.config.node_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}
+            return {"key": key, "node_id": coordinator_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}
         error = codes.COORDINATOR_NOT_AVAILABLE if key_type == TRANSACTION_KEY else codes.INVALID_REQUEST
         message = "Transactions are not supported by this broker" if key_type == TRANSACTION_KEY else f"Unknown key type {key_type}"
         return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": error, "error_message": message}

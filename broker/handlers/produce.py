@@ -10,6 +10,9 @@ waits (in `Deferred`, answered in request order) until a commit round has writte
 batch and published a signed head covering it: a produce is acknowledged only once
 durable as the fsync policy says. acks=0 gets no response at all; a disk error found
 after admission takes the partition offline, and the next produce to it learns that.
+In cluster mode acks=all also waits for the in-sync mirrors (broker/cluster.py):
+NOT_ENOUGH_REPLICAS before the append when the ISR is below min.insync.replicas,
+NOT_ENOUGH_REPLICAS_AFTER_APPEND when too few replicas held it in the end or in time.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import trio
 
 from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
+from broker.cluster import signed_blocks
 from broker.handlers import errors
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
@@ -43,6 +47,7 @@ _NO_LOG_START_OFFSET = frozenset(
         errors.CORRUPT_MESSAGE,
         errors.MESSAGE_TOO_LARGE,
         errors.KAFKA_STORAGE_ERROR,
+        errors.NOT_ENOUGH_REPLICAS,
         errors.UNKNOWN_TOPIC_OR_PARTITION,
         errors.UNSUPPORTED_COMPRESSION_TYPE,
     }
@@ -54,7 +59,7 @@ class CloseConnection(ProtocolError):
 
 
 class _PartitionResult:
-    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "message", "partition", "wait_for")
+    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "wait_for")
 
     def __init__(self, error: int = errors.NONE, message: str | None = None) -> None:
         self.error = error
@@ -64,16 +69,29 @@ class _PartitionResult:
         self.log_start_offset = -1  # reported for every partition that exists (KIP-360)
         self.partition: Partition | None = None
         self.wait_for = -1  # last offset that must be covered by a head before answering
+        self.min_insync = 0  # cluster mode, acks=all: replicas that must hold it (0: none waited for)
 
 
-def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any) -> _PartitionResult:
+def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks: int) -> _PartitionResult:
     if not 0 <= index < len(topic.partitions):
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
+    cluster = ctx.node.cluster
+    if acks == -1 and cluster is not None:
+        # Kafka's check before the append: too few in-sync replicas, nothing is written.
+        isr = cluster.isr(partition.log.key)
+        if len(isr) < topic.min_insync_replicas:
+            return _PartitionResult(
+                errors.NOT_ENOUGH_REPLICAS,
+                f"The size of the current ISR {isr} is insufficient to satisfy the min.isr requirement "
+                f"of {topic.min_insync_replicas} for partition {topic.name}-{index}",
+            )
     # Checks, idempotence verdict and admission are one atomic step: nothing here yields.
     result = _admit_checked(ctx, topic, partition, data)
     if result.error not in _NO_LOG_START_OFFSET:
         result.log_start_offset = partition.log.log_start_offset
+    if acks == -1 and cluster is not None and result.partition is not None:
+        result.min_insync = topic.min_insync_replicas
     return result
 
 
@@ -179,7 +197,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     results[(t.name, p.index)] = _PartitionResult(exc.code, exc.message)
                 continue
             for p in t.partition_data:
-                results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records)
+                results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records, acks)
 
     if acks == 0:
         failed = [r for r in results.values() if r.error != errors.NONE]
@@ -191,6 +209,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
     timeout_s = max(req.timeout.total_seconds(), 0.0)
 
     async def finish() -> Encoded:
+        replicated: set[int] = set()
         with trio.move_on_after(timeout_s) as scope:
             for r in results.values():
                 if r.partition is not None and r.error == errors.NONE:
@@ -198,10 +217,24 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                         await r.partition.wait_durable(r.wait_for)
                     except TopicError as exc:
                         r.error, r.message = exc.code, exc.message
+            for r in results.values():
+                if r.partition is not None and r.error == errors.NONE and r.min_insync and node.cluster is not None:
+                    # acks=all in a cluster: the published head covers the batch; now the
+                    # in-sync mirrors must hold it too (broker/cluster.py).
+                    plog = r.partition.log
+                    if await node.cluster.wait_replicated(plog.key, signed_blocks(plog), r.min_insync):
+                        replicated.add(id(r))
+                    else:
+                        r.error, r.message = errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
+                            f"Fewer than min.insync.replicas={r.min_insync} replicas hold the batch")
         if scope.cancelled_caught:
             for r in results.values():
                 if r.partition is not None and r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
                     r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
+                elif r.partition is not None and r.error == errors.NONE and r.min_insync and id(r) not in replicated:
+                    r.error, r.message = errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
+                        f"The batch is stored, but in-sync replicas did not all hold it within the "
+                        f"request timeout (min.insync.replicas={r.min_insync})")
         by_topic: dict[str, list[ProducePartitionResult]] = {}
         for (name, index), r in results.items():
             ok = r.error == errors.NONE

@@ -5,12 +5,18 @@ one ``hypercore/alpha`` channel, and the two replicator roles this project needs
 
 * `ReplicationSession.serve(source)`: announce the signed head (``sync`` + ``range``),
   answer ``request`` with proofs from `storage.hypercore.proofs.generate_proof`, answer
-  ``want`` with ``range`` (our archives are always contiguous), re-announce on append.
+  ``want`` with ``range`` (our archives are always contiguous), re-announce on append,
+  and track how much the peer holds from the ``range``/``bitfield`` messages it sends
+  (`remote_contiguous_length`, Hypercore's ``_remoteContiguousLength``: cluster mode's
+  in-sync replicas and acks=all are built on it).
 * `ReplicationSession.follow(key, sink)`: learn the remote head from ``sync``, fetch it
   with an ``upgrade`` request (plus the manifest, which must hash to `key`), then fetch
   blocks with a window of in-flight ``request``s, verify each with
   `storage.hypercore.proofs.verify_proof` and hand them to the sink in order, each
-  verified head once all blocks under it are delivered.
+  verified head once all blocks under it are delivered. `announce_stored(length)` tells
+  the peer with a ``range`` that we now hold blocks [0, length), as a contiguous
+  Hypercore peer does after storing what it downloaded (``broadcastRange``); the caller
+  announces only what a stored signed head covers.
 
 Theory of operation: bytes go in through `receive_data`, bytes to write come out of
 `data_to_send`; nothing here blocks, sleeps or does I/O other than calling the
@@ -209,6 +215,19 @@ class ReplicationSession:
         """Follower: the length the peer announced (None before its first sync)."""
         return self.role.remote_length if isinstance(self.role, _Follower) else None
 
+    @property
+    def remote_contiguous_length(self) -> int:
+        """Server: how many blocks from the start the peer says it holds (its ``range``
+        and ``bitfield`` messages); 0 until it says."""
+        return self.role.remote_contiguous if isinstance(self.role, _Server) else 0
+
+    def announce_stored(self, length: int) -> None:
+        """Follower: tell the peer we hold blocks [0, length) (a ``range`` message)."""
+        if isinstance(self.role, _Follower):
+            self.role.stored = max(self.role.stored, length)
+            if self.channel is not None and self.channel.opened:
+                self.role.announce_stored(self)
+
     def refetch(self, index: int) -> None:
         """Follower: fetch block `index` again (below our verified length) and hand it to
         the sink's `repair_block(index, value)` once verified (a block damaged on disk)."""
@@ -363,6 +382,8 @@ class _Server(_Role):
         self.remote_fork = 0
         self.remote_length = 0
         self.announced_remote: tuple[int, int] | None = None
+        self.remote_contiguous = 0  # replicator.js Peer._remoteContiguousLength
+        self._remote_ranges: dict[int, int] = {}  # start -> end of ranges past the prefix
 
     def _can_upgrade(self) -> bool:
         # replicator.js _canUpgrade: a peer at length 0 can always take an upgrade.
@@ -412,8 +433,53 @@ class _Server(_Role):
             self._on_request(s, m)
         elif isinstance(m, M.Want) and not isinstance(m, M.Unwant) and self.head.length:
             s.send(M.Range(0, self.head.length))
-        # cancel/unwant/bitfield/range/data/noData/extension need no answer from a
-        # server that answers every request synchronously and downloads nothing.
+        elif isinstance(m, M.Range):
+            self._on_range(m.start, m.length, m.drop)
+        elif isinstance(m, M.Bitfield):
+            self._on_bitfield(m.start, m.bitfield)
+        # cancel/unwant/data/noData/extension need no answer from a server that answers
+        # every request synchronously and downloads nothing.
+
+    def _on_range(self, start: int, length: int, drop: bool) -> None:
+        """What the peer holds, as Hypercore's onrange keeps it: a drop below the
+        contiguous prefix cuts it there; a held range at or touching the prefix extends
+        it (ranges further out are kept until the gap before them is filled)."""
+        end = start + length
+        if drop:
+            if start < self.remote_contiguous:
+                self.remote_contiguous = start
+            self._remote_ranges = {a: b for a, b in self._remote_ranges.items() if b <= start}
+            return
+        if length <= 0:
+            return
+        if start > self.remote_contiguous:
+            if len(self._remote_ranges) < 1024:  # a peer cannot make us keep unbounded state
+                self._remote_ranges[start] = max(end, self._remote_ranges.get(start, 0))
+            return
+        self.remote_contiguous = max(self.remote_contiguous, end)
+        while self._remote_ranges:
+            reach = [a for a in self._remote_ranges if a <= self.remote_contiguous]
+            if not reach:
+                break
+            for a in reach:
+                self.remote_contiguous = max(self.remote_contiguous, self._remote_ranges.pop(a))
+
+    def _on_bitfield(self, start: int, words: tuple[int, ...]) -> None:
+        """A bitfield is the truth for the blocks it covers (replicator.js onbitfield):
+        the contiguous prefix ends at its first unset bit, if that is within it."""
+        if start < self.remote_contiguous:
+            self.remote_contiguous = start
+        if start != self.remote_contiguous:
+            return
+        run = 0
+        for w in words:
+            if w == 0xFFFFFFFF:
+                run += 32
+                continue
+            run += ((~w) & (w + 1)).bit_length() - 1  # trailing ones of w
+            break
+        if run:
+            self._on_range(start, run, False)
 
     def _on_request(self, s: ReplicationSession, m: M.Request) -> None:
         assert self.source is not None
@@ -510,9 +576,12 @@ class _Follower(_Role):
     stalls: int = 0  # answers that waited for an earlier one (statistics, tests)
     retries: int = 0  # short answers asked again with the full path
     pruned_at: int = 0
+    stored: int = 0  # blocks [0, stored) the sink holds under a stored signed head
+    announced: int = 0  # the prefix we told the peer about with a range
 
     def __post_init__(self) -> None:
         if self.have is not None:
+            self.stored = self.have.length
             self.trusted = self.have.copy()
             self.next_request = self.next_deliver = self.have.length
             for r in self.have.roots():
@@ -543,6 +612,12 @@ class _Follower(_Role):
 
     def on_open(self, s: ReplicationSession) -> None:
         self._sync(s)
+        self.announce_stored(s)  # replicator.js onopen: broadcastRange(0, contiguous)
+
+    def announce_stored(self, s: ReplicationSession) -> None:
+        if self.stored > self.announced:
+            s.send(M.Range(0, self.stored))  # a fully contiguous peer always sends from 0
+            self.announced = self.stored
 
     def on_message(self, s: ReplicationSession, m: M.Message) -> None:
         if isinstance(m, M.Sync):

@@ -286,3 +286,69 @@ def test_serve_partition_log(tmp_path: object) -> None:
         assert sink.heads[-1].signature == log.head.signature  # type: ignore[union-attr]
     finally:
         log.close()
+
+
+# ------------------------------------------------- what the peer holds (range / bitfield)
+
+
+def test_follower_announces_stored_prefix_and_server_tracks_it() -> None:
+    """A follower tells the server with a `range` what a stored head covers, on open (its
+    resumed prefix) and whenever told; the server keeps Hypercore's contiguous length."""
+    src = _archive(12)
+    server = ReplicationSession.serve(src, initiator=False)
+    client = ReplicationSession.follow(src.key, MemoryArchive(KP.public_key), initiator=True, live=True)
+    _pump(client, server)
+    assert server.remote_contiguous_length == 0  # it verified everything, stored nothing yet
+    client.announce_stored(12)
+    _pump(client, server)
+    assert server.remote_contiguous_length == 12
+    # resuming with a stored prefix announces it as soon as the channel opens
+    sink = MemoryArchive(KP.public_key)
+    _s, _c, sink = _follow(src, sink)
+    server2 = ReplicationSession.serve(src, initiator=False)
+    client2 = ReplicationSession.follow(src.key, sink, initiator=True, have=sink.frontier.copy(), live=True)
+    _pump(client2, server2)
+    assert server2.remote_contiguous_length == 12
+
+
+def _server_role() -> S._Server:
+    return S._Server(_archive(0))
+
+
+def test_remote_ranges_as_hypercore_keeps_them() -> None:
+    r = _server_role()
+    r._on_range(0, 5, False)
+    assert r.remote_contiguous == 5
+    r._on_range(8, 2, False)  # past a gap: kept aside
+    assert r.remote_contiguous == 5
+    r._on_range(5, 3, False)  # fills the gap: the kept range joins the prefix
+    assert r.remote_contiguous == 10
+    r._on_range(0, 4, False)  # an older, shorter announcement never shrinks it
+    assert r.remote_contiguous == 10
+    r._on_range(6, 1, True)  # a drop inside the prefix cuts it there
+    assert r.remote_contiguous == 6
+    r._on_range(0, 0, False)
+    assert r.remote_contiguous == 6
+
+
+def test_remote_bitfield_is_the_truth_for_what_it_covers() -> None:
+    r = _server_role()
+    r._on_bitfield(0, (0xFFFFFFFF, 0b0111))
+    assert r.remote_contiguous == 35
+    r._on_bitfield(32, (0b1,))  # says block 33 is missing: the prefix ends at 33
+    assert r.remote_contiguous == 33
+    r._on_bitfield(64, (0xFFFFFFFF,))  # past the prefix: does not extend it
+    assert r.remote_contiguous == 33
+
+
+def test_range_and_bitfield_messages_reach_the_server_role() -> None:
+    src = _archive(3)
+    server = ReplicationSession.serve(src, initiator=False)
+    client = ReplicationSession.follow(src.key, MemoryArchive(KP.public_key), initiator=True, live=True)
+    _pump(client, server)
+    client.send(M.Bitfield(0, (0b111,)))
+    _pump(client, server)
+    assert server.remote_contiguous_length == 3
+    client.send(M.Range(1, 2, True))
+    _pump(client, server)
+    assert server.remote_contiguous_length == 1

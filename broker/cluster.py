@@ -1,0 +1,264 @@
+"""Cluster mode: brokers listed in one config, replicas, in-sync replicas and acks=all.
+
+Owns `Cluster` (the membership itself, `ClusterBroker` parsed from
+``hyperkafka.cluster.brokers``, lives in broker/config.py), the state every broker keeps about the others: what it learned of each peer
+(node key, rack), how far each peer's copy of each archive written here has got, and from
+that the in-sync replicas and the acks=all wait.
+
+Design, as Kafka and Hypercore each would have it:
+
+* Membership is static, as Kafka's ``controller.quorum.voters``: every broker's
+  server.properties carries the same ``hyperkafka.cluster.brokers=ID@HOST:PORT,...`` (the
+  Kafka address each broker advertises). Everything else about a peer (node key,
+  replication address, rack) is learned from its Kafka port (broker/mirror.py discovery),
+  so a broker's own settings live in its own file only.
+* Every broker mirrors every other broker (the `--mirror` machinery): the writer of an
+  archive, the only holder of its key, is its leader; replicas are all brokers, leader
+  first. Leadership never moves (an archive has one signer), so the leader epoch stays 0.
+* The controller is the broker with the lowest id. It alone creates topics (CreateTopics
+  elsewhere answers NOT_CONTROLLER; Metadata names it as controller_id, so Java's Admin and
+  librdkafka route there) and it is every group's coordinator, so that a group never has
+  two coordinators. Auto-creation happens on the controller only (other brokers forward
+  it, as Kafka's KIP-590 forwarding does), and so does deletion; the others follow the
+  controller's catalog and drop a deleted topic's copy.
+* Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
+  writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
+  each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a
+  range only once a verified signed head covering it is stored (storage/follower.py), so
+  "holds length L" means "holds a signed head of length >= L, verified and durable". The
+  peer is identified by its Noise static key, which is its node key (as Hyperswarm peers
+  use their identity key), mapped to a broker id through discovery.
+* In-sync (Kafka's rule for ``replica.lag.time.max.ms``, default 30 s as since KIP-537): a follower is
+  in sync while it holds at least what the leader had signed ``replica.lag.time.max.ms``
+  ago, and it has had a replication connection within that time. The leader is always in
+  sync. A mirror that went away therefore leaves the ISR after the lag time, not at once.
+* acks=all, as Kafka's DelayedProduce: refused before the append with NOT_ENOUGH_REPLICAS
+  when the ISR is smaller than the topic's ``min.insync.replicas`` (the leader counts);
+  after the append the answer waits until every in-sync replica holds the batch (a
+  replica that falls out of the ISR meanwhile stops being waited for), then answers
+  NONE if at least ``min.insync.replicas`` replicas hold it, else
+  NOT_ENOUGH_REPLICAS_AFTER_APPEND; the same when the request's timeout runs out first
+  (Kafka says REQUEST_TIMED_OUT there; the batch is stored, which this code says).
+* Reads (KIP-392): `preferred_read_replica` picks an in-sync follower in the consumer's
+  rack as Kafka's RackAwareReplicaSelector; ``replica.selector.class`` may name Kafka's
+  LeaderSelector to turn it off.
+
+May import trio, `broker.config` and `storage`; never the protocol codec or the handlers.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import trio
+
+from broker.config import ClusterBroker, ConfigError
+from storage import PartitionLog
+
+DEFAULT_REPLICA_LAG_MS = 30_000
+WAIT_TICK_MAX_S = 0.5
+
+
+def signed_blocks(log: PartitionLog) -> int:
+    """Blocks (batches) covered by the archive's last published signed head: the unit of
+    Hypercore lengths, and of everything `Cluster` counts."""
+    head = log.head
+    return head.length if head is not None else 0
+
+
+@dataclass
+class _Progress:
+    """One peer's copy of one archive, as the writer knows it."""
+
+    length: int = 0  # contiguous length the peer said it holds (range/bitfield)
+    connections: int = 0
+    last_seen: float = float("-inf")  # monotonic time a connection was last open
+
+
+@dataclass
+class _Archive:
+    """The writer's side of one archive it writes: its head history and its peers."""
+
+    # (monotonic time, length) of published heads, oldest first; trimmed to the lag window
+    # plus the newest entry older than it (that one gives "the head as of now - lag").
+    heads: list[tuple[float, int]] = field(default_factory=list)
+    peers: dict[int, _Progress] = field(default_factory=dict)
+    changed: trio.Event = field(default_factory=trio.Event)
+
+
+class Cluster:
+    """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode."""
+
+    def __init__(self, brokers: Iterable[ClusterBroker], me: int, *, rack: str | None = None,
+                 replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS, rack_aware: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.brokers = {b.node_id: b for b in brokers}
+        if me not in self.brokers:
+            raise ConfigError(f"node.id {me} is not listed in hyperkafka.cluster.brokers")
+        self.me = me
+        self.controller_id = min(self.brokers)
+        self.lag_s = replica_lag_ms / 1000
+        self.rack_aware = rack_aware
+        self.clock = clock
+        self.racks: dict[int, str | None] = {me: rack}
+        self.node_keys: dict[int, bytes] = {}
+        self._by_identity: dict[bytes, int] = {}
+        self._archives: dict[bytes, _Archive] = {}
+        # ISR of archives written by others, as their writer last told us (Metadata):
+        # (topic, partition) -> isr ids.
+        self.remote_isr: dict[tuple[str, int], list[int]] = {}
+        spec = ",".join(f"{b.node_id}@{b.address}" for b in self.brokers.values())
+        digest = hashlib.blake2b(spec.encode(), digest_size=16).digest()
+        # Every broker of the cluster derives the same id from the same list.
+        self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    # -- membership -------------------------------------------------------------
+
+    @property
+    def is_controller(self) -> bool:
+        return self.me == self.controller_id
+
+    def peers(self) -> list[ClusterBroker]:
+        return [b for i, b in self.brokers.items() if i != self.me]
+
+    def replicas(self, leader: int) -> list[int]:
+        """Every broker holds every archive: the leader first, then the others by id."""
+        return [leader] + [i for i in self.brokers if i != leader]
+
+    def learn(self, node_id: int, node_key: bytes, rack: str | None) -> None:
+        """What discovery told us about a peer (its Kafka port's DescribeConfigs)."""
+        old = self.node_keys.get(node_id)
+        if old is not None and old != node_key:
+            self._by_identity.pop(old, None)
+        self.node_keys[node_id] = node_key
+        self._by_identity[node_key] = node_id
+        self.racks[node_id] = rack
+
+    def broker_for_identity(self, public_key: bytes) -> int | None:
+        """The cluster broker whose node key authenticated a replication connection."""
+        node_id = self._by_identity.get(public_key)
+        return node_id if node_id is not None and node_id != self.me else None
+
+    # -- progress (writer side) -------------------------------------------------
+
+    def _archive(self, key: bytes) -> _Archive:
+        a = self._archives.get(key)
+        if a is None:
+            a = self._archives[key] = _Archive()
+        return a
+
+    def _wake(self, a: _Archive) -> None:
+        a.changed.set()
+        a.changed = trio.Event()
+
+    def published(self, key: bytes, length: int) -> None:
+        """The writer published a head of `length` for archive `key`."""
+        a = self._archive(key)
+        now = self.clock()
+        if a.heads and a.heads[-1][1] >= length:
+            return
+        a.heads.append((now, length))
+        # keep the newest entry at or before now - lag, and everything after it
+        cut = bisect.bisect_right(a.heads, (now - self.lag_s, float("inf"))) - 1
+        if cut > 0:
+            del a.heads[:cut]
+
+    def writes(self, key: bytes) -> bool:
+        """Whether archive `key` is one this broker writes (its progress is tracked)."""
+        return key in self._archives
+
+    def connected(self, key: bytes, node_id: int) -> None:
+        a = self._archives.get(key)
+        if a is None:
+            return
+        p = a.peers.setdefault(node_id, _Progress())
+        if p.connections == 0:
+            # What it held before is no proof of what it holds now (its disk may have been
+            # wiped): it says so again with a range as soon as the channel opens.
+            p.length = 0
+        p.connections += 1
+        p.last_seen = self.clock()
+
+    def disconnected(self, key: bytes, node_id: int) -> None:
+        a = self._archives.get(key)
+        if a is None:
+            return
+        p = a.peers.setdefault(node_id, _Progress())
+        p.connections = max(0, p.connections - 1)
+        p.last_seen = self.clock()
+        self._wake(a)
+
+    def acked(self, key: bytes, node_id: int, length: int) -> None:
+        """A peer said (range/bitfield) it holds the first `length` blocks of `key`."""
+        a = self._archives.get(key)
+        if a is None:
+            return
+        p = a.peers.setdefault(node_id, _Progress())
+        if length != p.length:
+            p.length = length
+            p.last_seen = self.clock()
+            self._wake(a)
+
+    def _required(self, a: _Archive, now: float) -> int:
+        """The head length the writer had published `lag` ago (the oldest it remembers
+        when it has not been up that long: a peer must catch up with that first)."""
+        if not a.heads:
+            return 0
+        i = bisect.bisect_right(a.heads, (now - self.lag_s, float("inf"))) - 1
+        return a.heads[max(i, 0)][1]
+
+    def in_sync(self, key: bytes, now: float | None = None) -> list[int]:
+        """Ids of the followers of archive `key` that are in sync (the leader excluded)."""
+        a = self._archives.get(key)
+        if a is None:
+            return []
+        now = self.clock() if now is None else now
+        need = self._required(a, now)
+        return sorted(
+            i for i, p in a.peers.items()
+            if i in self.brokers and p.length >= need
+            and (p.connections > 0 or now - p.last_seen <= self.lag_s)
+        )
+
+    def isr(self, key: bytes) -> list[int]:
+        return [self.me, *self.in_sync(key)]
+
+    def held_by(self, key: bytes, node_id: int) -> int:
+        a = self._archives.get(key)
+        p = a.peers.get(node_id) if a is not None else None
+        return p.length if p is not None else 0
+
+    async def wait_replicated(self, key: bytes, length: int, min_insync: int) -> bool:
+        """acks=all after the append: wait until every in-sync follower holds `length`
+        blocks (followers leaving the ISR meanwhile are not waited for), then tell whether
+        at least `min_insync` replicas (the leader counts) hold them. The caller bounds
+        the wait with the request's timeout."""
+        a = self._archive(key)
+        while True:
+            isr = self.in_sync(key)
+            if all(a.peers[i].length >= length for i in isr):
+                return 1 + len(isr) >= min_insync
+            event = a.changed
+            # a follower may leave the ISR by time alone: look again within the lag
+            with trio.move_on_after(min(WAIT_TICK_MAX_S, max(self.lag_s / 10, 0.01))):
+                await event.wait()
+
+    # -- read replicas (KIP-392) -------------------------------------------------
+
+    def preferred_read_replica(self, key: bytes, client_rack: str) -> int | None:
+        """A follower in the client's rack to fetch from, as Kafka's
+        RackAwareReplicaSelector picks it: none when the leader is in that rack, else the
+        in-sync follower there holding the most (ties: the lowest id). None always with
+        Kafka's LeaderSelector (replica.selector.class)."""
+        if not self.rack_aware or not client_rack or self.racks.get(self.me) == client_rack:
+            return None
+        a = self._archives.get(key)
+        candidates = [i for i in self.in_sync(key) if self.racks.get(i) == client_rack]
+        if a is None or not candidates:
+            return None
+        return max(candidates, key=lambda i: (a.peers[i].length, -i))

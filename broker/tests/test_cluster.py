@@ -1,0 +1,354 @@
+"""Cluster mode's pieces: the broker list, the ISR rule, acks=all's wait, the read-replica
+choice, and the config that turns it on. Processes and real clients: compat_tests/test_cluster.py."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from broker.cli import _parser as parser
+from broker.cli import build_config
+from broker.cluster import Cluster
+from broker.config import (
+    BrokerConfig,
+    ClusterBroker,
+    ConfigError,
+    apply_properties,
+    parse_cluster_brokers,
+)
+from broker.server import run
+from broker.tests.conftest import RawClient
+from storage.batch import build_batch
+
+LIST = "3@h3:9092, 1@h1:9092,2@h2:9092"
+KEY = b"k" * 32
+LAG_MS = 1000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _cluster(me: int = 1, clock: Clock | None = None) -> Cluster:
+    c = Cluster(parse_cluster_brokers(LIST), me, rack="r1", replica_lag_ms=LAG_MS, clock=clock or Clock())
+    c.learn(2, b"2" * 32, "r2")
+    c.learn(3, b"3" * 32, "r3")
+    return c
+
+
+def test_parse_cluster_brokers() -> None:
+    assert parse_cluster_brokers(LIST) == [ClusterBroker(1, "h1", 9092), ClusterBroker(2, "h2", 9092),
+                                           ClusterBroker(3, "h3", 9092)]
+    for bad in ("", "1@h:1,1@h:2", "x@h:1", "1h:1", "1@h", "-1@h:1"):
+        with pytest.raises(ConfigError):
+            parse_cluster_brokers(bad)
+
+
+def test_properties_and_flags(tmp_path: Path) -> None:
+    config = apply_properties(BrokerConfig(), {"hyperkafka.cluster.brokers": LIST, "replica.lag.time.max.ms": "2500"})
+    assert [b.node_id for b in config.cluster_brokers] == [1, 2, 3] and config.replica_lag_ms == 2500
+    with pytest.raises(ConfigError):
+        apply_properties(BrokerConfig(), {"replica.lag.time.max.ms": "0"})
+    with pytest.raises(ConfigError):
+        apply_properties(BrokerConfig(), {"replica.selector.class": "com.example.Mine"})
+    leader_only = "org.apache.kafka.common.replica.LeaderSelector"
+    assert apply_properties(BrokerConfig(), {"replica.selector.class": leader_only}).replica_selector == leader_only
+    props = tmp_path / "server.properties"
+    props.write_text(f"node.id=2\nhyperkafka.cluster.brokers={LIST}\n")
+    with pytest.raises(ConfigError, match="replication"):
+        build_config(parser().parse_args(["serve", "--config", str(props)]))
+    with pytest.raises(ConfigError, match=r"node\.id 7"):
+        build_config(parser().parse_args(["serve", "--config", str(props), "--node-id", "7",
+                                          "--replication-listen", "127.0.0.1:0"]))
+    config = build_config(parser().parse_args(["serve", "--config", str(props), "--replication-listen", "127.0.0.1:0"]))
+    assert config.node_id == 2 and config.auto_create_topics  # created on the controller, forwarded by others
+    names = {e.name: e.value for e in config.describe_broker()}
+    assert names["hyperkafka.cluster.brokers"] == "1@h1:9092,2@h2:9092,3@h3:9092"
+
+
+def test_membership() -> None:
+    c = _cluster(me=2)
+    assert c.controller_id == 1 and not c.is_controller and _cluster(me=1).is_controller
+    assert [b.node_id for b in c.peers()] == [1, 3]
+    assert c.replicas(2) == [2, 1, 3] and c.replicas(1) == [1, 2, 3]
+    assert c.cluster_id == _cluster(me=3).cluster_id  # every broker names the same cluster
+    assert c.broker_for_identity(b"3" * 32) == 3 and c.broker_for_identity(b"x" * 32) is None
+    with pytest.raises(ConfigError):
+        Cluster(parse_cluster_brokers(LIST), 4)
+
+
+def test_isr_follows_acked_lengths_and_the_lag() -> None:
+    clock = Clock()
+    c = _cluster(clock=clock)
+    c.published(KEY, 5)
+    assert c.isr(KEY) == [1]  # nobody has said what it holds
+    c.connected(KEY, 2)
+    c.acked(KEY, 2, 4)
+    assert c.isr(KEY) == [1]  # must first hold what the leader had when it started
+    c.acked(KEY, 2, 5)
+    c.connected(KEY, 3)
+    c.acked(KEY, 3, 5)
+    assert c.isr(KEY) == [1, 2, 3]
+    clock.now += 0.1
+    c.published(KEY, 9)  # a new head: followers have the lag to catch up
+    clock.now += LAG_MS / 1000 - 0.2
+    c.acked(KEY, 3, 9)
+    assert c.isr(KEY) == [1, 2, 3]
+    clock.now += 0.2  # 2 has not held the head of `lag` ago: out
+    assert c.isr(KEY) == [1, 3]
+    c.acked(KEY, 2, 9)
+    assert c.isr(KEY) == [1, 2, 3]
+    c.disconnected(KEY, 3)  # gone, but in sync until the lag has passed
+    clock.now += LAG_MS / 1000 - 0.01
+    assert c.isr(KEY) == [1, 2, 3]
+    clock.now += 0.02
+    assert c.isr(KEY) == [1, 2]
+    c.connected(KEY, 3)  # back: it must say again what it holds
+    assert c.isr(KEY) == [1, 2]
+    c.acked(KEY, 3, 9)
+    assert c.isr(KEY) == [1, 2, 3]
+    c.acked(b"elsewhere" * 4, 2, 3)  # an archive this broker does not write: not tracked
+    assert c.isr(b"elsewhere" * 4) == [1]
+
+
+def test_preferred_read_replica() -> None:
+    clock = Clock()
+    c = _cluster(clock=clock)
+    c.published(KEY, 5)
+    for peer in (2, 3):
+        c.connected(KEY, peer)
+        c.acked(KEY, peer, 5)
+    assert c.preferred_read_replica(KEY, "r2") == 2
+    assert c.preferred_read_replica(KEY, "r3") == 3
+    assert c.preferred_read_replica(KEY, "r1") is None  # the leader's own rack: read it there
+    assert c.preferred_read_replica(KEY, "elsewhere") is None
+    assert c.preferred_read_replica(KEY, "") is None
+    c.disconnected(KEY, 2)
+    clock.now += 2 * LAG_MS / 1000
+    assert c.preferred_read_replica(KEY, "r2") is None  # out of sync: never sent there
+    c.learn(3, b"3" * 32, "r2")
+    assert c.preferred_read_replica(KEY, "r2") == 3
+    c.rack_aware = False  # replica.selector.class=...LeaderSelector
+    assert c.preferred_read_replica(KEY, "r2") is None
+
+
+async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: trio.testing.MockClock) -> None:
+    c = Cluster(parse_cluster_brokers(LIST), 1, replica_lag_ms=LAG_MS, clock=trio.current_time)
+    c.learn(2, b"2" * 32, None)
+    c.learn(3, b"3" * 32, None)
+    c.published(KEY, 1)
+    for peer in (2, 3):
+        c.connected(KEY, peer)
+        c.acked(KEY, peer, 1)
+    c.published(KEY, 2)
+    async with trio.open_nursery() as nursery:
+        got: list[bool] = []
+
+        async def wait() -> None:
+            got.append(await c.wait_replicated(KEY, 2, 2))
+
+        nursery.start_soon(wait)
+        await trio.sleep(0.01)
+        c.acked(KEY, 2, 2)
+        await trio.sleep(0.01)
+        assert got == []  # 3 is still in sync and does not hold it yet
+        c.acked(KEY, 3, 2)
+    assert got == [True]
+
+    # both followers gone: they leave the ISR after the lag, then too few replicas hold it
+    c.published(KEY, 3)
+    c.disconnected(KEY, 2)
+    c.disconnected(KEY, 3)
+    start = trio.current_time()
+    assert await c.wait_replicated(KEY, 3, 2) is False
+    assert trio.current_time() - start >= LAG_MS / 1000
+    # and with min.insync.replicas=1 the leader alone is enough once they left
+    assert await c.wait_replicated(KEY, 3, 1) is True
+
+
+# ------------------------------------------------------------ one broker of a cluster
+
+
+async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int]) -> RawClient:
+    """Broker `node_id` of a three-broker cluster whose other brokers are not running."""
+    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
+    config = apply_properties(BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1],
+                                           shutdown_grace_s=2, replication_listen=("127.0.0.1", 0)),
+                              {"node.id": str(node_id), "broker.rack": f"r{node_id}",
+                               "hyperkafka.cluster.brokers": brokers})
+    await nursery.start(run, config)
+    return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
+    ports = _free_ports(3)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            c = await _serve(nursery, tmp_path, 1, ports)
+            r = await c.call("create_topics", 5, {"topics": [
+                {"name": "t", "num_partitions": 1, "replication_factor": 3, "assignments": [],
+                 "configs": [{"name": "min.insync.replicas", "value": "2"}]},
+                {"name": "too-many", "num_partitions": 1, "replication_factor": 4, "assignments": [], "configs": []}],
+                "timeout": 5000, "validate_only": False})
+            assert [(t.error_code, t.replication_factor) for t in r.topics] == [(0, 3), (38, -1)]
+            md = await c.call("metadata", 9, {"topics": [{"name": "t"}], "allow_auto_topic_creation": False,
+                                              "include_cluster_authorized_operations": False,
+                                              "include_topic_authorized_operations": False})
+            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [
+                (1, ports[0], "r1"), (2, ports[1], None), (3, ports[2], None)]  # racks once heard from
+            assert md.controller_id == 1
+            p = md.topics[0].partitions[0]
+            assert (p.leader_id, list(p.replica_nodes), list(p.isr_nodes)) == (1, [1, 2, 3], [1])
+            batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
+
+            async def produce(acks: int) -> int:
+                r = await c.call("produce", 8, {"acks": acks, "timeout": 5000, "transactional_id": None, "topic_data": [
+                    {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]})
+                return int(r.responses[0].partition_responses[0].error_code)
+
+            assert await produce(-1) == 19  # NOT_ENOUGH_REPLICAS: the ISR is the leader alone
+            assert await produce(1) == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_other_brokers_route_to_the_controller(tmp_path: Path) -> None:
+    ports = _free_ports(3)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            c = await _serve(nursery, tmp_path, 2, ports)
+            r = await c.call("create_topics", 5, {"topics": [
+                {"name": "t", "num_partitions": 1, "replication_factor": -1, "assignments": [], "configs": []}],
+                "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 41  # NOT_CONTROLLER
+            fc = await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+            assert (fc.node_id, fc.port) == (1, ports[0])
+            md = await c.call("metadata", 9, {"topics": [{"name": "new"}], "allow_auto_topic_creation": True,
+                                              "include_cluster_authorized_operations": False,
+                                              "include_topic_authorized_operations": False})
+            # forwarded to the controller (down here): the client is told to ask again
+            assert md.controller_id == 1 and md.topics[0].error_code == 5
+            nursery.cancel_scope.cancel()
+
+
+async def _metadata(c: RawClient, topic: str) -> Any:
+    return await c.call("metadata", 9, {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
+                                        "include_cluster_authorized_operations": False,
+                                        "include_topic_authorized_operations": False})
+
+
+async def _until(check: Callable[[], Awaitable[bool]]) -> None:
+    while True:  # another broker's state, over the network: no event to wait on
+        if await check():
+            return
+        await trio.sleep(0.05)
+
+
+async def test_two_brokers_in_process(tmp_path: Path) -> None:
+    """Broker 2 mirrors broker 1: the ISR grows from its range messages, acks=all with
+    min.insync.replicas=2 succeeds, a fetch from its rack is sent to it, and a deletion
+    on the controller removes the topic from broker 2 too."""
+    ports = _free_ports(2)
+    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
+
+    async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
+        config = apply_properties(
+            BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1], shutdown_grace_s=2,
+                         replication_listen=("127.0.0.1", 0)),
+            {"node.id": str(node_id), "broker.rack": f"r{node_id}", "hyperkafka.cluster.brokers": brokers,
+             "replica.lag.time.max.ms": "2000"})
+        await nursery.start(run, config)
+        return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            c1 = await serve(nursery, 1)
+            c2 = await serve(nursery, 2)
+            r = await c1.call("create_topics", 5, {"topics": [
+                {"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
+                 "configs": [{"name": "min.insync.replicas", "value": "2"}]}], "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 0
+
+            async def isr_everywhere() -> bool:
+                for c in (c1, c2):
+                    md = await _metadata(c, "t")
+                    if md.topics[0].error_code or list(md.topics[0].partitions[0].isr_nodes) != [1, 2]:
+                        return False
+                return True
+
+            await _until(isr_everywhere)
+            md = await _metadata(c2, "t")
+            assert [(b.node_id, b.rack) for b in md.brokers] == [(1, "r1"), (2, "r2")]
+            p = md.topics[0].partitions[0]
+            assert (p.leader_id, list(p.replica_nodes)) == (1, [1, 2])
+
+            batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
+            r = await c1.call("produce", 8, {"acks": -1, "timeout": 10000, "transactional_id": None, "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]})
+            assert r.responses[0].partition_responses[0].error_code == 0
+            r = await c2.call("produce", 8, {"acks": -1, "timeout": 10000, "transactional_id": None, "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]})
+            assert r.responses[0].partition_responses[0].error_code == 6  # NOT_LEADER_OR_FOLLOWER
+
+            def fetch(rack: str) -> dict[str, Any]:
+                return {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+                        "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": rack,
+                        "topics": [{"topic": "t", "partitions": [
+                            {"partition": 0, "current_leader_epoch": 0, "fetch_offset": 0, "log_start_offset": -1,
+                             "partition_max_bytes": 1 << 20}]}]}
+
+            f = (await c1.call("fetch", 11, fetch("r2"))).responses[0].partitions[0]
+            assert (f.preferred_read_replica, f.records or b"") == (2, b"")  # go to broker 2
+            f = (await c1.call("fetch", 11, fetch("r1"))).responses[0].partitions[0]
+            assert f.preferred_read_replica == -1 and f.records  # the leader's own rack
+            at_leader = bytes(f.records)
+            f = (await c2.call("fetch", 11, fetch("r2"))).responses[0].partitions[0]
+            # broker 2 serves its verified copy, byte for byte the leader's
+            assert (f.preferred_read_replica, f.high_watermark, bytes(f.records)) == (-1, 1, at_leader)
+
+            # beyond what broker 2 holds: the error for a client that sent an epoch (it asks
+            # the leader), an empty answer for one that did not (as Kafka)
+            ahead = fetch("r2")
+            ahead["topics"][0]["partitions"][0]["fetch_offset"] = 5
+            f = (await c2.call("fetch", 11, ahead)).responses[0].partitions[0]
+            assert (f.error_code, f.high_watermark) == (1, 1)
+            ahead["topics"][0]["partitions"][0]["current_leader_epoch"] = -1
+            f = (await c2.call("fetch", 11, ahead)).responses[0].partitions[0]
+            assert (f.error_code, f.records or b"") == (0, b"")
+
+            # producer ids: each broker hands out its own range, so any broker may answer
+            pids = [(await c.call("init_producer_id", 1, {"transactional_id": None, "transaction_timeout": 60000})).producer_id
+                    for c in (c1, c2)]
+            assert pids[0] >> 40 == 1 and pids[1] >> 40 == 2
+
+            r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
+            assert r.responses[0].error_code == 41  # NOT_CONTROLLER
+            r = await c1.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
+            assert r.responses[0].error_code == 0
+
+            async def gone() -> bool:
+                return bool((await _metadata(c2, "t")).topics[0].error_code == 3)
+
+            await _until(gone)
+            assert list((tmp_path / "b2" / "__mirrors").glob("*/t-0")) == []  # the copy is deleted too
+            nursery.cancel_scope.cancel()
