@@ -29,7 +29,6 @@ import struct
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -173,6 +172,7 @@ class Node:
         self._dirty: dict[int, Partition] = {}
         self._commit_lock = trio.Lock()
         self._commit_wanted = trio.Event()
+        self._tick_due = False
         self._data_changed = trio.Event()
         self._pid_file = Path(config.data_dir) / "producer-ids"
         self._next_pid, self._pid_limit = 0, 0
@@ -351,24 +351,37 @@ class Node:
         await self._data_changed.wait()
 
     async def commit_loop(self) -> None:
-        """Group commit: a round as soon as anything was appended, and at least every
-        COMMIT_TICK_S over every partition, so an idle log still reaches the disk within
-        its fsync interval (storage decides what is due)."""
-        while True:
-            with trio.move_on_after(COMMIT_TICK_S) as tick:
+        """Group commit: a round as soon as anything was appended, and every COMMIT_TICK_S
+        one over every partition, so an idle log still reaches the disk within its fsync
+        interval (storage decides what is due). The tick is a task of its own: a timeout
+        around every wait would cost each round a cancel scope."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tick_loop)
+            while True:
                 await self._commit_wanted.wait()
-            self._commit_wanted = trio.Event()
-            await self.commit_round(every_partition=tick.cancelled_caught)
+                self._commit_wanted = trio.Event()
+                tick, self._tick_due = self._tick_due, False
+                await self.commit_round(every_partition=tick)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await trio.sleep(COMMIT_TICK_S)
+            self._tick_due = True
+            self._commit_wanted.set()
 
     async def commit_round(self, *, every_partition: bool = False) -> None:
         """Sign and publish one head per partition with new data; fsync off the loop.
 
         Rounds never overlap (shutdown runs a last one while the loop may be in one), and
         a round, once started, finishes even if cancelled: a head that was written is
-        always published, so nothing durable is left unacknowledged."""
-        async with self._commit_lock:
+        always published, so nothing durable is left unacknowledged. A round that needs
+        no thread runs without a checkpoint (locks are taken without waiting when free)."""
+        await _acquire(self._commit_lock)
+        try:
             with trio.CancelScope(shield=True):
                 await self._commit_round(every_partition)
+        finally:
+            self._commit_lock.release()
 
     async def _commit_round(self, every_partition: bool) -> None:
         if every_partition:
@@ -387,10 +400,12 @@ class Node:
         # Every partition of the round stays locked until its head is published, so
         # retention and deletion never see the files while the worker writes them.
         # Nothing else holds two partition locks, so taking several cannot deadlock.
-        async with AsyncExitStack() as locks:
+        locked: list[trio.Lock] = []
+        try:
             work: list[_Share] = []
             for p in dirty:
-                await locks.enter_async_context(p.lock)
+                await _acquire(p.lock)
+                locked.append(p.lock)
                 if p.failed:
                     p.queued.clear()
                     p.notify()  # anyone still waiting on a queued batch learns it failed
@@ -431,6 +446,9 @@ class Node:
                     self.fail_partition(p, f"commit failed: {error}")
                 elif job is not None and not p.failed:
                     p.log.publish(job)
+        finally:
+            for lock in locked:
+                lock.release()
         for share in work:
             share.partition.notify()
         self._data_changed.set()
@@ -490,6 +508,14 @@ class _Share:
         job = self.job
         assert job is not None
         return bool(job.sync_fds or job.sync_head or job.sync_dir or job.sync_derived)
+
+
+async def _acquire(lock: trio.Lock) -> None:
+    """Take `lock`, without the checkpoint `Lock.acquire` makes when it is free."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
 
 
 def _write(work: list[_Share]) -> None:

@@ -189,19 +189,32 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             raise CloseConnection(f"acks=0 produce failed: {failed[0].message or failed[0].error}")
         return NO_RESPONSE
     timeout_s = max(req.timeout.total_seconds(), 0.0)
+    waiting = [r for r in results.values() if r.partition is not None and r.error == errors.NONE]
+
+    def ready() -> bool:
+        # Every batch is under a published head (or its partition failed): finish() will
+        # not wait. The usual case once the writer gets here, as the round ran first.
+        return all(r.partition.high_watermark > r.wait_for or r.partition.failed for r in waiting)  # type: ignore[union-attr]
 
     async def finish() -> Encoded:
-        with trio.move_on_after(timeout_s) as scope:
-            for r in results.values():
-                if r.partition is not None and r.error == errors.NONE:
+        if not ready():
+            with trio.move_on_after(timeout_s) as scope:
+                for r in waiting:
+                    assert r.partition is not None
                     try:
                         await r.partition.wait_durable(r.wait_for)
                     except TopicError as exc:
                         r.error, r.message = exc.code, exc.message
-        if scope.cancelled_caught:
-            for r in results.values():
-                if r.partition is not None and r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
-                    r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
+            if scope.cancelled_caught:
+                for r in waiting:
+                    assert r.partition is not None
+                    if r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
+                        r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
+        else:
+            for r in waiting:
+                assert r.partition is not None
+                if r.partition.failed:  # as wait_durable answers
+                    r.error, r.message = errors.KAFKA_STORAGE_ERROR, r.partition.failed
         by_topic: dict[str, list[ProducePartitionResult]] = {}
         for (name, index), r in results.items():
             ok = r.error == errors.NONE
@@ -222,7 +235,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             lambda ms: encode_produce_response(cid, version, topics, throttle_ms=ms),
         )
 
-    return Deferred(finish)
+    return Deferred(finish, ready)
 
 
 @api(22, "InitProducerId", (0, 5))
