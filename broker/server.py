@@ -49,6 +49,7 @@ from broker.security.limits import raise_nofile_limit
 from broker.security.sasl import SaslFailed
 from broker.security.session import Security, Session
 from broker.security.settings import Listener
+from broker.sendfile import release, send_parts
 from broker.shape import shape
 
 log = logging.getLogger("hyperkafka.server")
@@ -167,6 +168,7 @@ class Server:
                         log.info("TLS handshake with %s on %s failed: %s", peer, spec.name, exc.__cause__ or exc)
                         return
                 session.tls_principal(tls.getpeercert())
+            session.sendfile = isinstance(stream, trio.SocketStream)
             send, receive = trio.open_memory_channel[Outgoing](self.security.settings.max_in_flight)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_loop, stream, receive, nursery.cancel_scope)
@@ -264,6 +266,7 @@ class Server:
             throttle_ms, send_data = session.throttle_fetch(_fetch_bytes(result))
             if not send_data:
                 # Kafka answers a throttled fetch with no data at all (KIP-219).
+                release(result["responses"])
                 result = {**result, "responses": []}
         if result is NO_RESPONSE:
             return Outgoing(None)
@@ -294,7 +297,7 @@ class Server:
             async for outgoing in receive:
                 while True:
                     if out and not outgoing.ready():
-                        await _send(stream, out)  # don't hold ready answers while waiting
+                        await send_parts(stream, out)  # don't hold ready answers while waiting
                         out = []
                     parts = outgoing.parts if outgoing.finish is None else await outgoing.finish()
                     if parts:
@@ -304,7 +307,7 @@ class Server:
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 if out:
-                    await _send(stream, out)
+                    await send_parts(stream, out)
                     out = []
         scope.cancel()  # the reader ended and every reply is out
 
@@ -324,8 +327,6 @@ def _encode(header: RequestHeader, description: Any) -> list[Any]:
     return encode_response_parts(header, response)
 
 
-async def _send(stream: trio.abc.Stream, parts: list[Any]) -> None:
-    await stream.send_all(b"".join(parts) if len(parts) > 1 else parts[0])
 
 
 async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
