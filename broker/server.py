@@ -4,9 +4,11 @@ One task reads a connection: it feeds bytes to a `FrameDecoder`, decodes each re
 and runs its handler. A handler's reply goes into a bounded, ordered channel, and a
 second task writes replies in request order, awaiting `Deferred` ones (a produce
 waiting for its group commit) there, so a pipelining client keeps several produces in
-flight while responses still leave in order. The reader runs one handler at a time, as
-Kafka mutes a connection while it processes a request, so Fetch long-polls hold only
-their own connection.
+flight while responses still leave in order. The reader admits every request of a
+received chunk before yielding, so they share one commit round, and the writer sends
+answers that are ready together in one write (large Fetch data by sendfile,
+`broker.sendfile`). The reader runs one handler at a time, as Kafka mutes a connection
+while it processes a request, so Fetch long-polls hold only their own connection.
 
 Two error planes (h11's): a `ProtocolError` (bad frame, unknown api, unsupported
 version, a body that does not parse) gets one log line and closes that connection; a
@@ -325,8 +327,6 @@ def _encode(header: RequestHeader, description: Any) -> list[Any]:
     if _trace:
         log.debug("#%d answered: %.300r", header.correlation_id, response)
     return encode_response_parts(header, response)
-
-
 
 
 async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
