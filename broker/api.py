@@ -39,9 +39,13 @@ NO_RESPONSE = _NoResponse()
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """The rest of a response, awaited by the connection's writer in request order."""
+    """The rest of a response, awaited by the connection's writer in request order.
+
+    `ready()`, when given, says that `finish()` would return without waiting; the writer
+    then sends it together with the answers before it."""
 
     finish: Callable[[], Awaitable[Description | Encoded | None]]
+    ready: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)

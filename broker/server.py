@@ -4,9 +4,11 @@ One task reads a connection: it feeds bytes to a `FrameDecoder`, decodes each re
 and runs its handler. A handler's reply goes into a bounded, ordered channel, and a
 second task writes replies in request order, awaiting `Deferred` ones (a produce
 waiting for its group commit) there, so a pipelining client keeps several produces in
-flight while responses still leave in order. The reader runs one handler at a time, as
-Kafka mutes a connection while it processes a request, so Fetch long-polls hold only
-their own connection.
+flight while responses still leave in order. The reader admits every request of a
+received chunk before yielding, so they share one commit round, and the writer sends
+answers that are ready together in one write (large Fetch data by sendfile,
+`broker.sendfile`). The reader runs one handler at a time, as Kafka mutes a connection
+while it processes a request, so Fetch long-polls hold only their own connection.
 
 Two error planes (h11's): a `ProtocolError` (bad frame, unknown api, unsupported
 version, a body that does not parse) gets one log line and closes that connection; a
@@ -49,6 +51,7 @@ from broker.security.limits import raise_nofile_limit
 from broker.security.sasl import SaslFailed
 from broker.security.session import Security, Session
 from broker.security.settings import Listener
+from broker.sendfile import release, send_parts
 from broker.shape import shape
 
 log = logging.getLogger("hyperkafka.server")
@@ -60,7 +63,30 @@ PRODUCE, FETCH = 0, 1
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
 ADVERTISED = {key: (lo, hi) for key, lo, hi in advertised()}
 
-Outgoing = Callable[[], Awaitable[list[Any] | None]]
+
+class Outgoing:
+    """One request's answer, queued for the writer in request order: `parts` now, or
+    `finish()` to await (a `Deferred`), with `ready()` saying it would not block."""
+
+    __slots__ = ("finish", "parts", "ready")
+
+    def __init__(
+        self,
+        parts: list[Any] | None,
+        finish: Callable[[], Awaitable[list[Any] | None]] | None = None,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
+        self.parts = parts
+        self.finish = finish
+        self.ready = ready if ready is not None else (_never if finish is not None else _always)
+
+
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    return False
 
 
 _trace = False  # every request and response at DEBUG (--log-level DEBUG); set by run()
@@ -144,6 +170,7 @@ class Server:
                         log.info("TLS handshake with %s on %s failed: %s", peer, spec.name, exc.__cause__ or exc)
                         return
                 session.tls_principal(tls.getpeercert())
+            session.sendfile = isinstance(stream, trio.SocketStream)
             send, receive = trio.open_memory_channel[Outgoing](self.security.settings.max_in_flight)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_loop, stream, receive, nursery.cancel_scope)
@@ -193,7 +220,14 @@ class Server:
             completed = False
             while (payload := decoder.next_frame()) is not None:
                 completed = True
-                await send.send(await self._handle(payload, session))
+                outgoing = await self._handle(payload, session)
+                # Every request already received is admitted before anything else runs
+                # (no checkpoint while the channel has room): the produces of one chunk
+                # then share a commit round, and the writer finds their answers together.
+                try:
+                    send.send_nowait(outgoing)
+                except trio.WouldBlock:
+                    await send.send(outgoing)
                 if self._draining.is_set() or session.close_after_reply:
                     return
                 if session.mute_until > trio.current_time():
@@ -213,13 +247,13 @@ class Server:
             except SaslFailed as exc:
                 log.warning("SASL authentication failed for %s on %s: %s", peer, session.listener.name, exc)
                 raise ProtocolError(f"SASL authentication failed: {exc}") from None
-            return _ready([frame(token)])
+            return Outgoing([frame(token)])
         try:
             header, request = decode_request(payload, supported=ACCEPTED)
         except UnsupportedVersion as exc:
             if exc.api_key == API_VERSIONS:
                 reply = encode_api_versions_fallback(exc.header.correlation_id, ADVERTISED)
-                return _ready([reply])
+                return Outgoing([reply])
             raise
         session.admit(header.api_key)
         ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session)
@@ -234,9 +268,10 @@ class Server:
             throttle_ms, send_data = session.throttle_fetch(_fetch_bytes(result))
             if not send_data:
                 # Kafka answers a throttled fetch with no data at all (KIP-219).
+                release(result["responses"])
                 result = {**result, "responses": []}
         if result is NO_RESPONSE:
-            return _ready(None)
+            return Outgoing(None)
         if isinstance(result, Deferred):
             finish = result.finish
 
@@ -250,17 +285,32 @@ class Server:
                         description = {**description, "throttle_time": throttle_ms}
                 return None if description is None else _encode(header, description)
 
-            return deferred
+            return Outgoing(None, deferred, result.ready)
         if throttle_ms and isinstance(result, dict):
             result = {**result, "throttle_time": throttle_ms}
-        return _ready(_encode(header, result))
+        return Outgoing(_encode(header, result))
 
     async def _write_loop(self, stream: trio.abc.Stream, receive: trio.MemoryReceiveChannel[Outgoing], scope: trio.CancelScope) -> None:
+        # Answers that are ready one after another leave in one send: a commit round
+        # acknowledges every produce it covers at once, and one syscall (and one pass of
+        # trio's send path) per round is what keeps a pipelining producer cheap.
+        out: list[Any] = []
         async with receive:
             async for outgoing in receive:
-                parts = await outgoing()
-                if parts:
-                    await stream.send_all(b"".join(parts) if len(parts) > 1 else parts[0])
+                while True:
+                    if out and not outgoing.ready():
+                        await send_parts(stream, out)  # don't hold ready answers while waiting
+                        out = []
+                    parts = outgoing.parts if outgoing.finish is None else await outgoing.finish()
+                    if parts:
+                        out += parts
+                    try:
+                        outgoing = receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                if out:
+                    await send_parts(stream, out)
+                    out = []
         scope.cancel()  # the reader ended and every reply is out
 
 
@@ -277,13 +327,6 @@ def _encode(header: RequestHeader, description: Any) -> list[Any]:
     if _trace:
         log.debug("#%d answered: %.300r", header.correlation_id, response)
     return encode_response_parts(header, response)
-
-
-def _ready(parts: list[Any] | None) -> Outgoing:
-    async def ready() -> list[Any] | None:
-        return parts
-
-    return ready
 
 
 async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:

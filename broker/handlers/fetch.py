@@ -16,6 +16,10 @@ in-sync mirror in that rack as preferred_read_replica and no records (broker/clu
 picks it as Kafka's RackAwareReplicaSelector does); the consumer then fetches from that
 mirror, which serves its own verified copy.
 
+Over plain TCP a partition's data of SENDFILE_MIN_BYTES or more is answered as a
+`FileSlice` (a segment file range on a descriptor of its own) that the server's writer
+hands to `os.sendfile`: the batches never enter Python. Over TLS they are read.
+
 Long poll: when fewer than min_bytes are ready the handler waits, inside a cancel scope
 of max_wait_ms, for the node's next group commit, then reads again.
 """
@@ -31,11 +35,12 @@ from broker.handlers import errors
 from broker.node import Node
 from broker.security.authz import Operation
 from broker.security.session import authorize
+from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
 from storage.errors import CorruptBatch, OffsetOutOfRange
 
 
 def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset(),
-              rack: str = "") -> tuple[list[dict[str, Any]], int, bool]:
+              rack: str = "", sendfile: bool = False) -> tuple[list[dict[str, Any]], int, bool]:
     """(responses, bytes of records, whether a partition named a preferred read replica)."""
     budget = req.max_bytes if version >= 3 else 2**31 - 1
     total = 0
@@ -85,7 +90,12 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             if limit <= 0 and total > 0:
                 continue
             try:
-                data = plog.read_bytes(p.fetch_offset, max(limit, 1))
+                where = plog.read(p.fetch_offset, max(limit, 1))
+                data: bytes | FileSlice
+                if sendfile and where.size >= SENDFILE_MIN_BYTES:
+                    data = FileSlice(where.fd, where.position, where.size)
+                else:
+                    data = where.read()
             except OffsetOutOfRange:
                 if (topic is not None and topic.mirrored and node.cluster is not None and version >= 11
                         and leader_epoch < 0 and p.fetch_offset > hwm):
@@ -116,14 +126,16 @@ async def fetch(ctx: RequestContext, req: Any) -> Reply:
     denied = frozenset(t.topic for t in req.topics if not authorize(ctx, Operation.READ, t.topic))
     # KIP-392: only a consumer's fetch (v11+) names a rack; a replica's is never redirected.
     rack = (getattr(req, "rack_id", "") or "") if getattr(req, "replica_id", -1) < 0 else ""
-    responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack)
+    sendfile = ctx.session is not None and ctx.session.sendfile
+    responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile)
     max_wait = req.max_wait.total_seconds()
     if total < req.min_bytes and max_wait > 0 and not redirected:
         # (a preferred read replica is told at once, as Kafka does)
         with trio.move_on_after(max_wait):
             while total < req.min_bytes:
                 await node.wait_for_data()
-                responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack)
+                release(responses)  # read again below: these ranges are not sent
+                responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile)
                 if redirected:
                     break
     return {"throttle_time": 0, "error_code": errors.NONE, "session_id": 0, "responses": responses}

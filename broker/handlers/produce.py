@@ -207,34 +207,50 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             raise CloseConnection(f"acks=0 produce failed: {failed[0].message or failed[0].error}")
         return NO_RESPONSE
     timeout_s = max(req.timeout.total_seconds(), 0.0)
+    waiting = [r for r in results.values() if r.partition is not None and r.error == errors.NONE]
+
+    # acks=all in a cluster waits for the in-sync mirrors as well (broker/cluster.py).
+    for_mirrors = node.cluster is not None and any(r.min_insync for r in waiting)
+
+    def ready() -> bool:
+        # Every batch is under a published head (or its partition failed): finish() will
+        # not wait. The usual case once the writer gets here, as the round ran first.
+        return not for_mirrors and all(r.partition.high_watermark > r.wait_for or r.partition.failed for r in waiting)  # type: ignore[union-attr]
 
     async def finish() -> Encoded:
         replicated: set[int] = set()
-        with trio.move_on_after(timeout_s) as scope:
-            for r in results.values():
-                if r.partition is not None and r.error == errors.NONE:
+        if not ready():
+            with trio.move_on_after(timeout_s) as scope:
+                for r in waiting:
+                    assert r.partition is not None
                     try:
                         await r.partition.wait_durable(r.wait_for)
                     except TopicError as exc:
                         r.error, r.message = exc.code, exc.message
-            for r in results.values():
-                if r.partition is not None and r.error == errors.NONE and r.min_insync and node.cluster is not None:
-                    # acks=all in a cluster: the published head covers the batch; now the
-                    # in-sync mirrors must hold it too (broker/cluster.py).
-                    plog = r.partition.log
-                    if await node.cluster.wait_replicated(plog.key, signed_blocks(plog), r.min_insync):
-                        replicated.add(id(r))
-                    else:
+                for r in waiting:
+                    if r.error == errors.NONE and r.min_insync and node.cluster is not None:
+                        # The published head covers the batch; now the in-sync mirrors
+                        # must hold it too.
+                        plog = r.partition.log  # type: ignore[union-attr]
+                        if await node.cluster.wait_replicated(plog.key, signed_blocks(plog), r.min_insync):
+                            replicated.add(id(r))
+                        else:
+                            r.error, r.message = errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
+                                f"Fewer than min.insync.replicas={r.min_insync} replicas hold the batch")
+            if scope.cancelled_caught:
+                for r in waiting:
+                    assert r.partition is not None
+                    if r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
+                        r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
+                    elif r.error == errors.NONE and r.min_insync and id(r) not in replicated:
                         r.error, r.message = errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
-                            f"Fewer than min.insync.replicas={r.min_insync} replicas hold the batch")
-        if scope.cancelled_caught:
-            for r in results.values():
-                if r.partition is not None and r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
-                    r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
-                elif r.partition is not None and r.error == errors.NONE and r.min_insync and id(r) not in replicated:
-                    r.error, r.message = errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
-                        f"The batch is stored, but in-sync replicas did not all hold it within the "
-                        f"request timeout (min.insync.replicas={r.min_insync})")
+                            f"The batch is stored, but in-sync replicas did not all hold it within the "
+                            f"request timeout (min.insync.replicas={r.min_insync})")
+        else:
+            for r in waiting:
+                assert r.partition is not None
+                if r.partition.failed:  # as wait_durable answers
+                    r.error, r.message = errors.KAFKA_STORAGE_ERROR, r.partition.failed
         by_topic: dict[str, list[ProducePartitionResult]] = {}
         for (name, index), r in results.items():
             ok = r.error == errors.NONE
@@ -255,7 +271,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             lambda ms: encode_produce_response(cid, version, topics, throttle_ms=ms),
         )
 
-    return Deferred(finish)
+    return Deferred(finish, ready)
 
 
 @api(22, "InitProducerId", (0, 5))

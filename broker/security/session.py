@@ -76,6 +76,8 @@ class Session:
         self.close_after_reply = False
         self.expires_at: float | None = None  # trio clock; set when re-authentication is on
         self.mute_until = 0.0
+        # The stream is a plain TCP socket: Fetch may answer with file ranges (sendfile).
+        self.sendfile = False
 
     # -- the gate in front of every request
 

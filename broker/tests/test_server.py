@@ -457,3 +457,47 @@ async def test_pipelined_produces_keep_order_across_commit_rounds(broker: Broker
             struct.pack_into(">i", expected, position + 12, 0)
             position += len(b)
         assert stored == bytes(expected)
+
+
+def _open_fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_large_fetches_go_out_by_sendfile_byte_exact_and_close_their_descriptors(broker: Broker) -> None:
+    # Batches above SENDFILE_MIN_BYTES travel as file ranges: the answer must be the very
+    # bytes stored (v4 and v12 framing around them), a long poll that reads again must not
+    # leak the ranges it read first, and nothing stays open afterwards.
+    from broker.sendfile import SENDFILE_MIN_BYTES
+
+    await create(broker, "big")
+    c = await broker.connect()
+    values = [bytes([i]) * (SENDFILE_MIN_BYTES // 2) for i in range(3)]
+    data = batch(values)
+    assert len(data) > SENDFILE_MIN_BYTES
+    assert (await produce(c, "big", data)).error_code == 0
+    waiter = await broker.connect()
+    before = _open_fds()
+    for version in (4, 12):
+        body = fetch_body("big", 0, max_bytes=8 << 20, partition_max=8 << 20)
+        r = await c.call("fetch", version, body)
+        p = r.responses[0].partitions[0]
+        stored = bytearray(data)
+        struct.pack_into(">q", stored, 0, 0)  # the base offset the log gave it
+        struct.pack_into(">i", stored, 12, 0)
+        assert p.error_code == 0 and bytes(p.records) == bytes(stored)
+    # min_bytes above what is there: the long poll reads, waits, reads again.
+    got = {}
+
+    async def poll() -> None:
+        got["p"] = await fetch(waiter, "big", 0, max_wait=5000, min_bytes=len(data) + 1, max_bytes=8 << 20, partition_max=8 << 20)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            await trio.sleep(0.2)
+            assert (await produce(c, "big", batch(values))).error_code == 0
+    assert len(got["p"].records) == 2 * len(data)
+    assert _open_fds() == before
+
