@@ -1338,13 +1338,10 @@ class PartitionLog:
         seg.positions.append(pos)
 
     def _active_for(self, size: int) -> _Segment:
+        """The segment a batch of `size` bytes goes to, rolling a new one when the last is
+        full or old. `_store` tests the common case (room in a live segment) inline first."""
         now_ms = int(time.time() * 1000)
         if self._segments:
-            seg = self._segments[-1]
-            cfg = self.config
-            if (seg.bases and seg.log_size + size <= cfg.segment_bytes
-                    and now_ms - seg.created_ms < cfg.segment_ms and seg.log_size + size < (1 << 32)):
-                return seg  # the common case first
             seg = self._segments[-1]
             if not seg.count:
                 seg.created_ms = now_ms
