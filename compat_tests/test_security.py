@@ -245,6 +245,8 @@ def go_refused(client: str, s: dict[str, Any], topic: str, tmp_path: Path) -> st
 # What each Go client says when the broker refuses its SASL credentials: franz-go names the
 # Kafka error; sarama wraps the broker's answer in its own sentence.
 GO_AUTH_FAILED = {"franz-go": "SASL_AUTHENTICATION_FAILED", "sarama": "SASL Authentication failed"}
+# ... and when the broker drops the connection during the TLS handshake.
+GO_CLOSED = {"franz-go": "broker closed the connection immediately", "sarama": "run out of available brokers to talk to: EOF"}
 
 
 @pytest.mark.timeout(120)
@@ -280,16 +282,24 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
 @pytest.mark.matrix("security refusal: {case}")
 @pytest.mark.parametrize(
     "client,case",
-    [("confluent", "no client certificate"), ("confluent", "foreign client certificate"), ("kafka-python", "no client certificate")],
+    [("confluent", "no client certificate"), ("confluent", "foreign client certificate"), ("kafka-python", "no client certificate")]
+    + [(c, case) for c in ("franz-go", "sarama") for case in ("no client certificate", "foreign client certificate")],
 )
-def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: SecureBroker, client: str, case: str) -> None:
+def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: SecureBroker, client: str, case: str, tmp_path: Path) -> None:
     s = spec(secure, "MTLS", None, cert=False)
     if case == "foreign client certificate":
         s.update(cert=str(secure.pki.stranger_cert), key=str(secure.pki.stranger_key))
-    r = py_client(client, "produce", s, "sec-mtls-refused", 1, timeout=4)
-    assert not r["ok"], r
-    # The handshake fails, so the client never learns more than a broken transport.
-    assert r["error"] in ("_SSL", "_TRANSPORT", "_ALL_BROKERS_DOWN", "SSLError", "SSL"), r
+    if client in client_matrix.GO_CLIENTS:
+        # Under TLS 1.3 the client's side of the handshake is done before the broker checks
+        # its certificate: both Go clients see only the connection end (EOF), not a TLS
+        # alert, and franz-go then guesses, wrongly, that TLS is missing.
+        text = go_refused(client, s, "sec-mtls-refused", tmp_path)
+        assert GO_CLOSED[client] in text, text[-2000:]
+    else:
+        r = py_client(client, "produce", s, "sec-mtls-refused", 1, timeout=4)
+        assert not r["ok"], r
+        # The handshake fails, so the client never learns more than a broken transport.
+        assert r["error"] in ("_SSL", "_TRANSPORT", "_ALL_BROKERS_DOWN", "SSLError", "SSL"), r
     assert "on MTLS failed: [SSL:" in secure.broker.log_tail(300)
     writer_still_works(secure)
 
