@@ -81,11 +81,7 @@ NOTES: dict[str, str] = {
     "enable_idempotence, kafkajs idempotent, sarama Producer.Idempotent are false): row "
     "idempotent-on",
     "e": "idempotent by default: row idempotent-default",
-    "f": "not tested yet: franz-go's and sarama's SASL and TLS code is not driven by the "
-    "security harness (the Go driver takes no security options; FINDINGS.md)",
 }
-
-_SECURITY_ROWS = "security SASL_*", "security SSL*"
 
 # (scenario pattern, client) -> note key: grid cells that are not run, and why.
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
@@ -101,7 +97,6 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
         for c in ("kcat-old", "kcat-new", "confluent", "aiokafka", "kafkajs", "sarama")
     },
     **{("idempotent-on", c): "e" for c in ("kafka-python", "franz-go", "java-tools")},
-    **{(s, c): "f" for s in _SECURITY_ROWS for c in ("franz-go", "sarama")},
 }
 
 

@@ -35,8 +35,17 @@ func franzCodec(name string) (kgo.CompressionCodec, error) {
 	return kgo.NoCompression(), fmt.Errorf("unknown codec %q", name)
 }
 
+// franzBase: the options of every client, with --spec's TLS and SASL.
 func franzBase(o opts) []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(o.bootstrap), kgo.ClientID("hk-compat-franz-go")}
+	out := []kgo.Opt{kgo.SeedBrokers(o.bootstrap), kgo.ClientID("hk-compat-franz-go")}
+	sec, err := franzSecurity(o.spec)
+	if err != nil {
+		fail("security options: %v", err)
+	}
+	if o.autoCreate {
+		out = append(out, kgo.AllowAutoTopicCreation())
+	}
+	return append(out, sec...)
 }
 
 // errCode is the Kafka error code inside err: 0 for nil, -1 when it is not a Kafka error.

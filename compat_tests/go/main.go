@@ -10,6 +10,8 @@
 //	hkgo CLIENT group    --bootstrap B --topic T --group G [--stop-file F] [--max-records N]
 //	hkgo CLIENT admin OP --bootstrap B [--topic T ...] [--group G ...] [--partitions N]
 //
+// Every action takes --spec JSON for TLS and SASL (security.go) and --auto-create (ask the
+// broker to create a missing topic when the client looks it up).
 // CLIENT is franz-go or sarama. A failure prints its cause on stderr and exits 1.
 package main
 
@@ -224,6 +226,8 @@ type opts struct {
 	delayMs     int
 	maxRecords  int
 	stopFile    string
+	spec        *secSpec
+	autoCreate  bool
 }
 
 func parse(args []string) opts {
@@ -250,7 +254,13 @@ func parse(args []string) opts {
 	fs.IntVar(&o.delayMs, "delay-ms", 0, "")
 	fs.IntVar(&o.maxRecords, "max-records", 0, "")
 	fs.StringVar(&o.stopFile, "stop-file", "", "")
+	spec := fs.String("spec", "", "TLS/SASL as JSON: protocol, mechanism, user, password, ca, cert, key")
+	fs.BoolVar(&o.autoCreate, "auto-create", false, "let metadata requests create a missing topic")
 	if err := fs.Parse(args); err != nil {
+		fail("%v", err)
+	}
+	var err error
+	if o.spec, err = parseSpec(*spec); err != nil {
 		fail("%v", err)
 	}
 	if o.bootstrap == "" {

@@ -26,9 +26,15 @@ func init() {
 	}
 }
 
-func saramaConfig() *sarama.Config {
+// saramaConfig: the configuration every client starts from, with --spec's TLS and SASL.
+// sarama asks for topic auto-creation by default (Metadata.AllowAutoTopicCreation), so
+// --auto-create changes nothing for it.
+func saramaConfig(o opts) *sarama.Config {
 	cfg := sarama.NewConfig()
 	cfg.ClientID = "hk-compat-sarama"
+	if err := saramaSecurity(cfg, o.spec); err != nil {
+		fail("security options: %v", err)
+	}
 	return cfg
 }
 
@@ -65,7 +71,7 @@ func saramaCode(err error) int {
 }
 
 func (saramaDriver) produce(o opts, recs []rec) (map[string]any, error) {
-	cfg := saramaConfig()
+	cfg := saramaConfig(o)
 	codec, err := saramaCodec(o.codec)
 	if err != nil {
 		return nil, err
@@ -146,7 +152,7 @@ func saramaRec(m *sarama.ConsumerMessage) rec {
 }
 
 func (saramaDriver) consume(o opts) ([]rec, int64, map[string]any, error) {
-	cfg := saramaConfig()
+	cfg := saramaConfig(o)
 	cfg.Consumer.Return.Errors = true
 	client, err := sarama.NewClient([]string{o.bootstrap}, cfg)
 	if err != nil {
@@ -243,7 +249,7 @@ func (h *groupHandler) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.
 }
 
 func (saramaDriver) group(o opts) error {
-	cfg := saramaConfig()
+	cfg := saramaConfig(o)
 	// sarama's way to commit each record is MarkMessage plus its auto-commit loop. A
 	// synchronous session.Commit() per record would queue behind the Fetch long poll
 	// (MaxWaitTime 500 ms) that sarama keeps in flight on the same connection to this
@@ -294,7 +300,7 @@ func (saramaDriver) group(o opts) error {
 }
 
 func (saramaDriver) admin(op string, o opts) (map[string]any, error) {
-	adm, err := sarama.NewClusterAdmin([]string{o.bootstrap}, saramaConfig())
+	adm, err := sarama.NewClusterAdmin([]string{o.bootstrap}, saramaConfig(o))
 	if err != nil {
 		return nil, err
 	}
