@@ -116,6 +116,17 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     return out
 
 
+def _skip_test_only_imports() -> None:
+    """Keep Hypothesis (and the pytest it imports) out of a serving process.
+
+    kio registers Hypothesis strategies for its types whenever it can import Hypothesis,
+    so in an environment with the test extra every broker start paid about a CPU-second
+    for modules it never uses (a compat run starts a broker per test). A None entry in
+    sys.modules makes that optional import fail the way an absent package does.
+    """
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "keys":
@@ -142,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hyperkafka: {exc}", file=sys.stderr)
         return 2
 
+    _skip_test_only_imports()
     import trio
 
     from broker.server import run
