@@ -27,8 +27,10 @@ published), then the node commits and closes its files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -168,6 +170,7 @@ class Server:
                     except trio.BrokenResourceError as exc:
                         # No (or an untrusted) client certificate, plaintext on a TLS port, ...
                         log.info("TLS handshake with %s on %s failed: %s", peer, spec.name, exc.__cause__ or exc)
+                        await _send_tls_alert(tls, raw)
                         return
                 session.tls_principal(tls.getpeercert())
             session.sendfile = isinstance(stream, trio.SocketStream)
@@ -312,6 +315,21 @@ class Server:
                     await send_parts(stream, out)
                     out = []
         scope.cancel()  # the reader ended and every reply is out
+
+
+async def _send_tls_alert(tls: trio.SSLStream[trio.SocketStream], raw: trio.SocketStream) -> None:
+    """Send the alert OpenSSL wrote when it failed the handshake, best effort.
+
+    With it the client reports the reason ("certificate required", "unknown ca") instead
+    of a bare end of stream. trio.SSLStream marks itself broken before flushing that
+    record, and its outgoing buffer is private, hence the defensive lookup.
+    """
+    outgoing = getattr(tls, "_outgoing", None)
+    alert = outgoing.read() if isinstance(outgoing, ssl.MemoryBIO) else b""
+    if alert:
+        # A client already gone has no one to tell.
+        with trio.move_on_after(1.0), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await raw.send_all(alert)
 
 
 def _fetch_bytes(description: Any) -> int:
