@@ -1,8 +1,8 @@
 """The idempotent producer, through every client that has one.
 
-- idempotent-default: clients idempotent unless told otherwise (franz-go, the Java console
-  producer, and kafka-python 3 in test_python_clients.py) must run with a producer id and
-  land every record exactly once, without being asked.
+- idempotent-default: clients idempotent unless told otherwise (kafka-python 3, franz-go,
+  the Java console producer) must run with a producer id and land every record exactly
+  once, without being asked.
 - idempotent-on: clients not idempotent by default (librdkafka's enable.idempotence,
   aiokafka's enable_idempotence, kafkajs's idempotent and sarama's Producer.Idempotent are
   all false) are switched on; their records must land exactly once, in batches carrying one
@@ -27,16 +27,18 @@ N = int(os.environ.get("HK_COMPAT_RECORDS", "20000"))
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.matrix("idempotent-default", client="franz-go")
-def test_franz_go_idempotent_default(broker: Broker, workdir: Path) -> None:
-    c = CLIENTS["franz-go"]
+@pytest.mark.matrix("idempotent-default")
+@pytest.mark.parametrize("client,seed", [("kafka-python", 11), ("franz-go", 21)])
+def test_idempotent_by_default(broker: Broker, workdir: Path, client: str, seed: int) -> None:
+    """Clients that report their producer id: it must be there without being asked for."""
+    c = CLIENTS[client]
     c.require()
-    topic = f"gidem-franz-{uuid.uuid4().hex[:8]}"
+    topic = f"idem-{client}-{uuid.uuid4().hex[:8]}"
     create_topic(broker, topic)
-    records = generate(N, c.profile, seed=21)
+    records = generate(N, c.profile, seed=seed)
     summary = c.produce(broker, topic, records, workdir)  # no --idempotence: the default
     assert summary["producer_id"] is not None and summary["producer_id"] >= 0, (
-        f"franz-go did not run idempotent (no producer id): {summary}"
+        f"{client} did not run idempotent (no producer id): {summary}"
     )
     assert summary["offsets"] == [0, N - 1], summary
     consumed, _ = c.consume(broker, topic, N, workdir)

@@ -1,7 +1,6 @@
-"""kafka-python's idempotent default, ListOffsets by time and high watermarks.
+"""ListOffsets by time and high watermarks (kafka-python's idempotent default is in
+test_idempotence.py).
 
-- kafka-python 3 is idempotent by default: it must get a producer id (InitProducerId) and
-  still write each of N records exactly once.
 - offsets_for_times: the first offset whose timestamp is >= t, None past the end.
 - The high watermark (ListOffsets latest) and log start (earliest) as kafka-python and
   confluent-kafka read them, after batches of several sizes.
@@ -9,33 +8,12 @@
 
 from __future__ import annotations
 
-import os
 import uuid
-from pathlib import Path
 
 import pytest
 
 from compat_tests.clients import CLIENTS, create_topic
 from compat_tests.harness import Broker
-from compat_tests.records import assert_same, generate
-
-N = int(os.environ.get("HK_COMPAT_RECORDS", "20000"))
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.matrix("idempotent-default", client="kafka-python")
-def test_kafka_python_idempotent_default(broker: Broker, workdir: Path) -> None:
-    c = CLIENTS["kafka-python"]
-    topic = f"idem-{uuid.uuid4().hex[:8]}"
-    create_topic(broker, topic)
-    records = generate(N, c.profile, seed=11)
-    summary = c.produce(broker, topic, records, workdir)  # no --idempotence: the default
-    assert summary["producer_id"] is not None and summary["producer_id"] >= 0, (
-        f"kafka-python did not run idempotent (no producer id): {summary}"
-    )
-    assert summary["offsets"] == [0, N - 1], summary
-    consumed, _ = c.consume(broker, topic, N, workdir)
-    assert_same(records, consumed)
 
 
 @pytest.mark.timeout(120)
