@@ -195,6 +195,7 @@ class Node:
         if config.cluster_brokers:
             self.cluster = Cluster(config.cluster_brokers, config.node_id, rack=config.rack,
                                    replica_lag_ms=config.replica_lag_ms,
+                                   session_timeout_ms=config.session_timeout_ms,
                                    rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
             self.cluster_id = self.cluster.cluster_id
         for record in store.topics().values():

@@ -1,5 +1,5 @@
-"""Cluster mode's pieces: the broker list, the ISR rule, acks=all's wait, the read-replica
-choice, and the config that turns it on. Processes and real clients: compat_tests/test_cluster.py."""
+"""Cluster mode's pieces: the broker list, liveness and failover, the ISR rule, acks=all's
+wait, the read-replica choice, and the config that turns it on. Processes and real clients: compat_tests/test_cluster.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import trio.testing
 
 from broker.cli import _parser as parser
 from broker.cli import build_config
-from broker.cluster import Cluster
+from broker.cluster import NO_LEADER, Cluster
 from broker.config import (
     BrokerConfig,
     ClusterBroker,
@@ -39,8 +39,12 @@ class Clock:
         return self.now
 
 
+SESSION_MS = 3000
+
+
 def _cluster(me: int = 1, clock: Clock | None = None) -> Cluster:
-    c = Cluster(parse_cluster_brokers(LIST), me, rack="r1", replica_lag_ms=LAG_MS, clock=clock or Clock())
+    c = Cluster(parse_cluster_brokers(LIST), me, rack="r1", replica_lag_ms=LAG_MS,
+                session_timeout_ms=SESSION_MS, clock=clock or Clock())
     c.learn(2, b"2" * 32, "r2")
     c.learn(3, b"3" * 32, "r3")
     return c
@@ -57,8 +61,11 @@ def test_parse_cluster_brokers() -> None:
 def test_properties_and_flags(tmp_path: Path) -> None:
     config = apply_properties(BrokerConfig(), {"hyperkafka.cluster.brokers": LIST, "replica.lag.time.max.ms": "2500"})
     assert [b.node_id for b in config.cluster_brokers] == [1, 2, 3] and config.replica_lag_ms == 2500
-    with pytest.raises(ConfigError):
-        apply_properties(BrokerConfig(), {"replica.lag.time.max.ms": "0"})
+    assert config.session_timeout_ms == 9000  # Kafka's broker.session.timeout.ms default
+    assert apply_properties(BrokerConfig(), {"broker.session.timeout.ms": "1500"}).session_timeout_ms == 1500
+    for bad in ({"replica.lag.time.max.ms": "0"}, {"broker.session.timeout.ms": "0"}):
+        with pytest.raises(ConfigError):
+            apply_properties(BrokerConfig(), bad)
     with pytest.raises(ConfigError):
         apply_properties(BrokerConfig(), {"replica.selector.class": "com.example.Mine"})
     leader_only = "org.apache.kafka.common.replica.LeaderSelector"
@@ -74,6 +81,7 @@ def test_properties_and_flags(tmp_path: Path) -> None:
     assert config.node_id == 2 and config.auto_create_topics  # created on the controller, forwarded by others
     names = {e.name: e.value for e in config.describe_broker()}
     assert names["hyperkafka.cluster.brokers"] == "1@h1:9092,2@h2:9092,3@h3:9092"
+    assert names["broker.session.timeout.ms"] == "9000"
 
 
 def test_membership() -> None:
@@ -85,6 +93,60 @@ def test_membership() -> None:
     assert c.broker_for_identity(b"3" * 32) == 3 and c.broker_for_identity(b"x" * 32) is None
     with pytest.raises(ConfigError):
         Cluster(parse_cluster_brokers(LIST), 4)
+
+
+def test_liveness_and_controller_failover() -> None:
+    clock = Clock()
+    c = _cluster(me=2, clock=clock)
+    assert c.live_ids() == [1, 2, 3] and c.controller_id == 1  # every peer starts with one session of grace
+    clock.now += SESSION_MS / 1000 - 0.5
+    c.heard_from(3)
+    assert c.live_ids() == [1, 2, 3]
+    clock.now += 0.5
+    assert c.alive(1)  # exactly the session timeout: still alive, as Kafka's check
+    clock.now += 0.01
+    # 1 never answered: dead, so 2 is the controller now
+    assert c.live_ids() == [2, 3] and not c.alive(1) and c.controller_id == 2 and c.is_controller
+    c.heard_from(1)  # back
+    assert c.controller_id == 1 and not c.is_controller
+    clock.now += 10 * SESSION_MS / 1000
+    assert c.live_ids() == [2] and c.alive(2)  # alone: never dead to itself
+    c.heard_from(7)  # not a member: ignored
+    assert c.live_ids() == [2]
+
+
+def test_leadership_fails_over_to_the_lowest_live_in_sync_replica() -> None:
+    clock = Clock()
+    c = _cluster(me=3, clock=clock)
+    assert c.leadership(1, [1, 2, 3]) == (1, [1, 2, 3])
+    clock.now += SESSION_MS / 1000 + 1
+    c.heard_from(2)
+    # the writer is dead: a live in-sync mirror leads (for reads), the ISR loses the dead
+    assert c.leadership(1, [1, 2, 3]) == (2, [2, 3])
+    assert c.leadership(1, [1, 3]) == (3, [3])  # 2 was not in sync: never picked
+    assert c.leadership(1, [1]) == (NO_LEADER, [])  # nobody holds it all: offline
+    c.heard_from(1)
+    assert c.leadership(1, [1, 3]) == (1, [1, 3])  # the writer is back: it leads again
+    clock.now += SESSION_MS / 1000 + 1
+    c.heard_from(1)
+    assert c.leadership(1, [1, 2, 3]) == (1, [1, 3])  # a dead mirror leaves the ISR
+
+
+def test_a_dead_follower_leaves_the_isr_at_once() -> None:
+    clock = Clock()
+    c = Cluster(parse_cluster_brokers(LIST), 1, replica_lag_ms=30_000, session_timeout_ms=SESSION_MS, clock=clock)
+    c.published(KEY, 5)
+    for peer in (2, 3):
+        c.connected(KEY, peer)
+        c.acked(KEY, peer, 5)
+    assert c.isr(KEY) == [1, 2, 3]
+    clock.now += SESSION_MS / 1000 + 1
+    c.heard_from(3)
+    # 2 still has its connection open (a stopped process keeps it) and is within the
+    # lag, but it stopped answering: fenced, as Kafka's controller fences it
+    assert c.isr(KEY) == [1, 3]
+    c.heard_from(2)
+    assert c.isr(KEY) == [1, 2, 3]
 
 
 def test_isr_follows_acked_lengths_and_the_lag() -> None:
@@ -351,4 +413,98 @@ async def test_two_brokers_in_process(tmp_path: Path) -> None:
 
             await _until(gone)
             assert list((tmp_path / "b2" / "__mirrors").glob("*/t-0")) == []  # the copy is deleted too
+            nursery.cancel_scope.cancel()
+
+
+async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
+    """Broker 1 (writer and controller) stops: broker 2 drops it from Metadata after the
+    session timeout, leads its partition for reads, refuses produce there with a retriable
+    error, becomes controller (CreateTopics, FindCoordinator); broker 1 back leads again."""
+    ports = _free_ports(2)
+    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
+
+    async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
+        config = apply_properties(
+            BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1], shutdown_grace_s=2,
+                         replication_listen=("127.0.0.1", 0)),
+            {"node.id": str(node_id), "hyperkafka.cluster.brokers": brokers,
+             "replica.lag.time.max.ms": "5000", "broker.session.timeout.ms": "1000"})
+        await nursery.start(run, config)
+        return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+
+    batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
+
+    async def produce(c: RawClient, topic: str) -> int:
+        r = await c.call("produce", 8, {"acks": 1, "timeout": 5000, "transactional_id": None, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+        return int(r.responses[0].partition_responses[0].error_code)
+
+    async def fetch(c: RawClient) -> Any:
+        f = await c.call("fetch", 11, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": 0, "fetch_offset": 0,
+                                                      "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]})
+        return f.responses[0].partitions[0]
+
+    def view(md: Any) -> tuple[list[int], int, tuple[int, ...]]:
+        if md.topics[0].error_code:
+            return [b.node_id for b in md.brokers], md.controller_id, (md.topics[0].error_code,)
+        p = md.topics[0].partitions[0]
+        return ([b.node_id for b in md.brokers], md.controller_id,
+                (p.error_code, p.leader_id, list(p.replica_nodes), list(p.isr_nodes), list(p.offline_replicas)))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            c2 = await serve(nursery, 2)
+            with trio.CancelScope() as first:
+                async with trio.open_nursery() as inner:
+                    c1 = await serve(inner, 1)
+                    r = await c1.call("create_topics", 5, {"topics": [
+                        {"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
+                         "configs": []}], "timeout": 5000, "validate_only": False})
+                    assert r.topics[0].error_code == 0
+                    assert await produce(c1, "t") == 0
+
+                    async def in_sync() -> bool:
+                        return view(await _metadata(c2, "t")) == ([1, 2], 1, (0, 1, [1, 2], [1, 2], []))
+
+                    await _until(in_sync)
+                    at_writer = bytes((await fetch(c1)).records)
+                    first.cancel()  # broker 1 stops
+
+            async def failed_over() -> bool:
+                return view(await _metadata(c2, "t"))[0] == [2]
+
+            await _until(failed_over)
+            # the dead writer's partition: broker 2 leads it for reads, 1 is offline
+            assert view(await _metadata(c2, "t")) == ([2], 2, (0, 2, [1, 2], [2], [1]))
+            assert await produce(c2, "t") == 6  # NOT_LEADER_OR_FOLLOWER: retriable, nothing lost
+            part = await fetch(c2)
+            # what the writer served, byte for byte, from the mirror's verified copy
+            assert (part.error_code, part.high_watermark, bytes(part.records)) == (0, 1, at_writer)
+            # broker 2 is the controller now: it creates topics (and writes them) and
+            # coordinates groups
+            fc = await c2.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+            assert (fc.error_code, fc.node_id, fc.port) == (0, 2, ports[1])
+            r = await c2.call("create_topics", 5, {"topics": [
+                {"name": "u", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
+                "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 0
+            assert await produce(c2, "u") == 0
+
+            c1 = await serve(nursery, 1)  # the writer is back: it leads again
+
+            async def back() -> bool:
+                return view(await _metadata(c2, "t"))[:2] == ([1, 2], 1)
+
+            await _until(back)
+            assert view(await _metadata(c2, "t"))[2][:3] == (0, 1, [1, 2])
+            assert await produce(c1, "t") == 0
+
+            async def u_on_1() -> bool:  # the topic created meanwhile: broker 2 writes it
+                md = await _metadata(c1, "u")
+                return not md.topics[0].error_code and md.topics[0].partitions[0].leader_id == 2
+
+            await _until(u_on_1)
             nursery.cancel_scope.cancel()
