@@ -439,11 +439,11 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
         return int(r.responses[0].partition_responses[0].error_code)
 
-    async def fetch(c: RawClient) -> Any:
+    async def fetch(c: RawClient, offset: int = 0) -> Any:
         f = await c.call("fetch", 11, {
             "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
             "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-            "topics": [{"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": 0, "fetch_offset": 0,
+            "topics": [{"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": 0, "fetch_offset": offset,
                                                       "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]})
         return f.responses[0].partitions[0]
 
@@ -483,6 +483,10 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             part = await fetch(c2)
             # what the writer served, byte for byte, from the mirror's verified copy
             assert (part.error_code, part.high_watermark, bytes(part.records)) == (0, 1, at_writer)
+            # a consumer ahead of the copy (it read records at the writer that broker 2 has
+            # not got yet): an empty answer, not OFFSET_OUT_OF_RANGE (which would reset it)
+            ahead = await fetch(c2, offset=5)
+            assert (ahead.error_code, ahead.records or b"") == (0, b"")
             # broker 2 is the controller now: it creates topics (and writes them) and
             # coordinates groups
             fc = await c2.call("find_coordinator", 3, {"key": "g", "key_type": 0})
