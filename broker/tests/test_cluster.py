@@ -305,6 +305,13 @@ async def test_other_brokers_route_to_the_controller(tmp_path: Path) -> None:
             assert r.topics[0].error_code == 41  # NOT_CONTROLLER
             fc = await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
             assert (fc.node_id, fc.port) == (1, ports[0])
+            # group requests sent here anyway: NOT_COORDINATOR, the client asks again
+            hb = await c.call("heartbeat", 4, {"group_id": "g", "generation_id": 1, "member_id": "m",
+                                               "group_instance_id": None})
+            assert hb.error_code == 16
+            of = await c.call("offset_fetch", 8, {"groups": [{"group_id": "g", "topics": None}],
+                                                  "require_stable": False})
+            assert [g.error_code for g in of.groups] == [16]
             md = await c.call("metadata", 9, {"topics": [{"name": "new"}], "allow_auto_topic_creation": True,
                                               "include_cluster_authorized_operations": False,
                                               "include_topic_authorized_operations": False})
@@ -497,6 +504,12 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             assert r.topics[0].error_code == 0
             assert await produce(c2, "u") == 0
 
+            join = {"group_id": "g", "session_timeout": 10000, "rebalance_timeout": 10000, "member_id": "",
+                    "group_instance_id": None, "protocol_type": "consumer", "reason": None,
+                    "protocols": [{"name": "range", "metadata": b""}]}
+            joined = await c2.call("join_group", 9, join)
+            assert joined.error_code == 79  # MEMBER_ID_REQUIRED: broker 2 coordinates the group
+
             c1 = await serve(nursery, 1)  # the writer is back: it leads again
 
             async def back() -> bool:
@@ -504,6 +517,11 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
 
             await _until(back)
             assert view(await _metadata(c2, "t"))[2][:3] == (0, 1, [1, 2])
+            # and coordinates groups again: the member on broker 2 is sent back there
+            join["member_id"] = joined.member_id
+            assert (await c2.call("join_group", 9, join)).error_code == 16  # NOT_COORDINATOR
+            fc = await c2.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+            assert (fc.node_id, fc.port) == (1, ports[0])
             assert await produce(c1, "t") == 0
 
             async def u_on_1() -> bool:  # the topic created meanwhile: broker 2 writes it
