@@ -27,6 +27,11 @@ within the test. One scenario, in steps that build on each other:
    the leader no sooner than replica.lag.time.max.ms after the kill, and the next
    acks=all produce is refused with NOT_ENOUGH_REPLICAS before it is written. acks=1
    still succeeds.
+
+A second scenario, with two brokers: Java's kafka-clients consumer (kafka-console-consumer)
+with client.rack=rack-2, bootstrapped at the leader, is sent to broker 2 (its FetchCollector
+logs the preferred read replica) and reads every record there, the last ones with the
+leader stopped.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import pytest
 
 from compat_tests import harness
 from compat_tests.harness import ROOT, Broker
+from compat_tests.java_tools import CONSOLE_CONSUMER, JavaTools, require_java
 
 LAG_MS = 5000  # short, to see the ISR shrink; long enough for a loaded CI machine
 # Short, to see failover within the test; above LAG_MS, so that step 5 sees the ISR
@@ -240,7 +246,7 @@ CREATE_ONE = textwrap.dedent(
     import sys
     from confluent_kafka.admin import AdminClient, NewTopic
     a = AdminClient({"bootstrap.servers": sys.argv[1]})
-    for f in a.create_topics([NewTopic(sys.argv[2], 1, 3)], operation_timeout=10).values():
+    for f in a.create_topics([NewTopic(sys.argv[2], 1, int(sys.argv[3]))], operation_timeout=10).values():
         f.result(20)
     print("created")
     """
@@ -392,7 +398,7 @@ def test_three_broker_cluster(workdir: Path) -> None:
                 for i, (k, v, h) in ((i, _record(i)) for i in acked)]
         assert got == want, (len(got), got[-1:])
         # topics are created on the controller, broker 2 now
-        assert "created" in _py(CREATE_ONE, m3.bootstrap, "made-while-1-is-down")
+        assert "created" in _py(CREATE_ONE, m3.bootstrap, "made-while-1-is-down", "3")
         # a send to the dead writer's topic: refused (retriable) until it is back, then delivered
         pending = subprocess.Popen([sys.executable, "-c", PENDING_PRODUCE, f"{m2.bootstrap},{m3.bootstrap}"],
                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -433,6 +439,96 @@ def test_three_broker_cluster(workdir: Path) -> None:
         assert one["results"] == ["NONE"], one
         print(f"\n  isr shrank {waited:.2f}s after both mirrors were killed (replica.lag.time.max.ms={LAG_MS})",
               file=sys.stderr)
+    except BaseException:
+        for b in brokers:
+            print(f"--- {b.bootstrap}\n{b.log_tail(40)}", file=sys.stderr)
+        raise
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for b in brokers:
+            try:
+                b.stop()
+            except harness.BrokerError:
+                b.kill()
+
+
+# The Java tools' log4j2 configuration, plus the consumer's fetch decisions at DEBUG.
+JAVA_FETCH_LOG4J = """\
+status = error
+appender.stderr.type = Console
+appender.stderr.name = STDERR
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{HH:mm:ss.SSS} %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = STDERR
+logger.collector.name = org.apache.kafka.clients.consumer.internals.FetchCollector
+logger.collector.level = debug
+logger.fetch.name = org.apache.kafka.clients.consumer.internals.AbstractFetch
+logger.fetch.level = debug
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.matrix("cluster: KIP-392 fetch from follower by client.rack", client="java")
+def test_java_consumer_fetches_from_its_rack(workdir: Path) -> None:
+    java = JavaTools(require_java())
+    kcat, why = harness.find_kcat("new")
+    if kcat is None:
+        kcat, why = harness.find_kcat("old")
+    harness.require(kcat is not None, why)
+    assert kcat is not None
+    ports = [harness.free_port() for _ in range(2)]
+    brokers = [harness.new_broker(workdir / f"broker-{i + 1}", port=ports[i], extra=(
+        "--config", str(_properties(workdir / f"b{i + 1}.properties", i + 1, f"rack-{i + 1}", ports, harness.free_port()))))
+        for i in range(2)]
+    stopped: list[int] = []
+    n = 60
+    try:
+        for b in brokers:
+            b.start()
+        leader = brokers[0]
+        assert "created" in _py(CREATE_ONE, leader.bootstrap, "java-rack", "2")
+        produced = json.loads(_py(PRODUCE, leader.bootstrap, "java-rack", "all", str(n)))
+        assert produced["results"] == ["NONE"] * n, produced
+        _wait("broker 2 in the ISR", lambda: _kcat_isr(kcat, leader, "java-rack") == ("1", "1,2", "1,2"))
+        config = workdir / "log4j2-fetch.properties"
+        config.write_text(JAVA_FETCH_LOG4J)
+        args = ["--bootstrap-server", leader.bootstrap, "--topic", "java-rack", "--partition", "0",
+                "--offset", "earliest", "--max-messages", str(n), "--timeout-ms", "60000"]
+        for k, v in {"client.rack": "rack-2", "max.partition.fetch.bytes": "64", "fetch.max.bytes": "64"}.items():
+            args += ["--command-property", f"{k}={v}"]
+        argv = [f"-Dlog4j2.configurationFile={config}" if a.startswith("-Dlog4j2.configurationFile=") else a
+                for a in java.command(CONSOLE_CONSUMER, args, jvm=java.fast_start)]
+        err_path = workdir / "java-consumer.log"
+        with err_path.open("w") as err_file:
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True,
+                                    start_new_session=True)
+        assert proc.stdout is not None
+        try:
+            # once the leader sent it to broker 2, stop the leader: only broker 2 can serve
+            _wait("the Java consumer sent to broker 2", lambda: "Updating preferred read replica for partition "
+                  "java-rack-0 to 2" in err_path.read_text(), timeout=60, every=0.05)
+            assert leader.proc is not None
+            os.kill(leader.proc.pid, signal.SIGSTOP)
+            stopped.append(leader.proc.pid)
+            lines = [proc.stdout.readline() for _ in range(n)]
+            # every record is in; let the leader answer the consumer's goodbye (a fetch
+            # session close, which would otherwise wait for request.timeout.ms)
+            os.kill(leader.proc.pid, signal.SIGCONT)
+            stopped.remove(leader.proc.pid)
+            out = "".join(lines) + proc.communicate(timeout=60)[0]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log = err_path.read_text().splitlines()
+        assert out.splitlines() == [f"record-{i:05d}" for i in range(n)], (out[-300:], log[-20:])
+        assert any("preferred read replica for partition java-rack-0 to 2" in line for line in log), log[-20:]
+        at_2 = [line for line in log if "fetch request for partition java-rack-0" in line
+                and f"to node 127.0.0.1:{ports[1]} (id: 2 " in line]
+        assert len(at_2) >= n // 2, log[-20:]
     except BaseException:
         for b in brokers:
             print(f"--- {b.bootstrap}\n{b.log_tail(40)}", file=sys.stderr)
