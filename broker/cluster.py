@@ -28,6 +28,9 @@ Design, as Kafka and Hypercore each would have it:
   Metadata and retry) as any mirror refuses it, since only the writer holds the key. When
   the writer answers again it is the leader again. With no live in-sync replica the leader
   is -1 and the partition's error LEADER_NOT_AVAILABLE, as Kafka's offline partitions.
+  A broker that started after the writer died takes its last ISR from a peer's Metadata.
+  There is no quorum: each broker decides from its own probes, so brokers that cannot
+  reach each other may disagree (README "Clusters" says what that costs).
 * The controller is the live broker with the lowest id. It alone creates topics (CreateTopics
   elsewhere answers NOT_CONTROLLER; Metadata names it as controller_id, so Java's Admin and
   librdkafka route there) and it is every group's coordinator, so that a group never has
@@ -130,6 +133,7 @@ class Cluster:
         # ISR of archives written by others, as their writer last told us (Metadata):
         # (topic, partition) -> isr ids.
         self.remote_isr: dict[tuple[str, int], list[int]] = {}
+        self._isr_writer: dict[tuple[str, int], int] = {}  # whose own report each entry is
         # Liveness: when each peer last answered a probe. Every peer starts alive for one
         # session timeout (the grace a newly active KRaft controller gives every broker).
         started = clock()
@@ -145,6 +149,30 @@ class Cluster:
         """A peer answered a probe (its Kafka port, broker/mirror.py): it is alive now."""
         if node_id in self._heard:
             self._heard[node_id] = self.clock()
+
+    def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]]) -> None:
+        """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition:
+        it is alive (the answer is its heartbeat); for what it writes (its id first among
+        the replicas) its ISR is the truth and replaces what we had (a partition left out
+        was deleted). For a partition whose writer is dead to us and whose ISR we never
+        heard (we started after it died), the ISR this peer still shows is taken, so that
+        we name the same read leader as the brokers that saw the writer's last report."""
+        self.heard_from(peer)
+        own: dict[tuple[str, int], list[int]] = {}
+        now = self.clock()
+        for topic, index, replicas, isr in partitions:
+            key = (topic, index)
+            writer = replicas[0] if replicas else None
+            if writer == peer:
+                own[key] = isr
+            elif (writer is not None and writer != self.me and isr and key not in self.remote_isr
+                  and not self.alive(writer, now)):
+                self.remote_isr[key] = isr
+        for key in [k for k, w in self._isr_writer.items() if w == peer and k not in own]:
+            del self._isr_writer[key]
+            self.remote_isr.pop(key, None)
+        self.remote_isr.update(own)
+        self._isr_writer.update(dict.fromkeys(own, peer))
 
     def alive(self, node_id: int, now: float | None = None) -> bool:
         """Whether `node_id` answered within the session timeout (this broker always is)."""

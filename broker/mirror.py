@@ -666,24 +666,17 @@ async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
     """Cluster mode: the ISR of what `peer` writes, as it says in its Metadata, for our own
     Metadata answers (the writer is the authority on its ISR, as Kafka's controller is;
     we pull it, Kafka's controller pushes it). Each answer is also the peer's heartbeat
-    (`Cluster.heard_from`, broker.session.timeout.ms)."""
+    (`Cluster.take_metadata`, broker.session.timeout.ms)."""
     cluster = node.cluster
     assert cluster is not None
     interval = min(ISR_POLL_MAX_S, max(min(cluster.lag_s, cluster.session_s) / 4, ISR_POLL_MIN_S))
     while True:
         try:
             resp = await kafka_request(peer.host, peer.port, 3, 1, "metadata", {"topics": None})
-            cluster.heard_from(peer.node_id)  # also the liveness probe (broker.session.timeout.ms)
-            isr: dict[tuple[str, int], list[int]] = {}
-            for t in resp.topics:
-                for p in t.partitions:
-                    # what the peer writes (first replica) and leads, not what it serves
-                    # as leader for a dead writer
-                    if int(p.leader_id) == peer.node_id and list(p.replica_nodes)[:1] == [peer.node_id]:
-                        isr[(str(t.name), int(p.partition_index))] = [int(i) for i in p.isr_nodes]
-            for k in [k for k, v in cluster.remote_isr.items() if v and v[0] == peer.node_id and k not in isr]:
-                del cluster.remote_isr[k]
-            cluster.remote_isr.update(isr)
+            # also the liveness probe (broker.session.timeout.ms)
+            cluster.take_metadata(peer.node_id, [
+                (str(t.name), int(p.partition_index), [int(i) for i in p.replica_nodes], [int(i) for i in p.isr_nodes])
+                for t in resp.topics for p in t.partitions])
         except (OSError, trio.TooSlowError, DiscoveryError, ValueError) as exc:
             log.debug("cluster: metadata from broker %d: %s", peer.node_id, exc)
         await trio.sleep(interval)

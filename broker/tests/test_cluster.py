@@ -132,6 +132,33 @@ def test_leadership_fails_over_to_the_lowest_live_in_sync_replica() -> None:
     assert c.leadership(1, [1, 2, 3]) == (1, [1, 3])  # a dead mirror leaves the ISR
 
 
+def test_metadata_reports_from_peers() -> None:
+    clock = Clock()
+    c = _cluster(me=3, clock=clock)
+    c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2, 3]), ("t", 1, [1, 2, 3], [1, 3]),
+                        ("u", 0, [2, 1, 3], [2, 1, 3])])  # u: 1 reports 2's partition, 2 is the authority
+    assert c.remote_isr == {("t", 0): [1, 2, 3], ("t", 1): [1, 3]}
+    c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2])])  # t-1 deleted on its writer
+    assert c.remote_isr == {("t", 0): [1, 2]}
+    clock.now += SESSION_MS / 1000 + 1
+    c.take_metadata(2, [("u", 0, [2, 1, 3], [2, 3])])
+    assert c.alive(2) and not c.alive(1)
+    assert c.leadership(1, c.remote_isr[("t", 0)]) == (2, [2])  # the writer's last report decides
+
+
+def test_a_broker_started_after_a_writer_died_learns_its_isr_from_a_peer() -> None:
+    clock = Clock()
+    c = _cluster(me=3, clock=clock)
+    clock.now += SESSION_MS / 1000 + 1  # 1 never answered since we started
+    # 2 still knows 1's last ISR and leads t-0 for reads
+    c.take_metadata(2, [("t", 0, [1, 2, 3], [2, 3])])
+    assert c.leadership(1, c.remote_isr[("t", 0)]) == (2, [2, 3])  # the same leader as 2 names
+    c.take_metadata(2, [("t", 0, [1, 2, 3], [2])])
+    assert c.remote_isr[("t", 0)] == [2, 3]  # known now: a peer's view does not replace it
+    c.take_metadata(1, [("t", 0, [1, 2, 3], [1])])  # the writer is back: its report is the truth
+    assert c.remote_isr[("t", 0)] == [1] and c.leadership(1, [1]) == (1, [1])
+
+
 def test_a_dead_follower_leaves_the_isr_at_once() -> None:
     clock = Clock()
     c = Cluster(parse_cluster_brokers(LIST), 1, replica_lag_ms=30_000, session_timeout_ms=SESSION_MS, clock=clock)
