@@ -273,8 +273,8 @@ def _properties(path: Path, node_id: int, rack: str, ports: list[int], rport: in
     return path
 
 
-def _metadata(b: Broker) -> dict[str, Any]:
-    return json.loads(_py(METADATA, b.bootstrap))  # type: ignore[no-any-return]
+def _metadata(b: Broker, timeout: float = 60) -> dict[str, Any]:
+    return json.loads(_py(METADATA, b.bootstrap, timeout=timeout))  # type: ignore[no-any-return]
 
 
 def _kcat_isr(kcat: harness.Kcat, b: Broker, topic: str) -> tuple[str, str, str] | None:
@@ -376,8 +376,8 @@ def test_three_broker_cluster(workdir: Path) -> None:
         for b in (m2, m3):
             def failed_over(b: Broker = b) -> dict[str, Any] | None:
                 try:
-                    md = _metadata(b)
-                except AssertionError:  # a client that tried the dead broker, while still listed
+                    md = _metadata(b, timeout=20)
+                except (AssertionError, subprocess.TimeoutExpired):  # it tried the dead broker, still listed
                     return None
                 ok = all([b[0] for b in md[client]["brokers"]] == [2, 3] and md[client]["controller"] == 2
                          and all(md[client]["topics"].get(t) == [[0, 2, [1, 2, 3], [2, 3]]]
