@@ -269,12 +269,13 @@ async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: 
 
 
 async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int]) -> RawClient:
-    """Broker `node_id` of a three-broker cluster whose other brokers are not running."""
+    """Broker `node_id` of a three-broker cluster whose other brokers are not running (within
+    the start-up grace of a long session timeout: they count as alive)."""
     brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
     config = apply_properties(BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1],
                                            shutdown_grace_s=2, replication_listen=("127.0.0.1", 0)),
                               {"node.id": str(node_id), "broker.rack": f"r{node_id}",
-                               "hyperkafka.cluster.brokers": brokers})
+                               "hyperkafka.cluster.brokers": brokers, "broker.session.timeout.ms": "600000"})
     await nursery.start(run, config)
     return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
 
@@ -462,7 +463,7 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1], shutdown_grace_s=2,
                          replication_listen=("127.0.0.1", 0)),
             {"node.id": str(node_id), "hyperkafka.cluster.brokers": brokers,
-             "replica.lag.time.max.ms": "5000", "broker.session.timeout.ms": "1000"})
+             "replica.lag.time.max.ms": "5000", "broker.session.timeout.ms": "2000"})
         await nursery.start(run, config)
         return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
 
