@@ -13,8 +13,8 @@ Design, as Kafka and Hypercore each would have it:
   replication address, rack) is learned from its Kafka port (broker/mirror.py discovery),
   so a broker's own settings live in its own file only.
 * Every broker mirrors every other broker (the `--mirror` machinery): the writer of an
-  archive, the only holder of its key, is its leader; replicas are all brokers, leader
-  first. Leadership never moves (an archive has one signer), so the leader epoch stays 0.
+  archive, the only holder of its key, is its leader; replicas are all brokers, writer
+  first. Writes never move (an archive has one signer), so the leader epoch stays 0.
 * Liveness, as Kafka's broker.session.timeout.ms (default 9 s): every broker probes
   every other's Kafka port about once a second (the Metadata request that also brings the
   writer's ISR, broker/mirror.py `poll_leader_isr`); a peer whose last answer is older than
@@ -35,9 +35,10 @@ Design, as Kafka and Hypercore each would have it:
   elsewhere answers NOT_CONTROLLER; Metadata names it as controller_id, so Java's Admin and
   librdkafka route there) and it is every group's coordinator, so that a group never has
   two coordinators while the brokers agree on who is alive. A topic created while the
-  first controller is down is written by the broker that created it. Auto-creation happens on the controller only (other brokers forward
-  it, as Kafka's KIP-590 forwarding does), and so does deletion; the others follow the
-  controller's catalog and drop a deleted topic's copy.
+  first controller is down is written by the broker that created it. Auto-creation
+  happens on the controller only (other brokers forward it, as Kafka's KIP-590
+  forwarding does), and so does deletion; the others follow the controller's catalog
+  and drop a deleted topic's copy.
 * Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
   writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
   each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a
