@@ -328,7 +328,9 @@ class Node:
             raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
         if name in INTERNAL_TOPICS:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Internal topic {name} cannot be deleted")
-        if self.cluster is not None and not self.cluster.is_controller and name not in INTERNAL_TOPICS:
+        written_here = name in self.topics and not self.topics[name].mirrored
+        if self.cluster is not None and not self.cluster.is_controller and not written_here:
+            # (a topic this broker writes: the controller forwards its deletion here)
             raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are deleted on broker {self.cluster.controller_id}.")
         if name in self.topics and self.topics[name].mirrored:
             raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is mirrored from another node; delete it there")

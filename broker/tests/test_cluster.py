@@ -531,6 +531,8 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
                 "timeout": 5000, "validate_only": False})
             assert r.topics[0].error_code == 0
             assert await produce(c2, "u") == 0
+            r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
+            assert r.responses[0].error_code == 5  # its writer is down: LEADER_NOT_AVAILABLE, retriable
 
             join = {"group_id": "g", "session_timeout": 10000, "rebalance_timeout": 10000, "member_id": "",
                     "group_instance_id": None, "protocol_type": "consumer", "reason": None,
@@ -557,4 +559,13 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
                 return not md.topics[0].error_code and md.topics[0].partitions[0].leader_id == 2
 
             await _until(u_on_1)
+            # deleting it goes to the controller (1), which has its writer (2) delete it
+            r = await c1.call("delete_topics", 4, {"topic_names": ["u"], "timeout": 5000})
+            assert r.responses[0].error_code == 0
+            assert (await _metadata(c1, "u")).topics[0].error_code == 3  # gone when the answer came
+
+            async def u_gone_on_2() -> bool:
+                return bool((await _metadata(c2, "u")).topics[0].error_code == 3)
+
+            await _until(u_gone_on_2)
             nursery.cancel_scope.cancel()
