@@ -139,6 +139,9 @@ class Cluster:
         # session timeout (the grace a newly active KRaft controller gives every broker).
         started = clock()
         self._heard = {i: started for i in self.brokers if i != me}
+        self._answered: set[int] = set()  # peers heard since start-up
+        self._written_by: dict[int, set[str]] = {}  # topics each peer said it writes
+        self._reported = trio.Event()  # set (and replaced) on every peer's report
         spec = ",".join(f"{b.node_id}@{b.address}" for b in self.brokers.values())
         digest = hashlib.blake2b(spec.encode(), digest_size=16).digest()
         # Every broker of the cluster derives the same id from the same list.
@@ -159,6 +162,7 @@ class Cluster:
         heard (we started after it died), the ISR this peer still shows is taken, so that
         we name the same read leader as the brokers that saw the writer's last report."""
         self.heard_from(peer)
+        self._answered.add(peer)
         own: dict[tuple[str, int], list[int]] = {}
         now = self.clock()
         for topic, index, replicas, isr in partitions:
@@ -174,6 +178,31 @@ class Cluster:
             self.remote_isr.pop(key, None)
         self.remote_isr.update(own)
         self._isr_writer.update(dict.fromkeys(own, peer))
+        self._written_by[peer] = {topic for topic, _ in own}
+        self._reported.set()
+        self._reported = trio.Event()
+
+    def written_elsewhere(self, topic: str) -> int | None:
+        """The live peer that said it writes `topic` (before our mirror attached it)."""
+        now = self.clock()
+        return next((i for i, names in sorted(self._written_by.items())
+                     if topic in names and self.alive(i, now)), None)
+
+    async def wait_every_catalog(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until `knows_every_catalog`: a controller that just
+        started answers CreateTopics once it has heard the others (or they are dead)."""
+        with trio.move_on_after(timeout_s):
+            while not self.knows_every_catalog():
+                event = self._reported
+                with trio.move_on_after(WAIT_TICK_MAX_S):  # a peer may die by time alone
+                    await event.wait()
+        return self.knows_every_catalog()
+
+    def knows_every_catalog(self) -> bool:
+        """Whether every live peer answered since start-up, so that a topic name it writes
+        is known here (a controller that just started must not create it again)."""
+        now = self.clock()
+        return all(i in self._answered for i in self.brokers if i != self.me and self.alive(i, now))
 
     def alive(self, node_id: int, now: float | None = None) -> bool:
         """Whether `node_id` answered within the session timeout (this broker always is)."""

@@ -35,6 +35,12 @@ RESOURCE_BROKER_LOGGER = 8
 @api(19, "CreateTopics", (2, 7))
 async def create_topics(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
+    cluster = node.cluster
+    if cluster is not None and cluster.is_controller:
+        # a controller that just started first hears every live broker's topics, so that
+        # it never creates a name one of them writes (as Kafka's controller, which answers
+        # once it has loaded its metadata)
+        await cluster.wait_every_catalog(max(req.timeout.total_seconds(), 0.0))
     results = []
     seen: set[str] = set()
     for t in req.topics:

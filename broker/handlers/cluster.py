@@ -152,7 +152,12 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                         raise TopicError(errors.LEADER_NOT_AVAILABLE, "created on the controller")
                     topic = node.create_topic(name)
                 except TopicError as exc:
-                    topics.append({"error_code": exc.code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
+                    code = exc.code
+                    if node.cluster is not None and code in (errors.NOT_CONTROLLER, errors.TOPIC_ALREADY_EXISTS):
+                        # written elsewhere, not attached here yet (or this controller
+                        # is catching up): it shows up shortly, ask again
+                        code = errors.LEADER_NOT_AVAILABLE
+                    topics.append({"error_code": code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
                     continue
             assert topic is not None
             topics.append(describe_topic(node, topic))

@@ -135,14 +135,20 @@ def test_leadership_fails_over_to_the_lowest_live_in_sync_replica() -> None:
 def test_metadata_reports_from_peers() -> None:
     clock = Clock()
     c = _cluster(me=3, clock=clock)
+    assert not c.knows_every_catalog()  # no peer has answered since start-up
     c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2, 3]), ("t", 1, [1, 2, 3], [1, 3]),
                         ("u", 0, [2, 1, 3], [2, 1, 3])])  # u: 1 reports 2's partition, 2 is the authority
     assert c.remote_isr == {("t", 0): [1, 2, 3], ("t", 1): [1, 3]}
+    assert c.written_elsewhere("t") == 1 and c.written_elsewhere("u") is None  # 2 has not said yet
+    assert not c.knows_every_catalog()
+    c.take_metadata(2, [("u", 0, [2, 1, 3], [2, 1, 3])])
+    assert c.knows_every_catalog() and c.written_elsewhere("u") == 2
     c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2])])  # t-1 deleted on its writer
-    assert c.remote_isr == {("t", 0): [1, 2]}
+    assert c.remote_isr == {("t", 0): [1, 2], ("u", 0): [2, 1, 3]}
     clock.now += SESSION_MS / 1000 + 1
     c.take_metadata(2, [("u", 0, [2, 1, 3], [2, 3])])
     assert c.alive(2) and not c.alive(1)
+    assert c.knows_every_catalog() and c.written_elsewhere("t") is None  # its writer is dead
     assert c.leadership(1, c.remote_isr[("t", 0)]) == (2, [2])  # the writer's last report decides
 
 
@@ -265,17 +271,39 @@ async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: 
     assert await c.wait_replicated(KEY, 3, 1) is True
 
 
+async def test_a_controller_waits_for_every_catalog(autojump_clock: trio.testing.MockClock) -> None:
+    c = Cluster(parse_cluster_brokers(LIST), 1, session_timeout_ms=SESSION_MS, clock=trio.current_time)
+    assert await c.wait_every_catalog(1) is False  # nobody answered yet
+    async with trio.open_nursery() as nursery:
+        async def answer() -> None:
+            await trio.sleep(0.5)
+            c.take_metadata(2, [])
+            c.take_metadata(3, [])
+
+        nursery.start_soon(answer)
+        start = trio.current_time()
+        assert await c.wait_every_catalog(10) is True
+        assert trio.current_time() - start >= 0.5
+    # a peer that never answers is waited for until it is dead (the start-up grace)
+    c = Cluster(parse_cluster_brokers(LIST), 1, session_timeout_ms=SESSION_MS, clock=trio.current_time)
+    start = trio.current_time()
+    c.take_metadata(2, [])
+    assert await c.wait_every_catalog(60) is True
+    assert trio.current_time() - start >= SESSION_MS / 1000
+
+
 # ------------------------------------------------------------ one broker of a cluster
 
 
-async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int]) -> RawClient:
-    """Broker `node_id` of a three-broker cluster whose other brokers are not running (within
-    the start-up grace of a long session timeout: they count as alive)."""
+async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int],
+                 session_ms: int = 600_000) -> RawClient:
+    """Broker `node_id` of a three-broker cluster whose other brokers are not running (they
+    count as alive for one session timeout: the start-up grace)."""
     brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
     config = apply_properties(BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1],
                                            shutdown_grace_s=2, replication_listen=("127.0.0.1", 0)),
                               {"node.id": str(node_id), "broker.rack": f"r{node_id}",
-                               "hyperkafka.cluster.brokers": brokers, "broker.session.timeout.ms": "600000"})
+                               "hyperkafka.cluster.brokers": brokers, "broker.session.timeout.ms": str(session_ms)})
     await nursery.start(run, config)
     return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
 
@@ -295,7 +323,15 @@ async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
     ports = _free_ports(3)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            c = await _serve(nursery, tmp_path, 1, ports)
+            c = await _serve(nursery, tmp_path, 1, ports, session_ms=1000)
+
+            async def alone() -> bool:  # the others never answered: dead after the grace
+                md = await c.call("metadata", 9, {"topics": [], "allow_auto_topic_creation": False,
+                                                  "include_cluster_authorized_operations": False,
+                                                  "include_topic_authorized_operations": False})
+                return [b.node_id for b in md.brokers] == [1]
+
+            await _until(alone)
             r = await c.call("create_topics", 5, {"topics": [
                 {"name": "t", "num_partitions": 1, "replication_factor": 3, "assignments": [],
                  "configs": [{"name": "min.insync.replicas", "value": "2"}]},
@@ -305,11 +341,11 @@ async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
             md = await c.call("metadata", 9, {"topics": [{"name": "t"}], "allow_auto_topic_creation": False,
                                               "include_cluster_authorized_operations": False,
                                               "include_topic_authorized_operations": False})
-            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [
-                (1, ports[0], "r1"), (2, ports[1], None), (3, ports[2], None)]  # racks once heard from
+            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [(1, ports[0], "r1")]
             assert md.controller_id == 1
             p = md.topics[0].partitions[0]
-            assert (p.leader_id, list(p.replica_nodes), list(p.isr_nodes)) == (1, [1, 2, 3], [1])
+            assert (p.leader_id, list(p.replica_nodes), list(p.isr_nodes), list(p.offline_replicas)) == (
+                1, [1, 2, 3], [1], [2, 3])
             batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
 
             async def produce(acks: int) -> int:
@@ -331,6 +367,10 @@ async def test_other_brokers_route_to_the_controller(tmp_path: Path) -> None:
                 {"name": "t", "num_partitions": 1, "replication_factor": -1, "assignments": [], "configs": []}],
                 "timeout": 5000, "validate_only": False})
             assert r.topics[0].error_code == 41  # NOT_CONTROLLER
+            md = await _metadata(c, "t")
+            # the others have not answered yet, but are within the start-up grace
+            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [
+                (1, ports[0], None), (2, ports[1], "r2"), (3, ports[2], None)]  # racks once heard from
             fc = await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
             assert (fc.node_id, fc.port) == (1, ports[0])
             # group requests sent here anyway: NOT_COORDINATOR, the client asks again
@@ -352,6 +392,16 @@ async def _metadata(c: RawClient, topic: str) -> Any:
     return await c.call("metadata", 9, {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
                                         "include_cluster_authorized_operations": False,
                                         "include_topic_authorized_operations": False})
+
+
+async def _create(c: RawClient, topics: list[dict[str, Any]]) -> Any:
+    """CreateTopics, asked again if the controller had not heard every broker since it
+    started within the request's timeout (NOT_CONTROLLER, which Java's Admin retries)."""
+    while True:
+        r = await c.call("create_topics", 5, {"topics": topics, "timeout": 5000, "validate_only": False})
+        if all(t.error_code != 41 for t in r.topics):
+            return r
+        await trio.sleep(0.05)
 
 
 async def _until(check: Callable[[], Awaitable[bool]]) -> None:
@@ -381,9 +431,8 @@ async def test_two_brokers_in_process(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             c1 = await serve(nursery, 1)
             c2 = await serve(nursery, 2)
-            r = await c1.call("create_topics", 5, {"topics": [
-                {"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
-                 "configs": [{"name": "min.insync.replicas", "value": "2"}]}], "timeout": 5000, "validate_only": False})
+            r = await _create(c1, [{"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
+                                    "configs": [{"name": "min.insync.replicas", "value": "2"}]}])
             assert r.topics[0].error_code == 0
 
             async def isr_everywhere() -> bool:
@@ -495,9 +544,8 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             with trio.CancelScope() as first:
                 async with trio.open_nursery() as inner:
                     c1 = await serve(inner, 1)
-                    r = await c1.call("create_topics", 5, {"topics": [
-                        {"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
-                         "configs": []}], "timeout": 5000, "validate_only": False})
+                    r = await _create(c1, [{"name": "t", "num_partitions": 1, "replication_factor": 2,
+                                            "assignments": [], "configs": []}])
                     assert r.topics[0].error_code == 0
                     assert await produce(c1, "t") == 0
 
@@ -541,6 +589,11 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             assert joined.error_code == 79  # MEMBER_ID_REQUIRED: broker 2 coordinates the group
 
             c1 = await serve(nursery, 1)  # the writer is back: it leads again
+            # and the controller again, but "u" is broker 2's: never created a second time,
+            # whether or not broker 1's mirror has attached it yet
+            r = await _create(c1, [{"name": "u", "num_partitions": 1, "replication_factor": 2,
+                                    "assignments": [], "configs": []}])
+            assert r.topics[0].error_code == 36  # TOPIC_ALREADY_EXISTS
 
             async def back() -> bool:
                 return view(await _metadata(c2, "t"))[:2] == ([1, 2], 1)
