@@ -471,7 +471,7 @@ logger.fetch.level = debug
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.matrix("cluster: KIP-392 fetch from follower by client.rack", client="java")
+@pytest.mark.matrix("cluster: KIP-392 fetch from follower by client.rack", client="java-tools")
 def test_java_consumer_fetches_from_its_rack(workdir: Path) -> None:
     java = JavaTools(require_java())
     kcat, why = harness.find_kcat("new")
