@@ -13,14 +13,32 @@ Design, as Kafka and Hypercore each would have it:
   replication address, rack) is learned from its Kafka port (broker/mirror.py discovery),
   so a broker's own settings live in its own file only.
 * Every broker mirrors every other broker (the `--mirror` machinery): the writer of an
-  archive, the only holder of its key, is its leader; replicas are all brokers, leader
-  first. Leadership never moves (an archive has one signer), so the leader epoch stays 0.
-* The controller is the broker with the lowest id. It alone creates topics (CreateTopics
+  archive, the only holder of its key, is its leader; replicas are all brokers, writer
+  first. Writes never move (an archive has one signer), so the leader epoch stays 0.
+* Liveness, as Kafka's broker.session.timeout.ms (default 9 s): every broker probes
+  every other's Kafka port about once a second (the Metadata request that also brings the
+  writer's ISR, broker/mirror.py `poll_leader_isr`); a peer whose last answer is older than
+  the session timeout is dead. At start-up every peer gets one session timeout of grace,
+  as a newly active KRaft controller gives every registered broker. A dead broker leaves
+  Metadata's broker list and every ISR (Kafka fences it and shrinks the ISRs at once).
+* Reads fail over, writes wait: a partition whose writer is dead is reported with the
+  lowest live id of the ISR its writer last reported as leader (every broker computes the
+  same from the same facts), so consumers keep reading that mirror's verified copy;
+  a produce sent there is refused with NOT_LEADER_OR_FOLLOWER (retriable: clients refresh
+  Metadata and retry) as any mirror refuses it, since only the writer holds the key. When
+  the writer answers again it is the leader again. With no live in-sync replica the leader
+  is -1 and the partition's error LEADER_NOT_AVAILABLE, as Kafka's offline partitions.
+  A broker that started after the writer died takes its last ISR from a peer's Metadata.
+  There is no quorum: each broker decides from its own probes, so brokers that cannot
+  reach each other may disagree (README "Clusters" says what that costs).
+* The controller is the live broker with the lowest id. It alone creates topics (CreateTopics
   elsewhere answers NOT_CONTROLLER; Metadata names it as controller_id, so Java's Admin and
   librdkafka route there) and it is every group's coordinator, so that a group never has
-  two coordinators. Auto-creation happens on the controller only (other brokers forward
-  it, as Kafka's KIP-590 forwarding does), and so does deletion; the others follow the
-  controller's catalog and drop a deleted topic's copy.
+  two coordinators while the brokers agree on who is alive. A topic created while the
+  first controller is down is written by the broker that created it. Auto-creation
+  happens on the controller only (other brokers forward it, as Kafka's KIP-590
+  forwarding does), and so does deletion; the others follow the controller's catalog
+  and drop a deleted topic's copy.
 * Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
   writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
   each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a
@@ -31,7 +49,8 @@ Design, as Kafka and Hypercore each would have it:
 * In-sync (Kafka's rule for ``replica.lag.time.max.ms``, default 30 s as since KIP-537): a follower is
   in sync while it holds at least what the leader had signed ``replica.lag.time.max.ms``
   ago, and it has had a replication connection within that time. The leader is always in
-  sync. A mirror that went away therefore leaves the ISR after the lag time, not at once.
+  sync. A mirror that went away therefore leaves the ISR after the lag time, or once it
+  is dead (the session timeout), whichever comes first.
 * acks=all, as Kafka's DelayedProduce: refused before the append with NOT_ENOUGH_REPLICAS
   when the ISR is smaller than the topic's ``min.insync.replicas`` (the leader counts);
   after the append the answer waits until every in-sync replica holds the batch (a
@@ -61,6 +80,8 @@ from broker.config import ClusterBroker, ConfigError
 from storage import PartitionLog
 
 DEFAULT_REPLICA_LAG_MS = 30_000
+DEFAULT_SESSION_TIMEOUT_MS = 9_000  # Kafka's broker.session.timeout.ms
+NO_LEADER = -1
 WAIT_TICK_MAX_S = 0.5
 
 
@@ -95,14 +116,15 @@ class Cluster:
     """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode."""
 
     def __init__(self, brokers: Iterable[ClusterBroker], me: int, *, rack: str | None = None,
-                 replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS, rack_aware: bool = True,
+                 replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS,
+                 session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS, rack_aware: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.brokers = {b.node_id: b for b in brokers}
         if me not in self.brokers:
             raise ConfigError(f"node.id {me} is not listed in hyperkafka.cluster.brokers")
         self.me = me
-        self.controller_id = min(self.brokers)
         self.lag_s = replica_lag_ms / 1000
+        self.session_s = session_timeout_ms / 1000
         self.rack_aware = rack_aware
         self.clock = clock
         self.racks: dict[int, str | None] = {me: rack}
@@ -112,6 +134,14 @@ class Cluster:
         # ISR of archives written by others, as their writer last told us (Metadata):
         # (topic, partition) -> isr ids.
         self.remote_isr: dict[tuple[str, int], list[int]] = {}
+        self._isr_writer: dict[tuple[str, int], int] = {}  # whose own report each entry is
+        # Liveness: when each peer last answered a probe. Every peer starts alive for one
+        # session timeout (the grace a newly active KRaft controller gives every broker).
+        started = clock()
+        self._heard = {i: started for i in self.brokers if i != me}
+        self._answered: set[int] = set()  # peers heard since start-up
+        self._written_by: dict[int, set[str]] = {}  # topics each peer said it writes
+        self._reported = trio.Event()  # set (and replaced) on every peer's report
         spec = ",".join(f"{b.node_id}@{b.address}" for b in self.brokers.values())
         digest = hashlib.blake2b(spec.encode(), digest_size=16).digest()
         # Every broker of the cluster derives the same id from the same list.
@@ -119,9 +149,94 @@ class Cluster:
 
     # -- membership -------------------------------------------------------------
 
+    def heard_from(self, node_id: int) -> None:
+        """A peer answered a probe (its Kafka port, broker/mirror.py): it is alive now."""
+        if node_id in self._heard:
+            self._heard[node_id] = self.clock()
+
+    def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]]) -> None:
+        """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition:
+        it is alive (the answer is its heartbeat); for what it writes (its id first among
+        the replicas) its ISR is the truth and replaces what we had (a partition left out
+        was deleted). For a partition whose writer is dead to us and whose ISR we never
+        heard (we started after it died), the ISR this peer still shows is taken, so that
+        we name the same read leader as the brokers that saw the writer's last report."""
+        self.heard_from(peer)
+        self._answered.add(peer)
+        own: dict[tuple[str, int], list[int]] = {}
+        now = self.clock()
+        for topic, index, replicas, isr in partitions:
+            key = (topic, index)
+            writer = replicas[0] if replicas else None
+            if writer == peer:
+                own[key] = isr
+            elif (writer is not None and writer != self.me and isr and key not in self.remote_isr
+                  and not self.alive(writer, now)):
+                self.remote_isr[key] = isr
+        for key in [k for k, w in self._isr_writer.items() if w == peer and k not in own]:
+            del self._isr_writer[key]
+            self.remote_isr.pop(key, None)
+        self.remote_isr.update(own)
+        self._isr_writer.update(dict.fromkeys(own, peer))
+        self._written_by[peer] = {topic for topic, _ in own}
+        self._reported.set()
+        self._reported = trio.Event()
+
+    def written_elsewhere(self, topic: str) -> int | None:
+        """The live peer that said it writes `topic` (before our mirror attached it)."""
+        now = self.clock()
+        return next((i for i, names in sorted(self._written_by.items())
+                     if topic in names and self.alive(i, now)), None)
+
+    async def wait_every_catalog(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until `knows_every_catalog`: a controller that just
+        started answers CreateTopics once it has heard the others (or they are dead)."""
+        with trio.move_on_after(timeout_s):
+            while not self.knows_every_catalog():
+                event = self._reported
+                with trio.move_on_after(WAIT_TICK_MAX_S):  # a peer may die by time alone
+                    await event.wait()
+        return self.knows_every_catalog()
+
+    def knows_every_catalog(self) -> bool:
+        """Whether every live peer answered since start-up, so that a topic name it writes
+        is known here (a controller that just started must not create it again)."""
+        now = self.clock()
+        return all(i in self._answered for i in self.brokers if i != self.me and self.alive(i, now))
+
+    def alive(self, node_id: int, now: float | None = None) -> bool:
+        """Whether `node_id` answered within the session timeout (this broker always is)."""
+        if node_id == self.me:
+            return True
+        heard = self._heard.get(node_id)
+        if heard is None:
+            return False
+        return (self.clock() if now is None else now) - heard <= self.session_s
+
+    def live_ids(self) -> list[int]:
+        now = self.clock()
+        return sorted(i for i in self.brokers if self.alive(i, now))
+
+    @property
+    def controller_id(self) -> int:
+        """The lowest live id: the first listed broker while it is alive, else the next."""
+        return self.live_ids()[0]
+
     @property
     def is_controller(self) -> bool:
         return self.me == self.controller_id
+
+    def leadership(self, writer: int, isr: list[int]) -> tuple[int, list[int]]:
+        """(leader, isr) to report for a partition written by `writer` whose ISR, as
+        the writer last reported it, is `isr`: dead brokers leave the ISR; the writer
+        leads while alive, else the lowest live id of that ISR serves reads as leader
+        (every broker that saw the same report picks the same one), else nobody
+        (`NO_LEADER`: Kafka's offline partition)."""
+        now = self.clock()
+        live = [i for i in isr if self.alive(i, now)]
+        if self.alive(writer, now):
+            return writer, live
+        return (min(live) if live else NO_LEADER), live
 
     def peers(self) -> list[ClusterBroker]:
         return [b for i, b in self.brokers.items() if i != self.me]
@@ -223,6 +338,7 @@ class Cluster:
             i for i, p in a.peers.items()
             if i in self.brokers and p.length >= need
             and (p.connections > 0 or now - p.last_seen <= self.lag_s)
+            and self.alive(i, now)  # a dead broker leaves every ISR at once, as Kafka fences it
         )
 
     def isr(self, key: bytes) -> list[int]:

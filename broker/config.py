@@ -189,6 +189,9 @@ class BrokerConfig:
     # and Kafka's replica.lag.time.max.ms.
     cluster_brokers: list[ClusterBroker] = field(default_factory=list)
     replica_lag_ms: int = 30_000
+    # Kafka's broker.session.timeout.ms: a peer not heard from this long is dead (its
+    # partitions' reads move to a live mirror, broker/cluster.py).
+    session_timeout_ms: int = 9_000
     # KIP-392's replica.selector.class: rack-aware by default in a cluster (mirrors are
     # there to serve reads), Kafka's LeaderSelector to keep every fetch on the leader.
     replica_selector: str = RACK_AWARE_SELECTOR
@@ -266,6 +269,8 @@ class BrokerConfig:
                            ConfigType.LIST, "Every broker of the cluster, ID@HOST:PORT."))
             values.append(("replica.lag.time.max.ms", str(self.replica_lag_ms), ConfigType.LONG,
                            "A follower not holding what the leader signed this long ago leaves the ISR."))
+            values.append(("broker.session.timeout.ms", str(self.session_timeout_ms), ConfigType.INT,
+                           "A broker not heard from this long is dead: it leaves Metadata and every ISR."))
             values.append(("replica.selector.class", self.replica_selector, ConfigType.CLASS,
                            "How the leader picks a replica for a consumer to fetch from (KIP-392)."))
         for d in TOPIC_CONFIGS.values():
@@ -398,6 +403,10 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["replica_lag_ms"] = int(value)
                 if int(value) <= 0:
                     raise ConfigError("replica.lag.time.max.ms must be positive")
+            elif key == "broker.session.timeout.ms":
+                changes["session_timeout_ms"] = int(value)
+                if int(value) <= 0:
+                    raise ConfigError("broker.session.timeout.ms must be positive")
             elif key == "hyperkafka.mirrors":
                 changes["mirrors"] = [m.strip() for m in value.split(",") if m.strip()]
             elif key == "log.retention.check.interval.ms":

@@ -665,21 +665,19 @@ async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.
 async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
     """Cluster mode: the ISR of what `peer` writes, as it says in its Metadata, for our own
     Metadata answers (the writer is the authority on its ISR, as Kafka's controller is;
-    we pull it, Kafka's controller pushes it)."""
+    we pull it, Kafka's controller pushes it). Each answer is also the peer's heartbeat
+    (`Cluster.take_metadata`, broker.session.timeout.ms)."""
     cluster = node.cluster
     assert cluster is not None
-    interval = min(ISR_POLL_MAX_S, max(cluster.lag_s / 4, ISR_POLL_MIN_S))
+    interval = min(ISR_POLL_MAX_S, max(min(cluster.lag_s, cluster.session_s) / 4, ISR_POLL_MIN_S))
     while True:
         try:
             resp = await kafka_request(peer.host, peer.port, 3, 1, "metadata", {"topics": None})
-            isr: dict[tuple[str, int], list[int]] = {}
-            for t in resp.topics:
-                for p in t.partitions:
-                    if int(p.leader_id) == peer.node_id:
-                        isr[(str(t.name), int(p.partition_index))] = [int(i) for i in p.isr_nodes]
-            for k in [k for k, v in cluster.remote_isr.items() if v and v[0] == peer.node_id and k not in isr]:
-                del cluster.remote_isr[k]
-            cluster.remote_isr.update(isr)
-        except (OSError, trio.TooSlowError, DiscoveryError, ValueError) as exc:
+            # also the liveness probe (broker.session.timeout.ms)
+            cluster.take_metadata(peer.node_id, [
+                (str(t.name), int(p.partition_index), [int(i) for i in p.replica_nodes], [int(i) for i in p.isr_nodes])
+                for t in resp.topics for p in t.partitions])
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError, ValueError) as exc:
+            # (a peer killed mid-answer resets the connection: BrokenResourceError)
             log.debug("cluster: metadata from broker %d: %s", peer.node_id, exc)
         await trio.sleep(interval)

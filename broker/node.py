@@ -195,6 +195,7 @@ class Node:
         if config.cluster_brokers:
             self.cluster = Cluster(config.cluster_brokers, config.node_id, rack=config.rack,
                                    replica_lag_ms=config.replica_lag_ms,
+                                   session_timeout_ms=config.session_timeout_ms,
                                    rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
             self.cluster_id = self.cluster.cluster_id
         for record in store.topics().values():
@@ -294,6 +295,14 @@ class Node:
             raise TopicError(INVALID_PARTITIONS, "Number of partitions is larger than 100000.")
         if self.cluster is not None and not self.cluster.is_controller and name not in INTERNAL_TOPICS:
             raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are created on broker {self.cluster.controller_id}.")
+        if self.cluster is not None and name not in INTERNAL_TOPICS:
+            # A name another broker writes, not attached here yet (a controller back from
+            # a failure, before its mirrors caught up): never a second writer of it.
+            writer = self.cluster.written_elsewhere(name)
+            if writer is not None:
+                raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists (written by broker {writer}).")
+            if not self.cluster.knows_every_catalog():
+                raise TopicError(NOT_CONTROLLER, "This controller has not heard every broker's topics since it started yet.")
         if replication_factor == -1:
             replication_factor = self.config.default_replication_factor
         if self.cluster is not None:
@@ -327,7 +336,9 @@ class Node:
             raise TopicError(TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
         if name in INTERNAL_TOPICS:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Internal topic {name} cannot be deleted")
-        if self.cluster is not None and not self.cluster.is_controller and name not in INTERNAL_TOPICS:
+        written_here = name in self.topics and not self.topics[name].mirrored
+        if self.cluster is not None and not self.cluster.is_controller and not written_here:
+            # (a topic this broker writes: the controller forwards its deletion here)
             raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are deleted on broker {self.cluster.controller_id}.")
         if name in self.topics and self.topics[name].mirrored:
             raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is mirrored from another node; delete it there")
@@ -356,7 +367,12 @@ class Node:
         if not self.config.auto_create_topics or (self.cluster is not None and not self.cluster.is_controller):
             # (in a cluster, topics are created on the controller; Metadata forwards it)
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
-        created = self.create_topic(name)
+        try:
+            created = self.create_topic(name)
+        except TopicError as exc:
+            if exc.code in (NOT_CONTROLLER, TOPIC_ALREADY_EXISTS):  # not yet here: retriable
+                raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, exc.message) from None
+            raise
         assert created is not None
         return created
 

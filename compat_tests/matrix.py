@@ -56,7 +56,7 @@ SINGLE_SUBJECT: dict[str, str] = {
     "apiversions-unknown-version": "the broker's ApiVersions fallback, on a raw socket",
     "sigterm-exit-0": "the broker's own exit status",
     "mirrors: *": "hyperkafka mirrors, fed and read by the clients named",
-    "cluster: *": "hyperkafka cluster mode (three brokers), checked with the clients named",
+    "cluster: *": "hyperkafka cluster mode (two or three brokers), checked with the clients named",
     "scripts/demo: *": "hyperkafka's demo script",
     "security refusal: *": "the broker's security rules, as the clients named report them",
     "security hostile: *": "the broker's limits on idle and trickling TLS connections",

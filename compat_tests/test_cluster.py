@@ -14,15 +14,29 @@ within the test. One scenario, in steps that build on each other:
    sent to broker 2 (KIP-392 preferred_read_replica): its debug log shows the fetches
    going to broker 2, and it keeps consuming while the leader is stopped (SIGSTOP), which
    only a follower can serve.
-4. acks=all with min.insync.replicas=2 succeeds while the mirrors are up; with both
+4. Failover: the writer, also the controller, is SIGKILLed. Within
+   broker.session.timeout.ms (+ slack) Metadata from the others (confluent, kafka-python,
+   kcat) no longer lists it, names broker 2 controller and, for its partitions, leader 2
+   with isr 2,3 (offline replica 1). A confluent consumer group (its coordinator is now
+   broker 2) reads every acknowledged record from broker 2's verified copy, byte for
+   byte; CreateTopics goes to broker 2 and succeeds there; a producer's send to the
+   dead writer's topic is refused with NOT_LEADER_OR_FOLLOWER, retried, and delivered
+   once the writer is restarted and leads again.
+5. acks=all with min.insync.replicas=2 succeeds while the mirrors are up; with both
    mirrors SIGKILLed it fails with NOT_ENOUGH_REPLICAS_AFTER_APPEND, the ISR shrinks to
    the leader no sooner than replica.lag.time.max.ms after the kill, and the next
    acks=all produce is refused with NOT_ENOUGH_REPLICAS before it is written. acks=1
    still succeeds.
+
+A second scenario, with two brokers: Java's kafka-clients consumer (kafka-console-consumer)
+with client.rack=rack-2, bootstrapped at the leader, is sent to broker 2 (its FetchCollector
+logs the preferred read replica) and reads every record there, the last ones with the
+leader stopped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -38,8 +52,13 @@ import pytest
 
 from compat_tests import harness
 from compat_tests.harness import ROOT, Broker
+from compat_tests.java_tools import CONSOLE_CONSUMER, JavaTools, require_java
 
 LAG_MS = 5000  # short, to see the ISR shrink; long enough for a loaded CI machine
+# Short, to see failover within the test; above LAG_MS, so that step 5 sees the ISR
+# shrink by the lag rule (a dead broker leaves every ISR at the session timeout).
+SESSION_MS = 6000
+N_FAILOVER = 200
 N_BATCHES = 120
 
 ADMIN = textwrap.dedent(
@@ -48,7 +67,7 @@ ADMIN = textwrap.dedent(
     from confluent_kafka.admin import AdminClient, NewTopic
     a = AdminClient({"bootstrap.servers": sys.argv[1]})
     fs = a.create_topics([NewTopic("acks", 1, 3, config={"min.insync.replicas": "2"}),
-                          NewTopic("racked", 1, 3)], operation_timeout=10)
+                          NewTopic("racked", 1, 3), NewTopic("failover", 1, 3)], operation_timeout=10)
     for name, f in fs.items():
         f.result(20)
     print("created")
@@ -68,7 +87,7 @@ METADATA = textwrap.dedent(
         "controller": md.controller_id,
         "topics": {t: [[p.id, p.leader, list(p.replicas), list(p.isrs)]
                        for p in sorted(md.topics[t].partitions.values(), key=lambda p: p.id)]
-                   for t in ("acks", "racked") if t in md.topics},
+                   for t in ("acks", "racked", "failover") if t in md.topics},
     }}
     kp = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
     cluster = kp.describe_cluster()
@@ -77,7 +96,7 @@ METADATA = textwrap.dedent(
         "controller": cluster["controller_id"],
         "topics": {t["name"]: [[p["partition_index"], p["leader_id"], list(p["replica_nodes"]), list(p["isr_nodes"])]
                                for p in t["partitions"]]
-                   for t in kp.describe_topics(["acks", "racked"])},
+                   for t in kp.describe_topics(["acks", "racked", "failover"])},
     }
     kp.close()
     print(json.dumps(out))
@@ -140,6 +159,100 @@ RACK_CONSUMER = textwrap.dedent(
 )
 
 
+def _record(i: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Record `i` of the failover topic: binary, of varied sizes, with a header."""
+    value = hashlib.sha256(b"%d" % i).digest() * (1 + i % 40)
+    return b"key-%d" % i, value, [("i", i.to_bytes(4, "big"))]
+
+
+# Produces N_FAILOVER records (acks=all) and prints the acknowledged ones.
+FAILOVER_PRODUCE = textwrap.dedent(
+    """
+    import json, sys
+    from confluent_kafka import Producer
+    from compat_tests.test_cluster import _record
+    bootstrap, n = sys.argv[1], int(sys.argv[2])
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    acked = []
+    def done(err, msg):
+        if err is None:
+            acked.append(msg.offset())
+    for i in range(n):
+        key, value, headers = _record(i)
+        p.produce("failover", value=value, key=key, headers=headers, partition=0, on_delivery=done)
+    assert p.flush(60) == 0
+    print(json.dumps(sorted(acked)))
+    """
+)
+
+# A consumer group (coordinated by whichever broker is controller) reading the topic
+# from the start: every record as [offset, key, value, headers], hex.
+FAILOVER_CONSUME = textwrap.dedent(
+    """
+    import json, sys
+    from confluent_kafka import Consumer
+    bootstrap, n = sys.argv[1], int(sys.argv[2])
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "failover-readers",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe(["failover"])
+    got = []
+    while len(got) < n:
+        m = c.poll(30)
+        if m is None:
+            break
+        if m.error():
+            print(m.error(), file=sys.stderr)
+            continue
+        got.append([m.offset(), m.key().hex(), m.value().hex(), [[k, v.hex()] for k, v in m.headers() or []]])
+    c.close()
+    print(json.dumps(got))
+    """
+)
+
+# One send while the writer is dead: librdkafka is refused (NOT_LEADER_OR_FOLLOWER) and
+# retries; it says RETRYING once it saw that, and reports the delivery when it comes.
+PENDING_PRODUCE = textwrap.dedent(
+    """
+    import json, logging, sys, time
+    from confluent_kafka import Producer
+    bootstrap = sys.argv[1]
+    refusals = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            line = record.getMessage()
+            if "Not leader" in line or "NOT_LEADER" in line:
+                refusals.append(line)
+    log = logging.getLogger("rdkafka")
+    log.addHandler(Keep())
+    log.setLevel(logging.DEBUG)
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "debug": "msg,protocol",
+                  "retry.backoff.ms": 200, "retry.backoff.max.ms": 500, "message.timeout.ms": 120000}, logger=log)
+    results = []
+    p.produce("failover", value=b"after-failover", key=b"late", partition=0,
+              on_delivery=lambda err, msg: results.append([err.name() if err else "NONE", msg.offset()]))
+    told = False
+    deadline = time.monotonic() + 120
+    while not results and time.monotonic() < deadline:
+        p.poll(0.2)
+        if refusals and not told:
+            print("RETRYING", flush=True)
+            told = True
+    print(json.dumps({"results": results, "refusals": len(refusals), "sample": refusals[:2]}), flush=True)
+    """
+)
+
+CREATE_ONE = textwrap.dedent(
+    """
+    import sys
+    from confluent_kafka.admin import AdminClient, NewTopic
+    a = AdminClient({"bootstrap.servers": sys.argv[1]})
+    for f in a.create_topics([NewTopic(sys.argv[2], 1, int(sys.argv[3]))], operation_timeout=10).values():
+        f.result(20)
+    print("created")
+    """
+)
+
+
 def _py(code: str, *args: str, timeout: float = 60) -> str:
     out = subprocess.run([sys.executable, "-c", code, *args], timeout=timeout, cwd=ROOT,
                          capture_output=True, text=True)
@@ -155,12 +268,13 @@ def _properties(path: Path, node_id: int, rack: str, ports: list[int], rport: in
         hyperkafka.cluster.brokers={brokers}
         hyperkafka.replication.listen=127.0.0.1:{rport}
         replica.lag.time.max.ms={LAG_MS}
+        broker.session.timeout.ms={SESSION_MS}
         """))
     return path
 
 
-def _metadata(b: Broker) -> dict[str, Any]:
-    return json.loads(_py(METADATA, b.bootstrap))  # type: ignore[no-any-return]
+def _metadata(b: Broker, timeout: float = 60) -> dict[str, Any]:
+    return json.loads(_py(METADATA, b.bootstrap, timeout=timeout))  # type: ignore[no-any-return]
 
 
 def _kcat_isr(kcat: harness.Kcat, b: Broker, topic: str) -> tuple[str, str, str] | None:
@@ -180,8 +294,8 @@ def _wait(what: str, check, timeout: float = 30, every: float = 0.3):  # type: i
     raise AssertionError(f"{what}: not reached in {timeout}s (last: {last})")
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.matrix("cluster: 3 brokers, metadata/isr, acks=all min.insync, KIP-392 rack fetch", client="kcat+confluent+kafka-python")
+@pytest.mark.timeout(300)
+@pytest.mark.matrix("cluster: 3 brokers, metadata/isr, failover of reads and controller, acks=all min.insync, KIP-392 rack fetch", client="kcat+confluent+kafka-python")
 def test_three_broker_cluster(workdir: Path) -> None:
     kcat, why = harness.find_kcat("new")
     if kcat is None:
@@ -252,7 +366,60 @@ def test_three_broker_cluster(workdir: Path) -> None:
         served_by_2 = [line for line in got["log"] if f"[thrd:{b2}]" in line and "Fetch topic racked" in line]
         assert len(served_by_2) >= N_BATCHES // 2, got["log"][-20:]
 
-        # 4. acks=all with min.insync.replicas=2
+        # 4. the writer (and controller) dies; reads fail over, writes wait for it
+        acked = json.loads(_py(FAILOVER_PRODUCE, leader.bootstrap, str(N_FAILOVER)))
+        assert acked == list(range(N_FAILOVER)), acked[-3:]
+        _wait("failover topic in sync", lambda: _kcat_isr(kcat, leader, "failover") == ("1", "1,2,3", "1,2,3"))
+        leader.kill()  # SIGKILL
+        killed = time.monotonic()
+        survivors = [[i + 1, "127.0.0.1", p] for i, p in enumerate(ports) if i > 0]
+        for b in (m2, m3):
+            def failed_over(b: Broker = b) -> dict[str, Any] | None:
+                try:
+                    md = _metadata(b, timeout=20)
+                except (AssertionError, subprocess.TimeoutExpired):  # it tried the dead broker, still listed
+                    return None
+                ok = all([b[0] for b in md[client]["brokers"]] == [2, 3] and md[client]["controller"] == 2
+                         and all(md[client]["topics"].get(t) == [[0, 2, [1, 2, 3], [2, 3]]]
+                                 for t in ("acks", "racked", "failover"))
+                         for client in ("confluent", "kafka-python"))
+                return md if ok else None
+
+            md = _wait(f"broker 1 out of {b.bootstrap}'s Metadata", failed_over, timeout=SESSION_MS / 1000 + 15)
+            if b is m2:
+                gone = time.monotonic() - killed
+                assert gone <= SESSION_MS / 1000 + 10, gone
+            assert md["confluent"]["brokers"] == survivors
+            assert _kcat_isr(kcat, b, "failover") == ("2", "1,2,3", "2,3")
+        # every acknowledged record, read from broker 2's verified copy by a group that
+        # broker 2 (the controller now) coordinates
+        got = json.loads(_py(FAILOVER_CONSUME, m3.bootstrap, str(N_FAILOVER)))
+        want = [[i, k.hex(), v.hex(), [[hk, hv.hex()] for hk, hv in h]]
+                for i, (k, v, h) in ((i, _record(i)) for i in acked)]
+        assert got == want, (len(got), got[-1:])
+        # topics are created on the controller, broker 2 now
+        assert "created" in _py(CREATE_ONE, m3.bootstrap, "made-while-1-is-down", "3")
+        # a send to the dead writer's topic: refused (retriable) until it is back, then delivered
+        pending = subprocess.Popen([sys.executable, "-c", PENDING_PRODUCE, f"{m2.bootstrap},{m3.bootstrap}"],
+                                   cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert pending.stdout is not None
+        try:
+            assert pending.stdout.readline().strip() == "RETRYING"
+            leader.start()
+            _wait("broker 1 leads again", lambda: (_kcat_isr(kcat, m3, "failover") or ("",))[0] == "1")
+            late = json.loads(pending.stdout.read())
+            assert pending.wait(30) == 0
+        finally:
+            if pending.poll() is None:
+                pending.kill()
+        assert late["results"] == [["NONE", N_FAILOVER]], late
+        assert late["refusals"] >= 1, late
+        print(f"\n  broker 1 left Metadata {gone:.2f}s after SIGKILL (broker.session.timeout.ms={SESSION_MS}); "
+              f"the send waiting for it was delivered after {late['refusals']} refusal line(s)", file=sys.stderr)
+
+        # 5. acks=all with min.insync.replicas=2
+        _wait("the restarted leader's isr is full again",
+              lambda: _kcat_isr(kcat, leader, "acks") == ("1", "1,2,3", "1,2,3"))
         ok = json.loads(_py(PRODUCE, leader.bootstrap, "acks", "all", "3"))
         assert ok["results"] == ["NONE"] * 3, ok
         for m in (m2, m3):
@@ -272,6 +439,96 @@ def test_three_broker_cluster(workdir: Path) -> None:
         assert one["results"] == ["NONE"], one
         print(f"\n  isr shrank {waited:.2f}s after both mirrors were killed (replica.lag.time.max.ms={LAG_MS})",
               file=sys.stderr)
+    except BaseException:
+        for b in brokers:
+            print(f"--- {b.bootstrap}\n{b.log_tail(40)}", file=sys.stderr)
+        raise
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for b in brokers:
+            try:
+                b.stop()
+            except harness.BrokerError:
+                b.kill()
+
+
+# The Java tools' log4j2 configuration, plus the consumer's fetch decisions at DEBUG.
+JAVA_FETCH_LOG4J = """\
+status = error
+appender.stderr.type = Console
+appender.stderr.name = STDERR
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{HH:mm:ss.SSS} %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = STDERR
+logger.collector.name = org.apache.kafka.clients.consumer.internals.FetchCollector
+logger.collector.level = debug
+logger.fetch.name = org.apache.kafka.clients.consumer.internals.AbstractFetch
+logger.fetch.level = debug
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.matrix("cluster: KIP-392 fetch from follower by client.rack", client="java-tools")
+def test_java_consumer_fetches_from_its_rack(workdir: Path) -> None:
+    java = JavaTools(require_java())
+    kcat, why = harness.find_kcat("new")
+    if kcat is None:
+        kcat, why = harness.find_kcat("old")
+    harness.require(kcat is not None, why)
+    assert kcat is not None
+    ports = [harness.free_port() for _ in range(2)]
+    brokers = [harness.new_broker(workdir / f"broker-{i + 1}", port=ports[i], extra=(
+        "--config", str(_properties(workdir / f"b{i + 1}.properties", i + 1, f"rack-{i + 1}", ports, harness.free_port()))))
+        for i in range(2)]
+    stopped: list[int] = []
+    n = 60
+    try:
+        for b in brokers:
+            b.start()
+        leader = brokers[0]
+        assert "created" in _py(CREATE_ONE, leader.bootstrap, "java-rack", "2")
+        produced = json.loads(_py(PRODUCE, leader.bootstrap, "java-rack", "all", str(n)))
+        assert produced["results"] == ["NONE"] * n, produced
+        _wait("broker 2 in the ISR", lambda: _kcat_isr(kcat, leader, "java-rack") == ("1", "1,2", "1,2"))
+        config = workdir / "log4j2-fetch.properties"
+        config.write_text(JAVA_FETCH_LOG4J)
+        args = ["--bootstrap-server", leader.bootstrap, "--topic", "java-rack", "--partition", "0",
+                "--offset", "earliest", "--max-messages", str(n), "--timeout-ms", "60000"]
+        for k, v in {"client.rack": "rack-2", "max.partition.fetch.bytes": "64", "fetch.max.bytes": "64"}.items():
+            args += ["--command-property", f"{k}={v}"]
+        argv = [f"-Dlog4j2.configurationFile={config}" if a.startswith("-Dlog4j2.configurationFile=") else a
+                for a in java.command(CONSOLE_CONSUMER, args, jvm=java.fast_start)]
+        err_path = workdir / "java-consumer.log"
+        with err_path.open("w") as err_file:
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True,
+                                    start_new_session=True)
+        assert proc.stdout is not None
+        try:
+            # once the leader sent it to broker 2, stop the leader: only broker 2 can serve
+            _wait("the Java consumer sent to broker 2", lambda: "Updating preferred read replica for partition "
+                  "java-rack-0 to 2" in err_path.read_text(), timeout=60, every=0.05)
+            assert leader.proc is not None
+            os.kill(leader.proc.pid, signal.SIGSTOP)
+            stopped.append(leader.proc.pid)
+            lines = [proc.stdout.readline() for _ in range(n)]
+            # every record is in; let the leader answer the consumer's goodbye (a fetch
+            # session close, which would otherwise wait for request.timeout.ms)
+            os.kill(leader.proc.pid, signal.SIGCONT)
+            stopped.remove(leader.proc.pid)
+            out = "".join(lines) + proc.communicate(timeout=60)[0]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log = err_path.read_text().splitlines()
+        assert out.splitlines() == [f"record-{i:05d}" for i in range(n)], (out[-300:], log[-20:])
+        assert any("preferred read replica for partition java-rack-0 to 2" in line for line in log), log[-20:]
+        at_2 = [line for line in log if "fetch request for partition java-rack-0" in line
+                and f"to node 127.0.0.1:{ports[1]} (id: 2 " in line]
+        assert len(at_2) >= n // 2, log[-20:]
     except BaseException:
         for b in brokers:
             print(f"--- {b.bootstrap}\n{b.log_tail(40)}", file=sys.stderr)

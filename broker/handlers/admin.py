@@ -4,16 +4,24 @@ Topics live in the node's catalog (itself a signed archive), so a created topic 
 durable before the response says so. Every DescribeConfigs answer lists every config
 with its value and source (topic override, broker file, or Kafka's default), since an
 empty list breaks clients (librdkafka test 0092).
+
+Cluster mode: DeleteTopics reaches the controller (clients send it there), but only a
+topic's writer can change its catalog: a topic written by another broker (created while
+the first controller was down) is deleted by forwarding the request to its writer, and
+the answer comes once this broker's mirror has dropped it. With the writer down it is
+refused with LEADER_NOT_AVAILABLE (retriable).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from broker.api import Reply, RequestContext, api
 from broker.config import ConfigEntry, ConfigSource
 from broker.handlers import errors
-from broker.node import TopicError
+from broker.node import Node, TopicError
 from broker.replication_server import replication_config_entries
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -27,6 +35,12 @@ RESOURCE_BROKER_LOGGER = 8
 @api(19, "CreateTopics", (2, 7))
 async def create_topics(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
+    cluster = node.cluster
+    if cluster is not None and cluster.is_controller:
+        # a controller that just started first hears every live broker's topics, so that
+        # it never creates a name one of them writes (as Kafka's controller, which answers
+        # once it has loaded its metadata)
+        await cluster.wait_every_catalog(max(req.timeout.total_seconds(), 0.0))
     results = []
     seen: set[str] = set()
     for t in req.topics:
@@ -90,6 +104,33 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
     return {"throttle_time": 0, "topics": results}
 
 
+FORWARD_TIMEOUT_S = 5.0
+
+
+async def _delete_on_writer(node: Node, name: str, writer: int, timeout_s: float) -> None:
+    """Cluster mode, on the controller: delete `name`, which broker `writer` writes, there;
+    return once our mirror dropped it (or the timeout passed: it will shortly)."""
+    from broker.mirror import kafka_request  # the client side of the mirror machinery
+
+    cluster = node.cluster
+    assert cluster is not None
+    if not cluster.alive(writer):
+        raise TopicError(errors.LEADER_NOT_AVAILABLE,
+                         f"Topic {name} is written by broker {writer}, which is down; delete it once it is back.")
+    b = cluster.brokers[writer]
+    try:
+        resp = await kafka_request(b.host, b.port, 20, 4, "delete_topics",
+                                   {"topic_names": [name], "timeout": int(timeout_s * 1000)})
+    except Exception as exc:  # unreachable, reset, closed, slow: the client asks again
+        raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Broker {writer}, which writes {name}, did not answer: {exc}") from None
+    code = int(resp.responses[0].error_code)
+    if code != errors.NONE:
+        raise TopicError(code, resp.responses[0].error_message or f"Broker {writer} refused to delete {name}")
+    with trio.move_on_after(timeout_s):
+        while name in node.topics and node.topics[name].mirrored:
+            await node.wait_for_data()  # detaching a mirrored topic wakes it
+
+
 @api(20, "DeleteTopics", (1, 6))
 async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
@@ -114,6 +155,12 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
             topic = node.topics.get(name)
             if topic is not None:
                 entry["topic_id"] = topic.topic_id
+            cluster = node.cluster
+            if (cluster is not None and cluster.is_controller and topic is not None and topic.mirrored
+                    and topic.leader_id is not None and node.config.delete_topic_enable):
+                timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
+                await _delete_on_writer(node, name, topic.leader_id, timeout_s)
+                continue
             await node.delete_topic(name)
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)

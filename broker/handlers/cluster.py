@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from broker.api import Reply, RequestContext, advertised, api
+from broker.cluster import NO_LEADER
 from broker.handlers import errors
 from broker.node import Node, Partition, Topic, TopicError, check_topic_name
 from broker.security.authz import Operation
@@ -42,10 +43,11 @@ def brokers(node: Node, ctx: RequestContext | None = None) -> list[dict[str, Any
     out: list[dict[str, Any]] = [{"node_id": me, "broker_id": me, "host": host, "port": port, "rack": node.config.rack}]
     cluster = node.cluster
     if cluster is not None:
-        # Cluster mode: every listed broker, at the address the cluster list gives it;
-        # its rack once we have heard it from the broker itself (discovery).
+        # Cluster mode: every live broker (a dead one leaves, as Kafka's fenced brokers),
+        # at the address the cluster list gives it; its rack once we have heard it from
+        # the broker itself (discovery).
         out += [{"node_id": b.node_id, "broker_id": b.node_id, "host": b.host, "port": b.port,
-                 "rack": cluster.racks.get(b.node_id)} for b in cluster.peers()]
+                 "rack": cluster.racks.get(b.node_id)} for b in cluster.peers() if cluster.alive(b.node_id)]
         out.sort(key=lambda b: b["node_id"])
     return out
 
@@ -54,33 +56,39 @@ def controller_id(node: Node) -> int:
     return node.cluster.controller_id if node.cluster is not None else node.config.node_id
 
 
-def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], list[int]]:
-    """(leader, replicas, isr) of one partition."""
+def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], list[int], list[int]]:
+    """(leader, replicas, isr, offline replicas) of one partition."""
     me = node.config.node_id
     cluster = node.cluster
+    offline = [me] if p.failed else []
     if cluster is None or topic.name.startswith("__") or (topic.mirrored and topic.leader_id is None):
         # Alone, a broker's own internal archives, or a mirror of a node outside the
         # cluster: this broker is all Kafka needs to know of.
-        return me, [me], [me]
-    if topic.leader_id is None or topic.leader_id == me:
-        return me, cluster.replicas(me), cluster.isr(p.log.key)
-    leader = topic.leader_id
-    # Written elsewhere: the ISR as its writer last told us (it alone can know it).
-    return leader, cluster.replicas(leader), cluster.remote_isr.get((topic.name, p.index), [leader])
+        return me, [me], [me], offline
+    writer = me if topic.leader_id is None else topic.leader_id
+    replicas = cluster.replicas(writer)
+    offline += [i for i in replicas if not cluster.alive(i)]
+    if writer == me:
+        return me, replicas, cluster.isr(p.log.key), offline
+    # Written elsewhere: the ISR as its writer last told us (it alone can know it), less
+    # the dead; a live mirror of it leads (for reads) while the writer is dead.
+    leader, isr = cluster.leadership(writer, cluster.remote_isr.get((topic.name, p.index), [writer]))
+    return leader, replicas, isr, offline
 
 
 def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
     partitions = []
     for p in topic.partitions:
-        leader, replicas, isr = _replicas(node, topic, p)
+        leader, replicas, isr, offline = _replicas(node, topic, p)
         partitions.append({
-            "error_code": errors.NONE,
+            # Kafka's offline partition: no live in-sync replica to lead it
+            "error_code": errors.LEADER_NOT_AVAILABLE if leader == NO_LEADER else errors.NONE,
             "partition_index": p.index,
             "leader_id": leader,
             "leader_epoch": LEADER_EPOCH,
             "replica_nodes": replicas,
             "isr_nodes": isr,
-            "offline_replicas": [node.config.node_id] if p.failed else [],
+            "offline_replicas": offline,
         })
     return {
         "error_code": errors.NONE,
@@ -144,7 +152,12 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                         raise TopicError(errors.LEADER_NOT_AVAILABLE, "created on the controller")
                     topic = node.create_topic(name)
                 except TopicError as exc:
-                    topics.append({"error_code": exc.code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
+                    code = exc.code
+                    if node.cluster is not None and code in (errors.NOT_CONTROLLER, errors.TOPIC_ALREADY_EXISTS):
+                        # written elsewhere, not attached here yet (or this controller
+                        # is catching up): it shows up shortly, ask again
+                        code = errors.LEADER_NOT_AVAILABLE
+                    topics.append({"error_code": code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
                     continue
             assert topic is not None
             topics.append(describe_topic(node, topic))

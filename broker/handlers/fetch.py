@@ -14,7 +14,8 @@ Follower fetching (KIP-392), cluster mode: a consumer fetch (v11+) whose rack_id
 from this broker's rack, for a partition written here, is answered with the id of an
 in-sync mirror in that rack as preferred_read_replica and no records (broker/cluster.py
 picks it as Kafka's RackAwareReplicaSelector does); the consumer then fetches from that
-mirror, which serves its own verified copy.
+mirror, which serves its own verified copy. While a partition's writer is dead a mirror
+leads it for reads (broker/cluster.py) and serves the same way.
 
 Over plain TCP a partition's data of SENDFILE_MIN_BYTES or more is answered as a
 `FileSlice` (a segment file range on a descriptor of its own) that the server's writer
@@ -97,13 +98,17 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 else:
                     data = where.read()
             except OffsetOutOfRange:
-                if (topic is not None and topic.mirrored and node.cluster is not None and version >= 11
-                        and leader_epoch < 0 and p.fetch_offset > hwm):
+                if (topic is not None and topic.mirrored and node.cluster is not None and p.fetch_offset > hwm
+                        and ((version >= 11 and leader_epoch < 0)
+                             or (topic.leader_id is not None and not node.cluster.alive(topic.leader_id)))):
                     # A follower behind an offset the consumer learned at the leader, as
                     # Kafka's ReplicaManager answers it: a client that sent no leader epoch
                     # cannot tell "ask the leader" from "reset", so it gets an empty answer
                     # and asks again; one that sent an epoch gets the error and consults
-                    # the leader.
+                    # the leader. While the writer is dead this mirror may lead for reads
+                    # and nobody else can have more: the consumer (which read acks=1
+                    # records at the writer) gets an empty answer too and waits for the
+                    # writer rather than resetting its offset.
                     continue
                 entry["error_code"] = errors.OFFSET_OUT_OF_RANGE
                 continue

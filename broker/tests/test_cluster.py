@@ -1,5 +1,5 @@
-"""Cluster mode's pieces: the broker list, the ISR rule, acks=all's wait, the read-replica
-choice, and the config that turns it on. Processes and real clients: compat_tests/test_cluster.py."""
+"""Cluster mode's pieces: the broker list, liveness and failover, the ISR rule, acks=all's
+wait, the read-replica choice, and the config that turns it on. Processes and real clients: compat_tests/test_cluster.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import trio.testing
 
 from broker.cli import _parser as parser
 from broker.cli import build_config
-from broker.cluster import Cluster
+from broker.cluster import NO_LEADER, Cluster
 from broker.config import (
     BrokerConfig,
     ClusterBroker,
@@ -39,8 +39,12 @@ class Clock:
         return self.now
 
 
+SESSION_MS = 3000
+
+
 def _cluster(me: int = 1, clock: Clock | None = None) -> Cluster:
-    c = Cluster(parse_cluster_brokers(LIST), me, rack="r1", replica_lag_ms=LAG_MS, clock=clock or Clock())
+    c = Cluster(parse_cluster_brokers(LIST), me, rack="r1", replica_lag_ms=LAG_MS,
+                session_timeout_ms=SESSION_MS, clock=clock or Clock())
     c.learn(2, b"2" * 32, "r2")
     c.learn(3, b"3" * 32, "r3")
     return c
@@ -57,8 +61,11 @@ def test_parse_cluster_brokers() -> None:
 def test_properties_and_flags(tmp_path: Path) -> None:
     config = apply_properties(BrokerConfig(), {"hyperkafka.cluster.brokers": LIST, "replica.lag.time.max.ms": "2500"})
     assert [b.node_id for b in config.cluster_brokers] == [1, 2, 3] and config.replica_lag_ms == 2500
-    with pytest.raises(ConfigError):
-        apply_properties(BrokerConfig(), {"replica.lag.time.max.ms": "0"})
+    assert config.session_timeout_ms == 9000  # Kafka's broker.session.timeout.ms default
+    assert apply_properties(BrokerConfig(), {"broker.session.timeout.ms": "1500"}).session_timeout_ms == 1500
+    for bad in ({"replica.lag.time.max.ms": "0"}, {"broker.session.timeout.ms": "0"}):
+        with pytest.raises(ConfigError):
+            apply_properties(BrokerConfig(), bad)
     with pytest.raises(ConfigError):
         apply_properties(BrokerConfig(), {"replica.selector.class": "com.example.Mine"})
     leader_only = "org.apache.kafka.common.replica.LeaderSelector"
@@ -74,6 +81,7 @@ def test_properties_and_flags(tmp_path: Path) -> None:
     assert config.node_id == 2 and config.auto_create_topics  # created on the controller, forwarded by others
     names = {e.name: e.value for e in config.describe_broker()}
     assert names["hyperkafka.cluster.brokers"] == "1@h1:9092,2@h2:9092,3@h3:9092"
+    assert names["broker.session.timeout.ms"] == "9000"
 
 
 def test_membership() -> None:
@@ -85,6 +93,93 @@ def test_membership() -> None:
     assert c.broker_for_identity(b"3" * 32) == 3 and c.broker_for_identity(b"x" * 32) is None
     with pytest.raises(ConfigError):
         Cluster(parse_cluster_brokers(LIST), 4)
+
+
+def test_liveness_and_controller_failover() -> None:
+    clock = Clock()
+    c = _cluster(me=2, clock=clock)
+    assert c.live_ids() == [1, 2, 3] and c.controller_id == 1  # every peer starts with one session of grace
+    clock.now += SESSION_MS / 1000 - 0.5
+    c.heard_from(3)
+    assert c.live_ids() == [1, 2, 3]
+    clock.now += 0.5
+    assert c.alive(1)  # exactly the session timeout: still alive, as Kafka's check
+    clock.now += 0.01
+    # 1 never answered: dead, so 2 is the controller now
+    assert c.live_ids() == [2, 3] and not c.alive(1) and c.controller_id == 2 and c.is_controller
+    c.heard_from(1)  # back
+    assert c.controller_id == 1 and not c.is_controller
+    clock.now += 10 * SESSION_MS / 1000
+    assert c.live_ids() == [2] and c.alive(2)  # alone: never dead to itself
+    c.heard_from(7)  # not a member: ignored
+    assert c.live_ids() == [2]
+
+
+def test_leadership_fails_over_to_the_lowest_live_in_sync_replica() -> None:
+    clock = Clock()
+    c = _cluster(me=3, clock=clock)
+    assert c.leadership(1, [1, 2, 3]) == (1, [1, 2, 3])
+    clock.now += SESSION_MS / 1000 + 1
+    c.heard_from(2)
+    # the writer is dead: a live in-sync mirror leads (for reads), the ISR loses the dead
+    assert c.leadership(1, [1, 2, 3]) == (2, [2, 3])
+    assert c.leadership(1, [1, 3]) == (3, [3])  # 2 was not in sync: never picked
+    assert c.leadership(1, [1]) == (NO_LEADER, [])  # nobody holds it all: offline
+    c.heard_from(1)
+    assert c.leadership(1, [1, 3]) == (1, [1, 3])  # the writer is back: it leads again
+    clock.now += SESSION_MS / 1000 + 1
+    c.heard_from(1)
+    assert c.leadership(1, [1, 2, 3]) == (1, [1, 3])  # a dead mirror leaves the ISR
+
+
+def test_metadata_reports_from_peers() -> None:
+    clock = Clock()
+    c = _cluster(me=3, clock=clock)
+    assert not c.knows_every_catalog()  # no peer has answered since start-up
+    c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2, 3]), ("t", 1, [1, 2, 3], [1, 3]),
+                        ("u", 0, [2, 1, 3], [2, 1, 3])])  # u: 1 reports 2's partition, 2 is the authority
+    assert c.remote_isr == {("t", 0): [1, 2, 3], ("t", 1): [1, 3]}
+    assert c.written_elsewhere("t") == 1 and c.written_elsewhere("u") is None  # 2 has not said yet
+    assert not c.knows_every_catalog()
+    c.take_metadata(2, [("u", 0, [2, 1, 3], [2, 1, 3])])
+    assert c.knows_every_catalog() and c.written_elsewhere("u") == 2
+    c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2])])  # t-1 deleted on its writer
+    assert c.remote_isr == {("t", 0): [1, 2], ("u", 0): [2, 1, 3]}
+    clock.now += SESSION_MS / 1000 + 1
+    c.take_metadata(2, [("u", 0, [2, 1, 3], [2, 3])])
+    assert c.alive(2) and not c.alive(1)
+    assert c.knows_every_catalog() and c.written_elsewhere("t") is None  # its writer is dead
+    assert c.leadership(1, c.remote_isr[("t", 0)]) == (2, [2])  # the writer's last report decides
+
+
+def test_a_broker_started_after_a_writer_died_learns_its_isr_from_a_peer() -> None:
+    clock = Clock()
+    c = _cluster(me=3, clock=clock)
+    clock.now += SESSION_MS / 1000 + 1  # 1 never answered since we started
+    # 2 still knows 1's last ISR and leads t-0 for reads
+    c.take_metadata(2, [("t", 0, [1, 2, 3], [2, 3])])
+    assert c.leadership(1, c.remote_isr[("t", 0)]) == (2, [2, 3])  # the same leader as 2 names
+    c.take_metadata(2, [("t", 0, [1, 2, 3], [2])])
+    assert c.remote_isr[("t", 0)] == [2, 3]  # known now: a peer's view does not replace it
+    c.take_metadata(1, [("t", 0, [1, 2, 3], [1])])  # the writer is back: its report is the truth
+    assert c.remote_isr[("t", 0)] == [1] and c.leadership(1, [1]) == (1, [1])
+
+
+def test_a_dead_follower_leaves_the_isr_at_once() -> None:
+    clock = Clock()
+    c = Cluster(parse_cluster_brokers(LIST), 1, replica_lag_ms=30_000, session_timeout_ms=SESSION_MS, clock=clock)
+    c.published(KEY, 5)
+    for peer in (2, 3):
+        c.connected(KEY, peer)
+        c.acked(KEY, peer, 5)
+    assert c.isr(KEY) == [1, 2, 3]
+    clock.now += SESSION_MS / 1000 + 1
+    c.heard_from(3)
+    # 2 still has its connection open (a stopped process keeps it) and is within the
+    # lag, but it stopped answering: fenced, as Kafka's controller fences it
+    assert c.isr(KEY) == [1, 3]
+    c.heard_from(2)
+    assert c.isr(KEY) == [1, 2, 3]
 
 
 def test_isr_follows_acked_lengths_and_the_lag() -> None:
@@ -176,16 +271,39 @@ async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: 
     assert await c.wait_replicated(KEY, 3, 1) is True
 
 
+async def test_a_controller_waits_for_every_catalog(autojump_clock: trio.testing.MockClock) -> None:
+    c = Cluster(parse_cluster_brokers(LIST), 1, session_timeout_ms=SESSION_MS, clock=trio.current_time)
+    assert await c.wait_every_catalog(1) is False  # nobody answered yet
+    async with trio.open_nursery() as nursery:
+        async def answer() -> None:
+            await trio.sleep(0.5)
+            c.take_metadata(2, [])
+            c.take_metadata(3, [])
+
+        nursery.start_soon(answer)
+        start = trio.current_time()
+        assert await c.wait_every_catalog(10) is True
+        assert trio.current_time() - start >= 0.5
+    # a peer that never answers is waited for until it is dead (the start-up grace)
+    c = Cluster(parse_cluster_brokers(LIST), 1, session_timeout_ms=SESSION_MS, clock=trio.current_time)
+    start = trio.current_time()
+    c.take_metadata(2, [])
+    assert await c.wait_every_catalog(60) is True
+    assert trio.current_time() - start >= SESSION_MS / 1000
+
+
 # ------------------------------------------------------------ one broker of a cluster
 
 
-async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int]) -> RawClient:
-    """Broker `node_id` of a three-broker cluster whose other brokers are not running."""
+async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int],
+                 session_ms: int = 600_000) -> RawClient:
+    """Broker `node_id` of a three-broker cluster whose other brokers are not running (they
+    count as alive for one session timeout: the start-up grace)."""
     brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
     config = apply_properties(BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1],
                                            shutdown_grace_s=2, replication_listen=("127.0.0.1", 0)),
                               {"node.id": str(node_id), "broker.rack": f"r{node_id}",
-                               "hyperkafka.cluster.brokers": brokers})
+                               "hyperkafka.cluster.brokers": brokers, "broker.session.timeout.ms": str(session_ms)})
     await nursery.start(run, config)
     return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
 
@@ -205,7 +323,15 @@ async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
     ports = _free_ports(3)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            c = await _serve(nursery, tmp_path, 1, ports)
+            c = await _serve(nursery, tmp_path, 1, ports, session_ms=1000)
+
+            async def alone() -> bool:  # the others never answered: dead after the grace
+                md = await c.call("metadata", 9, {"topics": [], "allow_auto_topic_creation": False,
+                                                  "include_cluster_authorized_operations": False,
+                                                  "include_topic_authorized_operations": False})
+                return [b.node_id for b in md.brokers] == [1]
+
+            await _until(alone)
             r = await c.call("create_topics", 5, {"topics": [
                 {"name": "t", "num_partitions": 1, "replication_factor": 3, "assignments": [],
                  "configs": [{"name": "min.insync.replicas", "value": "2"}]},
@@ -215,11 +341,11 @@ async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
             md = await c.call("metadata", 9, {"topics": [{"name": "t"}], "allow_auto_topic_creation": False,
                                               "include_cluster_authorized_operations": False,
                                               "include_topic_authorized_operations": False})
-            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [
-                (1, ports[0], "r1"), (2, ports[1], None), (3, ports[2], None)]  # racks once heard from
+            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [(1, ports[0], "r1")]
             assert md.controller_id == 1
             p = md.topics[0].partitions[0]
-            assert (p.leader_id, list(p.replica_nodes), list(p.isr_nodes)) == (1, [1, 2, 3], [1])
+            assert (p.leader_id, list(p.replica_nodes), list(p.isr_nodes), list(p.offline_replicas)) == (
+                1, [1, 2, 3], [1], [2, 3])
             batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
 
             async def produce(acks: int) -> int:
@@ -241,8 +367,19 @@ async def test_other_brokers_route_to_the_controller(tmp_path: Path) -> None:
                 {"name": "t", "num_partitions": 1, "replication_factor": -1, "assignments": [], "configs": []}],
                 "timeout": 5000, "validate_only": False})
             assert r.topics[0].error_code == 41  # NOT_CONTROLLER
+            md = await _metadata(c, "t")
+            # the others have not answered yet, but are within the start-up grace
+            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [
+                (1, ports[0], None), (2, ports[1], "r2"), (3, ports[2], None)]  # racks once heard from
             fc = await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
             assert (fc.node_id, fc.port) == (1, ports[0])
+            # group requests sent here anyway: NOT_COORDINATOR, the client asks again
+            hb = await c.call("heartbeat", 4, {"group_id": "g", "generation_id": 1, "member_id": "m",
+                                               "group_instance_id": None})
+            assert hb.error_code == 16
+            of = await c.call("offset_fetch", 8, {"groups": [{"group_id": "g", "topics": None}],
+                                                  "require_stable": False})
+            assert [g.error_code for g in of.groups] == [16]
             md = await c.call("metadata", 9, {"topics": [{"name": "new"}], "allow_auto_topic_creation": True,
                                               "include_cluster_authorized_operations": False,
                                               "include_topic_authorized_operations": False})
@@ -255,6 +392,16 @@ async def _metadata(c: RawClient, topic: str) -> Any:
     return await c.call("metadata", 9, {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
                                         "include_cluster_authorized_operations": False,
                                         "include_topic_authorized_operations": False})
+
+
+async def _create(c: RawClient, topics: list[dict[str, Any]]) -> Any:
+    """CreateTopics, asked again if the controller had not heard every broker since it
+    started within the request's timeout (NOT_CONTROLLER, which Java's Admin retries)."""
+    while True:
+        r = await c.call("create_topics", 5, {"topics": topics, "timeout": 5000, "validate_only": False})
+        if all(t.error_code != 41 for t in r.topics):
+            return r
+        await trio.sleep(0.05)
 
 
 async def _until(check: Callable[[], Awaitable[bool]]) -> None:
@@ -284,9 +431,8 @@ async def test_two_brokers_in_process(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             c1 = await serve(nursery, 1)
             c2 = await serve(nursery, 2)
-            r = await c1.call("create_topics", 5, {"topics": [
-                {"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
-                 "configs": [{"name": "min.insync.replicas", "value": "2"}]}], "timeout": 5000, "validate_only": False})
+            r = await _create(c1, [{"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
+                                    "configs": [{"name": "min.insync.replicas", "value": "2"}]}])
             assert r.topics[0].error_code == 0
 
             async def isr_everywhere() -> bool:
@@ -351,4 +497,128 @@ async def test_two_brokers_in_process(tmp_path: Path) -> None:
 
             await _until(gone)
             assert list((tmp_path / "b2" / "__mirrors").glob("*/t-0")) == []  # the copy is deleted too
+            nursery.cancel_scope.cancel()
+
+
+async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
+    """Broker 1 (writer and controller) stops: broker 2 drops it from Metadata after the
+    session timeout, leads its partition for reads, refuses produce there with a retriable
+    error, becomes controller (CreateTopics, FindCoordinator); broker 1 back leads again."""
+    ports = _free_ports(2)
+    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
+
+    async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
+        config = apply_properties(
+            BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1], shutdown_grace_s=2,
+                         replication_listen=("127.0.0.1", 0)),
+            {"node.id": str(node_id), "hyperkafka.cluster.brokers": brokers,
+             "replica.lag.time.max.ms": "5000", "broker.session.timeout.ms": "2000"})
+        await nursery.start(run, config)
+        return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+
+    batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
+
+    async def produce(c: RawClient, topic: str) -> int:
+        r = await c.call("produce", 8, {"acks": 1, "timeout": 5000, "transactional_id": None, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+        return int(r.responses[0].partition_responses[0].error_code)
+
+    async def fetch(c: RawClient, offset: int = 0) -> Any:
+        f = await c.call("fetch", 11, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": 0, "fetch_offset": offset,
+                                                      "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]})
+        return f.responses[0].partitions[0]
+
+    def view(md: Any) -> tuple[list[int], int, tuple[int, ...]]:
+        if md.topics[0].error_code:
+            return [b.node_id for b in md.brokers], md.controller_id, (md.topics[0].error_code,)
+        p = md.topics[0].partitions[0]
+        return ([b.node_id for b in md.brokers], md.controller_id,
+                (p.error_code, p.leader_id, list(p.replica_nodes), list(p.isr_nodes), list(p.offline_replicas)))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            c2 = await serve(nursery, 2)
+            with trio.CancelScope() as first:
+                async with trio.open_nursery() as inner:
+                    c1 = await serve(inner, 1)
+                    r = await _create(c1, [{"name": "t", "num_partitions": 1, "replication_factor": 2,
+                                            "assignments": [], "configs": []}])
+                    assert r.topics[0].error_code == 0
+                    assert await produce(c1, "t") == 0
+
+                    async def in_sync() -> bool:
+                        return view(await _metadata(c2, "t")) == ([1, 2], 1, (0, 1, [1, 2], [1, 2], []))
+
+                    await _until(in_sync)
+                    at_writer = bytes((await fetch(c1)).records)
+                    first.cancel()  # broker 1 stops
+
+            async def failed_over() -> bool:
+                return view(await _metadata(c2, "t"))[0] == [2]
+
+            await _until(failed_over)
+            # the dead writer's partition: broker 2 leads it for reads, 1 is offline
+            assert view(await _metadata(c2, "t")) == ([2], 2, (0, 2, [1, 2], [2], [1]))
+            assert await produce(c2, "t") == 6  # NOT_LEADER_OR_FOLLOWER: retriable, nothing lost
+            part = await fetch(c2)
+            # what the writer served, byte for byte, from the mirror's verified copy
+            assert (part.error_code, part.high_watermark, bytes(part.records)) == (0, 1, at_writer)
+            # a consumer ahead of the copy (it read records at the writer that broker 2 has
+            # not got yet): an empty answer, not OFFSET_OUT_OF_RANGE (which would reset it)
+            ahead = await fetch(c2, offset=5)
+            assert (ahead.error_code, ahead.records or b"") == (0, b"")
+            # broker 2 is the controller now: it creates topics (and writes them) and
+            # coordinates groups
+            fc = await c2.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+            assert (fc.error_code, fc.node_id, fc.port) == (0, 2, ports[1])
+            r = await c2.call("create_topics", 5, {"topics": [
+                {"name": "u", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
+                "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 0
+            assert await produce(c2, "u") == 0
+            r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
+            assert r.responses[0].error_code == 5  # its writer is down: LEADER_NOT_AVAILABLE, retriable
+
+            join = {"group_id": "g", "session_timeout": 10000, "rebalance_timeout": 10000, "member_id": "",
+                    "group_instance_id": None, "protocol_type": "consumer", "reason": None,
+                    "protocols": [{"name": "range", "metadata": b""}]}
+            joined = await c2.call("join_group", 9, join)
+            assert joined.error_code == 79  # MEMBER_ID_REQUIRED: broker 2 coordinates the group
+
+            c1 = await serve(nursery, 1)  # the writer is back: it leads again
+            # and the controller again, but "u" is broker 2's: never created a second time,
+            # whether or not broker 1's mirror has attached it yet
+            r = await _create(c1, [{"name": "u", "num_partitions": 1, "replication_factor": 2,
+                                    "assignments": [], "configs": []}])
+            assert r.topics[0].error_code == 36  # TOPIC_ALREADY_EXISTS
+
+            async def back() -> bool:
+                return view(await _metadata(c2, "t"))[:2] == ([1, 2], 1)
+
+            await _until(back)
+            assert view(await _metadata(c2, "t"))[2][:3] == (0, 1, [1, 2])
+            # and coordinates groups again: the member on broker 2 is sent back there
+            join["member_id"] = joined.member_id
+            assert (await c2.call("join_group", 9, join)).error_code == 16  # NOT_COORDINATOR
+            fc = await c2.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+            assert (fc.node_id, fc.port) == (1, ports[0])
+            assert await produce(c1, "t") == 0
+
+            async def u_on_1() -> bool:  # the topic created meanwhile: broker 2 writes it
+                md = await _metadata(c1, "u")
+                return not md.topics[0].error_code and md.topics[0].partitions[0].leader_id == 2
+
+            await _until(u_on_1)
+            # deleting it goes to the controller (1), which has its writer (2) delete it
+            r = await c1.call("delete_topics", 4, {"topic_names": ["u"], "timeout": 5000})
+            assert r.responses[0].error_code == 0
+            assert (await _metadata(c1, "u")).topics[0].error_code == 3  # gone when the answer came
+
+            async def u_gone_on_2() -> bool:
+                return bool((await _metadata(c2, "u")).topics[0].error_code == 3)
+
+            await _until(u_gone_on_2)
             nursery.cancel_scope.cancel()
