@@ -315,8 +315,8 @@ class Connection:
         return self.stream.initiator
 
     @property
-    def remote_public_key(self) -> bytes | None:
-        """The peer's Noise static key (after the handshake)."""
+    def remote_public_key(self) -> bytes:
+        """The peer's Noise static key (empty before the handshake completes)."""
         return self.stream.remote_public_key
 
     # ------------------------------------------------------------------ channels
