@@ -1,15 +1,21 @@
-"""A replication connection for one archive, sans-I/O: serve it, or follow it.
+"""Replication connections, sans-I/O: many archives over one stream, served or followed.
 
-Owns: the per-connection state machine tying together the secret stream, protomux and
-one ``hypercore/alpha`` channel, and the two replicator roles this project needs:
+Owns: `Connection`, the per-connection state machine tying together the secret stream,
+protomux and one ``hypercore/alpha`` channel per archive (id = its discovery key, each
+with its own capability check), as Hypercore replicates any number of cores over one
+stream; `ReplicationChannel`, one archive on it; `ReplicationSession`, a connection
+with exactly one channel (the single-archive API: tools, tests, `trio_driver`'s
+`serve_archive`/`follow_archive`); and the two replicator roles a channel plays:
 
-* `ReplicationSession.serve(source)`: announce the signed head (``sync`` + ``range``),
-  answer ``request`` with proofs from `storage.hypercore.proofs.generate_proof`, answer
-  ``want`` with ``range`` (our archives are always contiguous), re-announce on append,
-  and track how much the peer holds from the ``range``/``bitfield`` messages it sends
-  (`remote_contiguous_length`, Hypercore's ``_remoteContiguousLength``: cluster mode's
-  in-sync replicas and acks=all are built on it).
-* `ReplicationSession.follow(key, sink)`: learn the remote head from ``sync``, fetch it
+* serve (`Connection.serve(source)`, or a channel the peer opens that `lookup` finds):
+  announce the signed head (``sync`` + ``range``), answer ``request`` with proofs from
+  `storage.hypercore.proofs.generate_proof` (queued per channel, answered round-robin
+  across channels), answer ``want`` with ``range`` (our archives are always contiguous),
+  re-announce on append, and track how much the peer holds from the
+  ``range``/``bitfield`` messages it sends (`remote_contiguous_length`, Hypercore's
+  ``_remoteContiguousLength``: cluster mode's in-sync replicas and acks=all are built on
+  it, per channel).
+* follow (`Connection.follow(key, sink)`): learn the remote head from ``sync``, fetch it
   with an ``upgrade`` request (plus the manifest, which must hash to `key`), then fetch
   blocks with a window of in-flight ``request``s, verify each with
   `storage.hypercore.proofs.verify_proof` and hand them to the sink in order, each
@@ -20,12 +26,12 @@ one ``hypercore/alpha`` channel, and the two replicator roles this project needs
 
 Theory of operation: bytes go in through `receive_data`, bytes to write come out of
 `data_to_send`; nothing here blocks, sleeps or does I/O other than calling the
-source/sink. Every check of the peer raises a `RemoteProtocolError` subclass and the
-caller must then drop the connection. Like Hypercore we treat the capability as the
-proof that the peer knows the archive key: the channel id (discovery key) does not
-reveal it. Not implemented (documented gaps): seek requests, reorgs/forks after data
-was verified, multi-signer manifests, sparse peers that lack blocks they announced,
-pushing unrequested blocks (``allowPush``) and extensions (accepted and ignored).
+source/sink. Which errors close one channel and which the whole connection: see
+`Connection`. Like Hypercore we treat the capability as the proof that the peer knows
+the archive key: the channel id (discovery key) does not reveal it. Not implemented
+(documented gaps): seek requests, reorgs/forks after data was verified, multi-signer
+manifests, sparse peers that lack blocks they announced, pushing unrequested blocks
+(``allowPush``) and extensions (accepted and ignored).
 
 May import the standard library, PyNaCl, `storage.hypercore` and
 `storage.replication.{noise,secretstream,mux,messages,sources,errors}`; never trio.
