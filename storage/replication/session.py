@@ -314,7 +314,8 @@ class Connection:
         self.channels: dict[int, ReplicationChannel] = {}  # by our mux channel id
         self._opening: list[ReplicationChannel] = []  # waiting for the handshake
         self._ready: deque[ReplicationChannel] = deque()  # servers with queued requests
-        self._changed: dict[int, ReplicationChannel] = {}
+        self._changed: dict[int, ReplicationChannel] = {}  # by id()
+        self._live: dict[bytes, ReplicationChannel] = {}  # not closed, by discovery key
 
     @property
     def initiator(self) -> bool:
@@ -340,9 +341,9 @@ class Connection:
         return self._add(ReplicationChannel(self, source.key, _Server(source)))
 
     def _add(self, ch: ReplicationChannel) -> ReplicationChannel:
-        for other in [*self.channels.values(), *self._opening]:
-            if other.discovery_key == ch.discovery_key and not other.closed:
-                raise LocalProtocolError("a channel for this archive is open on this connection")
+        if ch.discovery_key in self._live:
+            raise LocalProtocolError("a channel for this archive is open on this connection")
+        self._live[ch.discovery_key] = ch
         if self.stream.handshake_complete:
             self._open(ch)
         else:
@@ -363,14 +364,20 @@ class Connection:
             return
         if error is not None and ch.error is None:
             ch.error = error
-        ch.closed = True
-        ch.requests.clear()
+        self._closed(ch)
         if ch in self._opening:
             self._opening.remove(ch)
         if ch.channel is not None:
             self.mux.close(ch.channel)
+
+    def _closed(self, ch: ReplicationChannel) -> None:
+        ch.closed = True
+        ch.requests.clear()
+        if self._live.get(ch.discovery_key) is ch:
+            del self._live[ch.discovery_key]
+        if ch.channel is not None:
             self.channels.pop(ch.channel.local_id, None)
-            self._changed[ch.channel.local_id] = ch
+        self._changed[id(ch)] = ch
 
     def take_changed(self) -> list[ReplicationChannel]:
         changed, self._changed = self._changed, {}
@@ -473,7 +480,7 @@ class Connection:
         ch = self.channels.get(ev.channel.local_id)
         if ch is None or ch.closed:
             return  # a channel we closed (late messages are ignored, as in protomux)
-        self._changed[ev.channel.local_id] = ch
+        self._changed[id(ch)] = ch
         try:
             if isinstance(ev, ChannelMessage):
                 self._on_message(ch, ev)
@@ -491,23 +498,23 @@ class Connection:
             elif isinstance(ev, ChannelRejected):
                 raise RemoteProtocolError("remote rejected the hypercore/alpha channel")
             else:  # ChannelClosed by the peer
-                ch.closed = True
-                ch.requests.clear()
-                self.channels.pop(ev.channel.local_id, None)
+                self._closed(ch)
         except RemoteProtocolError as e:
             self.close_channel(ch, e)
 
     def _on_remote_open(self, ev: RemoteOpen) -> None:
         source = None
-        if ev.protocol == M.PROTOCOL and ev.id is not None and self.lookup is not None and not any(
-                c.discovery_key == ev.id and not c.closed for c in self.channels.values()):
+        if (ev.protocol == M.PROTOCOL and ev.id is not None and self.lookup is not None
+                and ev.id not in self._live):
             source = self.lookup(ev.id)
         if source is None:
-            # an archive we do not serve (or another protocol): refused, not left
-            # pending forever; the other channels carry on
+            # an archive we do not serve (or another protocol, or a second open of a
+            # live channel): refused, not left pending forever; the others carry on
             self.mux.reject(ev.remote_id)
             return
-        self._open(ReplicationChannel(self, source.key, _Server(source)))
+        ch = ReplicationChannel(self, source.key, _Server(source))
+        self._live[ch.discovery_key] = ch
+        self._open(ch)
 
     def _on_message(self, ch: ReplicationChannel, ev: ChannelMessage) -> None:
         if not 0 <= ev.type < len(M.MessageType):
