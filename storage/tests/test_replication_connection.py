@@ -2,13 +2,17 @@
 to back, several ``hypercore/alpha`` channels on one handshake, a channel for an archive
 the server does not hold rejected while the others finish, one channel closed while the
 others go on, a bad proof or a bad capability failing its own channel only, channels
-opened on a live connection, round-robin answers, and errors that do end the connection."""
+opened on a live connection, round-robin answers, errors that do end the connection,
+and the Trio `ConnectionDriver` carrying several channels until the connection is lost."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
+import trio
+import trio.testing
 
 from storage.hypercore import KeyPair, discovery_key
 from storage.replication import (
@@ -18,7 +22,8 @@ from storage.replication import (
     RemoteProtocolError,
     VerificationError,
 )
-from storage.replication.session import Connection
+from storage.replication.session import Connection, ReplicationChannel
+from storage.replication.trio_driver import ConnectionDriver
 
 KEYS = [KeyPair.from_seed(bytes([i + 1]) * 32) for i in range(6)]
 
@@ -191,3 +196,46 @@ def test_stream_errors_end_the_connection() -> None:
     _pump(client, server)
     with pytest.raises(FramingError):
         server.receive_data(b"\x05\x00\x00garbage")
+
+
+# ------------------------------------------------------------------------- with Trio
+
+
+async def test_trio_driver_many_channels_live_close_and_loss() -> None:
+    archives = [_archive(kp, 30) for kp in KEYS[:3]]
+    a, b = trio.testing.memory_stream_pair()
+    server = ConnectionDriver(a, _server(*archives))
+    client = ConnectionDriver(b, Connection(initiator=True))
+    sinks = [MemoryArchive(kp.public_key) for kp in KEYS[:3]]
+
+    async def until(ch: ReplicationChannel, cond: Callable[[], bool]) -> None:
+        while not cond():
+            await client.wait(ch)
+
+    server_scope = trio.CancelScope()
+
+    async def run_server() -> None:
+        with server_scope:
+            await server.run()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_server)
+            nursery.start_soon(client.run)
+            chans = [client.conn.follow(x.key, s, live=True) for x, s in zip(archives, sinks, strict=True)]
+            client.kick()
+            for ch, s in zip(chans, sinks, strict=True):
+                await until(ch, lambda s=s: len(s.blocks) == 30)  # type: ignore[misc]
+            chans[0].close()
+            client.kick()
+            archives[0].append(b"not for the closed channel")
+            archives[1].append(b"live")
+            server.conn.notify_append()
+            server.kick()
+            await until(chans[1], lambda: len(sinks[1].blocks) == 31)
+            assert sinks[1].blocks == archives[1].blocks and len(sinks[0].blocks) == 30
+            assert len(server.conn.channels) == 2 and len(client.conn.channels) == 2
+            server_scope.cancel()  # the server goes: every channel's wait says so
+            with pytest.raises(trio.BrokenResourceError):
+                await until(chans[2], lambda: False)
+            nursery.cancel_scope.cancel()
