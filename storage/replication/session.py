@@ -316,6 +316,7 @@ class Connection:
         self._ready: deque[ReplicationChannel] = deque()  # servers with queued requests
         self._changed: dict[int, ReplicationChannel] = {}  # by id()
         self._live: dict[bytes, ReplicationChannel] = {}  # not closed, by discovery key
+        self.queued = 0  # requests received and not answered yet, every channel
 
     @property
     def initiator(self) -> bool:
@@ -372,6 +373,7 @@ class Connection:
 
     def _closed(self, ch: ReplicationChannel) -> None:
         ch.closed = True
+        self.queued -= len(ch.requests)
         ch.requests.clear()
         if self._live.get(ch.discovery_key) is ch:
             del self._live[ch.discovery_key]
@@ -423,6 +425,7 @@ class Connection:
             if ch.closed or not ch.requests:
                 continue
             m = ch.requests.popleft()
+            self.queued -= 1
             before = ch.stats.bytes
             try:
                 ch.role._on_request(ch, m)  # type: ignore[attr-defined]
@@ -530,6 +533,7 @@ class Connection:
             if not ch.requests:
                 self._ready.append(ch)
             ch.requests.append(m)
+            self.queued += 1
             return
         self.mux.cork()
         try:

@@ -24,7 +24,8 @@ from storage.replication.sources import ArchiveSink, ArchiveSource
 
 RECEIVE_SIZE = 1 << 18
 IOV_MAX = 512  # frames per sendmsg (Linux allows 1024)
-SEND_BUDGET = 1 << 21  # bytes of blocks answered per write: the round-robin's turn size
+SEND_BUDGET = 1 << 20  # bytes of blocks answered per write: the round-robin's turn size
+MAX_QUEUED = 8192  # requests read ahead of the answers before we stop reading
 
 
 async def send_frames(stream: trio.abc.Stream, frames: list[bytes | bytearray]) -> None:
@@ -81,11 +82,15 @@ async def receive_into(stream: trio.abc.Stream, session: Connection) -> bool:
 class ConnectionDriver:
     """Runs one `Connection` over `stream` for the tasks that use its channels.
 
-    `run` is the connection's life: a receive loop (each read is fed to the connection
-    and answered before the next read, so a peer that does not read what we send stops
-    being read: TCP backpressure) and a sender woken by `kick`. It returns when the peer
-    closes the stream and raises `RemoteProtocolError` when the connection (not just a
-    channel) fails; either way every `wait` then raises `trio.BrokenResourceError`.
+    `run` is the connection's life: a receive loop and a sender woken by `kick`. The
+    receive loop keeps reading while the sender writes, so a request for one archive's
+    live tail is queued at once and answered in the next round of the round-robin
+    (`Connection.buffers_to_send`, `SEND_BUDGET` bytes a round), not after every request
+    of a channel catching up; it stops reading while more than `MAX_QUEUED` requests
+    wait for answers (a peer that does not read what we send stops being read: TCP
+    backpressure). `run` returns when the peer closes the stream and raises
+    `RemoteProtocolError` when the connection (not just a channel) fails; either way
+    every `wait` then raises `trio.BrokenResourceError`.
 
     Only the driver's own tasks write to the stream, so a channel task cancelled at any
     point (a topic deleted) never leaves half a frame behind: channel tasks change the
@@ -102,6 +107,7 @@ class ConnectionDriver:
         self._kicked = trio.Event()
         self._sending = False
         self._again = False
+        self._drained = trio.Event()
 
     def kick(self) -> None:
         """There is something to send (the sender writes it soon)."""
@@ -147,6 +153,8 @@ class ConnectionDriver:
                 if frames:
                     await send_frames(self.stream, frames)
                     conn.recycle(frames)
+                if conn.queued <= MAX_QUEUED:
+                    self._drained.set()
                 if not (self._again or conn.pending):
                     return
         finally:
@@ -162,10 +170,14 @@ class ConnectionDriver:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._sender)
-                await self.flush()
-                while await receive_into(self.stream, self.conn):
+                self.kick()
+                conn = self.conn
+                while await receive_into(self.stream, conn):
                     self._changed()
-                    await self.flush()
+                    self.kick()
+                    while conn.queued > MAX_QUEUED:
+                        self._drained = trio.Event()
+                        await self._drained.wait()
                 nursery.cancel_scope.cancel()
         finally:
             self.dead = True
