@@ -241,10 +241,18 @@ def _single_error() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        errs = group.exceptions
+        errs = _leaves(group)
         if errs and all(isinstance(e, Exception) and type(e) is type(errs[0]) for e in errs):
             raise errs[0] from None
         raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions of `group` and of the groups nested in it."""
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
 
 
 async def _drive(link: ConnectionDriver, ch: ReplicationChannel, *,
@@ -722,6 +730,7 @@ async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
             for k in [k for k, v in cluster.remote_isr.items() if v and v[0] == peer.node_id and k not in isr]:
                 del cluster.remote_isr[k]
             cluster.remote_isr.update(isr)
-        except (OSError, trio.TooSlowError, DiscoveryError, ValueError) as exc:
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError, ValueError) as exc:
+            # (a peer killed mid-answer resets the connection: BrokenResourceError)
             log.debug("cluster: metadata from broker %d: %s", peer.node_id, exc)
         await trio.sleep(interval)
