@@ -14,11 +14,18 @@ Owns `run_replication` (started by `Node.run_background` when `--replication-lis
    per partition, whose archive key comes from the verified catalog (so the whole chain
    of trust is the node key). The partition's signer key is learned from its Hypercore
    manifest, which must hash to that archive key.
-3. Every archive is followed on its own connection, live, with reconnect and exponential
-   backoff (0.2 s .. 5 s). Before following, a probe fetches the peer's signed head and
-   compares it with ours (`FollowerLog.check_conflict`): disagreeing valid heads freeze
-   the archive with evidence on disk. A block that fails authentication on read is
-   fetched again (`ReplicationSession.refetch`) and rewritten.
+3. Everything is followed over ONE replication connection to the node, as Hypercore
+   does: a ``hypercore/alpha`` channel per archive (catalog included) on one Noise
+   handshake (`storage.replication.session.Connection`, run by `ConnectionDriver`).
+   New topics open channels on the live connection, deleted ones (cluster mode) close
+   theirs. A channel that fails (a bad proof, say) is opened again with exponential
+   backoff (0.2 s .. 5 s) while the others go on; when the connection is lost, every
+   channel ends and `run` reconnects with the same backoff, then every archive
+   resumes from its verified tree. Before following, a probe channel fetches the
+   peer's signed head and compares it with ours (`FollowerLog.check_conflict`):
+   disagreeing valid heads freeze the archive with evidence on disk. A block that fails
+   authentication on read is fetched again (`ReplicationChannel.refetch`) and
+   rewritten.
 4. While the writer is unreachable everything already verified stays served; topics
    known from the local catalog copy are attached at start-up, before any connection.
 
@@ -47,7 +54,7 @@ import os
 import shutil
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,14 +72,10 @@ from storage.errors import StorageError
 from storage.follower import Equivocation, FollowerLog, VerificationFailed
 from storage.hypercore import Node as TreeNode
 from storage.hypercore import archive_key
-from storage.replication import (
-    MemoryArchive,
-    RemoteProtocolError,
-    ReplicationError,
-    ReplicationSession,
-)
+from storage.replication import MemoryArchive, RemoteProtocolError, ReplicationError
 from storage.replication.noise import Ed25519KeyPair
-from storage.replication.trio_driver import receive_into, send_frames
+from storage.replication.session import Connection, ReplicationChannel
+from storage.replication.trio_driver import ConnectionDriver
 from storage.store import CATALOG_DIR, MIRRORS_DIR
 
 log = logging.getLogger("hyperkafka.mirror")
@@ -232,35 +235,40 @@ class _Sink:
 
 @contextlib.contextmanager
 def _single_error() -> Iterator[None]:
-    """A nursery wraps a task's exception in a group; callers here want the exception."""
+    """A nursery wraps a task's exception in a group; callers here want the exception
+    (the first one when several tasks failed the same way, e.g. every channel of a
+    connection that was lost)."""
     try:
         yield
     except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-            raise group.exceptions[0] from None
+        errs = _leaves(group)
+        if errs and all(isinstance(e, Exception) and type(e) is type(errs[0]) for e in errs):
+            raise errs[0] from None
         raise
 
 
-async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions of `group` and of the groups nested in it."""
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
+
+
+async def _drive(link: ConnectionDriver, ch: ReplicationChannel, *,
                  until: Callable[[], bool] | None = None,
                  repair_log: FollowerLog | None = None, sink: _Sink | None = None) -> None:
-    """Run a follower session on `stream` until the peer goes away or `until()` holds;
-    with `repair_log`, blocks of it that fail authentication on read are fetched again."""
-    lock = trio.Lock()
-
-    async def pump() -> None:
-        frames = session.buffers_to_send()
-        if frames:
-            async with lock:
-                await send_frames(stream, frames)
-            session.recycle(frames)
+    """Run follower channel `ch` of `link` until it closes or `until()` holds, then close
+    it; raises the channel's error if it failed, BrokenResourceError if the connection
+    went. With `repair_log`, blocks of it that fail authentication on read are fetched
+    again."""
 
     async def stored() -> None:
         # Tell the peer what a stored signed head now covers (a Hypercore `range`): the
         # writer of a cluster counts it for the ISR and acks=all.
         assert sink is not None
-        session.announce_stored(signed_blocks(sink.log))
-        await pump()
+        ch.announce_stored(signed_blocks(sink.log))
+        link.kick()
 
     async def repairer(lg: FollowerLog) -> None:
         asked: set[int] = set()
@@ -271,8 +279,8 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                 asked.add(bad)
                 log.warning("%s: block %d failed authentication on read; fetching it again",
                             lg.path, bad)
-                session.refetch(bad)
-                await pump()
+                ch.refetch(bad)
+                link.kick()
             elif bad is None:
                 asked.clear()
 
@@ -283,30 +291,31 @@ async def _drive(stream: trio.abc.Stream, session: ReplicationSession, *,
                     nursery.start_soon(repairer, repair_log)
                 if sink is not None:
                     nursery.start_soon(sink.run, stored)
-                await pump()
-                while not session.done and not (until is not None and until()):
-                    if not await receive_into(stream, session):
-                        break
-                    await pump()
+                link.kick()
+                while not ch.done and not (until is not None and until()):
+                    await link.wait(ch)
+                if ch.error is not None:
+                    raise ch.error
                 if sink is not None:
-                    await sink.store_heads()  # what was verified before the peer left
+                    await sink.store_heads()  # what was verified before the channel closed
                 nursery.cancel_scope.cancel()
     except Exception:
         if sink is not None and sink.heads:
             # their blocks are readable already (revealed): store them, or the next
-            # session's discard_unsigned would take them back from under readers
+            # channel's discard_unsigned would take them back from under readers
             with trio.CancelScope(shield=True):
                 await sink.store_heads()
         raise
     finally:
-        await trio.aclose_forcefully(stream)
+        ch.close()
+        link.kick()
 
 
 async def _connect(address: str) -> trio.SocketStream:
     host, port = parse_host_port(address)
     with trio.fail_after(CONNECT_TIMEOUT_S):
         stream = await trio.open_tcp_stream(host, port)
-    # A live session may rightly see nothing for hours (an idle writer), so no read
+    # A live connection may rightly see nothing for hours (an idle writer), so no read
     # timeout; TCP keepalive finds a writer whose host vanished (~25 s on Linux).
     sock = stream.socket
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -316,34 +325,71 @@ async def _connect(address: str) -> trio.SocketStream:
     return stream
 
 
-async def learn_public_key(address: str, key: bytes) -> bytes:
-    """The signer key of archive `key`, from its manifest (verified to hash to `key`)."""
-    session = ReplicationSession.follow(key, MemoryArchive(bytes(32)), initiator=True, window=0)
-    with trio.fail_after(PROBE_TIMEOUT_S):
-        await _drive(await _connect(address), session, until=lambda: session.public_key is not None)
-    if session.public_key is None:
+async def _run_link(link: ConnectionDriver) -> None:
+    """The connection's life, as an error when it ends: its channels cannot go on."""
+    await link.run()
+    raise trio.BrokenResourceError("the peer closed the replication connection")
+
+
+@contextlib.asynccontextmanager
+async def _link_to(target: str | ConnectionDriver,
+                   keypair: Ed25519KeyPair | None = None) -> AsyncIterator[ConnectionDriver]:
+    """`target` itself if it is a live connection, else a connection to address `target`
+    for the duration of the block."""
+    if isinstance(target, ConnectionDriver):
+        yield target
+        return
+    link = ConnectionDriver(await _connect(target), Connection(initiator=True, keypair=keypair))
+    with _single_error():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_run_link, link)
+            yield link
+            nursery.cancel_scope.cancel()
+
+
+async def learn_public_key(target: str | ConnectionDriver, key: bytes) -> bytes:
+    """The signer key of archive `key`, from its manifest (verified to hash to `key`),
+    on a channel of connection `target` (or a connection of its own to that address)."""
+    async with _link_to(target) as link:
+        ch = link.conn.follow(key, MemoryArchive(bytes(32)), window=0)
+        with trio.fail_after(PROBE_TIMEOUT_S):
+            await _drive(link, ch, until=lambda: ch.public_key is not None)
+    if ch.public_key is None:
         raise RemoteProtocolError("peer did not send the archive's manifest")
-    return session.public_key
+    return ch.public_key
 
 
-async def probe_head(address: str, lg: FollowerLog) -> None:
+async def probe_head(target: str | ConnectionDriver, lg: FollowerLog) -> None:
     """Fetch the peer's current signed head and hold it against ours: raises Equivocation
-    (frozen, evidence kept) when they disagree, VerificationFailed when it is forged."""
-    session = ReplicationSession.follow(lg.key, MemoryArchive(lg.public_key), initiator=True,
-                                        window=0, public_key=lg.public_key)
-    with trio.fail_after(PROBE_TIMEOUT_S):
-        await _drive(await _connect(address), session,
-                     until=lambda: session.latest_head is not None or session.remote_length == 0)
-    head = session.latest_head
+    (frozen, evidence kept) when they disagree, VerificationFailed when it is forged.
+    On a channel of connection `target` (or a connection of its own to that address)."""
+    async with _link_to(target) as link:
+        ch = link.conn.follow(lg.key, MemoryArchive(lg.public_key), window=0,
+                              public_key=lg.public_key)
+        with trio.fail_after(PROBE_TIMEOUT_S):
+            await _drive(link, ch,
+                         until=lambda: ch.latest_head is not None or ch.remote_length == 0)
+    head = ch.latest_head
     if head is not None:
         lg.check_conflict(*head)
 
 
-async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], None], name: str,
-                         keypair: Ed25519KeyPair | None = None) -> None:
-    """Follow one archive live, reconnecting with backoff, until frozen or cancelled.
-    `keypair`: the Noise static key to connect with (the node key in cluster mode, so
-    the writer knows which broker's progress it hears; else a fresh one)."""
+async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable[[], None]) -> None:
+    """Probe, then follow archive `lg` live on a channel of `link` until the channel
+    closes (raising its error if it failed)."""
+    await probe_head(link, lg)
+    lg.discard_unsigned()  # blocks of an interrupted channel: their head never came
+    sink = _Sink(lg, on_head)
+    ch = link.conn.follow(lg.key, sink, live=True, have=lg.verified_tree(),
+                          public_key=lg.public_key)
+    await _drive(link, ch, repair_log=lg, sink=sink)
+
+
+async def follow_forever(link: ConnectionDriver, lg: FollowerLog, on_head: Callable[[], None],
+                         name: str) -> None:
+    """Follow one archive live on a channel of `link`, opening it again with backoff
+    when it fails, until frozen or cancelled. Raises BrokenResourceError when the
+    connection is lost (the caller reconnects and follows every archive again)."""
     backoff = BACKOFF_MIN_S
     while True:
         if lg.frozen:
@@ -351,19 +397,12 @@ async def follow_forever(address: str, lg: FollowerLog, on_head: Callable[[], No
             return
         started = trio.current_time()
         try:
-            await probe_head(address, lg)
-            lg.discard_unsigned()  # blocks of an interrupted session: their head never came
-            sink = _Sink(lg, on_head)
-            session = ReplicationSession.follow(lg.key, sink, initiator=True,
-                                                live=True, have=lg.verified_tree(),
-                                                public_key=lg.public_key, keypair=keypair)
-            await _drive(await _connect(address), session, repair_log=lg, sink=sink)
+            await follow_once(link, lg, on_head)
         except Equivocation as exc:
             log.error("%s: %s", name, exc)
             return
-        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ReplicationError,
-                VerificationFailed) as exc:
-            log.info("%s: replication from %s interrupted: %s", name, address, exc)
+        except (trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
+            log.info("%s: replication interrupted: %s", name, exc)
         except StorageError as exc:
             log.error("%s: stopped following: %s", name, exc)
             return
@@ -397,7 +436,7 @@ class NodeMirror:
         self.skipped: set[str] = set()  # names taken by a local topic (or another mirror)
         self._spawn: trio.Nursery | None = None
         self._scopes: dict[str, set[trio.CancelScope]] = {}  # per topic: its follow tasks
-        self._address: str | None = None
+        self._link: ConnectionDriver | None = None  # the live connection to the writer
         self._catalog_changed = trio.Event()
 
     # -- persistence of the trusted key ---------------------------------------
@@ -514,9 +553,9 @@ class NodeMirror:
         topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
         self.attached[rec.name] = (rec, logs)
         log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
-        if self._spawn is not None and self._address is not None:
+        if self._spawn is not None and self._link is not None:
             for p, lg in enumerate(logs):
-                self._spawn.start_soon(self._follow_partition, self._address, topic, p, lg)
+                self._spawn.start_soon(self._follow_partition, self._link, topic, p, lg)
         return True
 
     # -- following ---------------------------------------------------------------
@@ -566,40 +605,50 @@ class NodeMirror:
             self.close()
 
     async def _follow(self, address: str) -> None:
-        """Follow the catalog and every partition until the catalog connection ends."""
+        """Follow the catalog and every partition, each a channel of one connection to
+        `address`, until that connection ends (then `run` reconnects with backoff and
+        every channel resumes from what is stored)."""
         assert self.catalog is not None
-        self._address = address
+        link = ConnectionDriver(await _connect(address),
+                                Connection(initiator=True, keypair=self.keypair))
+        self._link = link
         try:
             with _single_error():
                 async with trio.open_nursery() as nursery:
                     self._spawn = nursery
+                    nursery.start_soon(_run_link, link)
                     for rec, logs in self.attached.values():
                         topic = self.node.topics[rec.name]
                         for p, lg in enumerate(logs):
-                            nursery.start_soon(self._follow_partition, address, topic, p, lg)
-                    nursery.start_soon(self._sync_topics_loop, address)
-                    await self._follow_catalog(address)
+                            nursery.start_soon(self._follow_partition, link, topic, p, lg)
+                    nursery.start_soon(self._sync_topics_loop, link)
+                    await self._follow_catalog(link)
                     nursery.cancel_scope.cancel()
         finally:
             self._spawn = None
-            self._address = None
+            self._link = None
 
-    async def _follow_catalog(self, address: str) -> None:
+    async def _follow_catalog(self, link: ConnectionDriver) -> None:
         cat = self.catalog
         assert cat is not None
 
         def changed() -> None:
             self._catalog_changed.set()
 
-        await probe_head(address, cat)
-        cat.discard_unsigned()
-        sink = _Sink(cat, changed)
-        session = ReplicationSession.follow(cat.key, sink, initiator=True, live=True,
-                                            have=cat.verified_tree(), public_key=cat.public_key)
         self._catalog_changed.set()  # topics from the local copy may still lack archives
-        await _drive(await _connect(address), session, repair_log=cat, sink=sink)
+        backoff = BACKOFF_MIN_S
+        while True:
+            started = trio.current_time()
+            try:
+                await follow_once(link, cat, changed)
+            except (trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
+                log.info("mirror of %s: catalog: %s", self.target.address, exc)
+            if trio.current_time() - started > 10:
+                backoff = BACKOFF_MIN_S
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    async def _sync_topics_loop(self, address: str) -> None:
+    async def _sync_topics_loop(self, link: ConnectionDriver) -> None:
         while True:
             await self._catalog_changed.wait()
             self._catalog_changed = trio.Event()
@@ -608,15 +657,16 @@ class NodeMirror:
                 if name in self.attached or name in self.skipped or name.startswith("__"):
                     continue
                 try:
-                    keys = [await learn_public_key(address, rec.archive_keys[p])
+                    keys = [await learn_public_key(link, rec.archive_keys[p])
                             for p in range(rec.partitions)]
                     self._attach(rec, keys)
-                except (OSError, trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
+                except (trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
                     log.info("mirror of %s: topic %s not attached yet: %s", self.target.address, name, exc)
                     self._catalog_changed.set()
                     await trio.sleep(BACKOFF_MAX_S / 5)
 
-    async def _follow_partition(self, address: str, topic: Topic, index: int, lg: FollowerLog) -> None:
+    async def _follow_partition(self, link: ConnectionDriver, topic: Topic, index: int,
+                                lg: FollowerLog) -> None:
         partition = topic.partitions[index]
 
         def moved() -> None:
@@ -631,7 +681,7 @@ class NodeMirror:
         scopes.add(scope)
         try:
             with scope:
-                await follow_forever(address, lg, moved, f"{topic.name}-{index}", self.keypair)
+                await follow_forever(link, lg, moved, f"{topic.name}-{index}")
         finally:
             scopes.discard(scope)
 

@@ -190,6 +190,7 @@ class Node:
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
         self.replication_address: str | None = None
+        self.replication_connections = 0  # accepted on the replication port (broker/replication_server.py)
         # Cluster mode (broker/cluster.py): the brokers, the ISR and acks=all.
         self.cluster: Cluster | None = None
         if config.cluster_brokers:

@@ -3,14 +3,17 @@
 Owns `serve_replication` (a TCP listener; `hyperkafka serve --replication-listen`) and
 `replication_config_entries` (what DescribeConfigs on the BROKER resource adds so a mirror
 can find us), and in cluster mode reports to `Node.cluster` how far each broker's copy
-of each archive written here has got (broker/cluster.py). One connection carries one archive: the peer opens a ``hypercore/alpha``
-channel for a discovery key and the session serves whichever archive that names (the
-catalog, any topic partition, or any archive this node itself mirrors), answering
-requests with proofs from the stored tree and announcing each new signed head (live
-updates after every group commit). Hypercore multiplexes many cores over one connection;
-we chose one connection per archive because the sessions stay independent (one slow or
-hostile channel cannot stall the others) and it is simpler; a mirror of P partitions
-holds P + 1 connections.
+of each archive written here has got (broker/cluster.py). One connection carries every
+archive a peer replicates from us, as Hypercore does: the peer opens a ``hypercore/alpha``
+channel per archive (id = its discovery key) and we serve whichever archive that names
+(the catalog, any topic partition, or any archive this node itself mirrors); a channel
+for an archive we do not hold is rejected, the others carry on. Each channel answers
+requests with proofs from the stored tree and announces each new signed head (live
+updates after every group commit). A mirror of P partitions holds one connection with
+P + 1 channels. Requests are answered round-robin across channels, a budget of bytes at
+a time (`storage.replication.session.Connection`), so a channel catching up does not
+hold back another's live tail; a channel that breaks the protocol is closed alone.
+``Node.replication_connections`` counts the connections accepted (each one is logged).
 
 Discovery, read-only broker configs (Kafka DescribeConfigs, resource type BROKER):
 ``hyperkafka.node.key`` = the node's public key (hex; the catalog archive's signer) and
@@ -22,6 +25,7 @@ package); never the protocol codec.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from functools import partial
 
@@ -31,9 +35,10 @@ from broker.config import ConfigEntry, ConfigSource, ConfigType
 from broker.node import Node
 from storage import PartitionLog
 from storage.hypercore import discovery_key
-from storage.replication import PartitionLogSource, RemoteProtocolError, ReplicationSession
+from storage.replication import PartitionLogSource, RemoteProtocolError
+from storage.replication.session import Connection, ReplicationChannel
 from storage.replication.sources import ArchiveSource
-from storage.replication.trio_driver import receive_into, send_frames
+from storage.replication.trio_driver import ConnectionDriver
 
 log = logging.getLogger("hyperkafka.replication")
 
@@ -81,30 +86,32 @@ class _Lookup:
 
 
 class _Progress:
-    """Cluster mode: reports what the peer of one connection says it holds (its Hypercore
-    ``range``/``bitfield`` messages) to `Node.cluster`, once the peer is known to be a
-    broker of the cluster (by its Noise static key, which is its node key)."""
+    """Cluster mode: reports what the peer says it holds of the archive of one channel
+    (its Hypercore ``range``/``bitfield`` messages) to `Node.cluster`, once the peer is
+    known to be a broker of the cluster (by its Noise static key, which is its node
+    key)."""
 
-    def __init__(self, node: Node, session: ReplicationSession) -> None:
+    def __init__(self, node: Node, conn: Connection, channel: ReplicationChannel) -> None:
         self.node = node
-        self.session = session
+        self.conn = conn
+        self.channel = channel
         self.key: bytes | None = None
         self.broker: int | None = None
         self.reported = -1
 
     def update(self) -> None:
-        cluster, source = self.node.cluster, self.session.source
+        cluster, source = self.node.cluster, self.channel.source
         if cluster is None or source is None:
             return
         if self.key is None:
-            broker = cluster.broker_for_identity(self.session.stream.remote_public_key)
+            broker = cluster.broker_for_identity(self.conn.remote_public_key)
             if broker is None or not cluster.writes(source.key):
                 return  # a stranger's mirror, an archive written elsewhere, or not discovered yet
             self.key, self.broker = source.key, broker
             cluster.connected(source.key, broker)
         assert self.broker is not None
-        length = self.session.remote_contiguous_length
-        # Nothing is reported before the peer's first range: a fresh connection's 0 would
+        length = self.channel.remote_contiguous_length
+        # Nothing is reported before the peer's first range: a fresh channel's 0 would
         # take a caught-up mirror out of the ISR until its range arrives.
         if length != self.reported and (length > 0 or self.reported > 0):
             self.reported = length
@@ -113,20 +120,35 @@ class _Progress:
     def close(self) -> None:
         if self.node.cluster is not None and self.key is not None and self.broker is not None:
             self.node.cluster.disconnected(self.key, self.broker)
+            self.key = None
 
 
 async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) -> None:
-    session = ReplicationSession.serve_any(lookup)
-    progress = _Progress(node, session)
-    lock = trio.Lock()
+    node.replication_connections += 1
+    peer = "?"
+    with contextlib.suppress(OSError):
+        host, port = stream.socket.getpeername()[:2]
+        peer = f"{host}:{port}"
+    log.info("replication connection %d from %s", node.replication_connections, peer)
+    conn = Connection(initiator=False, lookup=lookup)
+    progress: dict[ReplicationChannel, _Progress] = {}
 
-    async def pump() -> None:
-        frames = session.buffers_to_send()
-        if frames:
-            async with lock:
-                await send_frames(stream, frames)
-            session.recycle(frames)
+    def changed(channels: list[ReplicationChannel]) -> None:
+        for ch in channels:
+            p = progress.get(ch)
+            if p is None:
+                if ch.closed or ch.source is None:
+                    continue
+                p = progress[ch] = _Progress(node, conn, ch)
+            if ch.error is not None:
+                log.info("replication peer %s: channel closed: %s", peer, ch.error)
+            if ch.closed:
+                p.close()
+                del progress[ch]
+            else:
+                p.update()
 
+    driver = ConnectionDriver(stream, conn, changed)
     try:
         async with trio.open_nursery() as nursery:
 
@@ -134,27 +156,24 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
                 while True:
                     with trio.move_on_after(ANNOUNCE_POLL_S):
                         await node.wait_for_data()
-                    session.notify_append()
-                    progress.update()  # (the peer may have become known meanwhile)
-                    await pump()
+                    conn.notify_append()
+                    for p in progress.values():
+                        p.update()  # (the peer may have become known meanwhile)
+                    driver.kick()
 
             nursery.start_soon(announcer)
-            await pump()
-            while not session.closed:
-                if not await receive_into(stream, session):
-                    break
-                progress.update()
-                await pump()
+            await driver.run()
             nursery.cancel_scope.cancel()
     except Exception as exc:  # one peer's failure (a group from the nursery) never stops the port
         errs = exc.exceptions if isinstance(exc, ExceptionGroup) else (exc,)
         for e in errs:
             if isinstance(e, RemoteProtocolError):
-                log.info("replication peer dropped: %s", e)
+                log.info("replication peer %s dropped: %s", peer, e)
             elif not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)):
                 log.warning("replication connection failed", exc_info=e)
     finally:
-        progress.close()
+        for p in progress.values():
+            p.close()
         await trio.aclose_forcefully(stream)
 
 

@@ -7,6 +7,7 @@ up, a pinned key that does not match, and equivocation caught by the head probe.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -48,24 +49,24 @@ async def _produce(c: RawClient, topic: str, values: list[bytes]) -> Any:
         {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
 
 
-async def _hwm(c: RawClient, topic: str) -> tuple[int, int]:
+async def _hwm(c: RawClient, topic: str, partition: int = 0) -> tuple[int, int]:
     r = await c.call("list_offsets", 1, {"replica_id": -1, "topics": [
-        {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+        {"name": topic, "partitions": [{"partition_index": partition, "timestamp": -1}]}]})
     p = r.topics[0].partitions[0]
     return p.error_code, p.offset
 
 
-async def _fetch(c: RawClient, topic: str) -> bytes:
+async def _fetch(c: RawClient, topic: str, partition: int = 0) -> bytes:
     r = await c.call("fetch", 4, {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 24,
                                   "isolation_level": 0, "topics": [{"topic": topic, "partitions": [
-                                      {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 24}]}]})
+                                      {"partition": partition, "fetch_offset": 0, "partition_max_bytes": 1 << 24}]}]})
     return bytes(r.responses[0].partitions[0].records or b"")
 
 
-async def _wait_hwm(c: RawClient, topic: str, want: int) -> None:
+async def _wait_hwm(c: RawClient, topic: str, want: int, partition: int = 0) -> None:
     with trio.fail_after(20):
         while True:  # polling a remote process's state: no event to wait on
-            if await _hwm(c, topic) == (0, want):
+            if await _hwm(c, topic, partition) == (0, want):
                 return
             await trio.sleep(0.05)
 
@@ -226,4 +227,47 @@ async def test_stock_node_hypercore_replicates_a_partition_from_the_broker(tmp_p
         assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
         result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
         assert result["ok"] and result["length"] == 5 and result["bytes"] == len(served)
+        nursery.cancel_scope.cancel()
+
+
+async def test_mirror_of_eight_partitions_uses_one_replication_connection(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every archive (catalog, 8 partitions, the probes) is a channel of ONE connection to
+    the writer, as Hypercore replicates many cores over one stream; all 8 partitions
+    arrive byte-exact, also what is produced after the mirror caught up."""
+    caplog.set_level(logging.INFO, logger="hyperkafka.replication")
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", 0))
+    parts = 8
+    async with trio.open_nursery() as nursery:
+        wport = await _start(nursery, wcfg)
+        key, _ = await discover("127.0.0.1", wport)
+        w = await _client(wport)
+        r = await w.call("create_topics", 4, {"timeout_ms": 5000, "validate_only": False, "topics": [
+            {"name": "wide", "num_partitions": parts, "replication_factor": 1,
+             "assignments": [], "configs": []}]})
+        assert r.topics[0].error_code == 0
+
+        async def produce(p: int, values: list[bytes]) -> None:
+            batch = bytes(build_batch(values, timestamp_ms=1_700_000_000_000))
+            r = await w.call("produce", 8, {"acks": -1, "timeout": 5000, "transactional_id": None,
+                                            "topic_data": [{"name": "wide", "partition_data": [
+                                                {"index": p, "records": batch}]}]})
+            assert r.responses[0].partition_responses[0].error_code == 0
+
+        for p in range(parts):
+            await produce(p, [b"p%d-r%d" % (p, i) * (p + 1) for i in range(p + 2)])
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}@{key.hex()}"])
+        m = await _client(await _start(nursery, mcfg))
+        for p in range(parts):
+            await _wait_hwm(m, "wide", p + 2, partition=p)
+        for p in range(parts):  # live: a new batch on every partition
+            await produce(p, [b"live-%d" % p])
+        for p in range(parts):
+            await _wait_hwm(m, "wide", p + 3, partition=p)
+            assert await _fetch(m, "wide", p) == await _fetch(w, "wide", p)
+        accepted = [rec.getMessage() for rec in caplog.records
+                    if rec.getMessage().startswith("replication connection ")]
+        assert len(accepted) == 1, accepted
         nursery.cancel_scope.cancel()

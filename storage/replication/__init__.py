@@ -3,8 +3,9 @@
 Owns: the sans-I/O codec of Hypercore 11 replication as spoken by the npm stack
 (hypercore 11.39.5, @hyperswarm/secret-stream 6.9.2, protomux 3.12.1): Noise XX with
 Ed25519 DH (`noise`), secret-stream framing (`secretstream`), protomux (`mux`), the
-``hypercore/alpha`` messages (`messages`), the per-connection serve/follow state
-machine (`session`), archive sources and sinks (`sources`), and a small Trio driver
+``hypercore/alpha`` messages (`messages`), the per-connection state machine carrying
+one serve/follow channel per archive (`session`), archive sources and sinks
+(`sources`), and a small Trio driver
 (`trio_driver`, the only module that imports trio; not imported here so the codec stays
 Trio-free). Never imports `broker`.
 """
@@ -20,7 +21,13 @@ from storage.replication.errors import (
     VerificationError,
 )
 from storage.replication.noise import Ed25519KeyPair
-from storage.replication.session import ReplicationSession, Stats, capability
+from storage.replication.session import (
+    Connection,
+    ReplicationChannel,
+    ReplicationSession,
+    Stats,
+    capability,
+)
 from storage.replication.sources import (
     ArchiveSink,
     ArchiveSource,
@@ -33,6 +40,7 @@ __all__ = [
     "ArchiveSink",
     "ArchiveSource",
     "CapabilityError",
+    "Connection",
     "Ed25519KeyPair",
     "FramingError",
     "HandshakeError",
@@ -41,6 +49,7 @@ __all__ = [
     "MessageError",
     "PartitionLogSource",
     "RemoteProtocolError",
+    "ReplicationChannel",
     "ReplicationError",
     "ReplicationSession",
     "SignedHead",

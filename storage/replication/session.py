@@ -1,15 +1,21 @@
-"""A replication connection for one archive, sans-I/O: serve it, or follow it.
+"""Replication connections, sans-I/O: many archives over one stream, served or followed.
 
-Owns: the per-connection state machine tying together the secret stream, protomux and
-one ``hypercore/alpha`` channel, and the two replicator roles this project needs:
+Owns: `Connection`, the per-connection state machine tying together the secret stream,
+protomux and one ``hypercore/alpha`` channel per archive (id = its discovery key, each
+with its own capability check), as Hypercore replicates any number of cores over one
+stream; `ReplicationChannel`, one archive on it; `ReplicationSession`, a connection
+with exactly one channel (the single-archive API: tools, tests, `trio_driver`'s
+`serve_archive`/`follow_archive`); and the two replicator roles a channel plays:
 
-* `ReplicationSession.serve(source)`: announce the signed head (``sync`` + ``range``),
-  answer ``request`` with proofs from `storage.hypercore.proofs.generate_proof`, answer
-  ``want`` with ``range`` (our archives are always contiguous), re-announce on append,
-  and track how much the peer holds from the ``range``/``bitfield`` messages it sends
-  (`remote_contiguous_length`, Hypercore's ``_remoteContiguousLength``: cluster mode's
-  in-sync replicas and acks=all are built on it).
-* `ReplicationSession.follow(key, sink)`: learn the remote head from ``sync``, fetch it
+* serve (`Connection.serve(source)`, or a channel the peer opens that `lookup` finds):
+  announce the signed head (``sync`` + ``range``), answer ``request`` with proofs from
+  `storage.hypercore.proofs.generate_proof` (queued per channel, answered round-robin
+  across channels), answer ``want`` with ``range`` (our archives are always contiguous),
+  re-announce on append, and track how much the peer holds from the
+  ``range``/``bitfield`` messages it sends (`remote_contiguous_length`, Hypercore's
+  ``_remoteContiguousLength``: cluster mode's in-sync replicas and acks=all are built on
+  it, per channel).
+* follow (`Connection.follow(key, sink)`): learn the remote head from ``sync``, fetch it
   with an ``upgrade`` request (plus the manifest, which must hash to `key`), then fetch
   blocks with a window of in-flight ``request``s, verify each with
   `storage.hypercore.proofs.verify_proof` and hand them to the sink in order, each
@@ -20,12 +26,12 @@ one ``hypercore/alpha`` channel, and the two replicator roles this project needs
 
 Theory of operation: bytes go in through `receive_data`, bytes to write come out of
 `data_to_send`; nothing here blocks, sleeps or does I/O other than calling the
-source/sink. Every check of the peer raises a `RemoteProtocolError` subclass and the
-caller must then drop the connection. Like Hypercore we treat the capability as the
-proof that the peer knows the archive key: the channel id (discovery key) does not
-reveal it. Not implemented (documented gaps): seek requests, reorgs/forks after data
-was verified, multi-signer manifests, sparse peers that lack blocks they announced,
-pushing unrequested blocks (``allowPush``) and extensions (accepted and ignored).
+source/sink. Which errors close one channel and which the whole connection: see
+`Connection`. Like Hypercore we treat the capability as the proof that the peer knows
+the archive key: the channel id (discovery key) does not reveal it. Not implemented
+(documented gaps): seek requests, reorgs/forks after data was verified, multi-signer
+manifests, sparse peers that lack blocks they announced, pushing unrequested blocks
+(``allowPush``) and extensions (accepted and ignored).
 
 May import the standard library, PyNaCl, `storage.hypercore` and
 `storage.replication.{noise,secretstream,mux,messages,sources,errors}`; never trio.
@@ -34,6 +40,7 @@ May import the standard library, PyNaCl, `storage.hypercore` and
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -143,60 +150,49 @@ class Stats:
     invalid_requests: int = 0
 
 
+
 class _Role:
-    def on_open(self, s: ReplicationSession) -> None:
+    def on_open(self, s: ReplicationChannel) -> None:
         raise NotImplementedError
 
-    def on_message(self, s: ReplicationSession, m: M.Message) -> None:
+    def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
         raise NotImplementedError
 
 
-class ReplicationSession:
-    """One connection replicating one archive. Create with `serve` or `follow`."""
+class ReplicationChannel:
+    """One archive replicated on a `Connection`: a ``hypercore/alpha`` channel (id = the
+    archive's discovery key) and its role, serving a source or following into a sink.
+    Create with `Connection.serve` or `Connection.follow`, end with `close`.
 
-    def __init__(
-        self,
-        key: bytes,
-        role: _Role,
-        *,
-        initiator: bool,
-        keypair: Ed25519KeyPair | None = None,
-        ephemeral: Ed25519KeyPair | None = None,
-    ) -> None:
+    `closed` once either side closed it, the peer rejected it, or it failed; `error` is
+    then the `RemoteProtocolError` that failed it (None for an orderly close)."""
+
+    def __init__(self, conn: Connection, key: bytes, role: _Role) -> None:
         if len(key) != 32:
             raise ValueError("archive key must be 32 bytes")
+        self.conn = conn
         self.key = key
         self.discovery_key = discovery_key(key)
         self.role = role
-        self.stream = SecretStream(initiator, keypair, ephemeral=ephemeral)
-        self.mux = Mux()
         self.channel: Channel | None = None
         self.remote_handshake: M.Handshake | None = None
-        self.closed = False  # our channel is closed (either side); nothing more will flow
+        self.closed = False
+        self.error: RemoteProtocolError | None = None
         self.stats = Stats()
-        # serve_any: archive chosen by the peer's channel open (by discovery key)
-        self._lookup: Callable[[bytes], ArchiveSource | None] | None = None
+        self.requests: deque[M.Request] = deque()  # server: received, not yet answered
 
-    @classmethod
-    def serve(cls, source: ArchiveSource, *, initiator: bool = False,
-              keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
-        return cls(source.key, _Server(source), initiator=initiator, keypair=keypair)
+    @property
+    def mux(self) -> Mux:
+        return self.conn.mux
 
-    @classmethod
-    def serve_any(cls, lookup: Callable[[bytes], ArchiveSource | None], *,
-                  initiator: bool = False,
-                  keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
-        """Serve whichever archive the peer opens a channel for: `lookup(discovery_key)`
-        returns its source, or None (the channel is rejected). One archive per session:
-        the first channel the peer opens that we hold decides it. Used by a replication
-        port that serves many archives, one connection per archive."""
-        s = cls(bytes(32), _Server(None), initiator=initiator, keypair=keypair)
-        s._lookup = lookup
-        return s
+    @property
+    def opened(self) -> bool:
+        """Both sides opened the channel (and the peer's capability checked out)."""
+        return self.channel is not None and self.channel.opened and not self.closed
 
     @property
     def source(self) -> ArchiveSource | None:
-        """The archive a serving session serves (None until a serve_any peer chose one)."""
+        """The archive a serving channel serves."""
         return self.role.source if isinstance(self.role, _Server) else None
 
     @property
@@ -221,11 +217,17 @@ class ReplicationSession:
         and ``bitfield`` messages); 0 until it says."""
         return self.role.remote_contiguous if isinstance(self.role, _Server) else 0
 
+    @property
+    def done(self) -> bool:
+        """A follower that is not live has everything the peer announced, or the
+        channel closed."""
+        return self.closed or (isinstance(self.role, _Follower) and self.role.finished)
+
     def announce_stored(self, length: int) -> None:
         """Follower: tell the peer we hold blocks [0, length) (a ``range`` message)."""
         if isinstance(self.role, _Follower):
             self.role.stored = max(self.role.stored, length)
-            if self.channel is not None and self.channel.opened:
+            if self.opened:
                 self.role.announce_stored(self)
 
     def refetch(self, index: int) -> None:
@@ -233,43 +235,208 @@ class ReplicationSession:
         the sink's `repair_block(index, value)` once verified (a block damaged on disk)."""
         if isinstance(self.role, _Follower):
             self.role.repairs.append(index)
-            if self.channel is not None and self.channel.opened:
+            if self.opened:
                 self.mux.cork()
-                self.role._pump(self)
-                self.mux.uncork()
+                try:
+                    self.role._pump(self)
+                finally:
+                    self.mux.uncork()
 
-    @classmethod
-    def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,
-               keypair: Ed25519KeyPair | None = None, live: bool = False,
+    def notify_append(self) -> None:
+        """Server: the source may have a new head; if so, tell the peer."""
+        if isinstance(self.role, _Server) and self.opened:
+            self.role.announce(self)
+
+    def close(self) -> None:
+        self.conn.close_channel(self)
+
+    def send(self, m: M.Message) -> None:
+        if self.channel is None:
+            raise LocalProtocolError("channel not open")
+        self.conn.mux.send(self.channel, int(m.TYPE), m.encode())
+
+    def send_parts(self, type_: int, parts: list[bytes | bytearray | memoryview]) -> None:
+        """`send` of a message already encoded as the concatenation of `parts`."""
+        if self.channel is None:
+            raise LocalProtocolError("channel not open")
+        self.conn.mux.send_parts(self.channel, int(type_), parts)
+
+
+class Connection:
+    """One replication connection to one peer carrying any number of archives, as
+    Hypercore does: a secret stream, protomux on it, and one ``hypercore/alpha`` channel
+    per archive (id = discovery key), each with its own capability check and role.
+
+    Open channels with `follow(key, sink, ...)` and `serve(source)` at any time (before
+    the handshake completes they are opened as soon as it does); close one with
+    `ReplicationChannel.close`. A channel the peer opens is served if `lookup` (given at
+    construction) returns a source for its discovery key, else rejected (protomux
+    ``reject``); the other channels carry on.
+
+    Errors, two planes:
+
+    * Channel errors close that channel only (a protomux ``close`` is sent), set its
+      `error` and leave the connection and every other channel running: a capability
+      that does not check out, a ``hypercore/alpha`` message that does not decode, a
+      proof or signature that does not verify, a refused request for announced data,
+      too many invalid requests, the peer rejecting our open. These are safe to
+      contain because protomux has already framed the message: nothing about the
+      stream or the other channels depends on the bad payload.
+    * Connection errors raise from `receive_data` / `buffer_updated` and the caller must
+      drop the connection (and with it every channel): a failed handshake, a frame that
+      does not decrypt or is malformed (`FramingError`: the secretstream state is then
+      out of step), a protomux frame that does not decode or reopens a live channel id
+      (`MessageError` from the mux: the message boundaries or channel map can no longer
+      be trusted, so no channel can be singled out). protomux destroys the stream on
+      these too.
+
+    Send side, fairness: the server role does not answer ``request``s as they arrive;
+    it queues them per channel, and `buffers_to_send(budget)` answers them round-robin,
+    one request per channel per round, until about `budget` bytes are out. One archive
+    catching up (a window of requests queued) so delays another archive's live tail
+    by about one block, not by a window of blocks. The follower side bounds its
+    in-flight requests per channel (`window`).
+
+    `take_changed()` returns the channels that received anything, were opened or closed
+    since the last call (a driver wakes the tasks waiting on them)."""
+
+    def __init__(
+        self,
+        *,
+        initiator: bool,
+        keypair: Ed25519KeyPair | None = None,
+        ephemeral: Ed25519KeyPair | None = None,
+        lookup: Callable[[bytes], ArchiveSource | None] | None = None,
+    ) -> None:
+        self.stream = SecretStream(initiator, keypair, ephemeral=ephemeral)
+        self.mux = Mux()
+        self.lookup = lookup
+        self.channels: dict[int, ReplicationChannel] = {}  # by our mux channel id
+        self._opening: list[ReplicationChannel] = []  # waiting for the handshake
+        self._ready: deque[ReplicationChannel] = deque()  # servers with queued requests
+        self._changed: dict[int, ReplicationChannel] = {}  # by id()
+        self._live: dict[bytes, ReplicationChannel] = {}  # not closed, by discovery key
+        self.queued = 0  # requests received and not answered yet, every channel
+
+    @property
+    def initiator(self) -> bool:
+        return self.stream.initiator
+
+    @property
+    def remote_public_key(self) -> bytes:
+        """The peer's Noise static key (empty before the handshake completes)."""
+        return self.stream.remote_public_key
+
+    # ------------------------------------------------------------------ channels
+
+    def follow(self, key: bytes, sink: ArchiveSink, *, live: bool = False,
                have: Frontier | None = None, public_key: bytes | None = None,
-               window: int = DEFAULT_WINDOW) -> ReplicationSession:
+               window: int = DEFAULT_WINDOW) -> ReplicationChannel:
         """Follow archive `key` into `sink`. `have` is a verified tree the sink already
         holds (resume); `live` keeps following new heads instead of finishing."""
-        return cls(key, _Follower(key, sink, live, have, public_key, window),
-                   initiator=initiator, keypair=keypair)
+        return self._add(ReplicationChannel(
+            self, key, _Follower(key, sink, live, have, public_key, window)))
+
+    def serve(self, source: ArchiveSource) -> ReplicationChannel:
+        """Serve `source` on a channel we open (the peer may open it first or later)."""
+        return self._add(ReplicationChannel(self, source.key, _Server(source)))
+
+    def _add(self, ch: ReplicationChannel) -> ReplicationChannel:
+        if ch.discovery_key in self._live:
+            raise LocalProtocolError("a channel for this archive is open on this connection")
+        self._live[ch.discovery_key] = ch
+        if self.stream.handshake_complete:
+            self._open(ch)
+        else:
+            self._opening.append(ch)
+        return ch
+
+    def _open(self, ch: ReplicationChannel) -> None:
+        cap = capability(self.stream.initiator, ch.key, self.stream.handshake_hash)
+        mch, events = self.mux.open(M.PROTOCOL, ch.discovery_key, M.Handshake(cap).encode())
+        ch.channel = mch
+        self.channels[mch.local_id] = ch
+        for ev in events:
+            self._on_event(ev)
+
+    def close_channel(self, ch: ReplicationChannel, error: RemoteProtocolError | None = None) -> None:
+        """Close `ch` (telling the peer); `error` says why when it failed."""
+        if ch.closed:
+            return
+        if error is not None and ch.error is None:
+            ch.error = error
+        self._closed(ch)
+        if ch in self._opening:
+            self._opening.remove(ch)
+        if ch.channel is not None:
+            self.mux.close(ch.channel)
+
+    def _closed(self, ch: ReplicationChannel) -> None:
+        ch.closed = True
+        self.queued -= len(ch.requests)
+        ch.requests.clear()
+        if self._live.get(ch.discovery_key) is ch:
+            del self._live[ch.discovery_key]
+        if ch.channel is not None:
+            self.channels.pop(ch.channel.local_id, None)
+        self._changed[id(ch)] = ch
+
+    def take_changed(self) -> list[ReplicationChannel]:
+        changed, self._changed = self._changed, {}
+        return list(changed.values())
+
+    def notify_append(self) -> None:
+        """The sources may have new heads: tell the peer on every serving channel."""
+        for ch in list(self.channels.values()):
+            if isinstance(ch.role, _Server):
+                try:
+                    ch.notify_append()
+                except RemoteProtocolError as e:
+                    self.close_channel(ch, e)
 
     # ------------------------------------------------------------------ I/O surface
 
     @property
-    def done(self) -> bool:
-        """A follower that is not live has everything the peer announced, or the
-        channel closed."""
-        return self.closed or (isinstance(self.role, _Follower) and self.role.finished)
+    def pending(self) -> bool:
+        """Requests are queued that the next `buffers_to_send` would answer."""
+        return bool(self._ready)
 
-    def data_to_send(self) -> bytes:
-        self._encrypt_outgoing()
+    def data_to_send(self, budget: int | None = None) -> bytes:
+        self._encrypt_outgoing(budget)
         return self.stream.data_to_send()
 
-    def buffers_to_send(self) -> list[bytes | bytearray]:
-        """`data_to_send` as a list of frames, for a vectored write (`sendmsg`)."""
-        self._encrypt_outgoing()
+    def buffers_to_send(self, budget: int | None = None) -> list[bytes | bytearray]:
+        """`data_to_send` as a list of frames, for a vectored write (`sendmsg`). With a
+        `budget`, queued requests are answered until about that many bytes of blocks
+        are out (`pending` says whether some are left); without, all of them."""
+        self._encrypt_outgoing(budget)
         return self.stream.buffers_to_send()
 
     def recycle(self, frames: list[bytes | bytearray]) -> None:
         """Frames from `buffers_to_send` that are written: reuse their memory."""
         self.stream.recycle(frames)
 
-    def _encrypt_outgoing(self) -> None:
+    def _encrypt_outgoing(self, budget: int | None) -> None:
+        self._flush()
+        ready = self._ready
+        spent = 0
+        while ready and (budget is None or spent < budget):
+            ch = ready.popleft()
+            if ch.closed or not ch.requests:
+                continue
+            m = ch.requests.popleft()
+            self.queued -= 1
+            before = ch.stats.bytes
+            try:
+                ch.role._on_request(ch, m)  # type: ignore[attr-defined]
+            except RemoteProtocolError as e:
+                self.close_channel(ch, e)
+            spent += ch.stats.bytes - before + 16
+            if ch.requests and not ch.closed:
+                ready.append(ch)
+            self._flush()
+
+    def _flush(self) -> None:
         stream = self.stream
         for msg in self.mux.outgoing():
             if isinstance(msg, list):
@@ -286,91 +453,250 @@ class ReplicationSession:
         self._received(self.stream.buffer_updated(n))
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Feed bytes read from the socket. Raises RemoteProtocolError on any violation."""
+        """Feed bytes read from the socket. Raises RemoteProtocolError when the whole
+        connection is unusable (see the class docstring); channel errors close the
+        channel and set its `error`."""
         self._received(self.stream.receive_data(data))
 
     def _received(self, msgs: list[bytes]) -> None:
-        if (self.stream.handshake_complete and self.channel is None and not self.closed
-                and self._lookup is None):
-            self._open()
+        if self._opening and self.stream.handshake_complete:
+            opening, self._opening = self._opening, []
+            for ch in opening:
+                self._open(ch)
         for raw in msgs:
             for ev in self.mux.feed(raw):
                 self._on_event(ev)
 
     def close(self) -> None:
-        if self.channel is not None and not self.closed:
-            self.mux.close(self.channel)
-        self.closed = True
+        """Close every channel (the caller then closes the transport)."""
+        for ch in [*self._opening, *self.channels.values()]:
+            self.close_channel(ch)
 
-    def notify_append(self) -> None:
-        """The source has a new head: tell the peer (server role)."""
-        if isinstance(self.role, _Server) and self.role.source is not None and self.channel is not None and self.channel.opened:
-            self.role.announce(self)
-
-    # ------------------------------------------------------------------ internals
-
-    def _open(self) -> None:
-        cap = capability(self.stream.initiator, self.key, self.stream.handshake_hash)
-        ch, events = self.mux.open(M.PROTOCOL, self.discovery_key, M.Handshake(cap).encode())
-        self.channel = ch
-        for ev in events:
-            self._on_event(ev)
-
-    def send(self, m: M.Message) -> None:
-        if self.channel is None:
-            raise LocalProtocolError("channel not open")
-        self.mux.send(self.channel, int(m.TYPE), m.encode())
-
-    def send_parts(self, type_: int, parts: list[bytes | bytearray | memoryview]) -> None:
-        """`send` of a message already encoded as the concatenation of `parts`."""
-        if self.channel is None:
-            raise LocalProtocolError("channel not open")
-        self.mux.send_parts(self.channel, int(type_), parts)
+    # ------------------------------------------------------------------ events
 
     def _on_event(self, ev: object) -> None:
-        if isinstance(ev, RemoteOpen) and self._lookup is not None and self.channel is None:
-            source = self._lookup(ev.id or b"") if ev.protocol == M.PROTOCOL else None
-            if source is None:
-                self.mux.reject(ev.remote_id)
-                return
-            self._lookup = None
-            self.key = source.key
-            self.discovery_key = discovery_key(source.key)
-            self.role = _Server(source)
-            self._open()
-        elif isinstance(ev, RemoteOpen):
-            # One archive per session: any other channel (another core, another
-            # protocol) is refused rather than left pending forever.
-            if ev.protocol != M.PROTOCOL or ev.id != self.discovery_key:
-                self.mux.reject(ev.remote_id)
-        elif isinstance(ev, ChannelOpened):
-            hs = M.decode_handshake(ev.channel.remote_handshake or b"")
-            expected = capability(not self.stream.initiator, self.key, self.stream.handshake_hash)
-            if hs.capability != expected:
-                raise CapabilityError("remote sent an invalid replication capability")
-            self.remote_handshake = hs
-            self.mux.cork()
-            self.role.on_open(self)
-            self.mux.uncork()
-        elif isinstance(ev, ChannelRejected):
-            self.closed = True
-            raise RemoteProtocolError("remote rejected the hypercore/alpha channel")
-        elif isinstance(ev, ChannelClosed):
-            self.closed = True
-        elif isinstance(ev, ChannelMessage):
-            if not 0 <= ev.type < len(M.MessageType):
-                return  # protomux ignores message types a channel did not register
-            if ev.type == M.MessageType.DATA and isinstance(self.role, _Follower):
-                block = _read_block_data(ev.payload)
-                if block is not None and self.role.take_block(self, *block):
-                    return
-            m = M.decode_message(ev.type, ev.payload)
-            self.mux.cork()
-            try:
-                self.role.on_message(self, m)
-            finally:
-                self.mux.uncork()
+        if isinstance(ev, RemoteOpen):
+            self._on_remote_open(ev)
+            return
+        if not isinstance(ev, (ChannelOpened, ChannelRejected, ChannelClosed, ChannelMessage)):
+            return
+        ch = self.channels.get(ev.channel.local_id)
+        if ch is None or ch.closed:
+            return  # a channel we closed (late messages are ignored, as in protomux)
+        self._changed[id(ch)] = ch
+        try:
+            if isinstance(ev, ChannelMessage):
+                self._on_message(ch, ev)
+            elif isinstance(ev, ChannelOpened):
+                hs = M.decode_handshake(ev.channel.remote_handshake or b"")
+                expected = capability(not self.stream.initiator, ch.key, self.stream.handshake_hash)
+                if hs.capability != expected:
+                    raise CapabilityError("remote sent an invalid replication capability")
+                ch.remote_handshake = hs
+                self.mux.cork()
+                try:
+                    ch.role.on_open(ch)
+                finally:
+                    self.mux.uncork()
+            elif isinstance(ev, ChannelRejected):
+                raise RemoteProtocolError("remote rejected the hypercore/alpha channel")
+            else:  # ChannelClosed by the peer
+                self._closed(ch)
+        except RemoteProtocolError as e:
+            self.close_channel(ch, e)
 
+    def _on_remote_open(self, ev: RemoteOpen) -> None:
+        source = None
+        if (ev.protocol == M.PROTOCOL and ev.id is not None and self.lookup is not None
+                and ev.id not in self._live):
+            source = self.lookup(ev.id)
+        if source is None:
+            # an archive we do not serve (or another protocol, or a second open of a
+            # live channel): refused, not left pending forever; the others carry on
+            self.mux.reject(ev.remote_id)
+            return
+        ch = ReplicationChannel(self, source.key, _Server(source))
+        self._live[ch.discovery_key] = ch
+        self._open(ch)
+
+    def _on_message(self, ch: ReplicationChannel, ev: ChannelMessage) -> None:
+        if not 0 <= ev.type < len(M.MessageType):
+            return  # protomux ignores message types a channel did not register
+        role = ch.role
+        if ev.type == M.MessageType.DATA and isinstance(role, _Follower):
+            block = _read_block_data(ev.payload)
+            if block is not None and role.take_block(ch, *block):
+                return
+        m = M.decode_message(ev.type, ev.payload)
+        if type(m) is M.Request and isinstance(role, _Server):
+            ch.stats.requests += 1
+            if not ch.requests:
+                self._ready.append(ch)
+            ch.requests.append(m)
+            self.queued += 1
+            return
+        self.mux.cork()
+        try:
+            role.on_message(ch, m)
+        finally:
+            self.mux.uncork()
+
+
+class ReplicationSession(Connection):
+    """A connection replicating one archive (the single-archive API, kept for tools and
+    tests): a `Connection` with one channel. Unlike `Connection` it raises every
+    error, the channel's included: with one archive, a failed channel is a failed
+    connection. Create with `serve`, `serve_any` or `follow`."""
+
+    def __init__(self, *, initiator: bool, keypair: Ed25519KeyPair | None = None,
+                 ephemeral: Ed25519KeyPair | None = None,
+                 lookup: Callable[[bytes], ArchiveSource | None] | None = None) -> None:
+        super().__init__(initiator=initiator, keypair=keypair, ephemeral=ephemeral, lookup=lookup)
+        self._ch: ReplicationChannel | None = None
+        self._raised = False
+
+    @classmethod
+    def serve(cls, source: ArchiveSource, *, initiator: bool = False,  # type: ignore[override]
+              keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
+        s = cls(initiator=initiator, keypair=keypair)
+        s._ch = Connection.serve(s, source)
+        return s
+
+    @classmethod
+    def serve_any(cls, lookup: Callable[[bytes], ArchiveSource | None], *,
+                  initiator: bool = False,
+                  keypair: Ed25519KeyPair | None = None) -> ReplicationSession:
+        """Serve whichever archive the peer opens a channel for: `lookup(discovery_key)`
+        returns its source, or None (the channel is rejected). One archive per session:
+        the first channel the peer opens that we hold decides it, later ones are
+        rejected. (The replication port serves many channels per connection with
+        `Connection(lookup=...)`.)"""
+        s = cls(initiator=initiator, keypair=keypair)
+
+        def first(dk: bytes) -> ArchiveSource | None:
+            return lookup(dk) if s._ch is None else None
+
+        s.lookup = first
+        return s
+
+    @classmethod
+    def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,  # type: ignore[override]
+               keypair: Ed25519KeyPair | None = None, live: bool = False,
+               have: Frontier | None = None, public_key: bytes | None = None,
+               window: int = DEFAULT_WINDOW) -> ReplicationSession:
+        """Follow archive `key` into `sink`. `have` is a verified tree the sink already
+        holds (resume); `live` keeps following new heads instead of finishing."""
+        s = cls(initiator=initiator, keypair=keypair)
+        s._ch = Connection.follow(s, key, sink, live=live, have=have, public_key=public_key,
+                                  window=window)
+        return s
+
+    def _open(self, ch: ReplicationChannel) -> None:
+        if self._ch is None:
+            self._ch = ch  # serve_any: the peer's first channel we hold
+        super()._open(ch)
+
+    @property
+    def channel_session(self) -> ReplicationChannel | None:
+        return self._ch
+
+    def _check(self) -> None:
+        ch = self._ch
+        if ch is not None and ch.error is not None and not self._raised:
+            self._raised = True
+            raise ch.error
+
+    def _received(self, msgs: list[bytes]) -> None:
+        super()._received(msgs)
+        self._check()
+
+    def _encrypt_outgoing(self, budget: int | None) -> None:
+        super()._encrypt_outgoing(budget)
+        self._check()
+
+    # the one channel's state, as attributes of the session
+
+    @property
+    def key(self) -> bytes:
+        return self._ch.key if self._ch is not None else bytes(32)
+
+    @key.setter
+    def key(self, key: bytes) -> None:
+        assert self._ch is not None
+        self._ch.key = key
+
+    @property
+    def discovery_key(self) -> bytes:
+        return self._ch.discovery_key if self._ch is not None else discovery_key(bytes(32))
+
+    @property
+    def role(self) -> _Role:
+        assert self._ch is not None
+        return self._ch.role
+
+    @property
+    def channel(self) -> Channel | None:
+        return self._ch.channel if self._ch is not None else None
+
+    @property
+    def remote_handshake(self) -> M.Handshake | None:
+        return self._ch.remote_handshake if self._ch is not None else None
+
+    @property
+    def stats(self) -> Stats:
+        return self._ch.stats if self._ch is not None else Stats()
+
+    @property
+    def closed(self) -> bool:
+        """Our channel is closed (either side); nothing more will flow."""
+        return self._ch is not None and self._ch.closed
+
+    @property
+    def done(self) -> bool:
+        return self._ch is not None and self._ch.done
+
+    @property
+    def source(self) -> ArchiveSource | None:
+        """The archive a serving session serves (None until a serve_any peer chose one)."""
+        return self._ch.source if self._ch is not None else None
+
+    @property
+    def public_key(self) -> bytes | None:
+        return self._ch.public_key if self._ch is not None else None
+
+    @property
+    def latest_head(self) -> tuple[int, int, bytes, list[Node]] | None:
+        return self._ch.latest_head if self._ch is not None else None
+
+    @property
+    def remote_length(self) -> int | None:
+        return self._ch.remote_length if self._ch is not None else None
+
+    @property
+    def remote_contiguous_length(self) -> int:
+        return self._ch.remote_contiguous_length if self._ch is not None else 0
+
+    def announce_stored(self, length: int) -> None:
+        if self._ch is not None:
+            self._ch.announce_stored(length)
+
+    def refetch(self, index: int) -> None:
+        if self._ch is not None:
+            self._ch.refetch(index)
+
+    def notify_append(self) -> None:
+        if self._ch is not None and not self._ch.closed:
+            self._ch.notify_append()
+            self._check()
+
+    def send(self, m: M.Message) -> None:
+        if self._ch is None:
+            raise LocalProtocolError("channel not open")
+        self._ch.send(m)
+
+    def close(self) -> None:
+        if self._ch is not None:
+            self._ch.close()
 
 # ---------------------------------------------------------------------------- server
 
@@ -391,7 +717,7 @@ class _Server(_Role):
             return False
         return self.remote_length == 0 or self.remote_length < self.head.length
 
-    def _sync(self, s: ReplicationSession) -> None:
+    def _sync(self, s: ReplicationChannel) -> None:
         self.announced_remote = (self.remote_fork, self.remote_length)
         same = self.remote_fork == self.head.fork
         s.send(M.Sync(
@@ -405,14 +731,14 @@ class _Server(_Role):
             allow_push=False,
         ))
 
-    def on_open(self, s: ReplicationSession) -> None:
+    def on_open(self, s: ReplicationChannel) -> None:
         assert self.source is not None
         self.head = self.source.head()
         self._sync(s)
         if self.head.length:
             s.send(M.Range(0, self.head.length))
 
-    def announce(self, s: ReplicationSession) -> None:
+    def announce(self, s: ReplicationChannel) -> None:
         assert self.source is not None
         new = self.source.head()
         if new == self.head:
@@ -424,12 +750,13 @@ class _Server(_Role):
             s.send(M.Range(0, new.length))
         s.mux.uncork()
 
-    def on_message(self, s: ReplicationSession, m: M.Message) -> None:
+    def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
         if isinstance(m, M.Sync):
             self.remote_fork, self.remote_length = m.fork, m.length
             if self.announced_remote != (m.fork, m.length):
                 self._sync(s)  # acknowledge their length so they may ask for an upgrade
         elif isinstance(m, M.Request):
+            s.stats.requests += 1
             self._on_request(s, m)
         elif isinstance(m, M.Want) and not isinstance(m, M.Unwant) and self.head.length:
             s.send(M.Range(0, self.head.length))
@@ -481,10 +808,9 @@ class _Server(_Role):
         if run:
             self._on_range(start, run, False)
 
-    def _on_request(self, s: ReplicationSession, m: M.Request) -> None:
+    def _on_request(self, s: ReplicationChannel, m: M.Request) -> None:
         assert self.source is not None
         head = self.head
-        s.stats.requests += 1
         manifest = self.source.manifest if m.manifest else None
         if manifest is not None and m.block is None and m.hash is None and m.upgrade is None:
             s.send(M.Data(m.id, Proof(head.fork, manifest=manifest)))  # manifest alone
@@ -598,7 +924,7 @@ class _Follower(_Role):
             and self.next_deliver == self.trusted.length
         )
 
-    def _sync(self, s: ReplicationSession) -> None:
+    def _sync(self, s: ReplicationChannel) -> None:
         s.send(M.Sync(
             fork=self.fork,
             length=self.trusted.length,
@@ -610,16 +936,16 @@ class _Follower(_Role):
             allow_push=False,
         ))
 
-    def on_open(self, s: ReplicationSession) -> None:
+    def on_open(self, s: ReplicationChannel) -> None:
         self._sync(s)
         self.announce_stored(s)  # replicator.js onopen: broadcastRange(0, contiguous)
 
-    def announce_stored(self, s: ReplicationSession) -> None:
+    def announce_stored(self, s: ReplicationChannel) -> None:
         if self.stored > self.announced:
             s.send(M.Range(0, self.stored))  # a fully contiguous peer always sends from 0
             self.announced = self.stored
 
-    def on_message(self, s: ReplicationSession, m: M.Message) -> None:
+    def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
         if isinstance(m, M.Sync):
             if m.fork != self.fork:
                 if self.trusted.length:
@@ -638,11 +964,11 @@ class _Follower(_Role):
         if self.finished:
             s.close()
 
-    def _request(self, s: ReplicationSession, p: _Pending, req: M.Request) -> None:
+    def _request(self, s: ReplicationChannel, p: _Pending, req: M.Request) -> None:
         self.inflight[p.id] = p
         s.send(req)
 
-    def _pump(self, s: ReplicationSession) -> None:
+    def _pump(self, s: ReplicationChannel) -> None:
         if self.remote_length is None:
             return
         if (self.public_key is None and self.remote_length == 0 and not self.manifest_requested
@@ -687,7 +1013,7 @@ class _Follower(_Role):
         self.next_id += 1
         return rid
 
-    def take_block(self, s: ReplicationSession, request: int, fork: int, index: int,
+    def take_block(self, s: ReplicationChannel, request: int, fork: int, index: int,
                    value: memoryview, nodes: tuple[Node, ...]) -> bool:
         """A block-only ``data`` message, decoded without copying the value: verified
         here when it answers a plain block request (True), else False and it goes
@@ -703,7 +1029,7 @@ class _Follower(_Role):
             s.close()
         return True
 
-    def _on_data(self, s: ReplicationSession, m: M.Data) -> None:
+    def _on_data(self, s: ReplicationChannel, m: M.Data) -> None:
         p = self.inflight.pop(m.request, None)
         if p is None:
             return  # unrequested (push) or cancelled: Hypercore ignores it too
@@ -775,7 +1101,7 @@ class _Follower(_Role):
         self._deliver()
         self._unstall(s)
 
-    def _on_block(self, s: ReplicationSession, p: _Pending, index: int, value: memoryview,
+    def _on_block(self, s: ReplicationChannel, p: _Pending, index: int, value: memoryview,
                   nodes: tuple[Node, ...]) -> None:
         """A plain block answer (the catch-up hot path): hash the value once, fold the
         sibling path up to a node already verified, compare, keep the new nodes."""
@@ -824,7 +1150,7 @@ class _Follower(_Role):
         self._deliver()
         self._unstall(s)
 
-    def _unstall(self, s: ReplicationSession) -> None:
+    def _unstall(self, s: ReplicationChannel) -> None:
         """Answers that waited for an earlier one: try them again (that one is in)."""
         if self.stalled:
             again, self.stalled = self.stalled, []
@@ -869,4 +1195,5 @@ class _Follower(_Role):
             self.sink.put_head(length, fork, sig, roots)
 
 
-__all__ = ["MessageError", "ReplicationSession", "SignedHead", "Stats", "capability"]
+__all__ = ["Connection", "MessageError", "ReplicationChannel", "ReplicationSession", "SignedHead",
+           "Stats", "capability"]
