@@ -162,8 +162,11 @@ def paced_produce(spec: Spec) -> dict[str, Any]:
         if lat is not None:
             latencies.append(lat * 1000.0)
 
+    stats: list[dict[str, Any]] = []
     conf = producer_config(spec)
     conf["on_delivery"] = on_delivery
+    conf["statistics.interval.ms"] = 500  # to count the Produce requests
+    conf["stats_cb"] = lambda text: stats.append(json.loads(text))
     p = Producer(conf)
     topic = spec["topic"]
     p.list_topics(topic, timeout=30)
@@ -187,7 +190,9 @@ def paced_produce(spec: Spec) -> dict[str, Any]:
     if left or errors:
         raise ClientError(f"{left} records undelivered, {len(errors)} errors: {errors[:3]}")
     kept = latencies[warmup:]
-    return {"records": total, "seconds": send_seconds,
+    p.poll(0.6)  # one more statistics report, taken after the last request
+    requests = produce_requests(stats[-1]) if stats else 0
+    return {"records": total, "seconds": send_seconds, "requests": requests,
             "mb_s": total * size / MB / max(send_seconds, 1e-9),
             "produce_ms": percentiles(kept, (50, 99, 99.9))}  # fmt: skip
 
