@@ -241,6 +241,8 @@ class Server:
         decoder = FrameDecoder(self.config.socket_request_max_bytes)
         settings = self.security.settings
         node = self.node
+        # Plain TCP: large requests are read into their frame (FrameDecoder.receive_buffer).
+        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         idle_s = settings.idle_ms / 1000
         partial_since: float | None = None  # when the request being received began
         while not self._draining.is_set():
@@ -254,16 +256,29 @@ class Server:
             else:
                 reader.deadline = partial_since + settings.request_timeout_ms / 1000
                 reader.partial = True
+            room = decoder.receive_buffer() if sock is not None else None
             reader.receiving = True
             try:
-                data = await stream.receive_some(RECEIVE_SIZE)
+                if room is None:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                    got = len(data)
+                else:
+                    # The rest of a large request goes straight into its frame buffer.
+                    try:
+                        got = await sock.recv_into(room)  # type: ignore[union-attr]
+                    except OSError as exc:  # as SocketStream.receive_some reports it
+                        raise trio.BrokenResourceError from exc
             finally:
                 reader.receiving = False
-            if not data:
+            if not got:
                 if decoder.buffered:
                     raise ProtocolError(f"connection closed inside a frame ({decoder.buffered} bytes buffered)")
                 return
-            decoder.receive_data(data)
+            if room is None:
+                decoder.receive_data(data)
+            else:
+                del room
+                decoder.received_into(got)
             completed = False
             try:
                 while (payload := decoder.next_frame()) is not None:

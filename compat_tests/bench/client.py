@@ -90,6 +90,13 @@ def consumer_config(spec: Spec, group: str) -> dict[str, Any]:
         "client.id": "hk-bench",
         # librdkafka's default fetch.wait.max.ms (500): a broker that answers a parked
         # Fetch as soon as data arrives gets low end-to-end latency, one that waits does not.
+        # librdkafka >= 2.4 stops fetching a partition for fetch.queue.backoff.ms (default
+        # 1000) once its local queue is over queued.max.messages.kbytes: a broker that
+        # delivers faster than this Python loop drains (~1 GB/s) then sits idle for a
+        # second, two or three times per GiB (debug=fetch: "Fetch backoff for 1000ms:
+        # Local: Queue full"), and the figure measures the back-off, not the broker. The
+        # same setting for every broker; a short back-off still stops the queue growing.
+        "fetch.queue.backoff.ms": 10,
     }
 
 
