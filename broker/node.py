@@ -12,7 +12,9 @@ next request. A commit round then takes every partition's queue and, in one work
 thread, writes the batches (pwrite), hashes them, signs and writes the head (fsync when
 the policy says so); back on the loop it publishes the heads, which acknowledges every
 produce they cover. A round with under INLINE_ROUND_BYTES to write and no fsync due
-runs on the loop: that costs less than the two thread switches. While a round runs, the next requests are admitted and form the
+runs on the loop: that costs less than the two thread switches. The produces of one
+received chunk are committed by the connection's reader right after the chunk
+(`commit_after_chunk`) when their round is small, else by `commit_loop`. While a round runs, the next requests are admitted and form the
 next round's group, so rounds grow with load instead of ticking.
 """
 

@@ -5,9 +5,12 @@ and runs its handler. A handler's reply goes into a bounded, ordered channel, an
 second task writes replies in request order, awaiting `Deferred` ones (a produce
 waiting for its group commit) there, so a pipelining client keeps several produces in
 flight while responses still leave in order. The reader admits every request of a
-received chunk before yielding, so they share one commit round, and the writer sends
-answers that are ready together in one write (large Fetch data by sendfile,
-`broker.sendfile`). The reader runs one handler at a time, as Kafka mutes a connection
+received chunk before yielding, so they share one commit round, which it then runs
+itself when it is small (`Node.commit_after_chunk`), so the writer finds the answers
+ready and sends them together in one write (large Fetch data by sendfile,
+`broker.sendfile`). The rest of a large request is read straight into its frame buffer.
+Idle connections and requests that trickle in are closed by one reaper task, not by a
+deadline around every receive. The reader runs one handler at a time, as Kafka mutes a connection
 while it processes a request, so Fetch long-polls hold only their own connection.
 
 Two error planes (h11's): a `ProtocolError` (bad frame, unknown api, unsupported
