@@ -12,7 +12,9 @@ next request. A commit round then takes every partition's queue and, in one work
 thread, writes the batches (pwrite), hashes them, signs and writes the head (fsync when
 the policy says so); back on the loop it publishes the heads, which acknowledges every
 produce they cover. A round with under INLINE_ROUND_BYTES to write and no fsync due
-runs on the loop: that costs less than the two thread switches. While a round runs, the next requests are admitted and form the
+runs on the loop: that costs less than the two thread switches. The produces of one
+received chunk are committed by the connection's reader right after the chunk
+(`commit_after_chunk`) when their round is small, else by `commit_loop`. While a round runs, the next requests are admitted and form the
 next round's group, so rounds grow with load instead of ticking.
 """
 
@@ -39,7 +41,7 @@ from broker.cluster import Cluster, signed_blocks
 from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
-from storage import CommitJob, PartitionLog, Store, TopicRecord
+from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord
 from storage.errors import StorageError
 
 log = logging.getLogger("hyperkafka.node")
@@ -181,6 +183,10 @@ class Node:
         self._dirty: dict[int, Partition] = {}
         self._commit_lock = trio.Lock()
         self._commit_wanted = trio.Event()
+        # Set by a produce's `mark_dirty(wake=False)`: the reader owes `commit_after_chunk`.
+        self.round_owed = False
+        # Under `always` every round fsyncs in a worker thread: readers leave it to the loop.
+        self._inline_ok = config.fsync is not FsyncPolicy.ALWAYS
         self._tick_due = False
         self._data_changed = trio.Event()
         self._pid_file = Path(config.data_dir) / "producer-ids"
@@ -410,8 +416,39 @@ class Node:
 
     # -- group commit -------------------------------------------------------------
 
-    def mark_dirty(self, partition: Partition) -> None:
+    def mark_dirty(self, partition: Partition, *, wake: bool = True) -> None:
+        """Queue a commit round for `partition`. `wake=False` (the produce handler): the
+        connection's reader runs it after the chunk (`commit_after_chunk`)."""
         self._dirty[id(partition)] = partition
+        if wake:
+            self._commit_wanted.set()
+        else:
+            self.round_owed = True
+
+    def wake_commit(self) -> None:
+        """Hand an owed round to the commit loop (a reader that cannot run it)."""
+        self.round_owed = False
+        self._commit_wanted.set()
+
+    async def commit_after_chunk(self) -> None:
+        """The round for the produces of one received chunk, run by the connection's reader
+        right after it admitted them, when the round is small and no round is running.
+
+        Why here and not in `commit_loop`: the round is then over before the writer task
+        looks at the answers, so the writer finds them ready and sends them at once,
+        instead of waiting on a partition event and being woken again; and the commit
+        loop's own wake-up is saved. A round that would need a worker thread (big, or an
+        fsync under `always`) goes to `commit_loop` as before, so the reader goes on
+        receiving the next requests while it runs, and they form the next group."""
+        self.round_owed = False
+        if self._inline_ok and not self._commit_lock.locked():
+            queued = 0
+            for p in self._dirty.values():
+                for b, _ in p.queued:
+                    queued += len(b)
+            if queued < INLINE_ROUND_BYTES:
+                await self.commit_round()
+                return
         self._commit_wanted.set()
 
     async def wait_for_data(self) -> None:
@@ -446,8 +483,9 @@ class Node:
         no thread runs without a checkpoint (locks are taken without waiting when free)."""
         await _acquire(self._commit_lock)
         try:
-            with trio.CancelScope(shield=True):
-                await self._commit_round(every_partition)
+            # Every checkpoint inside is shielded (`_acquire_shielded`, the worker thread):
+            # an inline round has none, and pays for no cancel scope.
+            await self._commit_round(every_partition)
         finally:
             self._commit_lock.release()
 
@@ -472,7 +510,7 @@ class Node:
         try:
             work: list[_Share] = []
             for p in dirty:
-                await _acquire(p.lock)
+                await _acquire_shielded(p.lock)
                 locked.append(p.lock)
                 if p.failed:
                     p.queued.clear()
@@ -500,11 +538,13 @@ class Node:
                 # signature): it runs here unless an fsync is due.
                 _write(work)
                 if any(share.job is not None and share.job_syncs() for share in work):
-                    await trio.to_thread.run_sync(_run, work)
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(_run, work)
                 else:
                     _run(work)
             else:
-                await trio.to_thread.run_sync(_write_and_run, work)
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(_write_and_run, work)
             for share in work:
                 p, job, error = share.partition, share.job, share.error
                 p.writing = False
@@ -591,6 +631,15 @@ async def _acquire(lock: trio.Lock) -> None:
         lock.acquire_nowait()
     except trio.WouldBlock:
         await lock.acquire()
+
+
+async def _acquire_shielded(lock: trio.Lock) -> None:
+    """`_acquire`, and a wait for it that cancellation does not interrupt."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        with trio.CancelScope(shield=True):
+            await lock.acquire()
 
 
 def _write(work: list[_Share]) -> None:

@@ -164,7 +164,7 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
             last,
             now if topic.log_append_time else batch.max_timestamp,
         )
-    ctx.node.mark_dirty(partition)
+    ctx.node.mark_dirty(partition, wake=False)  # the reader runs the round after the chunk
     result.base_offset, result.partition, result.wait_for = base, partition, last
     return result
 

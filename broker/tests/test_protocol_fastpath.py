@@ -29,6 +29,7 @@ from broker.protocol.fastpath import (
     PRODUCE_VERSIONS,
     ProducePartitionResult,
     decode_produce_request,
+    encode_fetch_description,
     encode_produce_response,
 )
 from broker.shape import shape
@@ -92,6 +93,51 @@ def test_produce_response_fast_equals_kio(data: st.DataObject) -> None:
     for version in PRODUCE_VERSIONS:
         kio = encode_response(RequestHeader(0, version, 77, None), shape(response_schema(0, version), description))
         assert encode_produce_response(77, version, topics, throttle) == kio, version
+
+
+_FETCH_PART = st.fixed_dictionaries(
+    {
+        "partition_index": _I32,
+        "error_code": st.sampled_from([e.value for e in ErrorCode]),
+        "high_watermark": _I64,
+        "records": st.one_of(st.none(), st.binary(max_size=1200)),
+    },
+    optional={
+        "last_stable_offset": _I64,
+        "log_start_offset": _I64,
+        "preferred_read_replica": _I32,
+        "aborted_transactions": st.just([]),
+    },
+)
+
+
+@PROPS
+@given(st.data())
+def test_fetch_description_fast_equals_shaped(data: st.DataObject) -> None:
+    """The handler's Fetch description encodes as it would through shape() and kio."""
+    topics = data.draw(st.lists(st.tuples(st.text(min_size=1, max_size=20), st.lists(_FETCH_PART, max_size=4)), max_size=3))
+    description: dict[str, Any] = {
+        "responses": [{"topic": name, "partitions": parts} for name, parts in topics],
+        "throttle_time": data.draw(st.integers(0, 2**31 - 1)),
+    }
+    if data.draw(st.booleans()):
+        description["error_code"] = data.draw(st.sampled_from([0, 1, 70]))
+        description["session_id"] = data.draw(_I32)
+    for version in FETCH_VERSIONS:
+        header = RequestHeader(1, version, 5, None)
+        fast = encode_fetch_description(5, version, description)
+        assert fast is not None
+        shaped = encode_response(header, shape(response_schema(1, version), description))
+        assert b"".join(bytes(p) for p in fast) == shaped, version
+
+
+def test_fetch_description_refuses_what_it_does_not_write() -> None:
+    part = {"partition_index": 0, "error_code": 0, "high_watermark": 1, "records": b""}
+    tagged = {"responses": [{"topic": "t", "partitions": [{**part, "current_leader": {"leader_id": 1}}]}]}
+    assert encode_fetch_description(1, 12, tagged) is None
+    aborted = {"responses": [{"topic": "t", "partitions": [{**part, "aborted_transactions": [{"producer_id": 1, "first_offset": 0}]}]}]}
+    assert encode_fetch_description(1, 12, aborted) is None
+    assert encode_fetch_description(1, 13, {"responses": []}) is None
 
 
 def test_produce_records_are_views_into_the_frame() -> None:

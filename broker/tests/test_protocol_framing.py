@@ -29,8 +29,9 @@ def test_whole() -> None:
     assert dec.buffered == 0
 
 
-def test_byte_by_byte() -> None:
-    dec = FrameDecoder(large_frame_size=100)  # exercise the large-frame path too
+@pytest.mark.parametrize("prealloc_max", [0, 1 << 20])  # large frames grown, or preallocated
+def test_byte_by_byte(prealloc_max: int) -> None:
+    dec = FrameDecoder(large_frame_size=100, prealloc_max=prealloc_max)  # exercise the large-frame path too
     got = []
     for b in stream():
         dec.receive_data(bytes([b]))
@@ -39,10 +40,11 @@ def test_byte_by_byte() -> None:
     assert dec.buffered == 0
 
 
+@pytest.mark.parametrize("prealloc_max", [0, 1 << 20])
 @pytest.mark.parametrize("chunk", [3, 7, 1000, 65536])
-def test_chunks(chunk: int) -> None:
+def test_chunks(chunk: int, prealloc_max: int) -> None:
     data = stream()
-    dec = FrameDecoder(large_frame_size=64)
+    dec = FrameDecoder(large_frame_size=64, prealloc_max=prealloc_max)
     got = []
     for i in range(0, len(data), chunk):
         dec.receive_data(memoryview(data)[i : i + chunk])
@@ -102,6 +104,45 @@ def test_large_frame_is_caller_owned_and_writable() -> None:
     rest = drain(dec)
     assert rest == [b"B" * 40] + [b"C" * 20] * 50
     assert bytes(keep) == b"AAAA"
+
+
+@pytest.mark.parametrize("chunk", [5, 4096, 1 << 20])
+def test_recv_into_a_preallocated_large_frame(chunk: int) -> None:
+    """As the server reads: into receive_buffer() while it offers one, else receive_data."""
+    data = stream() + frame(b"tail")
+    dec = FrameDecoder(large_frame_size=64)
+    got, i, direct = [], 0, 0
+    while i < len(data):
+        room = dec.receive_buffer()
+        if room is not None:
+            n = min(chunk, len(room), len(data) - i)
+            room[:n] = data[i : i + n]
+            del room
+            dec.received_into(n)
+            direct += n
+        else:
+            n = min(chunk, len(data) - i)
+            dec.receive_data(data[i : i + n])
+        i += n
+        got += drain(dec)
+    assert got == [*PAYLOADS, b"tail"]
+    assert dec.buffered == 0
+    assert direct > 0 if chunk < len(PAYLOADS[-1]) else True
+    with pytest.raises(ValueError):
+        dec.received_into(1)  # no frame is being assembled
+
+
+def test_prealloc_is_bounded() -> None:
+    dec = FrameDecoder(prealloc_max=1000)
+    dec.receive_data(struct.pack(">i", 70_000) + b"abc")
+    assert dec.next_frame() is None
+    assert dec.receive_buffer() is None  # above prealloc_max: grown as bytes arrive
+    dec = FrameDecoder(prealloc_max=1 << 20)
+    dec.receive_data(struct.pack(">i", 70_000) + b"abc")
+    assert dec.next_frame() is None
+    room = dec.receive_buffer()
+    assert room is not None and len(room) == 70_000 - 3
+    assert dec.buffered == 3
 
 
 def test_linear_buffering_many_small_frames() -> None:

@@ -90,6 +90,13 @@ def consumer_config(spec: Spec, group: str) -> dict[str, Any]:
         "client.id": "hk-bench",
         # librdkafka's default fetch.wait.max.ms (500): a broker that answers a parked
         # Fetch as soon as data arrives gets low end-to-end latency, one that waits does not.
+        # librdkafka >= 2.4 stops fetching a partition for fetch.queue.backoff.ms (default
+        # 1000) once its local queue is over queued.max.messages.kbytes: a broker that
+        # delivers faster than this Python loop drains (~1 GB/s) then sits idle for a
+        # second, two or three times per GiB (debug=fetch: "Fetch backoff for 1000ms:
+        # Local: Queue full"), and the figure measures the back-off, not the broker. The
+        # same setting for every broker; a short back-off still stops the queue growing.
+        "fetch.queue.backoff.ms": 10,
     }
 
 
@@ -162,8 +169,11 @@ def paced_produce(spec: Spec) -> dict[str, Any]:
         if lat is not None:
             latencies.append(lat * 1000.0)
 
+    stats: list[dict[str, Any]] = []
     conf = producer_config(spec)
     conf["on_delivery"] = on_delivery
+    conf["statistics.interval.ms"] = 500  # to count the Produce requests
+    conf["stats_cb"] = lambda text: stats.append(json.loads(text))
     p = Producer(conf)
     topic = spec["topic"]
     p.list_topics(topic, timeout=30)
@@ -187,7 +197,9 @@ def paced_produce(spec: Spec) -> dict[str, Any]:
     if left or errors:
         raise ClientError(f"{left} records undelivered, {len(errors)} errors: {errors[:3]}")
     kept = latencies[warmup:]
-    return {"records": total, "seconds": send_seconds,
+    p.poll(0.6)  # one more statistics report, taken after the last request
+    requests = produce_requests(stats[-1]) if stats else 0
+    return {"records": total, "seconds": send_seconds, "requests": requests,
             "mb_s": total * size / MB / max(send_seconds, 1e-9),
             "produce_ms": percentiles(kept, (50, 99, 99.9))}  # fmt: skip
 

@@ -44,6 +44,9 @@ MB = 1_000_000
 WORKLOADS = ("throughput", "latency", "fanout", "footprint")
 T = TypeVar("T")
 PROFILE_HZ = 200  # py-spy samples per second with --profile
+# HK_BENCH_PROFILE_GIL=1: sample only the thread holding the GIL (what the loop costs;
+# py-spy here often counts a thread blocked in epoll_wait or a worker queue as busy).
+PROFILE_EXTRA = ["--gil"] if os.environ.get("HK_BENCH_PROFILE_GIL") == "1" else []
 
 
 class WorkloadError(Exception):
@@ -347,7 +350,7 @@ def profiling(ctx: Context, target: Target, label: str) -> Iterator[None]:
     out = ctx.profile_dir / f"{label}.txt"
     proc = subprocess.Popen(
         [spy, "record", "--pid", str(target.pid), "--rate", str(PROFILE_HZ), "--format", "raw",
-         "--output", str(out), "--nonblocking", "--threads"],
+         "--output", str(out), "--nonblocking", "--threads", *PROFILE_EXTRA],
         stdout=subprocess.DEVNULL, stderr=(ctx.profile_dir / f"{label}.log").open("wb"),
     )  # fmt: skip
     time.sleep(0.5)  # let it attach
