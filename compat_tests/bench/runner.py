@@ -13,7 +13,8 @@ each in its own process, nothing pinned):
 Runs interleave: run i of a workload goes to every broker before run i+1 starts (in a
 rotating order), so a machine that gets busier or quieter in the middle shifts every broker
 alike. Footprint starts fresh instances; the others share one long-lived instance per
-broker. Imports the standard library, confluent_kafka, matplotlib (chart only) and
+broker, and while one of them is measured the others are stopped (SIGSTOP, `paused`).
+Imports the standard library, confluent_kafka, matplotlib (chart only) and
 compat_tests.
 """
 
@@ -25,12 +26,13 @@ import os
 import platform
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -606,7 +608,8 @@ def run(
                                     t.stop()
                                     t.start()
                                 continue
-                            _one(report, ctx, t, workload, r, SHARED_WORKLOADS[workload])
+                            with paused(u for u in live if u is not t):
+                                _one(report, ctx, t, workload, r, SHARED_WORKLOADS[workload])
                         save(report)
             finally:
                 for t in live:
@@ -617,6 +620,26 @@ def run(
         report.load_after = os.getloadavg()
         report.seconds = time.monotonic() - t0
     return report
+
+
+@contextlib.contextmanager
+def paused(targets: Iterable[Target]) -> Iterator[None]:
+    """SIGSTOP the other live brokers while one takes its workload, SIGCONT after.
+
+    They all run for the whole pass over the shared workloads, and an idle broker is not
+    always idle: Kafka's background threads, or a peer spinning after a failed run
+    (noida, once its consume stalled, held 74% of a core for the rest of a run), take CPU
+    from whichever broker is being measured. Stopped, each broker has the machine as it
+    would on its own; their clients are gone by then, and their timers catch up on resume.
+    """
+    stopped = list(targets)
+    for t in stopped:
+        t.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for t in stopped:
+            t.signal(signal.SIGCONT)
 
 
 def _one(
