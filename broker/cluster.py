@@ -78,6 +78,7 @@ import trio
 
 from broker.config import ClusterBroker, ConfigError
 from storage import PartitionLog
+from storage.replication.session import ReplicationChannel
 
 DEFAULT_REPLICA_LAG_MS = 30_000
 DEFAULT_SESSION_TIMEOUT_MS = 9_000  # Kafka's broker.session.timeout.ms
@@ -112,6 +113,26 @@ class _Archive:
     changed: trio.Event = field(default_factory=trio.Event)
 
 
+@dataclass(eq=False)
+class PeerCopy:
+    """This broker's verified copy of a peer's offsets archive (``__consumer_offsets``),
+    followed by broker/mirror.py and read only by a coordinator taking over; `channel` is
+    the live follower channel while there is one (its ``remote_length`` is how long the
+    peer says its archive is)."""
+
+    log: PartitionLog
+    channel: ReplicationChannel | None = None
+
+    def caught_up(self) -> bool:
+        """Whether a live channel is open and our stored signed head covers what the peer
+        said it has."""
+        ch = self.channel
+        if ch is None or ch.done:
+            return False
+        remote = ch.remote_length
+        return remote is not None and signed_blocks(self.log) >= remote
+
+
 class Cluster:
     """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode."""
 
@@ -142,6 +163,9 @@ class Cluster:
         self._answered: set[int] = set()  # peers heard since start-up
         self._written_by: dict[int, set[str]] = {}  # topics each peer said it writes
         self._reported = trio.Event()  # set (and replaced) on every peer's report
+        # Our copies of the peers' offsets archives (broker/mirror.py), by broker id.
+        self.offsets_copies: dict[int, PeerCopy] = {}
+        self._copies_changed = trio.Event()
         spec = ",".join(f"{b.node_id}@{b.address}" for b in self.brokers.values())
         digest = hashlib.blake2b(spec.encode(), digest_size=16).digest()
         # Every broker of the cluster derives the same id from the same list.
@@ -203,6 +227,29 @@ class Cluster:
         is known here (a controller that just started must not create it again)."""
         now = self.clock()
         return all(i in self._answered for i in self.brokers if i != self.me and self.alive(i, now))
+
+    # -- the peers' offsets archives ------------------------------------------
+
+    def copy_changed(self) -> None:
+        """A copy of a peer's offsets archive grew, or its channel opened or closed."""
+        self._copies_changed.set()
+        self._copies_changed = trio.Event()
+
+    def copies_caught_up(self) -> bool:
+        """Whether our copy of every live peer's offsets archive holds what the peer said it
+        has (a dead peer's copy is what it is: nobody can add to it)."""
+        now = self.clock()
+        return all((c := self.offsets_copies.get(i)) is not None and c.caught_up()
+                   for i in self.brokers if i != self.me and self.alive(i, now))
+
+    async def wait_copies_caught_up(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until `copies_caught_up`; whether it is."""
+        with trio.move_on_after(timeout_s):
+            while not self.copies_caught_up():
+                event = self._copies_changed
+                with trio.move_on_after(WAIT_TICK_MAX_S):  # a peer may die by time alone
+                    await event.wait()
+        return self.copies_caught_up()
 
     def alive(self, node_id: int, now: float | None = None) -> bool:
         """Whether `node_id` answered within the session timeout (this broker always is)."""

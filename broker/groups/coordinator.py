@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from broker.cluster import signed_blocks
 from broker.groups import codes
-from broker.groups.offsets import OffsetsArchive, Replayed
+from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, last_words, merge
 from broker.groups.records import (
     GroupValue,
     MemberValue,
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     from broker.node import Node
 
 log = logging.getLogger("hyperkafka.groups")
+
+CONTROLLER_TICK_S = 0.1  # cluster mode: how often the coordinator looks who is controller
 
 
 class Waiter:
@@ -120,6 +123,11 @@ class GroupCoordinator:
         self._maintenance_wanted = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.compactions = 0
+        # Whether the groups are in memory and served. Alone: from the start. In cluster
+        # mode: once this broker is controller and has taken over (`take_over`), until
+        # another broker is controller.
+        self.loaded = node.cluster is None
+        self.takeovers = 0
 
     # ------------------------------------------------------------------ driver
 
@@ -130,7 +138,12 @@ class GroupCoordinator:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self._install()
+            replayed, self._replayed = self._replayed, None
+            if self.node.cluster is None:
+                if replayed is not None:
+                    self._install(replayed)
+            else:
+                nursery.start_soon(self._follow_controller)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -146,10 +159,112 @@ class GroupCoordinator:
             finally:
                 self._nursery = None
 
-    def _install(self) -> None:
-        replayed, self._replayed = self._replayed, None
-        if replayed is None:
+    # ------------------------------------------------------------------ cluster mode
+
+    def refusal(self) -> int:
+        """NONE when this broker serves the groups now; else what a group request answers:
+        NOT_COORDINATOR on a broker that is not the controller (the client asks
+        FindCoordinator again), COORDINATOR_LOAD_IN_PROGRESS while the controller takes
+        over (both retriable)."""
+        cluster = self.node.cluster
+        if cluster is None:
+            return codes.NONE
+        if not cluster.is_controller:
+            if self.loaded:
+                self.resign()
+            return codes.NOT_COORDINATOR
+        return codes.NONE if self.loaded else codes.COORDINATOR_LOAD_IN_PROGRESS
+
+    async def _follow_controller(self) -> None:
+        cluster = self.node.cluster
+        assert cluster is not None
+        while True:
+            if cluster.is_controller and not self.loaded:
+                try:
+                    await self.take_over()
+                except Exception:  # try again at the next tick; meanwhile LOAD_IN_PROGRESS
+                    log.exception("taking over the groups failed")
+            elif not cluster.is_controller and self.loaded:
+                self.resign()
+            await trio.sleep(CONTROLLER_TICK_S)
+
+    def resign(self) -> None:
+        """Another broker is controller now: stop coordinating (its archive, merged with
+        ours when it took over, carries the offsets from here on)."""
+        self.loaded = False
+        self.groups.unload()
+        self._dispatch()
+        log.info("no longer the group coordinator (broker %s is controller)",
+                 self.node.cluster.controller_id if self.node.cluster is not None else "?")
+
+    async def take_over(self) -> None:
+        """Become the coordinator: wait (at most a session timeout) until our copy of every
+        live peer's offsets archive holds what that peer has, adopt from the copies every
+        record that is newer than ours for its key (`broker.groups.offsets.merge`), writing
+        it into our own archive, then load our archive alone. Group requests answer
+        COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        cluster = self.node.cluster
+        assert cluster is not None
+        started = trio.current_time()
+        if not await cluster.wait_copies_caught_up(cluster.session_s):
+            log.warning("taking over the groups with copies of the peers' offsets that may be behind")
+        if not cluster.is_controller:
             return
+        copies = [last_words(c.log, name=f"{OFFSETS_TOPIC} of broker {i}")
+                  for i, c in sorted(cluster.offsets_copies.items())]
+        adopted = merge(self.archive.words(), copies)
+        if adopted:
+            span = self.archive.adopt(adopted)
+            assert span is not None
+            error = await self._wait_stored(span[1])
+            if error != codes.NONE:
+                raise RuntimeError(f"the adopted offsets were not stored (error {error})")
+        if not cluster.is_controller:
+            return
+        replayed = self.archive.replay()
+        self.groups.unload()
+        self._install(replayed)
+        self._dispatch()
+        self.loaded = True
+        self.takeovers += 1
+        log.info("group coordinator now (took over in %.2fs): %d records adopted from %d peer archive(s); "
+                 "%d offsets, %d groups", trio.current_time() - started, len(adopted), len(copies),
+                 len(replayed.offsets), len(replayed.groups))
+
+    async def _wait_stored(self, last: int) -> int:
+        """Wait until a signed head covers offset `last` of the archive and, in cluster mode,
+        every in-sync peer holds it (Kafka writes the offsets topic with acks=-1); the
+        error to answer: NONE, REQUEST_TIMED_OUT, or COORDINATOR_NOT_AVAILABLE (a storage
+        failure, or fewer than min.insync.replicas copies: Kafka maps
+        NOT_ENOUGH_REPLICAS(_AFTER_APPEND) to it for commits)."""
+        with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
+            try:
+                await self.archive.wait_durable(last)
+            except Exception as exc:
+                log.error("%s not durable: %s", OFFSETS_TOPIC, exc)
+                return codes.COORDINATOR_NOT_AVAILABLE
+            cluster = self.node.cluster
+            if cluster is None:
+                return codes.NONE
+            plog = self.archive.partition.log
+            if await cluster.wait_replicated(plog.key, signed_blocks(plog), self._min_insync):
+                return codes.NONE
+            return codes.COORDINATOR_NOT_AVAILABLE
+        return codes.REQUEST_TIMED_OUT
+
+    @property
+    def _min_insync(self) -> int:
+        # The offsets topic's min.insync.replicas: the broker default, as Kafka creates
+        # __consumer_offsets without an override of it.
+        return self.archive.partition.topic.min_insync_replicas
+
+    def _isr_short(self) -> bool:
+        """Cluster mode: fewer in-sync replicas of our archive than min.insync.replicas;
+        Kafka refuses such a write before appending it (NOT_ENOUGH_REPLICAS)."""
+        cluster = self.node.cluster
+        return cluster is not None and len(cluster.isr(self.archive.partition.log.key)) < self._min_insync
+
+    def _install(self, replayed: Replayed) -> None:
         now = self.now()
         for group_id, value in replayed.groups.items():
             protocol = value.protocol
@@ -196,6 +311,8 @@ class GroupCoordinator:
             group.current_state_timestamp = now_wall  # the record says the same (KIP-211)
         value = _group_value(group, effect.assignment, now_wall)
         try:
+            if self._isr_short():
+                raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
             _, last = self.archive.append([(group_key(group.group_id), group_value(value))], now_wall)
             self._check_compaction()
         except Exception as exc:
@@ -204,15 +321,9 @@ class GroupCoordinator:
             return
 
         async def stored() -> None:
-            error = codes.NONE
-            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
-                try:
-                    await self.archive.wait_durable(last)
-                except Exception as exc:
-                    log.error("group %s metadata not durable: %s", effect.group_id, exc)
-                    error = codes.COORDINATOR_NOT_AVAILABLE
-            if scope.cancelled_caught:
-                error = codes.REQUEST_TIMED_OUT
+            error = await self._wait_stored(last)
+            if error != codes.NONE:
+                log.error("group %s metadata not stored: error %d", effect.group_id, error)
             self.groups.group_stored(self.now(), effect.group_id, effect.generation_id, effect.assignment, error)
             self._dispatch()
 
@@ -294,6 +405,8 @@ class GroupCoordinator:
         group.begin_offset_commit(partitions)  # not expired while in flight
         try:
             try:
+                if self._isr_short():
+                    raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
                 base, last = self.archive.append(records, now_wall)
                 self._check_compaction()
             except Exception as exc:
@@ -301,17 +414,10 @@ class GroupCoordinator:
                 for e in to_write:
                     e.error = codes.COORDINATOR_NOT_AVAILABLE
                 return
-            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
-                try:
-                    await self.archive.wait_durable(last)
-                except Exception as exc:
-                    log.error("offsets of group %s not durable: %s", group_id, exc)
-                    for e in to_write:
-                        e.error = codes.COORDINATOR_NOT_AVAILABLE
-                    return
-            if scope.cancelled_caught:
+            error = await self._wait_stored(last)
+            if error != codes.NONE:
                 for e in to_write:
-                    e.error = codes.REQUEST_TIMED_OUT
+                    e.error = error
                 return
         finally:
             group.end_offset_commit(partitions)
@@ -374,8 +480,9 @@ class GroupCoordinator:
         try:
             _, last = self.archive.append(tombstones, self.wall())
             self._check_compaction()
-            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
-                await self.archive.wait_durable(last)
+            error = await self._wait_stored(last)
+            if error != codes.NONE:
+                log.error("%d tombstones not stored everywhere: error %d", len(tombstones), error)
         except Exception as exc:  # the in-memory delete stands; a restart may bring them back
             log.error("cannot write %d tombstones: %s", len(tombstones), exc)
 
