@@ -166,6 +166,7 @@ class Cluster:
         # Our copies of the peers' offsets archives (broker/mirror.py), by broker id.
         self.offsets_copies: dict[int, PeerCopy] = {}
         self._copies_changed = trio.Event()
+        self._named_controller: dict[int, int] = {}  # the controller each peer last named
         spec = ",".join(f"{b.node_id}@{b.address}" for b in self.brokers.values())
         digest = hashlib.blake2b(spec.encode(), digest_size=16).digest()
         # Every broker of the cluster derives the same id from the same list.
@@ -178,15 +179,19 @@ class Cluster:
         if node_id in self._heard:
             self._heard[node_id] = self.clock()
 
-    def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]]) -> None:
-        """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition:
-        it is alive (the answer is its heartbeat); for what it writes (its id first among
+    def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]],
+                      controller: int | None = None) -> None:
+        """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition,
+        and the controller it names: it is alive (the answer is its heartbeat); for what it writes (its id first among
         the replicas) its ISR is the truth and replaces what we had (a partition left out
         was deleted). For a partition whose writer is dead to us and whose ISR we never
         heard (we started after it died), the ISR this peer still shows is taken, so that
         we name the same read leader as the brokers that saw the writer's last report."""
         self.heard_from(peer)
         self._answered.add(peer)
+        if controller is not None and self._named_controller.get(peer) != controller:
+            self._named_controller[peer] = controller
+            self.copy_changed()  # what `wait_handed_over` waits for
         own: dict[tuple[str, int], list[int]] = {}
         now = self.clock()
         for topic, index, replicas, isr in partitions:
@@ -231,25 +236,34 @@ class Cluster:
     # -- the peers' offsets archives ------------------------------------------
 
     def copy_changed(self) -> None:
-        """A copy of a peer's offsets archive grew, or its channel opened or closed."""
+        """A copy of a peer's offsets archive grew, or its channel opened or closed, or a
+        peer named another controller."""
         self._copies_changed.set()
         self._copies_changed = trio.Event()
 
-    def copies_caught_up(self) -> bool:
-        """Whether our copy of every live peer's offsets archive holds what the peer said it
-        has (a dead peer's copy is what it is: nobody can add to it)."""
+    @property
+    def copies_changed(self) -> trio.Event:
+        """Set at the next `copy_changed` (take it before looking at the copies)."""
+        return self._copies_changed
+
+    def handed_over(self) -> bool:
+        """Whether this broker, the controller, may take the groups over: every live peer
+        named it controller in its last Metadata answer (so it coordinates no group any
+        more), and our copy of that peer's offsets archive holds what the peer said it
+        has. A dead peer's copy is what it is: nobody adds to it."""
         now = self.clock()
-        return all((c := self.offsets_copies.get(i)) is not None and c.caught_up()
+        return all(self._named_controller.get(i) == self.me
+                   and (c := self.offsets_copies.get(i)) is not None and c.caught_up()
                    for i in self.brokers if i != self.me and self.alive(i, now))
 
-    async def wait_copies_caught_up(self, timeout_s: float) -> bool:
-        """Wait (at most `timeout_s`) until `copies_caught_up`; whether it is."""
+    async def wait_handed_over(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until `handed_over`; whether it is."""
         with trio.move_on_after(timeout_s):
-            while not self.copies_caught_up():
+            while not self.handed_over():
                 event = self._copies_changed
                 with trio.move_on_after(WAIT_TICK_MAX_S):  # a peer may die by time alone
                     await event.wait()
-        return self.copies_caught_up()
+        return self.handed_over()
 
     def alive(self, node_id: int, now: float | None = None) -> bool:
         """Whether `node_id` answered within the session timeout (this broker always is)."""

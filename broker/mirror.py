@@ -786,7 +786,7 @@ async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
             # also the liveness probe (broker.session.timeout.ms)
             cluster.take_metadata(peer.node_id, [
                 (str(t.name), int(p.partition_index), [int(i) for i in p.replica_nodes], [int(i) for i in p.isr_nodes])
-                for t in resp.topics for p in t.partitions])
+                for t in resp.topics for p in t.partitions], int(resp.controller_id))
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError, ValueError) as exc:
             # (a peer killed mid-answer resets the connection: BrokenResourceError)
             log.debug("cluster: metadata from broker %d: %s", peer.node_id, exc)

@@ -37,11 +37,14 @@ import trio
 
 from broker.cluster import signed_blocks
 from broker.groups import codes
-from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, last_words, merge
+from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, Word, last_words, merge
 from broker.groups.records import (
     GroupValue,
     MemberValue,
+    OffsetKey,
     OffsetValue,
+    decode_key,
+    decode_offset_value,
     group_key,
     group_value,
     offset_key,
@@ -128,6 +131,8 @@ class GroupCoordinator:
         # another broker is controller.
         self.loaded = node.cluster is None
         self.takeovers = 0
+        # Cluster mode, while coordinator: how far each peer's copy was merged (offsets).
+        self._merged: dict[int, int] = {}
 
     # ------------------------------------------------------------------ driver
 
@@ -144,6 +149,7 @@ class GroupCoordinator:
                     self._install(replayed)
             else:
                 nursery.start_soon(self._follow_controller)
+                nursery.start_soon(self._merge_late)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -206,10 +212,11 @@ class GroupCoordinator:
         cluster = self.node.cluster
         assert cluster is not None
         started = trio.current_time()
-        if not await cluster.wait_copies_caught_up(cluster.session_s):
+        if not await cluster.wait_handed_over(cluster.session_s):
             log.warning("taking over the groups with copies of the peers' offsets that may be behind")
         if not cluster.is_controller:
             return
+        merged = {i: c.log.high_watermark for i, c in cluster.offsets_copies.items()}
         copies = [last_words(c.log, name=f"{OFFSETS_TOPIC} of broker {i}")
                   for i, c in sorted(cluster.offsets_copies.items())]
         adopted = merge(self.archive.words(), copies)
@@ -225,11 +232,69 @@ class GroupCoordinator:
         self.groups.unload()
         self._install(replayed)
         self._dispatch()
+        self._merged = merged
         self.loaded = True
         self.takeovers += 1
         log.info("group coordinator now (took over in %.2fs): %d records adopted from %d peer archive(s); "
                  "%d offsets, %d groups", trio.current_time() - started, len(adopted), len(copies),
                  len(replayed.offsets), len(replayed.groups))
+
+    async def _merge_late(self) -> None:
+        """While coordinator, adopt the offsets (and their tombstones) that reach our copies
+        of the peers' archives after the takeover and are newer than ours: a commit the
+        old coordinator accepted before it learned that it was not coordinator any more
+        (there is no quorum to fence it) is not lost. Group metadata is not: those
+        members rejoin here."""
+        cluster = self.node.cluster
+        assert cluster is not None
+        while True:
+            changed = cluster.copies_changed
+            if self.loaded:
+                try:
+                    await self._adopt_late()
+                except Exception:
+                    log.exception("merging the peers' late offsets failed")
+            await changed.wait()
+
+    async def _adopt_late(self) -> None:
+        cluster = self.node.cluster
+        assert cluster is not None
+        fresh: list[dict[bytes, Word]] = []
+        for i, c in sorted(cluster.offsets_copies.items()):
+            mark, end = self._merged.get(i, 0), c.log.high_watermark
+            if end > mark:
+                words = last_words(c.log, mark, name=f"{OFFSETS_TOPIC} of broker {i}")
+                fresh.append({k: w for k, w in words.items() if isinstance(decode_key(w.key), OffsetKey)})
+                self._merged[i] = end
+        adopted = merge(self.archive.words(), fresh)
+        if not adopted:
+            return
+        span = self.archive.adopt(adopted)
+        assert span is not None
+        error = await self._wait_stored(span[1])
+        if error != codes.NONE:
+            log.error("%d late offsets adopted, not stored everywhere: error %d", len(adopted), error)
+        if self.loaded:
+            for i, w in enumerate(adopted):
+                self._apply_offset(w, span[0] + i)
+        log.info("adopted %d offset records a peer wrote after the takeover", len(adopted))
+
+    def _apply_offset(self, word: Word, record_offset: int) -> None:
+        """An offset record adopted into the archive at `record_offset`, into memory."""
+        key = decode_key(word.key)
+        assert isinstance(key, OffsetKey)
+        tp = (key.topic, key.partition)
+        if word.value is None:
+            group = self.groups.get(key.group_id)
+            if group is not None:
+                group.offsets.pop(tp, None)
+            return
+        v = decode_offset_value(word.value)
+        group = self.groups.get_or_create(key.group_id)
+        current = group.offsets.get(tp)
+        if current is None or current.record_offset < record_offset:
+            group.offsets[tp] = CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp,
+                                                record_offset, v.expire_timestamp)
 
     async def _wait_stored(self, last: int) -> int:
         """Wait until a signed head covers offset `last` of the archive and, in cluster mode,

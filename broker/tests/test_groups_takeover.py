@@ -9,17 +9,19 @@ controller) is in broker/tests/test_cluster.py and compat_tests/test_cluster.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
-from broker.config import BrokerConfig
+from broker.cluster import PeerCopy
+from broker.config import BrokerConfig, apply_properties
 from broker.groups import codes
 from broker.groups.coordinator import Waiter
 from broker.groups.offsets import Word, last_words, merge, normal_key
 from broker.groups.records import OffsetValue, offset_key, offset_value
 from broker.groups.state import JoinResult
-from broker.tests.test_groups_maintenance import T0, Clock, commit, fetched, running
+from broker.tests.test_groups_maintenance import T0, Clock, commit, eventually, fetched, running
 
 
 def _offset(group: str, offset: int, at: int) -> Word:
@@ -137,3 +139,72 @@ async def test_a_resigning_coordinator_sends_parked_members_to_the_new_one(tmp_p
             r: JoinResult = await joining.wait()
         assert r.error == codes.NOT_COORDINATOR
         assert c.groups.get("g") is None and not c.loaded
+
+
+@dataclass
+class _Channel:
+    """What `PeerCopy.caught_up` reads of a live follower channel."""
+
+    remote_length: int | None
+    done: bool = False
+
+
+async def test_a_new_coordinator_waits_for_the_handover_then_merges_and_adopts_late_commits(tmp_path: Path) -> None:
+    """Broker 1 of a two-broker cluster (no network: broker 2's archive is handed to it as
+    its copy) loads only once broker 2 named it controller and the copy caught up; it takes
+    broker 2's newer commits, keeps its own newer ones, and adopts a commit broker 2 wrote
+    after the takeover."""
+    clock = Clock()
+    b_config = BrokerConfig(data_dir=tmp_path / "b", listen_port=0)
+    a_config = apply_properties(BrokerConfig(data_dir=tmp_path / "a", listen_port=0),
+                                {"node.id": "1", "hyperkafka.cluster.brokers": "1@127.0.0.1:1,2@127.0.0.1:2"})
+    async with running(b_config, clock) as b, running(a_config, clock) as a:
+        cluster = a.cluster
+        assert cluster is not None and cluster.is_controller
+        cluster.take_metadata(2, [], controller=2)  # broker 2 still thinks it coordinates
+        b.create_topic("t", 1)
+        a.create_topic("t", 1)
+        peer_log = b.groups.archive.partition.log
+        await commit(b.groups, "theirs", {("t", 0): 150})
+        clock.now = T0 + 10
+        await commit(b.groups, "both", {("t", 0): 1})
+        copy = PeerCopy(peer_log, _Channel(peer_log.high_watermark))  # type: ignore[arg-type]
+        cluster.offsets_copies[2] = copy
+        cluster.copy_changed()
+        await trio.sleep(0.3)
+        assert not a.groups.loaded and a.groups.refusal() == codes.COORDINATOR_LOAD_IN_PROGRESS
+        copy.channel = _Channel(peer_log.high_watermark + 1)  # type: ignore[assignment]
+        cluster.take_metadata(2, [], controller=1)
+        await trio.sleep(0.3)
+        assert not a.groups.loaded  # the copy is behind what broker 2 said it has
+        copy.channel = _Channel(peer_log.high_watermark)  # type: ignore[assignment]
+        cluster.copy_changed()
+        with trio.fail_after(10):
+            await eventually(lambda: a.groups.loaded)
+        assert a.groups.refusal() == codes.NONE and a.groups.takeovers == 1
+        assert fetched(a.groups, "theirs") == {("t", 0): 150}
+        assert fetched(a.groups, "both") == {("t", 0): 1}
+        clock.now = T0 + 20
+        await commit(a.groups, "both", {("t", 0): 3})  # ours now, newer than broker 2's
+        # broker 2 accepts commits a little longer (it has not heard of broker 1 yet)
+        clock.now = T0 + 30
+        await commit(b.groups, "theirs", {("t", 0): 170})
+        clock.now = T0 + 15
+        await commit(b.groups, "both", {("t", 0): 9})  # older than ours: not taken
+        cluster.copy_changed()  # the copy grew
+        with trio.fail_after(10):
+            await eventually(lambda: fetched(a.groups, "theirs") == {("t", 0): 170})
+        assert fetched(a.groups, "both") == {("t", 0): 3}
+    async with running(a_config, clock) as a:  # its own archive carries the merge
+        cluster = a.cluster
+        assert cluster is not None
+        cluster.take_metadata(2, [], controller=1)
+        peer = running(b_config, clock)
+        async with peer as b:
+            log_b = b.groups.archive.partition.log
+            cluster.offsets_copies[2] = PeerCopy(log_b, _Channel(log_b.high_watermark))  # type: ignore[arg-type]
+            cluster.copy_changed()
+            with trio.fail_after(10):
+                await eventually(lambda: a.groups.loaded)
+            assert fetched(a.groups, "theirs") == {("t", 0): 170}
+            assert fetched(a.groups, "both") == {("t", 0): 3}
