@@ -39,6 +39,13 @@ Design, as Kafka and Hypercore each would have it:
   happens on the controller only (other brokers forward it, as Kafka's KIP-590
   forwarding does), and so does deletion; the others follow the controller's catalog
   and drop a deleted topic's copy.
+* Committed offsets survive any broker (Kafka replicates ``__consumer_offsets``): every
+  broker follows every peer's offsets archive (`PeerCopy`, kept by broker/mirror.py,
+  never a Kafka topic); the coordinator's commits wait for the in-sync peers like an
+  acks=all produce (broker/groups/coordinator.py). A broker that becomes controller
+  loads once `handed_over` (every live peer names it controller, and our copy of its
+  archive holds what it has), merging the copies into its own archive
+  (broker/groups/offsets.py `merge`: the latest record per key wins).
 * Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
   writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
   each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a

@@ -38,7 +38,11 @@ Cluster mode (broker/cluster.py): `run_replication` starts one NodeMirror per ot
 of the cluster, which knows that broker's id (the leader of what it mirrors), connects
 with this node's key as its Noise static key (the writer counts our `range` messages as
 this broker's progress), tells `Node.cluster` the peer's key and rack once discovered,
-and `poll_leader_isr` keeps the ISR the peer reports for what it writes.
+and `poll_leader_isr` keeps the ISR the peer reports for what it writes (and the
+controller it names). The peer's ``__consumer_offsets`` archive, which is no Kafka topic
+here, is followed too, into ``<node key hex>/__consumer_offsets-0`` (it cannot clash with
+our own, at the top of the data dir), and handed to `Cluster.offsets_copies` for the
+coordinator that takes over from it (broker/groups/coordinator.py).
 
 May import trio, `broker.node`, `broker.config`, `broker.protocol` (client side, for
 discovery), `broker.shape`, `broker.replication_server` and `storage`.

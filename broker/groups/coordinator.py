@@ -14,6 +14,17 @@ commits that overlap in flight land in log order). Replaying the archive on open
 restores every committed offset and every group's last stored generation and members,
 who then have one session timeout to heartbeat before they are dropped.
 
+Cluster mode (broker/cluster.py): the controller alone coordinates. Commits, group
+metadata and tombstones are answered once the in-sync peers hold them too (`_wait_stored`,
+Kafka's acks=-1 for the offsets topic; refused before the append when the ISR is below
+the topic's min.insync.replicas). `_follow_controller` watches who is controller: this
+broker `take_over`s when it becomes controller (waits for `Cluster.handed_over`, then
+adopts from its copies of the peers' archives every record newer than its own,
+`broker.groups.offsets.merge`, writes them into its own archive and loads it; group
+requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s when
+another broker is. While coordinator, `_merge_late` adopts offsets that reach the copies
+later by the same rule.
+
 Maintenance, a second background task (`maintain`): at start and every
 `offsets.retention.check.interval.ms`, expire offsets as Kafka does (KIP-211, decided by
 the pure `Groups.expire_offsets`) and write their tombstones; and whenever the archive

@@ -27,6 +27,13 @@ tree). So compaction here is copy-forward plus retention:
    and the head are fsynced first, the log start offset advances, the tree file keeps the
    nodes of the dropped blocks, so proofs for the retained blocks stay valid.
 
+Copies keep time. Every record keeps the timestamp its coordinator wrote it with:
+compaction's copies and the records a new coordinator adopts from other brokers'
+archives (cluster mode) are written with their original timestamps, since `merge`
+orders the brokers' archives by them (see its docstring for why that is sound).
+`read_records` and `last_words` read any offsets archive, ours or a peer's verified
+copy.
+
 Crash safety: a crash before step 3 leaves old records followed by (part of) the snapshot,
 and a snapshot record only repeats the latest value of its key, so the replay gives the
 same offsets; a crash during step 3 is finished by storage recovery (FORMAT.md, crash

@@ -6,7 +6,8 @@ Thin: translate the kio request of whatever version into calls on `node.groups` 
 description. JoinGroup and SyncGroup that must wait for the rest of the group are answered
 through `Deferred`, so the connection keeps reading (heartbeats, commits) meanwhile; the
 reply still leaves in request order. OffsetCommit/DeleteGroups/OffsetDelete wait for their
-records in the offsets archive to be covered by a signed head.
+records in the offsets archive to be covered by a signed head (and, in a cluster, to be
+held by the in-sync brokers).
 
 Rights as in Kafka (broker.security): FindCoordinator, DescribeGroups and ListGroups
 need DESCRIBE on the group (ListGroups leaves out the others), Join/Sync/Heartbeat/
@@ -19,7 +20,10 @@ This node is the coordinator of every group (in cluster mode, the controller is:
 other broker's FindCoordinator names it, broker/cluster.py; the others answer the group
 requests themselves with NOT_COORDINATOR, so that members of a group that a failed-over
 controller coordinated go back to the first one, and a group never has two
-coordinators for long). Transactions do not exist, so a
+coordinators for long). A controller that has not taken the groups over yet (it waits
+for the peers' offsets, `GroupCoordinator.take_over`) answers them with
+COORDINATOR_LOAD_IN_PROGRESS, and ListGroups with it as its error, as Kafka's loading
+coordinator does; clients retry both. Transactions do not exist, so a
 FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. The KIP-848
 consumer protocol (ConsumerGroupHeartbeat 68/69) is deliberately not served.
 """
