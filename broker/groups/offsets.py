@@ -51,7 +51,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
@@ -86,8 +86,7 @@ SNAPSHOT_BATCH_BYTES = 256 * 1024
 DROP_ATTEMPTS = 100  # drop_below retries while a commit job is in flight
 
 
-@dataclass(frozen=True, slots=True)
-class Word:
+class Word(NamedTuple):
     """A key's last record in one archive: the record's timestamp (the wall-clock time the
     coordinator wrote it; copies keep it), the raw key and the value (None: a tombstone)."""
 
