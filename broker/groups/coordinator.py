@@ -126,6 +126,11 @@ class GroupCoordinator:
         self.groups = Groups(self.settings)
         self.wall: Callable[[], int] = wall_ms
         self.archive = OffsetsArchive(node)
+        if node.cluster is not None:
+            # Compaction keeps tombstones for the topic's delete.retention.ms, as Kafka's
+            # cleaner does: a broker that was away may still hold the values they deleted.
+            topic = self.archive.partition.topic
+            self.archive.tombstone_retention_ms = int(node.config.effective(topic.record.configs, "delete.retention.ms"))
         self._replayed: Replayed | None = self.archive.replay()
         log.info(
             "offsets archive replayed: %d records, %d offsets, %d groups (%d records skipped)",

@@ -22,6 +22,9 @@ tree). So compaction here is copy-forward plus retention:
    deleted before its turn is skipped (its tombstone is at or past F), and a key first
    written after F is past F anyway. So for every key, its last record at or past F is
    its last record in the whole log: replaying from F gives the state of the whole log.
+   In cluster mode tombstones younger than the topic's ``delete.retention.ms`` (Kafka's
+   default: a day) are copied forward the same way, since the other brokers' archives
+   may still hold the values they deleted (`merge` needs the tombstone to beat them).
 3. Once a signed head covers the snapshot, `drop_below(first)` drops every segment below
    it through the storage retention path (`PartitionLog.drop_segments_below`): the data
    and the head are fsynced first, the log start offset advances, the tree file keeps the
@@ -208,6 +211,8 @@ class OffsetsArchive:
         # `tombstones` the deletions not yet compacted away (the merge needs their time).
         self.live: dict[bytes, Word] = {}
         self.tombstones: dict[bytes, Word] = {}
+        # Cluster mode: how long compaction keeps tombstones (None: not at all).
+        self.tombstone_retention_ms: int | None = None
 
     def words(self) -> dict[bytes, Word]:
         """The archive's last word per key, tombstones included (`merge`'s `own`)."""
@@ -278,7 +283,8 @@ class OffsetsArchive:
     def dirty_records(self) -> int:
         """Records in the archive that no longer matter (superseded, tombstones, junk)."""
         plog = self.partition.log
-        return plog.log_end_offset - plog.log_start_offset - len(self.live)
+        kept = len(self.tombstones) if self.tombstone_retention_ms is not None else 0
+        return plog.log_end_offset - plog.log_start_offset - len(self.live) - kept
 
     def needs_compaction(self, min_dirty_records: int) -> bool:
         dirty = self.dirty_records
@@ -286,8 +292,15 @@ class OffsetsArchive:
 
     async def write_snapshot(self, timestamp_ms: int) -> tuple[int, int] | None:
         """Step 2: append every live record again, from a new segment; (first, last)
-        offset of the snapshot, or None when nothing is live. Yields between batches."""
-        keys = list(self.live)
+        offset of the snapshot, or None when nothing is live. Yields between batches.
+        With `tombstone_retention_ms` (cluster mode), tombstones younger than that are
+        copied too and older ones forgotten (Kafka's delete.retention.ms), so that a
+        broker that was away meanwhile cannot bring the deleted key back (`merge`)."""
+        retention = self.tombstone_retention_ms
+        tombstones_since = None if retention is None else timestamp_ms - retention
+        for k in [k for k, w in self.tombstones.items() if tombstones_since is None or w.timestamp < tombstones_since]:
+            del self.tombstones[k]  # not copied: gone from the archive with the old segments
+        keys = list(self.live) + list(self.tombstones)
         if not keys:
             return None
         self.partition.log.roll()
@@ -299,13 +312,14 @@ class OffsetsArchive:
             times: list[int] = []
             size = 0
             while i < len(keys) and len(chunk) < SNAPSHOT_BATCH_RECORDS and size < SNAPSHOT_BATCH_BYTES:
-                current = self.live.get(keys[i])  # the newest value now; gone if deleted meanwhile
+                # the newest word now: gone if deleted meanwhile (a tombstone only if kept)
+                current = self.live.get(keys[i]) or self.tombstones.get(keys[i])
                 i += 1
-                if current is not None and current.value is not None:
+                if current is not None:
                     chunk.append((current.key, current.value))
                     # the copy keeps the record's time: the cross-broker merge orders by it
                     times.append(current.timestamp)
-                    size += len(current.key) + len(current.value)
+                    size += len(current.key) + len(current.value or b"")
             if chunk:
                 base, last = self.append(chunk, timestamp_ms, times)
                 first = base if first is None else first

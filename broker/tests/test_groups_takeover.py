@@ -208,3 +208,35 @@ async def test_a_new_coordinator_waits_for_the_handover_then_merges_and_adopts_l
                 await eventually(lambda: a.groups.loaded)
             assert fetched(a.groups, "theirs") == {("t", 0): 170}
             assert fetched(a.groups, "both") == {("t", 0): 3}
+
+
+async def test_cluster_compaction_keeps_young_tombstones(tmp_path: Path) -> None:
+    """In cluster mode compaction copies tombstones younger than delete.retention.ms (a
+    day by default), so a peer's older value of a deleted group does not come back;
+    older tombstones are dropped, as Kafka's cleaner drops them."""
+    day = 86_400_000
+    clock = Clock()
+    config = apply_properties(BrokerConfig(data_dir=tmp_path / "a", listen_port=0),
+                              {"node.id": "1", "hyperkafka.cluster.brokers": "1@127.0.0.1:1,2@127.0.0.1:2"})
+    stale = _words(_offset("old", 5, T0 - 1), _offset("young", 6, T0 - 1))  # a peer's archive
+    async with running(config, clock) as node:
+        assert node.cluster is not None
+        node.cluster.take_metadata(2, [], controller=2)
+        node.create_topic("t", 1)
+        c = node.groups
+        for g in ("old", "young", "kept"):
+            await commit(c, g, {("t", 0): 1})
+        assert await c.delete_groups(["old"]) == {"old": codes.NONE}
+        clock.now = T0 + 10
+        assert await c.delete_groups(["young"]) == {"young": codes.NONE}
+        clock.now = T0 + day + 5  # "old" was deleted more than a day ago, "young" not
+        assert await c.compact() > 0
+        words = last_words(c.archive.partition.log)
+        young, old = normal_key(offset_key("young", "t", 0)), normal_key(offset_key("old", "t", 0))
+        assert words[young] == Word(T0 + 10, offset_key("young", "t", 0), None)
+        assert old not in words and normal_key(offset_key("kept", "t", 0)) in words
+        assert c.archive.dirty_records == 0  # kept tombstones are not garbage: no churn
+        # the peer's older value of "young" stays deleted; "old" is past the retention
+        assert merge(c.archive.words(), [stale]) == [stale[old]]
+    async with running(config, clock) as node:  # and after a restart (replay)
+        assert young in node.groups.archive.tombstones and old not in node.groups.archive.tombstones
