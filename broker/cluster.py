@@ -39,6 +39,13 @@ Design, as Kafka and Hypercore each would have it:
   happens on the controller only (other brokers forward it, as Kafka's KIP-590
   forwarding does), and so does deletion; the others follow the controller's catalog
   and drop a deleted topic's copy.
+* Committed offsets survive any broker (Kafka replicates ``__consumer_offsets``): every
+  broker follows every peer's offsets archive (`PeerCopy`, kept by broker/mirror.py,
+  never a Kafka topic); the coordinator's commits wait for the in-sync peers like an
+  acks=all produce (broker/groups/coordinator.py). A broker that becomes controller
+  loads once `handed_over` (every live peer names it controller, and our copy of its
+  archive holds what it has), merging the copies into its own archive
+  (broker/groups/offsets.py `merge`: the latest record per key wins).
 * Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
   writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
   each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a
@@ -78,6 +85,7 @@ import trio
 
 from broker.config import ClusterBroker, ConfigError
 from storage import PartitionLog
+from storage.replication.session import ReplicationChannel
 
 DEFAULT_REPLICA_LAG_MS = 30_000
 DEFAULT_SESSION_TIMEOUT_MS = 9_000  # Kafka's broker.session.timeout.ms
@@ -112,6 +120,26 @@ class _Archive:
     changed: trio.Event = field(default_factory=trio.Event)
 
 
+@dataclass(eq=False)
+class PeerCopy:
+    """This broker's verified copy of a peer's offsets archive (``__consumer_offsets``),
+    followed by broker/mirror.py and read only by a coordinator taking over; `channel` is
+    the live follower channel while there is one (its ``remote_length`` is how long the
+    peer says its archive is)."""
+
+    log: PartitionLog
+    channel: ReplicationChannel | None = None
+
+    def caught_up(self) -> bool:
+        """Whether a live channel is open and our stored signed head covers what the peer
+        said it has."""
+        ch = self.channel
+        if ch is None or ch.done:
+            return False
+        remote = ch.remote_length
+        return remote is not None and signed_blocks(self.log) >= remote
+
+
 class Cluster:
     """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode."""
 
@@ -142,6 +170,10 @@ class Cluster:
         self._answered: set[int] = set()  # peers heard since start-up
         self._written_by: dict[int, set[str]] = {}  # topics each peer said it writes
         self._reported = trio.Event()  # set (and replaced) on every peer's report
+        # Our copies of the peers' offsets archives (broker/mirror.py), by broker id.
+        self.offsets_copies: dict[int, PeerCopy] = {}
+        self._copies_changed = trio.Event()
+        self._named_controller: dict[int, int] = {}  # the controller each peer last named
         spec = ",".join(f"{b.node_id}@{b.address}" for b in self.brokers.values())
         digest = hashlib.blake2b(spec.encode(), digest_size=16).digest()
         # Every broker of the cluster derives the same id from the same list.
@@ -154,15 +186,19 @@ class Cluster:
         if node_id in self._heard:
             self._heard[node_id] = self.clock()
 
-    def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]]) -> None:
-        """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition:
-        it is alive (the answer is its heartbeat); for what it writes (its id first among
+    def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]],
+                      controller: int | None = None) -> None:
+        """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition,
+        and the controller it names: it is alive (the answer is its heartbeat); for what it writes (its id first among
         the replicas) its ISR is the truth and replaces what we had (a partition left out
         was deleted). For a partition whose writer is dead to us and whose ISR we never
         heard (we started after it died), the ISR this peer still shows is taken, so that
         we name the same read leader as the brokers that saw the writer's last report."""
         self.heard_from(peer)
         self._answered.add(peer)
+        if controller is not None and self._named_controller.get(peer) != controller:
+            self._named_controller[peer] = controller
+            self.copy_changed()  # what `wait_handed_over` waits for
         own: dict[tuple[str, int], list[int]] = {}
         now = self.clock()
         for topic, index, replicas, isr in partitions:
@@ -203,6 +239,38 @@ class Cluster:
         is known here (a controller that just started must not create it again)."""
         now = self.clock()
         return all(i in self._answered for i in self.brokers if i != self.me and self.alive(i, now))
+
+    # -- the peers' offsets archives ------------------------------------------
+
+    def copy_changed(self) -> None:
+        """A copy of a peer's offsets archive grew, or its channel opened or closed, or a
+        peer named another controller."""
+        self._copies_changed.set()
+        self._copies_changed = trio.Event()
+
+    @property
+    def copies_changed(self) -> trio.Event:
+        """Set at the next `copy_changed` (take it before looking at the copies)."""
+        return self._copies_changed
+
+    def handed_over(self) -> bool:
+        """Whether this broker, the controller, may take the groups over: every live peer
+        named it controller in its last Metadata answer (so it coordinates no group any
+        more), and our copy of that peer's offsets archive holds what the peer said it
+        has. A dead peer's copy is what it is: nobody adds to it."""
+        now = self.clock()
+        return all(self._named_controller.get(i) == self.me
+                   and (c := self.offsets_copies.get(i)) is not None and c.caught_up()
+                   for i in self.brokers if i != self.me and self.alive(i, now))
+
+    async def wait_handed_over(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until `handed_over`; whether it is."""
+        with trio.move_on_after(timeout_s):
+            while not self.handed_over():
+                event = self._copies_changed
+                with trio.move_on_after(WAIT_TICK_MAX_S):  # a peer may die by time alone
+                    await event.wait()
+        return self.handed_over()
 
     def alive(self, node_id: int, now: float | None = None) -> bool:
         """Whether `node_id` answered within the session timeout (this broker always is)."""

@@ -75,7 +75,7 @@ def _topic_configs() -> dict[str, ConfigDef]:
         ConfigDef("compression.lz4.level", INT, "9", "Kept for clients; batches are never recompressed.", "compression.lz4.level", minimum=1),
         ConfigDef("compression.zstd.level", INT, "3", "Kept for clients; batches are never recompressed.", "compression.zstd.level", minimum=-131072),
         ConfigDef("compression.type", S, "producer", "Batches are stored as the producer compressed them.", "compression.type", ("producer",)),
-        ConfigDef("delete.retention.ms", L, "86400000", "Unused: no compaction.", "log.cleaner.delete.retention.ms", minimum=0),
+        ConfigDef("delete.retention.ms", L, "86400000", "How long compaction of __consumer_offsets keeps tombstones in cluster mode; unused otherwise.", "log.cleaner.delete.retention.ms", minimum=0),
         ConfigDef("file.delete.delay.ms", L, "60000", "Unused: segments are deleted at once.", "log.segment.delete.delay.ms", minimum=0),
         ConfigDef("flush.messages", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.messages", minimum=1),
         ConfigDef("flush.ms", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.ms", minimum=0),

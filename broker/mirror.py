@@ -38,7 +38,11 @@ Cluster mode (broker/cluster.py): `run_replication` starts one NodeMirror per ot
 of the cluster, which knows that broker's id (the leader of what it mirrors), connects
 with this node's key as its Noise static key (the writer counts our `range` messages as
 this broker's progress), tells `Node.cluster` the peer's key and rack once discovered,
-and `poll_leader_isr` keeps the ISR the peer reports for what it writes.
+and `poll_leader_isr` keeps the ISR the peer reports for what it writes (and the
+controller it names). The peer's ``__consumer_offsets`` archive, which is no Kafka topic
+here, is followed too, into ``<node key hex>/__consumer_offsets-0`` (it cannot clash with
+our own, at the top of the data dir), and handed to `Cluster.offsets_copies` for the
+coordinator that takes over from it (broker/groups/coordinator.py).
 
 May import trio, `broker.node`, `broker.config`, `broker.protocol` (client side, for
 discovery), `broker.shape`, `broker.replication_server` and `storage`.
@@ -60,8 +64,9 @@ from typing import Any
 
 import trio
 
-from broker.cluster import signed_blocks
+from broker.cluster import PeerCopy, signed_blocks
 from broker.config import ClusterBroker, ConfigError, parse_host_port
+from broker.groups.offsets import OFFSETS_TOPIC
 from broker.node import Node, Topic
 from broker.protocol.codec import decode_response, encode_request
 from broker.protocol.header import RequestHeader
@@ -374,19 +379,28 @@ async def probe_head(target: str | ConnectionDriver, lg: FollowerLog) -> None:
         lg.check_conflict(*head)
 
 
-async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable[[], None]) -> None:
+async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable[[], None],
+                      channel: Callable[[ReplicationChannel | None], None] | None = None) -> None:
     """Probe, then follow archive `lg` live on a channel of `link` until the channel
-    closes (raising its error if it failed)."""
+    closes (raising its error if it failed). `channel` hears of the live channel when it
+    opens (and None when it ends)."""
     await probe_head(link, lg)
     lg.discard_unsigned()  # blocks of an interrupted channel: their head never came
     sink = _Sink(lg, on_head)
     ch = link.conn.follow(lg.key, sink, live=True, have=lg.verified_tree(),
                           public_key=lg.public_key)
-    await _drive(link, ch, repair_log=lg, sink=sink)
+    if channel is not None:
+        channel(ch)
+    try:
+        await _drive(link, ch, repair_log=lg, sink=sink)
+    finally:
+        if channel is not None:
+            channel(None)
 
 
 async def follow_forever(link: ConnectionDriver, lg: FollowerLog, on_head: Callable[[], None],
-                         name: str) -> None:
+                         name: str,
+                         channel: Callable[[ReplicationChannel | None], None] | None = None) -> None:
     """Follow one archive live on a channel of `link`, opening it again with backoff
     when it fails, until frozen or cancelled. Raises BrokenResourceError when the
     connection is lost (the caller reconnects and follows every archive again)."""
@@ -397,7 +411,7 @@ async def follow_forever(link: ConnectionDriver, lg: FollowerLog, on_head: Calla
             return
         started = trio.current_time()
         try:
-            await follow_once(link, lg, on_head)
+            await follow_once(link, lg, on_head, channel)
         except Equivocation as exc:
             log.error("%s: %s", name, exc)
             return
@@ -438,6 +452,9 @@ class NodeMirror:
         self._scopes: dict[str, set[trio.CancelScope]] = {}  # per topic: its follow tasks
         self._link: ConnectionDriver | None = None  # the live connection to the writer
         self._catalog_changed = trio.Event()
+        # Cluster mode: our copy of the peer's offsets archive (its __consumer_offsets),
+        # for the coordinator that takes over from it; never a Kafka topic here.
+        self.offsets_copy: PeerCopy | None = None
 
     # -- persistence of the trusted key ---------------------------------------
 
@@ -473,7 +490,7 @@ class NodeMirror:
             self.catalog = FollowerLog.open_replica(os.path.join(self.dir, CATALOG_DIR), self.node_key)
         self._replay_catalog()
         for name, rec in sorted(self.topics.items()):
-            if name in self.attached:
+            if name in self.attached or (name == OFFSETS_TOPIC and self.offsets_copy is not None):
                 continue
             keys = []
             for p in range(rec.partitions):
@@ -483,7 +500,10 @@ class NodeMirror:
                 with open(kfile, "rb") as f:
                     keys.append(f.read())
             else:
-                self._attach(rec, keys)
+                if name == OFFSETS_TOPIC:
+                    self._open_offsets_copy(rec, keys[0])
+                else:
+                    self._attach(rec, keys)
 
     def _partition_dir(self, topic: str, partition: int) -> str:
         return os.path.join(self.dir, f"{topic}-{partition}")
@@ -558,6 +578,35 @@ class NodeMirror:
                 self._spawn.start_soon(self._follow_partition, self._link, topic, p, lg)
         return True
 
+    def _open_offsets_copy(self, rec: TopicRecord, public_key: bytes) -> None:
+        """Cluster mode: open our copy of the peer's offsets archive (under this mirror's
+        directory, so it cannot clash with our own ``__consumer_offsets``), hand it to
+        `Cluster.offsets_copies` and follow it like any archive."""
+        cluster = self.node.cluster
+        if cluster is None or self.broker_id is None or rec.partitions != 1:
+            return
+        if archive_key(public_key) != rec.archive_keys[0]:
+            raise VerificationFailed(f"{rec.name}-0: signer key does not match the catalog's archive key")
+        lg = FollowerLog.open_replica(self._partition_dir(rec.name, 0), public_key,
+                                      config=self.node.config.log_config(rec.configs))
+        self.offsets_copy = PeerCopy(lg)
+        cluster.offsets_copies[self.broker_id] = self.offsets_copy
+        cluster.copy_changed()
+        log.info("following the offsets archive of broker %d", self.broker_id)
+        if self._spawn is not None and self._link is not None:
+            self._spawn.start_soon(self._follow_offsets, self._link)
+
+    async def _follow_offsets(self, link: ConnectionDriver) -> None:
+        copy, cluster = self.offsets_copy, self.node.cluster
+        assert copy is not None and cluster is not None and isinstance(copy.log, FollowerLog)
+
+        def channel(ch: ReplicationChannel | None) -> None:
+            copy.channel = ch
+            cluster.copy_changed()
+
+        await follow_forever(link, copy.log, cluster.copy_changed, f"{OFFSETS_TOPIC} of broker {self.broker_id}",
+                             channel)
+
     # -- following ---------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -621,6 +670,8 @@ class NodeMirror:
                         topic = self.node.topics[rec.name]
                         for p, lg in enumerate(logs):
                             nursery.start_soon(self._follow_partition, link, topic, p, lg)
+                    if self.offsets_copy is not None:
+                        nursery.start_soon(self._follow_offsets, link)
                     nursery.start_soon(self._sync_topics_loop, link)
                     await self._follow_catalog(link)
                     nursery.cancel_scope.cancel()
@@ -654,6 +705,14 @@ class NodeMirror:
             self._catalog_changed = trio.Event()
             self._replay_catalog()
             for name, rec in sorted(self.topics.items()):
+                if (name == OFFSETS_TOPIC and self.broker_id is not None and self.offsets_copy is None
+                        and rec.partitions == 1):
+                    try:
+                        self._open_offsets_copy(rec, await learn_public_key(link, rec.archive_keys[0]))
+                    except (trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
+                        log.info("mirror of %s: its offsets archive not followed yet: %s", self.target.address, exc)
+                        self._catalog_changed.set()
+                        await trio.sleep(BACKOFF_MAX_S / 5)
                 if name in self.attached or name in self.skipped or name.startswith("__"):
                     continue
                 try:
@@ -686,6 +745,11 @@ class NodeMirror:
             scopes.discard(scope)
 
     def close(self) -> None:
+        if self.offsets_copy is not None:
+            if self.broker_id is not None and self.node.cluster is not None:
+                self.node.cluster.offsets_copies.pop(self.broker_id, None)
+            with contextlib.suppress(Exception):
+                self.offsets_copy.log.close()
         for _, logs in self.attached.values():
             for lg in logs:
                 with contextlib.suppress(Exception):
@@ -726,7 +790,7 @@ async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
             # also the liveness probe (broker.session.timeout.ms)
             cluster.take_metadata(peer.node_id, [
                 (str(t.name), int(p.partition_index), [int(i) for i in p.replica_nodes], [int(i) for i in p.isr_nodes])
-                for t in resp.topics for p in t.partitions])
+                for t in resp.topics for p in t.partitions], int(resp.controller_id))
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError, ValueError) as exc:
             # (a peer killed mid-answer resets the connection: BrokenResourceError)
             log.debug("cluster: metadata from broker %d: %s", peer.node_id, exc)

@@ -21,7 +21,12 @@ within the test. One scenario, in steps that build on each other:
    broker 2) reads every acknowledged record from broker 2's verified copy, byte for
    byte; CreateTopics goes to broker 2 and succeeds there; a producer's send to the
    dead writer's topic is refused with NOT_LEADER_OR_FOLLOWER, retried, and delivered
-   once the writer is restarted and leads again.
+   once the writer is restarted and leads again. Committed offsets survive it: a group
+   that read part of the topic and committed on broker 1 resumes through brokers 2/3
+   exactly after its commit (broker 2 took over broker 1's commits from its copy of
+   broker 1's offsets archive), commits more there, and resumes after that commit once
+   broker 1 is back and coordinates again (OffsetFetch, from the consumer and the admin,
+   agrees each time).
 5. acks=all with min.insync.replicas=2 succeeds while the mirrors are up; with both
    mirrors SIGKILLed it fails with NOT_ENOUGH_REPLICAS_AFTER_APPEND, the ISR shrinks to
    the leader no sooner than replica.lag.time.max.ms after the kill, and the next
@@ -59,6 +64,7 @@ LAG_MS = 5000  # short, to see the ISR shrink; long enough for a loaded CI machi
 # shrink by the lag rule (a dead broker leaves every ISR at the session timeout).
 SESSION_MS = 6000
 N_FAILOVER = 200
+N_RESUME = (50, 100)  # records the group reads before broker 1 dies, then on broker 2
 N_BATCHES = 120
 
 ADMIN = textwrap.dedent(
@@ -206,6 +212,41 @@ FAILOVER_CONSUME = textwrap.dedent(
         got.append([m.offset(), m.key().hex(), m.value().hex(), [[k, v.hex()] for k, v in m.headers() or []]])
     c.close()
     print(json.dumps(got))
+    """
+)
+
+# A consumer of group `group` reads `n` records of the failover topic (from its committed
+# offset; from the start if it has none), commits after the last one, and reads the
+# commit back (OffsetFetch, as the consumer and an admin see it) and the group's
+# coordinator: {"offsets", "committed", "admin", "coordinator"}.
+GROUP_RESUME = textwrap.dedent(
+    """
+    import json, sys
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    bootstrap, group, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe(["failover"])
+    got = []
+    while len(got) < n:
+        m = c.poll(30)
+        if m is None:
+            break
+        if m.error():
+            print(m.error(), file=sys.stderr)
+            continue
+        got.append(m.offset())
+    if got:
+        c.commit(offsets=[TopicPartition("failover", 0, got[-1] + 1)], asynchronous=False)
+    committed = c.committed([TopicPartition("failover", 0)], timeout=30)[0].offset
+    c.close()
+    a = AdminClient({"bootstrap.servers": bootstrap})
+    listed = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    described = a.describe_consumer_groups([group])[group].result(30)
+    print(json.dumps({"offsets": got, "committed": committed,
+                      "admin": {f"{tp.topic}-{tp.partition}": tp.offset for tp in listed.topic_partitions},
+                      "coordinator": described.coordinator.id}))
     """
 )
 
@@ -370,6 +411,11 @@ def test_three_broker_cluster(workdir: Path) -> None:
         acked = json.loads(_py(FAILOVER_PRODUCE, leader.bootstrap, str(N_FAILOVER)))
         assert acked == list(range(N_FAILOVER)), acked[-3:]
         _wait("failover topic in sync", lambda: _kcat_isr(kcat, leader, "failover") == ("1", "1,2,3", "1,2,3"))
+        # a group consumes part of it and commits on broker 1, its coordinator (the
+        # commit is answered once the in-sync brokers hold it)
+        first = json.loads(_py(GROUP_RESUME, leader.bootstrap, "resume", str(N_RESUME[0])))
+        assert first == {"offsets": list(range(N_RESUME[0])), "committed": N_RESUME[0],
+                         "admin": {"failover-0": N_RESUME[0]}, "coordinator": 1}, first
         leader.kill()  # SIGKILL
         killed = time.monotonic()
         survivors = [[i + 1, "127.0.0.1", p] for i, p in enumerate(ports) if i > 0]
@@ -397,6 +443,13 @@ def test_three_broker_cluster(workdir: Path) -> None:
         want = [[i, k.hex(), v.hex(), [[hk, hv.hex()] for hk, hv in h]]
                 for i, (k, v, h) in ((i, _record(i)) for i in acked)]
         assert got == want, (len(got), got[-1:])
+        # the group resumes on broker 2 (it took over broker 1's commits): exactly after
+        # the committed offset, nothing read again, nothing skipped; it commits more there
+        done = N_RESUME[0]
+        second = json.loads(_py(GROUP_RESUME, f"{m2.bootstrap},{m3.bootstrap}", "resume", str(N_RESUME[1])))
+        assert second == {"offsets": list(range(done, done + N_RESUME[1])), "committed": done + N_RESUME[1],
+                          "admin": {"failover-0": done + N_RESUME[1]}, "coordinator": 2}, second
+        done += N_RESUME[1]
         # topics are created on the controller, broker 2 now
         assert "created" in _py(CREATE_ONE, m3.bootstrap, "made-while-1-is-down", "3")
         # a send to the dead writer's topic: refused (retriable) until it is back, then delivered
@@ -414,6 +467,11 @@ def test_three_broker_cluster(workdir: Path) -> None:
                 pending.kill()
         assert late["results"] == [["NONE", N_FAILOVER]], late
         assert late["refusals"] >= 1, late
+        # broker 1 is controller again: it coordinates the group with broker 2's commit
+        # (newer than its own), and the group resumes after it, to the late record
+        third = json.loads(_py(GROUP_RESUME, leader.bootstrap, "resume", str(N_FAILOVER + 1 - done)))
+        assert third == {"offsets": list(range(done, N_FAILOVER + 1)), "committed": N_FAILOVER + 1,
+                         "admin": {"failover-0": N_FAILOVER + 1}, "coordinator": 1}, third
         print(f"\n  broker 1 left Metadata {gone:.2f}s after SIGKILL (broker.session.timeout.ms={SESSION_MS}); "
               f"the send waiting for it was delivered after {late['refusals']} refusal line(s)", file=sys.stderr)
 

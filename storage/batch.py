@@ -53,16 +53,20 @@ def build_batch(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
+    timestamps: Sequence[int] | None = None,
 ) -> bytearray:
     """An uncompressed v2 batch with one record per value (None: a null value, a
-    tombstone), timestamps all `timestamp_ms`, with a valid CRC-32C. Returned as a bytearray, ready for `PartitionLog.append`."""
+    tombstone), timestamps all `timestamp_ms` (or one per record, `timestamps`), with a
+    valid CRC-32C. Returned as a bytearray, ready for `PartitionLog.append`."""
     if not values:
         raise ValueError("a batch holds at least one record")
+    if timestamps is not None:
+        timestamp_ms = min(timestamps)
     records = bytearray()
     for i, value in enumerate(values):
         key = keys[i] if keys is not None else None
         body = bytearray(b"\x00")  # record attributes
-        body += _varint(0)  # timestamp delta
+        body += _varint(timestamps[i] - timestamp_ms if timestamps is not None else 0)  # timestamp delta
         body += _varint(i)  # offset delta
         if key is None:
             body += _varint(-1)
@@ -76,7 +80,7 @@ def build_batch(
             0,
             len(values) - 1,
             timestamp_ms,
-            timestamp_ms,
+            max(timestamps) if timestamps is not None else timestamp_ms,
             producer_id,
             producer_epoch,
             base_sequence,

@@ -14,6 +14,17 @@ commits that overlap in flight land in log order). Replaying the archive on open
 restores every committed offset and every group's last stored generation and members,
 who then have one session timeout to heartbeat before they are dropped.
 
+Cluster mode (broker/cluster.py): the controller alone coordinates. Commits, group
+metadata and tombstones are answered once the in-sync peers hold them too (`_wait_stored`,
+Kafka's acks=-1 for the offsets topic; refused before the append when the ISR is below
+the topic's min.insync.replicas). `_follow_controller` watches who is controller: this
+broker `take_over`s when it becomes controller (waits for `Cluster.handed_over`, then
+adopts from its copies of the peers' archives every record newer than its own,
+`broker.groups.offsets.merge`, writes them into its own archive and loads it; group
+requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s when
+another broker is. While coordinator, `_merge_late` adopts offsets that reach the copies
+later by the same rule.
+
 Maintenance, a second background task (`maintain`): at start and every
 `offsets.retention.check.interval.ms`, expire offsets as Kafka does (KIP-211, decided by
 the pure `Groups.expire_offsets`) and write their tombstones; and whenever the archive
@@ -35,12 +46,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from broker.cluster import signed_blocks
 from broker.groups import codes
-from broker.groups.offsets import OffsetsArchive, Replayed
+from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, Word, last_words, merge
 from broker.groups.records import (
     GroupValue,
     MemberValue,
+    OffsetKey,
     OffsetValue,
+    decode_key,
+    decode_offset_value,
     group_key,
     group_value,
     offset_key,
@@ -64,6 +79,9 @@ if TYPE_CHECKING:
     from broker.node import Node
 
 log = logging.getLogger("hyperkafka.groups")
+
+CONTROLLER_TICK_S = 0.1  # cluster mode: how often the coordinator looks who is controller
+TAKEOVER_RETRY_S = 1.0  # after a takeover failed (its archive failed, say)
 
 
 class Waiter:
@@ -108,6 +126,11 @@ class GroupCoordinator:
         self.groups = Groups(self.settings)
         self.wall: Callable[[], int] = wall_ms
         self.archive = OffsetsArchive(node)
+        if node.cluster is not None:
+            # Compaction keeps tombstones for the topic's delete.retention.ms, as Kafka's
+            # cleaner does: a broker that was away may still hold the values they deleted.
+            topic = self.archive.partition.topic
+            self.archive.tombstone_retention_ms = int(node.config.effective(topic.record.configs, "delete.retention.ms"))
         self._replayed: Replayed | None = self.archive.replay()
         log.info(
             "offsets archive replayed: %d records, %d offsets, %d groups (%d records skipped)",
@@ -120,6 +143,13 @@ class GroupCoordinator:
         self._maintenance_wanted = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.compactions = 0
+        # Whether the groups are in memory and served. Alone: from the start. In cluster
+        # mode: once this broker is controller and has taken over (`take_over`), until
+        # another broker is controller.
+        self.loaded = node.cluster is None
+        self.takeovers = 0
+        # Cluster mode, while coordinator: how far each peer's copy was merged (offsets).
+        self._merged: dict[int, int] = {}
 
     # ------------------------------------------------------------------ driver
 
@@ -130,7 +160,13 @@ class GroupCoordinator:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self._install()
+            replayed, self._replayed = self._replayed, None
+            if self.node.cluster is None:
+                if replayed is not None:
+                    self._install(replayed)
+            else:
+                nursery.start_soon(self._follow_controller)
+                nursery.start_soon(self._merge_late)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -146,10 +182,176 @@ class GroupCoordinator:
             finally:
                 self._nursery = None
 
-    def _install(self) -> None:
-        replayed, self._replayed = self._replayed, None
-        if replayed is None:
+    # ------------------------------------------------------------------ cluster mode
+
+    def refusal(self) -> int:
+        """NONE when this broker serves the groups now; else what a group request answers:
+        NOT_COORDINATOR on a broker that is not the controller (the client asks
+        FindCoordinator again), COORDINATOR_LOAD_IN_PROGRESS while the controller takes
+        over (both retriable)."""
+        cluster = self.node.cluster
+        if cluster is None:
+            return codes.NONE
+        if not cluster.is_controller:
+            if self.loaded:
+                self.resign()
+            return codes.NOT_COORDINATOR
+        return codes.NONE if self.loaded else codes.COORDINATOR_LOAD_IN_PROGRESS
+
+    async def _follow_controller(self) -> None:
+        cluster = self.node.cluster
+        assert cluster is not None
+        while True:
+            if cluster.is_controller and not self.loaded:
+                try:
+                    await self.take_over()
+                except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
+                    log.exception("taking over the groups failed")
+                    await trio.sleep(TAKEOVER_RETRY_S)
+            elif not cluster.is_controller and self.loaded:
+                self.resign()
+            await trio.sleep(CONTROLLER_TICK_S)
+
+    def resign(self) -> None:
+        """Another broker is controller now: stop coordinating (its archive, merged with
+        ours when it took over, carries the offsets from here on)."""
+        self.loaded = False
+        self.groups.unload()
+        self._dispatch()
+        log.info("no longer the group coordinator (broker %s is controller)",
+                 self.node.cluster.controller_id if self.node.cluster is not None else "?")
+
+    async def take_over(self) -> None:
+        """Become the coordinator: wait (at most a session timeout) until our copy of every
+        live peer's offsets archive holds what that peer has, adopt from the copies every
+        record that is newer than ours for its key (`broker.groups.offsets.merge`), writing
+        it into our own archive, then load our archive alone. Group requests answer
+        COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        cluster = self.node.cluster
+        assert cluster is not None
+        started = trio.current_time()
+        if not await cluster.wait_handed_over(cluster.session_s):
+            log.warning("taking over the groups with copies of the peers' offsets that may be behind")
+        if not cluster.is_controller:
             return
+        merged = {i: c.log.high_watermark for i, c in cluster.offsets_copies.items()}
+        copies = [last_words(c.log, name=f"{OFFSETS_TOPIC} of broker {i}")
+                  for i, c in sorted(cluster.offsets_copies.items())]
+        adopted = merge(self.archive.words(), copies)
+        if adopted:
+            # Durable here is enough to serve them (as Kafka's load needs no acks): the
+            # peers copy them from our archive as they copy everything else.
+            span = self.archive.adopt(adopted)
+            assert span is not None
+            await self._wait_durable(span[1])
+        if not cluster.is_controller:
+            return
+        replayed = self.archive.replay()
+        self.groups.unload()
+        self._install(replayed)
+        self._dispatch()
+        self._merged = merged
+        self.loaded = True
+        self.takeovers += 1
+        log.info("group coordinator now (took over in %.2fs): %d records adopted from %d peer archive(s); "
+                 "%d offsets, %d groups", trio.current_time() - started, len(adopted), len(copies),
+                 len(replayed.offsets), len(replayed.groups))
+
+    async def _merge_late(self) -> None:
+        """While coordinator, adopt the offsets (and their tombstones) that reach our copies
+        of the peers' archives after the takeover and are newer than ours: a commit the
+        old coordinator accepted before it learned that it was not coordinator any more
+        (there is no quorum to fence it) is not lost. Group metadata is not: those
+        members rejoin here."""
+        cluster = self.node.cluster
+        assert cluster is not None
+        while True:
+            changed = cluster.copies_changed
+            if self.loaded:
+                try:
+                    await self._adopt_late()
+                except Exception:
+                    log.exception("merging the peers' late offsets failed")
+            await changed.wait()
+
+    async def _adopt_late(self) -> None:
+        cluster = self.node.cluster
+        assert cluster is not None
+        fresh: list[dict[bytes, Word]] = []
+        for i, c in sorted(cluster.offsets_copies.items()):
+            mark, end = self._merged.get(i, 0), c.log.high_watermark
+            if end > mark:
+                words = last_words(c.log, mark, name=f"{OFFSETS_TOPIC} of broker {i}")
+                fresh.append({k: w for k, w in words.items() if isinstance(decode_key(w.key), OffsetKey)})
+                self._merged[i] = end
+        adopted = merge(self.archive.words(), fresh)
+        if not adopted:
+            return
+        span = self.archive.adopt(adopted)
+        assert span is not None
+        await self._wait_durable(span[1])
+        if self.loaded:
+            for i, w in enumerate(adopted):
+                self._apply_offset(w, span[0] + i)
+        log.info("adopted %d offset records a peer wrote after the takeover", len(adopted))
+
+    def _apply_offset(self, word: Word, record_offset: int) -> None:
+        """An offset record adopted into the archive at `record_offset`, into memory."""
+        key = decode_key(word.key)
+        assert isinstance(key, OffsetKey)
+        tp = (key.topic, key.partition)
+        if word.value is None:
+            group = self.groups.get(key.group_id)
+            if group is not None:
+                group.offsets.pop(tp, None)
+            return
+        v = decode_offset_value(word.value)
+        group = self.groups.get_or_create(key.group_id)
+        current = group.offsets.get(tp)
+        if current is None or current.record_offset < record_offset:
+            group.offsets[tp] = CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp,
+                                                record_offset, v.expire_timestamp)
+
+    async def _wait_durable(self, last: int) -> None:
+        """Records the coordinator copies (compaction, records adopted from the peers):
+        wait until a signed head covers them."""
+        with trio.fail_after(max(self.settings.offset_commit_timeout_ms / 1000, 1) * 6):
+            await self.archive.wait_durable(last)
+
+    async def _wait_stored(self, last: int) -> int:
+        """Wait until a signed head covers offset `last` of the archive and, in cluster mode,
+        every in-sync peer holds it (Kafka writes the offsets topic with acks=-1); the
+        error to answer: NONE, REQUEST_TIMED_OUT, or COORDINATOR_NOT_AVAILABLE (a storage
+        failure, or fewer than min.insync.replicas copies: Kafka maps
+        NOT_ENOUGH_REPLICAS(_AFTER_APPEND) to it for commits)."""
+        with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
+            try:
+                await self.archive.wait_durable(last)
+            except Exception as exc:
+                log.error("%s not durable: %s", OFFSETS_TOPIC, exc)
+                return codes.COORDINATOR_NOT_AVAILABLE
+            cluster = self.node.cluster
+            if cluster is None:
+                return codes.NONE
+            plog = self.archive.partition.log
+            if await cluster.wait_replicated(plog.key, signed_blocks(plog), self._min_insync):
+                return codes.NONE
+            return codes.COORDINATOR_NOT_AVAILABLE
+        return codes.REQUEST_TIMED_OUT
+
+    @property
+    def _min_insync(self) -> int:
+        # The offsets topic's min.insync.replicas: the broker default, as Kafka creates
+        # __consumer_offsets without an override of it.
+        return self.archive.partition.topic.min_insync_replicas
+
+    def _isr_short(self) -> bool:
+        """Cluster mode: fewer in-sync replicas of our archive than min.insync.replicas;
+        Kafka refuses such a write before appending it (NOT_ENOUGH_REPLICAS)."""
+        cluster = self.node.cluster
+        return cluster is not None and len(cluster.isr(self.archive.partition.log.key)) < self._min_insync
+
+    def _install(self, replayed: Replayed) -> None:
         now = self.now()
         for group_id, value in replayed.groups.items():
             protocol = value.protocol
@@ -196,6 +398,8 @@ class GroupCoordinator:
             group.current_state_timestamp = now_wall  # the record says the same (KIP-211)
         value = _group_value(group, effect.assignment, now_wall)
         try:
+            if self._isr_short():
+                raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
             _, last = self.archive.append([(group_key(group.group_id), group_value(value))], now_wall)
             self._check_compaction()
         except Exception as exc:
@@ -204,15 +408,9 @@ class GroupCoordinator:
             return
 
         async def stored() -> None:
-            error = codes.NONE
-            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
-                try:
-                    await self.archive.wait_durable(last)
-                except Exception as exc:
-                    log.error("group %s metadata not durable: %s", effect.group_id, exc)
-                    error = codes.COORDINATOR_NOT_AVAILABLE
-            if scope.cancelled_caught:
-                error = codes.REQUEST_TIMED_OUT
+            error = await self._wait_stored(last)
+            if error != codes.NONE:
+                log.error("group %s metadata not stored: error %d", effect.group_id, error)
             self.groups.group_stored(self.now(), effect.group_id, effect.generation_id, effect.assignment, error)
             self._dispatch()
 
@@ -294,6 +492,8 @@ class GroupCoordinator:
         group.begin_offset_commit(partitions)  # not expired while in flight
         try:
             try:
+                if self._isr_short():
+                    raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
                 base, last = self.archive.append(records, now_wall)
                 self._check_compaction()
             except Exception as exc:
@@ -301,17 +501,10 @@ class GroupCoordinator:
                 for e in to_write:
                     e.error = codes.COORDINATOR_NOT_AVAILABLE
                 return
-            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000) as scope:
-                try:
-                    await self.archive.wait_durable(last)
-                except Exception as exc:
-                    log.error("offsets of group %s not durable: %s", group_id, exc)
-                    for e in to_write:
-                        e.error = codes.COORDINATOR_NOT_AVAILABLE
-                    return
-            if scope.cancelled_caught:
+            error = await self._wait_stored(last)
+            if error != codes.NONE:
                 for e in to_write:
-                    e.error = codes.REQUEST_TIMED_OUT
+                    e.error = error
                 return
         finally:
             group.end_offset_commit(partitions)
@@ -374,8 +567,9 @@ class GroupCoordinator:
         try:
             _, last = self.archive.append(tombstones, self.wall())
             self._check_compaction()
-            with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
-                await self.archive.wait_durable(last)
+            error = await self._wait_stored(last)
+            if error != codes.NONE:
+                log.error("%d tombstones not stored everywhere: error %d", len(tombstones), error)
         except Exception as exc:  # the in-memory delete stands; a restart may bring them back
             log.error("cannot write %d tombstones: %s", len(tombstones), exc)
 
@@ -433,8 +627,7 @@ class GroupCoordinator:
         if span is None:
             return 0
         first, last = span
-        with trio.fail_after(max(self.settings.offset_commit_timeout_ms / 1000, 1) * 6):
-            await self.archive.wait_durable(last)
+        await self._wait_durable(last)
         if not drop:
             return 0
         dropped = await self.archive.drop_below(first)

@@ -22,10 +22,20 @@ tree). So compaction here is copy-forward plus retention:
    deleted before its turn is skipped (its tombstone is at or past F), and a key first
    written after F is past F anyway. So for every key, its last record at or past F is
    its last record in the whole log: replaying from F gives the state of the whole log.
+   In cluster mode tombstones younger than the topic's ``delete.retention.ms`` (Kafka's
+   default: a day) are copied forward the same way, since the other brokers' archives
+   may still hold the values they deleted (`merge` needs the tombstone to beat them).
 3. Once a signed head covers the snapshot, `drop_below(first)` drops every segment below
    it through the storage retention path (`PartitionLog.drop_segments_below`): the data
    and the head are fsynced first, the log start offset advances, the tree file keeps the
    nodes of the dropped blocks, so proofs for the retained blocks stay valid.
+
+Copies keep time. Every record keeps the timestamp its coordinator wrote it with:
+compaction's copies and the records a new coordinator adopts from other brokers'
+archives (cluster mode) are written with their original timestamps, since `merge`
+orders the brokers' archives by them (see its docstring for why that is sound).
+`read_records` and `last_words` read any offsets archive, ours or a peer's verified
+copy.
 
 Crash safety: a crash before step 3 leaves old records followed by (part of) the snapshot,
 and a snapshot record only repeats the latest value of its key, so the replay gives the
@@ -42,9 +52,9 @@ storage.errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
@@ -65,6 +75,7 @@ from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from broker.node import Node, Partition
+    from storage import PartitionLog
 
 log = logging.getLogger("hyperkafka.groups")
 
@@ -76,6 +87,92 @@ _V0, _V1 = b"\x00\x00", b"\x00\x01"
 SNAPSHOT_BATCH_RECORDS = 1000
 SNAPSHOT_BATCH_BYTES = 256 * 1024
 DROP_ATTEMPTS = 100  # drop_below retries while a commit job is in flight
+
+
+class Word(NamedTuple):
+    """A key's last record in one archive: the record's timestamp (the wall-clock time the
+    coordinator wrote it; copies keep it), the raw key and the value (None: a tombstone)."""
+
+    timestamp: int
+    key: bytes
+    value: bytes | None
+
+
+def normal_key(raw_key: bytes) -> bytes:
+    """Offset keys v0 and v1 have the same layout after the version: one key."""
+    return _V1 + raw_key[2:] if raw_key[:2] == _V0 else raw_key
+
+
+def read_records(plog: PartitionLog, start: int | None = None, name: str = OFFSETS_TOPIC,
+                 ) -> Iterator[tuple[int, int, bytes, bytes | None]]:
+    """(offset, timestamp, key, value) of every keyed record of an offsets archive (ours or
+    a peer's verified copy) from `start` (default: the log start) to the high watermark;
+    what does not decode is logged and skipped."""
+    offset = plog.log_start_offset if start is None else max(start, plog.log_start_offset)
+    while offset < plog.high_watermark:
+        try:
+            chunk = plog.read(offset, READ_CHUNK)
+        except StorageError as exc:
+            # Serve the broker with what verified; storage already logged the damage.
+            log.error("%s: replay stops at offset %d: %s", name, offset, exc)
+            return
+        data = chunk.read()
+        if not data:
+            break
+        try:
+            split = batches.split_batches(data)
+        except RecordBatchError as exc:
+            log.warning("%s offset %d: unreadable batches skipped: %s", name, offset, exc)
+            split = []
+        for batch in split:
+            try:
+                decoded = list(batches.iter_records(batch))
+            except RecordBatchError as exc:
+                log.warning("%s: skipping a batch that does not decode: %s", name, exc)
+                continue
+            for rec in decoded:
+                if rec.key is not None and rec.offset >= offset:
+                    yield rec.offset, rec.timestamp, rec.key, rec.value
+        offset = chunk.end_offset
+
+
+def last_words(plog: PartitionLog, start: int | None = None, name: str = OFFSETS_TOPIC) -> dict[bytes, Word]:
+    """Every group key's last word in an offsets archive, tombstones included (by
+    `normal_key`); records that are not group records are left out."""
+    words: dict[bytes, Word] = {}
+    for _, timestamp, key, value in read_records(plog, start, name):
+        try:
+            decode_key(key)
+        except RecordFormatError:
+            continue
+        words[normal_key(key)] = Word(timestamp, key, value)
+    return words
+
+
+def merge(own: Mapping[bytes, Word], copies: Iterable[Mapping[bytes, Word]]) -> list[Word]:
+    """What a new coordinator adopts from the other brokers' offsets archives (`copies`,
+    in broker id order) over its own (`own`), key by key: the latest record wins, by
+    record timestamp; on a tie, the one seen first (own, then the lowest broker id).
+    A tombstone is adopted only over a value (deleting what is not there changes nothing).
+
+    Why the timestamp: each record keeps the time its coordinator wrote it, in every copy
+    and through compaction, and two coordinators write the same key only across a
+    failover, which takes the session timeout (the old one must have stopped answering)
+    or the old one's whole absence (it returns and is controller again): clocks that
+    agree within that order them rightly. Offsets therefore never go back to a stale
+    coordinator's commit, and a DeleteGroups/OffsetDelete/expiry tombstone beats the
+    older commits it deleted."""
+    adopted: dict[bytes, Word] = {}
+    for copy in copies:
+        for k, word in copy.items():
+            best = adopted.get(k) or own.get(k)
+            if best is None:
+                if word.value is not None:
+                    adopted[k] = word
+            elif word.timestamp > best.timestamp and (word.value is not None or best.value is not None):
+                adopted[k] = word
+    return [w for k, w in adopted.items()
+            if w.value is not None or ((mine := own.get(k)) is not None and mine.value is not None)]
 
 
 @dataclass
@@ -110,17 +207,26 @@ class OffsetsArchive:
             topic = node.create_topic(OFFSETS_TOPIC, 1, -1, OFFSETS_TOPIC_CONFIGS)
             assert topic is not None
         self.partition: Partition = topic.partitions[0]
-        # The archive's last word per key: normalised key bytes -> (raw key, raw value).
-        self.live: dict[bytes, tuple[bytes, bytes]] = {}
+        # The archive's last word per key (`normal_key`): `live` holds the values,
+        # `tombstones` the deletions not yet compacted away (the merge needs their time).
+        self.live: dict[bytes, Word] = {}
+        self.tombstones: dict[bytes, Word] = {}
+        # Cluster mode: how long compaction keeps tombstones (None: not at all).
+        self.tombstone_retention_ms: int | None = None
+
+    def words(self) -> dict[bytes, Word]:
+        """The archive's last word per key, tombstones included (`merge`'s `own`)."""
+        return {**self.tombstones, **self.live}
 
     def replay(self) -> Replayed:
         state = Replayed()
         self.live.clear()
-        for record_offset, key, value in self._records():
+        self.tombstones.clear()
+        for record_offset, timestamp, key, value in read_records(self.partition.log):
             try:
                 decoded = decode_key(key)
                 state.apply(record_offset, decoded, value)
-                self._track(key, value)
+                self._track(key, value, timestamp)
                 state.records += 1
             except RecordFormatError as exc:
                 # Not ours (the topic is writable by Produce like any other): skip it.
@@ -128,58 +234,45 @@ class OffsetsArchive:
                 log.warning("%s offset %d: skipping a record that does not parse: %s", OFFSETS_TOPIC, record_offset, exc)
         return state
 
-    def _records(self) -> Iterator[tuple[int, bytes, bytes | None]]:
-        plog = self.partition.log
-        offset = plog.log_start_offset
-        while offset < plog.high_watermark:
-            try:
-                chunk = plog.read(offset, READ_CHUNK)
-            except StorageError as exc:
-                # Serve the broker with what verified; storage already logged the damage.
-                log.error("%s: replay stops at offset %d: %s", OFFSETS_TOPIC, offset, exc)
-                return
-            data = chunk.read()
-            if not data:
-                break
-            try:
-                split = batches.split_batches(data)
-            except RecordBatchError as exc:
-                log.warning("%s offset %d: unreadable batches skipped: %s", OFFSETS_TOPIC, offset, exc)
-                split = []
-            for batch in split:
-                try:
-                    decoded = list(batches.iter_records(batch))
-                except RecordBatchError as exc:
-                    log.warning("%s: skipping a batch that does not decode: %s", OFFSETS_TOPIC, exc)
-                    continue
-                for rec in decoded:
-                    if rec.key is not None and rec.offset >= offset:
-                        yield rec.offset, rec.key, rec.value
-            offset = chunk.end_offset
-
-    def _track(self, raw_key: bytes, value: bytes | None) -> None:
-        # Offset keys v0 and v1 have the same layout after the version: one key.
-        key = _V1 + raw_key[2:] if raw_key[:2] == _V0 else raw_key
+    def _track(self, raw_key: bytes, value: bytes | None, timestamp: int) -> None:
+        key = normal_key(raw_key)
+        word = Word(timestamp, raw_key, value)
         if value is None:
             self.live.pop(key, None)
+            self.tombstones[key] = word
         else:
-            self.live[key] = (raw_key, value)
+            self.tombstones.pop(key, None)
+            self.live[key] = word
 
     def holds(self, raw_key: bytes) -> bool:
         """Whether the archive's last word for this key (`records.offset_key` or
         `records.group_key` bytes) is a value, not a tombstone."""
         return raw_key in self.live
 
-    def append(self, entries: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> tuple[int, int]:
-        """Append one batch; (base offset, last offset). Durable once `wait_durable(last)`."""
+    def append(self, entries: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int,
+               timestamps: Sequence[int] | None = None) -> tuple[int, int]:
+        """Append one batch, its records at `timestamp_ms` (or each at its own of
+        `timestamps`: records copied keep their time); (base offset, last offset).
+        Durable once `wait_durable(last)`."""
         partition = self.partition
         if partition.failed:
             raise OSError(partition.failed)
-        base, last = partition.log.append(build_batch(entries, timestamp_ms))
+        base, last = partition.log.append(build_batch(entries, timestamp_ms, timestamps))
         self.node.mark_dirty(partition)
-        for raw_key, value in entries:
-            self._track(raw_key, value)
+        for i, (raw_key, value) in enumerate(entries):
+            self._track(raw_key, value, timestamp_ms if timestamps is None else timestamps[i])
         return base, last
+
+    def adopt(self, words: Sequence[Word]) -> tuple[int, int] | None:
+        """Append records taken from other archives (`merge`), each keeping its timestamp,
+        in batches of up to SNAPSHOT_BATCH_RECORDS; (first, last) offset, or None."""
+        span: tuple[int, int] | None = None
+        for i in range(0, len(words), SNAPSHOT_BATCH_RECORDS):
+            chunk = words[i : i + SNAPSHOT_BATCH_RECORDS]
+            base, last = self.append([(w.key, w.value) for w in chunk], chunk[0].timestamp,
+                                     [w.timestamp for w in chunk])
+            span = (base if span is None else span[0], last)
+        return span
 
     async def wait_durable(self, last_offset: int) -> None:
         await self.partition.wait_durable(last_offset)
@@ -190,7 +283,8 @@ class OffsetsArchive:
     def dirty_records(self) -> int:
         """Records in the archive that no longer matter (superseded, tombstones, junk)."""
         plog = self.partition.log
-        return plog.log_end_offset - plog.log_start_offset - len(self.live)
+        kept = len(self.tombstones) if self.tombstone_retention_ms is not None else 0
+        return plog.log_end_offset - plog.log_start_offset - len(self.live) - kept
 
     def needs_compaction(self, min_dirty_records: int) -> bool:
         dirty = self.dirty_records
@@ -198,8 +292,15 @@ class OffsetsArchive:
 
     async def write_snapshot(self, timestamp_ms: int) -> tuple[int, int] | None:
         """Step 2: append every live record again, from a new segment; (first, last)
-        offset of the snapshot, or None when nothing is live. Yields between batches."""
-        keys = list(self.live)
+        offset of the snapshot, or None when nothing is live. Yields between batches.
+        With `tombstone_retention_ms` (cluster mode), tombstones younger than that are
+        copied too and older ones forgotten (Kafka's delete.retention.ms), so that a
+        broker that was away meanwhile cannot bring the deleted key back (`merge`)."""
+        retention = self.tombstone_retention_ms
+        tombstones_since = None if retention is None else timestamp_ms - retention
+        for k in [k for k, w in self.tombstones.items() if tombstones_since is None or w.timestamp < tombstones_since]:
+            del self.tombstones[k]  # not copied: gone from the archive with the old segments
+        keys = list(self.live) + list(self.tombstones)
         if not keys:
             return None
         self.partition.log.roll()
@@ -208,15 +309,19 @@ class OffsetsArchive:
         i = 0
         while i < len(keys):
             chunk: list[tuple[bytes, bytes | None]] = []
+            times: list[int] = []
             size = 0
             while i < len(keys) and len(chunk) < SNAPSHOT_BATCH_RECORDS and size < SNAPSHOT_BATCH_BYTES:
-                current = self.live.get(keys[i])  # the newest value now; gone if deleted meanwhile
+                # the newest word now: gone if deleted meanwhile (a tombstone only if kept)
+                current = self.live.get(keys[i]) or self.tombstones.get(keys[i])
                 i += 1
                 if current is not None:
-                    chunk.append(current)
-                    size += len(current[0]) + len(current[1])
+                    chunk.append((current.key, current.value))
+                    # the copy keeps the record's time: the cross-broker merge orders by it
+                    times.append(current.timestamp)
+                    size += len(current.key) + len(current.value or b"")
             if chunk:
-                base, last = self.append(chunk, timestamp_ms)
+                base, last = self.append(chunk, timestamp_ms, times)
                 first = base if first is None else first
             await trio.lowlevel.checkpoint()  # requests go on between batches (safe: see the module doc)
         return None if first is None else (first, last)

@@ -275,9 +275,12 @@ def decode_group_value(data: bytes) -> GroupValue:
 # ---------------------------------------------------------------- batches
 
 
-def build_batch(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytearray:
+def build_batch(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int,
+                timestamps: Sequence[int] | None = None) -> bytearray:
     """An uncompressed v2 batch of (key, value-or-tombstone) records, CRC-32C filled in,
-    base offset 0 (the log assigns the real one)."""
+    base offset 0 (the log assigns the real one); every record at `timestamp_ms`, or each
+    at its own of `timestamps` (records copied from elsewhere keep their time)."""
     return storage_batch.build_batch(
-        [value for _, value in records], keys=[key for key, _ in records], timestamp_ms=timestamp_ms
+        [value for _, value in records], keys=[key for key, _ in records], timestamp_ms=timestamp_ms,
+        timestamps=timestamps,
     )

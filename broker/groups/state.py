@@ -640,6 +640,16 @@ class Groups:
     def next_deadline(self) -> int | None:
         return min((d for g in self.groups.values() if (d := g.next_deadline()) is not None), default=None)
 
+    def unload(self) -> None:
+        """This broker stops coordinating (Kafka's onResignation): parked JoinGroup and
+        SyncGroup requests answer NOT_COORDINATOR, so their members look for the new
+        coordinator, and every group is forgotten."""
+        for group in self.groups.values():
+            for m in group.members.values():
+                group._answer_join(m, JoinResult(codes.NOT_COORDINATOR, m.member_id))
+                group._answer_sync(m, SyncResult(codes.NOT_COORDINATOR))
+        self.groups.clear()
+
     def tick(self, now: int) -> None:
         for group in list(self.groups.values()):
             group.tick(now)

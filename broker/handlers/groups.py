@@ -6,7 +6,8 @@ Thin: translate the kio request of whatever version into calls on `node.groups` 
 description. JoinGroup and SyncGroup that must wait for the rest of the group are answered
 through `Deferred`, so the connection keeps reading (heartbeats, commits) meanwhile; the
 reply still leaves in request order. OffsetCommit/DeleteGroups/OffsetDelete wait for their
-records in the offsets archive to be covered by a signed head.
+records in the offsets archive to be covered by a signed head (and, in a cluster, to be
+held by the in-sync brokers).
 
 Rights as in Kafka (broker.security): FindCoordinator, DescribeGroups and ListGroups
 need DESCRIBE on the group (ListGroups leaves out the others), Join/Sync/Heartbeat/
@@ -19,7 +20,10 @@ This node is the coordinator of every group (in cluster mode, the controller is:
 other broker's FindCoordinator names it, broker/cluster.py; the others answer the group
 requests themselves with NOT_COORDINATOR, so that members of a group that a failed-over
 controller coordinated go back to the first one, and a group never has two
-coordinators for long). Transactions do not exist, so a
+coordinators for long). A controller that has not taken the groups over yet (it waits
+for the peers' offsets, `GroupCoordinator.take_over`) answers them with
+COORDINATOR_LOAD_IN_PROGRESS, and ListGroups with it as its error, as Kafka's loading
+coordinator does; clients retry both. Transactions do not exist, so a
 FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. The KIP-848
 consumer protocol (ConsumerGroupHeartbeat 68/69) is deliberately not served.
 """
@@ -48,10 +52,11 @@ def _coordinator(ctx: RequestContext) -> GroupCoordinator:
     return ctx.node.groups
 
 
-def _elsewhere(ctx: RequestContext) -> bool:
-    """Cluster mode, on a broker that is not the controller: the group is not ours."""
-    cluster = ctx.node.cluster
-    return cluster is not None and not cluster.is_controller
+def _refusal(ctx: RequestContext) -> int:
+    """NONE, or why this broker does not serve group requests now (cluster mode):
+    NOT_COORDINATOR when it is not the controller, COORDINATOR_LOAD_IN_PROGRESS while the
+    controller takes over the peers' offsets (`GroupCoordinator.refusal`)."""
+    return ctx.node.groups.refusal()
 
 
 def _ms(value: Any) -> int:
@@ -122,8 +127,8 @@ async def join_group(ctx: RequestContext, req: Any) -> Reply:
     version = ctx.api_version
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return _join_description(JoinResult(GROUP_AUTHORIZATION_FAILED, req.member_id), version)
-    if _elsewhere(ctx):
-        return _join_description(JoinResult(codes.NOT_COORDINATOR, req.member_id), version)
+    if refusal := _refusal(ctx):
+        return _join_description(JoinResult(refusal, req.member_id), version)
     session_ms = _ms(req.session_timeout)
     rebalance_ms = _ms(req.rebalance_timeout) if version >= 1 else session_ms
     answer = _coordinator(ctx).join(
@@ -167,8 +172,8 @@ def _sync_description(result: SyncResult) -> dict[str, Any]:
 async def sync_group(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return _sync_description(SyncResult(GROUP_AUTHORIZATION_FAILED))
-    if _elsewhere(ctx):
-        return _sync_description(SyncResult(codes.NOT_COORDINATOR))
+    if refusal := _refusal(ctx):
+        return _sync_description(SyncResult(refusal))
     answer = _coordinator(ctx).sync(
         req.group_id,
         req.generation_id,
@@ -196,8 +201,8 @@ async def sync_group(ctx: RequestContext, req: Any) -> Reply:
 async def heartbeat(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
-    if _elsewhere(ctx):
-        return {"throttle_time": 0, "error_code": codes.NOT_COORDINATOR}
+    if refusal := _refusal(ctx):
+        return {"throttle_time": 0, "error_code": refusal}
     error = _coordinator(ctx).heartbeat(req.group_id, req.generation_id, req.member_id, field_of(req, "group_instance_id"))
     return {"throttle_time": 0, "error_code": error}
 
@@ -206,8 +211,8 @@ async def heartbeat(ctx: RequestContext, req: Any) -> Reply:
 async def leave_group(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
-    if _elsewhere(ctx):
-        return {"throttle_time": 0, "error_code": codes.NOT_COORDINATOR, "members": []}
+    if refusal := _refusal(ctx):
+        return {"throttle_time": 0, "error_code": refusal, "members": []}
     if ctx.api_version >= 3:
         leaving = [(m.member_id, field_of(m, "group_instance_id")) for m in req.members]
     else:
@@ -243,15 +248,15 @@ async def offset_commit(ctx: RequestContext, req: Any) -> Reply:
     else:
         readable = {t.name: authorize(ctx, Operation.READ, t.name) for t in req.topics}
         refused = {i: TOPIC_AUTHORIZATION_FAILED for i, e in enumerate(entries) if not readable[e.topic]}
-        if _elsewhere(ctx):
-            refused = {i: refused.get(i, codes.NOT_COORDINATOR) for i in range(len(entries))}
 
     retention = field_of(req, "retention_time", -1)  # v2-v4 only
     retention_ms = -1 if retention is None else _ms(retention)
 
     async def finish() -> dict[str, Any]:
+        if refusal := _refusal(ctx):
+            refused.update({i: refused.get(i, refusal) for i in range(len(entries))})
         allowed = [e for i, e in enumerate(entries) if i not in refused]
-        if (allowed or not entries) and not _elsewhere(ctx):
+        if allowed or not (entries or refusal):
             await coordinator.commit_offsets(
                 req.group_id,
                 req.generation_id_or_member_epoch,
@@ -313,20 +318,20 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
     # for classic groups Kafka ignores them (ClassicGroup.validateOffsetFetch fails only a
     # Dead group, which answers like an unknown one: every offset -1, no error). Every
     # group here is classic, so they are ignored here too.
-    elsewhere = _elsewhere(ctx)
+    refusal = _refusal(ctx)
     if ctx.api_version >= 8:
         groups = [
             {"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
             if not authorize_group(ctx, Operation.READ, g.group_id)
-            else {"group_id": g.group_id, "topics": [], "error_code": codes.NOT_COORDINATOR}
-            if elsewhere
+            else {"group_id": g.group_id, "topics": [], "error_code": refusal}
+            if refusal
             else {"group_id": g.group_id, "topics": _fetched_topics(ctx, g.group_id, g.topics), "error_code": codes.NONE}
             for g in req.groups
         ]
         return {"throttle_time": 0, "groups": groups}
-    refusal = (GROUP_AUTHORIZATION_FAILED if not authorize_group(ctx, Operation.READ, req.group_id)
-               else codes.NOT_COORDINATOR if elsewhere else None)
-    if refusal is not None:
+    if not authorize_group(ctx, Operation.READ, req.group_id):
+        refusal = GROUP_AUTHORIZATION_FAILED
+    if refusal:
         # v1 has no top-level error: Kafka puts it on every partition asked for.
         topics = _unfetched(req.topics or [], refusal) if ctx.api_version < 2 else []
         return {"throttle_time": 0, "topics": topics, "error_code": refusal}
@@ -355,8 +360,8 @@ async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
                 }
             )
             continue
-        if _elsewhere(ctx):
-            described.append({"error_code": codes.NOT_COORDINATOR, "group_id": group_id, "group_state": "",
+        if refusal := _refusal(ctx):
+            described.append({"error_code": refusal, "group_id": group_id, "group_state": "",
                               "protocol_type": "", "protocol_data": "", "members": [],
                               "authorized_operations": INT32_MIN})
             continue
@@ -390,11 +395,13 @@ async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
 async def list_groups(ctx: RequestContext, req: Any) -> Reply:
     # A broker lists the groups it coordinates (Kafka's admin asks every broker): none but
     # on the controller, in cluster mode (what one coordinated while it stood in is stale).
-    listed = [] if _elsewhere(ctx) else _coordinator(ctx).list_groups(field_of(req, "states_filter", ()), field_of(req, "types_filter", ()))
+    # While the controller takes over, COORDINATOR_LOAD_IN_PROGRESS, as Kafka's loading coordinator.
+    refusal = _refusal(ctx)
+    listed = [] if refusal else _coordinator(ctx).list_groups(field_of(req, "states_filter", ()), field_of(req, "types_filter", ()))
     listed = [g for g in listed if authorize_group(ctx, Operation.DESCRIBE, g[0], quiet=True)]
     return {
         "throttle_time": 0,
-        "error_code": codes.NONE,
+        "error_code": codes.COORDINATOR_LOAD_IN_PROGRESS if refusal == codes.COORDINATOR_LOAD_IN_PROGRESS else codes.NONE,
         "groups": [
             {"group_id": gid, "protocol_type": ptype, "group_state": state, "group_type": "classic"} for gid, ptype, state in listed
         ],
@@ -410,8 +417,8 @@ async def delete_groups(ctx: RequestContext, req: Any) -> Reply:
     async def finish() -> dict[str, Any]:
         allowed = [g for g in names if g not in refused]
         results = dict.fromkeys(refused, GROUP_AUTHORIZATION_FAILED)
-        if allowed and _elsewhere(ctx):
-            results.update(dict.fromkeys(allowed, codes.NOT_COORDINATOR))
+        if allowed and (refusal := _refusal(ctx)):
+            results.update(dict.fromkeys(allowed, refusal))
         elif allowed:
             results.update(await coordinator.delete_groups(allowed))
         return {"throttle_time": 0, "results": [{"group_id": g, "error_code": results[g]} for g in dict.fromkeys(names)]}
@@ -426,8 +433,8 @@ async def offset_delete(ctx: RequestContext, req: Any) -> Reply:
     # Kafka: DELETE on the group, then READ on each topic.
     if not authorize_group(ctx, Operation.DELETE, req.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time": 0, "topics": []}
-    if _elsewhere(ctx):
-        return {"error_code": codes.NOT_COORDINATOR, "throttle_time": 0, "topics": []}
+    if refusal := _refusal(ctx):
+        return {"error_code": refusal, "throttle_time": 0, "topics": []}
     requested = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
     readable = {t.name: authorize(ctx, Operation.READ, t.name) for t in req.topics}
     refused = {tp for tp in requested if not readable[tp[0]]}

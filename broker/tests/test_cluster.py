@@ -500,10 +500,36 @@ async def test_two_brokers_in_process(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
 
+async def _commit(c: RawClient, group: str, offset: int) -> int:
+    """A commit of `offset` for t-0 (generation -1: a group without members), retried
+    while the coordinator is loading; its error code."""
+    while True:
+        r = await c.call("offset_commit", 8, {
+            "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+            "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": offset,
+                                                     "committed_leader_epoch": -1, "committed_metadata": None}]}]})
+        code = int(r.topics[0].partitions[0].error_code)
+        if code != 14:  # COORDINATOR_LOAD_IN_PROGRESS: retriable
+            return code
+        await trio.sleep(0.05)
+
+
+async def _committed(c: RawClient, group: str) -> tuple[int, int]:
+    """(error, committed offset of t-0) from OffsetFetch, retried while loading."""
+    while True:
+        r = await c.call("offset_fetch", 8, {"groups": [{"group_id": group, "topics": [
+            {"name": "t", "partition_indexes": [0]}]}], "require_stable": False})
+        g = r.groups[0]
+        if g.error_code != 14:
+            return int(g.error_code), int(g.topics[0].partitions[0].committed_offset) if g.topics else -1
+        await trio.sleep(0.05)
+
+
 async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
     """Broker 1 (writer and controller) stops: broker 2 drops it from Metadata after the
     session timeout, leads its partition for reads, refuses produce there with a retriable
-    error, becomes controller (CreateTopics, FindCoordinator); broker 1 back leads again."""
+    error, becomes controller (CreateTopics, FindCoordinator) and coordinator with broker
+    1's committed offsets; broker 1 back leads again and coordinates with broker 2's."""
     ports = _free_ports(2)
     brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
 
@@ -553,6 +579,9 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
                         return view(await _metadata(c2, "t")) == ([1, 2], 1, (0, 1, [1, 2], [1, 2], []))
 
                     await _until(in_sync)
+                    # committed on broker 1 (the coordinator): broker 2 holds the record
+                    # (it is in sync) before the commit is answered
+                    assert await _commit(c1, "offsets", 1) == 0
                     at_writer = bytes((await fetch(c1)).records)
                     first.cancel()  # broker 1 stops
 
@@ -585,8 +614,11 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             join = {"group_id": "g", "session_timeout": 10000, "rebalance_timeout": 10000, "member_id": "",
                     "group_instance_id": None, "protocol_type": "consumer", "reason": None,
                     "protocols": [{"name": "range", "metadata": b""}]}
+            # broker 2 took over broker 1's commits (from its copy of 1's offsets archive)
+            assert await _committed(c2, "offsets") == (0, 1)
             joined = await c2.call("join_group", 9, join)
             assert joined.error_code == 79  # MEMBER_ID_REQUIRED: broker 2 coordinates the group
+            assert await _commit(c2, "offsets", 2) == 0
 
             c1 = await serve(nursery, 1)  # the writer is back: it leads again
             # and the controller again, but "u" is broker 2's: never created a second time,
@@ -600,7 +632,10 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
 
             await _until(back)
             assert view(await _metadata(c2, "t"))[2][:3] == (0, 1, [1, 2])
-            # and coordinates groups again: the member on broker 2 is sent back there
+            # and coordinates groups again, with the offsets committed on broker 2 meanwhile
+            # (newer than its own); the member on broker 2 is sent back there
+            assert await _committed(c1, "offsets") == (0, 2)
+            assert await _committed(c2, "offsets") == (16, -1)  # NOT_COORDINATOR
             join["member_id"] = joined.member_id
             assert (await c2.call("join_group", 9, join)).error_code == 16  # NOT_COORDINATOR
             fc = await c2.call("find_coordinator", 3, {"key": "g", "key_type": 0})

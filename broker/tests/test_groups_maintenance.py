@@ -279,8 +279,9 @@ async def test_commits_and_deletes_between_snapshot_batches_survive_compaction(c
         copying = trio.Event()
         real_append = c.archive.append
 
-        def append(entries: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> tuple[int, int]:
-            span = real_append(entries, timestamp_ms)
+        def append(entries: list[tuple[bytes, bytes | None]], timestamp_ms: int,
+                   timestamps: list[int] | None = None) -> tuple[int, int]:
+            span = real_append(entries, timestamp_ms, timestamps)
             if c.archive.partition.log.log_start_offset == 0 and span[0] > 0 and not copying.is_set() and snapshot_started:
                 copying.set()  # the copy's first batch is written: let the others in
             return span
