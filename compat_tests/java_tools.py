@@ -411,8 +411,15 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def random_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars).
+
+    Never one that starts with "-", as Kafka's own `Uuid.randomUuid()` never gives: about
+    one id in 64 would, and `kafka-storage format -t -xyz...` reads it as an option and
+    exits with its usage (seen once in a benchmark run)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def metadata_broker_count(host: str, port: int, timeout: float = 2.0) -> int | None:

@@ -13,11 +13,12 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from compat_tests import harness, matrix
+from compat_tests import harness, java_tools, matrix
 from compat_tests.clients import CLIENTS, KCAT_KEY_DELIM, KCAT_MSG_DELIM, parse_kcat_format
 from compat_tests.records import Profile, Record, assert_same, from_json, generate, to_json
 
@@ -122,3 +123,12 @@ def test_matrix_problems_catch_a_gap_and_a_stale_explanation() -> None:
     assert matrix.problems(stale, complete=False) == ["'rt-snappy' x kafkajs: tested, but explained as n/a[b]"]
     new_row = [("confluent", "brand-new-scenario")]
     assert len(matrix.problems(new_row, complete=False)) == len(matrix.GRID_CLIENTS) - 1
+
+
+def test_kraft_cluster_ids_never_look_like_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One random id in 64 starts with "-", which kafka-storage format takes for a flag."""
+    draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" * 16)])
+    monkeypatch.setattr(java_tools.uuid, "uuid4", lambda: next(draws))
+    got = java_tools.random_cluster_id()
+    assert got == "AQEBAQEBAQEBAQEBAQEBAQ"
+    assert len(got) == 22 and not got.startswith("-")
