@@ -13,7 +13,7 @@ each in its own process, nothing pinned):
 Runs interleave: run i of a workload goes to every broker before run i+1 starts (in a
 rotating order), so a machine that gets busier or quieter in the middle shifts every broker
 alike. Footprint starts fresh instances; the others share one long-lived instance per
-broker, and while one of them is measured the others are stopped (SIGSTOP, `paused`).
+broker (restarted after a failed run, so a stuck one does not burn CPU under the others).
 Imports the standard library, confluent_kafka, matplotlib (chart only) and
 compat_tests.
 """
@@ -26,13 +26,12 @@ import os
 import platform
 import select
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -293,6 +292,8 @@ def create_topic(bootstrap: str, partitions: int, prefix: str, timeout: float = 
         futures[name].result(timeout)
     except KafkaException as exc:
         raise WorkloadError(f"CreateTopics {name} ({partitions} partitions): {exc}") from exc
+    except TimeoutError as exc:
+        raise WorkloadError(f"CreateTopics {name}: no answer in {timeout:.0f} s") from exc
     # Wait until every partition has a leader: Kafka elects them after CreateTopics answers.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -604,12 +605,13 @@ def run(
                         for t in rotated(live, r):
                             if t.proc is None or t.proc.poll() is not None:
                                 report.fail(t.name, workload, "broker process is gone; restarting")
-                                with contextlib.suppress(TargetUnavailable):
-                                    t.stop()
-                                    t.start()
+                                restart(t, keep_data)
                                 continue
-                            with paused(u for u in live if u is not t):
-                                _one(report, ctx, t, workload, r, SHARED_WORKLOADS[workload])
+                            if not _one(report, ctx, t, workload, r, SHARED_WORKLOADS[workload]):
+                                # A broker left stuck by a failed run may go on burning
+                                # CPU under the others' measurements (noida, its consume
+                                # stalled, spun at 74% of a core for the rest of a run).
+                                restart(t, keep_data)
                         save(report)
             finally:
                 for t in live:
@@ -622,24 +624,14 @@ def run(
     return report
 
 
-@contextlib.contextmanager
-def paused(targets: Iterable[Target]) -> Iterator[None]:
-    """SIGSTOP the other live brokers while one takes its workload, SIGCONT after.
-
-    They all run for the whole pass over the shared workloads, and an idle broker is not
-    always idle: Kafka's background threads, or a peer spinning after a failed run
-    (noida, once its consume stalled, held 74% of a core for the rest of a run), take CPU
-    from whichever broker is being measured. Stopped, each broker has the machine as it
-    would on its own; their clients are gone by then, and their timers catch up on resume.
-    """
-    stopped = list(targets)
-    for t in stopped:
-        t.signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for t in stopped:
-            t.signal(signal.SIGCONT)
+def restart(target: Target, keep_data: bool) -> None:
+    """A fresh instance of `target`'s broker (each workload makes its own topics)."""
+    print(f"bench: restarting {target.name}", file=sys.stderr)
+    target.stop()
+    if not keep_data:
+        _drop_data(target.workdir)
+    with contextlib.suppress(TargetUnavailable):
+        target.start()
 
 
 def _one(
@@ -649,8 +641,9 @@ def _one(
     workload: str,
     r: int,
     fn: Callable[[Context, Target, int], dict[str, float]],
-) -> None:
-    """One run of one workload on one broker: its figures or its failure go to the report."""
+) -> bool:
+    """One run of one workload on one broker: its figures or its failure go to the
+    report; whether it succeeded."""
     t0 = time.monotonic()
     try:
         report.add(target.name, fn(ctx, target, r))
@@ -662,6 +655,7 @@ def _one(
     runs = ctx.params.runs
     print(f"bench: {workload} run {r + 1}/{runs} on {target.name}: {outcome} in "
           f"{time.monotonic() - t0:.1f} s", file=sys.stderr)  # fmt: skip
+    return outcome == "ok"
 
 
 def _drop_data(workdir: Path) -> None:

@@ -17,7 +17,6 @@ compat_tests only.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -116,18 +115,6 @@ class Target:
             # It leads its own session: take any helper processes it started with it.
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-    def signal(self, sig: signal.Signals) -> None:
-        """Send `sig` to the broker and any helpers in its session (its process group
-        when it leads one, else the process alone); nothing when it is not running."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            pgid = os.getpgid(self.proc.pid)
-            if pgid == self.proc.pid and pgid != os.getpgrp():
-                os.killpg(pgid, sig)
-            else:
-                os.kill(self.proc.pid, sig)
 
     def log_tail(self, lines: int = 20) -> str:
         path = self.workdir / "broker.log"
