@@ -212,6 +212,23 @@ _ABORTED = struct.Struct(">qq")
 _ERR_SESSION = struct.Struct(">hi")
 
 
+def _write_records(out: bytearray, pieces: list[Any], records: Any, flexible: bool) -> bytearray:
+    """A partition's records field: nullable bytes, copied into `out` when small, else
+    left as a piece of its own (a file range for sendfile, or a large buffer) between
+    `out` and a new buffer, which is returned for the fields that follow."""
+    if records is None:
+        out += b"\x00" if flexible else b"\xff\xff\xff\xff"
+        return out
+    n = len(records)
+    out += write_uvarint(n + 1) if flexible else I32.pack(n)
+    if n < INLINE_RECORDS_BELOW and isinstance(records, bytes | bytearray | memoryview):
+        out += records
+        return out
+    pieces.append(out)
+    pieces.append(records)
+    return bytearray()
+
+
 def encode_fetch_response(correlation_id: int, response: Any) -> list[Any]:
     """Encode a framed Fetch v4-v12 response (size, header, body) as writev pieces.
 
@@ -256,18 +273,7 @@ def encode_fetch_response(correlation_id: int, response: Any) -> list[Any]:
                         _write_tags(out, a)
             if version >= 11:
                 out += I32.pack(p.preferred_read_replica)
-            records = p.records
-            if records is None:
-                out += b"\x00" if flexible else b"\xff\xff\xff\xff"
-            else:
-                n = len(records)
-                out += write_uvarint(n + 1) if flexible else I32.pack(n)
-                if n < INLINE_RECORDS_BELOW and isinstance(records, bytes | bytearray | memoryview):
-                    out += records
-                else:
-                    pieces.append(out)
-                    pieces.append(records)
-                    out = bytearray()
+            out = _write_records(out, pieces, p.records, flexible)
             if flexible:
                 _write_tags(out, p)
         if flexible:
@@ -333,18 +339,7 @@ def encode_fetch_description(correlation_id: int, version: int, d: Any) -> list[
             _array_len(out, aborted, flexible)  # none: null, or empty as given
             if version >= 11:
                 out += I32.pack(p.get("preferred_read_replica", -1))
-            records = p["records"]
-            if records is None:
-                out += b"\x00" if flexible else b"\xff\xff\xff\xff"
-            else:
-                n = len(records)
-                out += write_uvarint(n + 1) if flexible else I32.pack(n)
-                if n < INLINE_RECORDS_BELOW and isinstance(records, bytes | bytearray | memoryview):
-                    out += records
-                else:
-                    pieces.append(out)
-                    pieces.append(records)
-                    out = bytearray()
+            out = _write_records(out, pieces, p["records"], flexible)
             if flexible:
                 out += b"\x00"  # no tagged fields (the ones it may have are refused above)
         if flexible:
