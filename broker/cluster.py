@@ -227,12 +227,7 @@ class Cluster:
     async def wait_every_catalog(self, timeout_s: float) -> bool:
         """Wait (at most `timeout_s`) until `knows_every_catalog`: a controller that just
         started answers CreateTopics once it has heard the others (or they are dead)."""
-        with trio.move_on_after(timeout_s):
-            while not self.knows_every_catalog():
-                event = self._reported
-                with trio.move_on_after(WAIT_TICK_MAX_S):  # a peer may die by time alone
-                    await event.wait()
-        return self.knows_every_catalog()
+        return await _wait_until(self.knows_every_catalog, lambda: self._reported, timeout_s)
 
     def knows_every_catalog(self) -> bool:
         """Whether every live peer answered since start-up, so that a topic name it writes
@@ -265,12 +260,7 @@ class Cluster:
 
     async def wait_handed_over(self, timeout_s: float) -> bool:
         """Wait (at most `timeout_s`) until `handed_over`; whether it is."""
-        with trio.move_on_after(timeout_s):
-            while not self.handed_over():
-                event = self._copies_changed
-                with trio.move_on_after(WAIT_TICK_MAX_S):  # a peer may die by time alone
-                    await event.wait()
-        return self.handed_over()
+        return await _wait_until(self.handed_over, lambda: self._copies_changed, timeout_s)
 
     def alive(self, node_id: int, now: float | None = None) -> bool:
         """Whether `node_id` answered within the session timeout (this broker always is)."""
@@ -446,3 +436,15 @@ class Cluster:
         if a is None or not candidates:
             return None
         return max(candidates, key=lambda i: (a.peers[i].length, -i))
+
+
+async def _wait_until(done: Callable[[], bool], changed: Callable[[], trio.Event], timeout_s: float) -> bool:
+    """Wait (at most `timeout_s`) until `done()`, waking at each `changed()` event (taken
+    before each look, as it is replaced when set) and at least every WAIT_TICK_MAX_S,
+    since a peer may die by time alone; whether `done()` holds at the end."""
+    with trio.move_on_after(timeout_s):
+        while not done():
+            event = changed()
+            with trio.move_on_after(WAIT_TICK_MAX_S):
+                await event.wait()
+    return done()
