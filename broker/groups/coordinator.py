@@ -345,11 +345,17 @@ class GroupCoordinator:
         # __consumer_offsets without an override of it.
         return self.archive.partition.topic.min_insync_replicas
 
-    def _isr_short(self) -> bool:
-        """Cluster mode: fewer in-sync replicas of our archive than min.insync.replicas;
-        Kafka refuses such a write before appending it (NOT_ENOUGH_REPLICAS)."""
+    def _append_replicated(self, records: Sequence[tuple[bytes, bytes | None]], now_wall: int) -> tuple[int, int]:
+        """Append records that `_wait_stored` will wait for; (first, last) offsets. In
+        cluster mode, raise (OSError) instead when our archive has fewer in-sync replicas
+        than min.insync.replicas, as Kafka refuses such a write before appending it
+        (NOT_ENOUGH_REPLICAS)."""
         cluster = self.node.cluster
-        return cluster is not None and len(cluster.isr(self.archive.partition.log.key)) < self._min_insync
+        if cluster is not None and len(cluster.isr(self.archive.partition.log.key)) < self._min_insync:
+            raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
+        span = self.archive.append(records, now_wall)
+        self._check_compaction()
+        return span
 
     def _install(self, replayed: Replayed) -> None:
         now = self.now()
@@ -398,10 +404,7 @@ class GroupCoordinator:
             group.current_state_timestamp = now_wall  # the record says the same (KIP-211)
         value = _group_value(group, effect.assignment, now_wall)
         try:
-            if self._isr_short():
-                raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
-            _, last = self.archive.append([(group_key(group.group_id), group_value(value))], now_wall)
-            self._check_compaction()
+            _, last = self._append_replicated([(group_key(group.group_id), group_value(value))], now_wall)
         except Exception as exc:
             log.error("cannot store group %s: %s", group.group_id, exc)
             self.groups.group_stored(self.now(), effect.group_id, effect.generation_id, effect.assignment, codes.COORDINATOR_NOT_AVAILABLE)
@@ -492,10 +495,7 @@ class GroupCoordinator:
         group.begin_offset_commit(partitions)  # not expired while in flight
         try:
             try:
-                if self._isr_short():
-                    raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
-                base, last = self.archive.append(records, now_wall)
-                self._check_compaction()
+                base, last = self._append_replicated(records, now_wall)
             except Exception as exc:
                 log.error("cannot append offsets of group %s: %s", group_id, exc)
                 for e in to_write:
