@@ -69,6 +69,7 @@ from broker.config import ClusterBroker, ConfigError, parse_host_port
 from broker.groups.offsets import OFFSETS_TOPIC
 from broker.node import Node, Topic
 from broker.protocol.codec import decode_response, encode_request
+from broker.protocol.errors import ProtocolError
 from broker.protocol.header import RequestHeader
 from broker.shape import shape
 from storage import PartitionLog
@@ -93,6 +94,9 @@ REPAIR_POLL_S = 0.25
 PEERS_FILE = "peers.json"
 ISR_POLL_MIN_S = 0.1
 ISR_POLL_MAX_S = 1.0
+
+
+REQUEST_CORRELATION_ID = 1
 
 
 class DiscoveryError(Exception):
@@ -134,9 +138,9 @@ async def kafka_request(host: str, port: int, api_key: int, version: int, schema
     module = importlib.import_module(f"kio.schema.{schema}.v{version}.request")
     name = "".join(part.title() for part in schema.split("_")) + "Request"
     req = shape(getattr(module, name), body)
-    header = RequestHeader(api_key, version, 1, "hyperkafka-mirror")
+    header = RequestHeader(api_key, version, REQUEST_CORRELATION_ID, "hyperkafka-mirror")
     with trio.fail_after(CONNECT_TIMEOUT_S):
-        stream = await trio.open_tcp_stream(host, port)
+        stream = await _open_tcp(host, port)
         try:
             await stream.send_all(encode_request(header, req))
             buf = bytearray()
@@ -148,8 +152,30 @@ async def kafka_request(host: str, port: int, api_key: int, version: int, schema
         finally:
             await trio.aclose_forcefully(stream)
     size = struct.unpack_from(">i", buf)[0]
-    _, resp = decode_response(bytes(buf[4 : 4 + size]), api_key, version)
+    try:
+        correlation_id, resp = decode_response(bytes(buf[4 : 4 + size]), api_key, version)
+    except ProtocolError as exc:  # whatever answers there, it is not a Kafka broker
+        raise DiscoveryError(f"{host}:{port} sent no Kafka response: {exc}") from None
+    if correlation_id != REQUEST_CORRELATION_ID:
+        raise DiscoveryError(f"{host}:{port} answered correlation id {correlation_id}, not {REQUEST_CORRELATION_ID}")
     return resp
+
+
+async def _open_tcp(host: str, port: int) -> trio.SocketStream:
+    """A TCP connection to a peer, never one to itself: probing a dead peer's port on this
+    host, the kernel may pick that very port as the source port, and TCP then connects
+    the socket to itself (our request would come back as the answer, our Noise handshake
+    would meet itself). Refused, as the dead port would have been."""
+    stream = await trio.open_tcp_stream(host, port)
+    sock = stream.socket
+    try:
+        looped = sock.getsockname() == sock.getpeername()
+    except OSError:
+        looped = False
+    if looped:
+        await trio.aclose_forcefully(stream)
+        raise ConnectionRefusedError(f"{host}:{port} is not listening (the connection reached itself)")
+    return stream
 
 
 async def discover_configs(host: str, port: int) -> dict[str, str]:
@@ -319,7 +345,7 @@ async def _drive(link: ConnectionDriver, ch: ReplicationChannel, *,
 async def _connect(address: str) -> trio.SocketStream:
     host, port = parse_host_port(address)
     with trio.fail_after(CONNECT_TIMEOUT_S):
-        stream = await trio.open_tcp_stream(host, port)
+        stream = await _open_tcp(host, port)
     # A live connection may rightly see nothing for hours (an idle writer), so no read
     # timeout; TCP keepalive finds a writer whose host vanished (~25 s on Linux).
     sock = stream.socket

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from broker.config import BrokerConfig, ConfigError
-from broker.mirror import MirrorTarget, discover, probe_head
+from broker.mirror import DiscoveryError, MirrorTarget, discover, kafka_request, probe_head
 from broker.server import run
 from broker.tests.conftest import RawClient
 from storage.batch import build_batch
@@ -271,3 +271,44 @@ async def test_mirror_of_eight_partitions_uses_one_replication_connection(
                     if rec.getMessage().startswith("replication connection ")]
         assert len(accepted) == 1, accepted
         nursery.cancel_scope.cancel()
+
+
+async def _echo_server(nursery: trio.Nursery) -> int:
+    """A port that sends every byte back: what a probe connected to itself reads."""
+
+    async def echo(stream: trio.SocketStream) -> None:
+        async with stream:
+            async for data in stream:
+                await stream.send_all(data)
+
+    listeners = await nursery.start(trio.serve_tcp, echo, 0)
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def test_a_peer_answering_non_kafka_bytes_is_a_discovery_error() -> None:
+    # The cluster's liveness probe catches DiscoveryError (and OSError) and probes again;
+    # anything else would end the probe task and take the broker down with it.
+    async with trio.open_nursery() as nursery:
+        port = await _echo_server(nursery)
+        with pytest.raises(DiscoveryError, match="sent no Kafka response"):
+            await kafka_request("127.0.0.1", port, 3, 1, "metadata", {"topics": None})
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_to_itself_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # TCP simultaneous open: a socket bound to P that connects to P is connected to itself,
+    # which is what the kernel may hand a probe of a dead peer's port on this host.
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+    await sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    await sock.connect(("127.0.0.1", port))
+    assert sock.getsockname() == sock.getpeername()
+
+    async def looped(host: str, p: int) -> trio.SocketStream:
+        return trio.SocketStream(sock)
+
+    monkeypatch.setattr(trio, "open_tcp_stream", looped)
+    with pytest.raises(ConnectionRefusedError, match="reached itself"):
+        await kafka_request("127.0.0.1", port, 3, 1, "metadata", {"topics": None})
+    assert sock.fileno() == -1  # closed
