@@ -374,7 +374,10 @@ def test_three_broker_cluster(workdir: Path) -> None:
             assert md["confluent"]["controller"] == 1
             assert md["kafka-python"]["brokers"] == [[*w, r] for w, r in zip(want_brokers, racks, strict=True)]
             assert md["kafka-python"]["controller"] == 1
-            assert _kcat_isr(kcat, b, "acks") == ("1", "1,2,3", "1,2,3")
+            # (the clients above may have been answered by another broker, whose view of
+            # the writer's ISR is up to a probe interval older or newer than b's)
+            _wait(f"kcat sees isr 1,2,3 through {b.bootstrap}",
+                  lambda b=b: _kcat_isr(kcat, b, "acks") == ("1", "1,2,3", "1,2,3"), timeout=10)
 
         # 3. KIP-392: a consumer in rack-2 reads from broker 2, even with the leader stopped
         produced = json.loads(_py(PRODUCE, leader.bootstrap, "racked", "all", str(N_BATCHES)))
