@@ -19,6 +19,7 @@ Imports the standard library and confluent_kafka only (never the broker).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import sys
@@ -135,12 +136,14 @@ def produce(spec: Spec) -> dict[str, Any]:
             p.poll(0)
     left = p.flush(float(spec.get("timeout", 600)))
     seconds = time.perf_counter() - start
+    cpu = os.times()
     if left or errors:
         raise ClientError(f"{left} records undelivered, {len(errors)} errors: {errors[:3]}")
     p.poll(0.6)  # one more statistics report, taken after the last request
     requests = produce_requests(stats[-1]) if stats else 0
     return {"records": records, "bytes": records * size, "seconds": seconds,
-            "mb_s": records * size / MB / seconds, "requests": requests}  # fmt: skip
+            "mb_s": records * size / MB / seconds, "requests": requests,
+            "cpu_s": cpu.user + cpu.system}  # fmt: skip
 
 
 def produce_requests(stats: dict[str, Any]) -> int:

@@ -58,3 +58,12 @@ def usage(root: int) -> Usage:
         cpu += (int(fields[11]) + int(fields[12])) / TICKS
         rss += int(fields[21]) * PAGE
     return Usage(rss_bytes=rss, cpu_seconds=cpu)
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU-seconds of the whole machine since boot, every core summed, from
+    /proc/stat: the share of the machine a run left idle tells a CPU-bound run from a
+    latency-bound one."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / TICKS, sum(fields[:8]) / TICKS

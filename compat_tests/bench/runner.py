@@ -127,6 +127,18 @@ def metrics_for(params: Params) -> list[Metric]:
                     "us",
                     False,
                 ),
+                Metric(
+                    f"throughput.p{p}.produce_client_cpu_s_per_gb",
+                    f"client CPU/GB in {p}p",
+                    "s",
+                    False,
+                ),
+                Metric(
+                    f"throughput.p{p}.produce_machine_busy_pct",
+                    f"machine busy, produce {p}p",
+                    "% all cores",
+                    False,
+                ),
             ]
     if "latency" in params.workloads:
         out += [
@@ -388,16 +400,25 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
                     "records": records, "record_size": p.record_size, "acks": "1",
                     "linger_ms": 5, "batch_bytes": MiB}  # fmt: skip
             cpu0 = procfs.usage(target.pid).cpu_seconds
+            busy0, total0 = procfs.machine_busy_seconds()
             with profiling(ctx, target, f"produce-p{parts}-r{run}"):
                 prod = Client("produce", spec, ctx.outdir / "clients").result(
                     _timeout_for(p.throughput_bytes)
                 )
             cpu1 = procfs.usage(target.pid).cpu_seconds
+            busy1, total1 = procfs.machine_busy_seconds()
             if ctx.profile_dir is not None and target.name == "hyperkafka":
                 note_requests(ctx.profile_dir, f"produce-p{parts}-r{run}", int(prod["requests"]))
             gb = prod["bytes"] / 1e9
             out[f"throughput.p{parts}.produce_mb_s"] = prod["mb_s"]
             out[f"throughput.p{parts}.produce_cpu_s_per_gb"] = (cpu1 - cpu0) / gb
+            # The same client on the same machine: how much CPU the load generator took,
+            # and how busy the machine was (every core), to tell CPU-bound runs apart.
+            if "cpu_s" in prod:
+                out[f"throughput.p{parts}.produce_client_cpu_s_per_gb"] = prod["cpu_s"] / gb
+            out[f"throughput.p{parts}.produce_machine_busy_pct"] = (
+                100.0 * (busy1 - busy0) / max(total1 - total0, 1e-9)
+            )
             if prod.get("requests"):
                 # Faster brokers drain the linger window sooner, so their requests are
                 # smaller: read CPU per request together with the request size.
