@@ -72,3 +72,18 @@ def test_profile_summary_groups_stacks() -> None:
     # 40 samples at 100 Hz over 4 requests: 0.1 s per request, 75 ms of it in handle().
     per_req = profile.summarise(stacks, rate=100, requests=4)
     assert "75.0%  75.000 ms/req  handle (handlers/produce.py)" in per_req
+
+
+def test_paired_ratio_pairs_runs_made_back_to_back() -> None:
+    # Run 0 on a fast minute, run 1 on a slow one: the ratio of medians mixes the
+    # minutes, the paired one compares like with like (and skips a run a peer lacks).
+    by_run = {
+        "hyperkafka": {0: 400.0, 1: 200.0, 2: 300.0},
+        "kafka": {0: 500.0, 1: 250.0},
+        "tansu": {},
+    }
+    assert runner.paired_ratios(by_run) == {"kafka": pytest.approx(0.8)}
+    report = runner.Report(runner.Params(**runner.PRESETS["tiny"]), "now", [])
+    report.add("hyperkafka", {"x": 1.0}, 0)
+    report.add("kafka", {"x": 2.0}, 0)
+    assert report.by_run["x"] == {"hyperkafka": {0: 1.0}, "kafka": {0: 2.0}}

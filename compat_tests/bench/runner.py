@@ -178,14 +178,18 @@ class Report:
     started: str
     brokers: list[BrokerStatus]
     values: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # metric -> broker -> run index -> value: the runs of one index ran back to back
+    by_run: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     failures: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     seconds: float = 0.0
 
-    def add(self, broker: str, metrics: dict[str, float]) -> None:
+    def add(self, broker: str, metrics: dict[str, float], run: int | None = None) -> None:
         for key, value in metrics.items():
             self.values.setdefault(key, {}).setdefault(broker, []).append(value)
+            if run is not None:
+                self.by_run.setdefault(key, {}).setdefault(broker, {})[run] = value
 
     def fail(self, broker: str, workload: str, why: str) -> None:
         self.failures.setdefault(workload, {}).setdefault(broker, []).append(why)
@@ -667,10 +671,10 @@ def _one(
     report; whether it succeeded."""
     t0 = time.monotonic()
     try:
-        report.add(target.name, fn(ctx, target, r))
+        report.add(target.name, fn(ctx, target, r), r)
         outcome = "ok"
     except WorkloadError as exc:
-        report.add(target.name, exc.partial)
+        report.add(target.name, exc.partial, r)
         report.fail(target.name, workload, str(exc))
         outcome = "failed"
     runs = ctx.params.runs
@@ -692,6 +696,21 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def paired_ratios(by_run: dict[str, dict[int, float]]) -> dict[str, float]:
+    """Per peer, the median over run indexes of hyperkafka's figure / the peer's figure
+    in the same index. A run index is every broker measured back to back (`rotated`),
+    so the pair shares the machine's mood of those minutes: on a shared VM whose speed
+    drifts by a third over a quarter of an hour, this is steadier than the ratio of
+    medians taken over the whole run."""
+    hk = by_run.get("hyperkafka", {})
+    out = {}
+    for name, runs in by_run.items():
+        ratios = [hk[r] / v for r, v in runs.items() if name != "hyperkafka" and r in hk and v > 0]
+        if ratios:
+            out[name] = statistics.median(ratios)
+    return out
+
+
 def to_json(report: Report) -> dict[str, Any]:
     names = [b.name for b in report.brokers]
     metrics = metrics_for(report.params)
@@ -709,6 +728,7 @@ def to_json(report: Report) -> dict[str, Any]:
             for n, v in entry["brokers"].items()
             if hk is not None and n != "hyperkafka" and v["median"] > 0
         }
+        entry["paired_ratio_hyperkafka_over"] = paired_ratios(report.by_run.get(m.key, {}))
         results[m.key] = entry
     return {
         "started": report.started,
@@ -750,7 +770,11 @@ def table(doc: dict[str, Any]) -> str:
                 row.append("failed")
         for p in peers:
             r = entry["ratio_hyperkafka_over"].get(p)
-            row.append(f"{r:.2f}" if r is not None else "-")
+            paired = entry.get("paired_ratio_hyperkafka_over", {}).get(p)
+            cell = f"{r:.2f}" if r is not None else "-"
+            if r is not None and paired is not None:
+                cell += f" ({paired:.2f})"
+            row.append(cell)
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -759,7 +783,8 @@ def table(doc: dict[str, Any]) -> str:
     foot = [
         "",
         f"median [min-max] of {doc['params']['runs']} run(s) each; ^ higher is better, v lower is "
-        "better; hk/peer = hyperkafka median / peer median",
+        "better; hk/peer = hyperkafka median / peer median (in parentheses: the median "
+        "of the ratios of runs made back to back)",
         f"{m['cpus']} CPUs, load average {m['loadavg_before'][0]:.2f} before, "
         f"{m['loadavg_after'][0]:.2f} after; {doc['seconds']:.0f} s in all",
     ]
