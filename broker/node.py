@@ -582,7 +582,12 @@ class Node:
                 async with p.lock:
                     if p.failed:
                         continue
-                    dropped += p.log.apply_retention(now)
+                    try:
+                        dropped += p.log.apply_retention(now)
+                    except (StorageError, OSError) as exc:
+                        # A failed fsync or unlink while forgetting old segments: as a
+                        # failed commit, this partition goes offline, the broker lives.
+                        self.fail_partition(p, f"retention failed: {exc}")
                     p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
                 p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
