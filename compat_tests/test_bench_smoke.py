@@ -50,7 +50,7 @@ def test_unavailable_peer_is_reported_not_dropped(tmp_path: Path) -> None:
     report.brokers = [runner.BrokerStatus("hyperkafka"),
                       runner.BrokerStatus("noida", available=False, reason="GLIBC too old")]  # fmt: skip
     report.add("hyperkafka", {"footprint.rss_mb": 50.0, "footprint.rss_start_mb": 40.0,
-                              "footprint.idle_cpu_pct": 0.5})  # fmt: skip
+                              "footprint.idle_cpu_pct": 0.5}, 0)  # fmt: skip
     text = runner.table(runner.to_json(report))
     header = text.splitlines()[0]
     assert "noida" in header and "hk/noida" in header
@@ -86,4 +86,4 @@ def test_paired_ratio_pairs_runs_made_back_to_back() -> None:
     report = runner.Report(runner.Params(**runner.PRESETS["tiny"]), "now", [])
     report.add("hyperkafka", {"x": 1.0}, 0)
     report.add("kafka", {"x": 2.0}, 0)
-    assert report.by_run["x"] == {"hyperkafka": {0: 1.0}, "kafka": {0: 2.0}}
+    assert report.values["x"] == {"hyperkafka": {0: 1.0}, "kafka": {0: 2.0}}

@@ -177,19 +177,16 @@ class Report:
     params: Params
     started: str
     brokers: list[BrokerStatus]
-    values: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     # metric -> broker -> run index -> value: the runs of one index ran back to back
-    by_run: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    values: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     failures: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     seconds: float = 0.0
 
-    def add(self, broker: str, metrics: dict[str, float], run: int | None = None) -> None:
+    def add(self, broker: str, metrics: dict[str, float], run: int) -> None:
         for key, value in metrics.items():
-            self.values.setdefault(key, {}).setdefault(broker, []).append(value)
-            if run is not None:
-                self.by_run.setdefault(key, {}).setdefault(broker, {})[run] = value
+            self.values.setdefault(key, {}).setdefault(broker, {})[run] = value
 
     def fail(self, broker: str, workload: str, why: str) -> None:
         self.failures.setdefault(workload, {}).setdefault(broker, []).append(why)
@@ -418,8 +415,7 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
             out[f"throughput.p{parts}.produce_cpu_s_per_gb"] = (cpu1 - cpu0) / gb
             # The same client on the same machine: how much CPU the load generator took,
             # and how busy the machine was (every core), to tell CPU-bound runs apart.
-            if "cpu_s" in prod:
-                out[f"throughput.p{parts}.produce_client_cpu_s_per_gb"] = prod["cpu_s"] / gb
+            out[f"throughput.p{parts}.produce_client_cpu_s_per_gb"] = prod["cpu_s"] / gb
             out[f"throughput.p{parts}.produce_machine_busy_pct"] = (
                 100.0 * (busy1 - busy0) / max(total1 - total0, 1e-9)
             )
@@ -705,7 +701,9 @@ def paired_ratios(by_run: dict[str, dict[int, float]]) -> dict[str, float]:
     hk = by_run.get("hyperkafka", {})
     out = {}
     for name, runs in by_run.items():
-        ratios = [hk[r] / v for r, v in runs.items() if name != "hyperkafka" and r in hk and v > 0]
+        if name == "hyperkafka":
+            continue
+        ratios = [hk[r] / v for r, v in runs.items() if r in hk and v > 0]
         if ratios:
             out[name] = statistics.median(ratios)
     return out
@@ -716,7 +714,8 @@ def to_json(report: Report) -> dict[str, Any]:
     metrics = metrics_for(report.params)
     results: dict[str, Any] = {}
     for m in metrics:
-        per = report.values.get(m.key, {})
+        by_run = report.values.get(m.key, {})
+        per = {n: list(runs.values()) for n, runs in by_run.items()}
         entry: dict[str, Any] = {"label": m.label, "unit": m.unit,
                                  "higher_is_better": m.higher_is_better, "brokers": {}}  # fmt: skip
         for n in names:
@@ -728,7 +727,7 @@ def to_json(report: Report) -> dict[str, Any]:
             for n, v in entry["brokers"].items()
             if hk is not None and n != "hyperkafka" and v["median"] > 0
         }
-        entry["paired_ratio_hyperkafka_over"] = paired_ratios(report.by_run.get(m.key, {}))
+        entry["paired_ratio_hyperkafka_over"] = paired_ratios(by_run)
         results[m.key] = entry
     return {
         "started": report.started,
