@@ -52,6 +52,7 @@ SINGLE_SUBJECT: dict[str, str] = {
     "kcat-G": "kcat's balanced consumer (-G)",
     "*vs Apache Kafka": "the Apache Kafka broker as a differential oracle",
     "hostile-*": "the broker's defences against raw bytes: no client library",
+    "attack-*": "the attack suite (compat_tests/attack): raw bytes beside a good producer",
     "stalled-connections": "the broker's defences against raw bytes: no client library",
     "apiversions-unknown-version": "the broker's ApiVersions fallback, on a raw socket",
     "sigterm-exit-0": "the broker's own exit status",
