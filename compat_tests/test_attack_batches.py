@@ -26,7 +26,9 @@ ANSWER_WITHIN = 60.0
 @pytest.mark.timeout(300)
 @pytest.mark.matrix("attack-batches-{attack}", client="raw-socket")
 @pytest.mark.parametrize("attack", list(batches.ATTACKS))
-def test_lying_batches(attack: str, tmp_path: Path, record_property: Callable[[str, Any], None]) -> None:
+def test_lying_batches(
+    attack: str, tmp_path: Path, record_property: Callable[[str, Any], None]
+) -> None:
     catalog = batches.ATTACKS[attack]()
     built = {name: build() for name, build in catalog.items()}  # bombs take a second or two
     with Guard(tmp_path, f"batches-{attack}", Bounds(rss_mib=400), record=record_property) as g:
@@ -47,7 +49,9 @@ def test_lying_batches(attack: str, tmp_path: Path, record_property: Callable[[s
                 before = wire.high_watermarks(g.host, g.port, target, [0])[0]
                 try:
                     with wire.Conn(g.host, g.port, ANSWER_WITHIN) as c:
-                        code, message = wire.produce(c, target, 0, data, version, timeout=ANSWER_WITHIN)
+                        code, message = wire.produce(
+                            c, target, 0, data, version, timeout=ANSWER_WITHIN
+                        )
                 except wire.Closed:
                     code, message = None, "connection closed"
                 except TimeoutError:
@@ -58,11 +62,15 @@ def test_lying_batches(attack: str, tmp_path: Path, record_property: Callable[[s
                     f"error {code}" if code is not None else str(message)
                 )
                 if code == 0:
-                    problems.append(f"{label}: acknowledged (error 0), high watermark {before} -> {after}")
+                    problems.append(
+                        f"{label}: acknowledged (error 0), high watermark {before} -> {after}"
+                    )
                 elif code is None:
                     problems.append(f"{label}: {message}, not a Kafka error")
                 elif after != before and target != g.good_topic:
-                    problems.append(f"{label}: refused with {code} but the high watermark moved {before} -> {after}")
+                    problems.append(
+                        f"{label}: refused with {code} but the high watermark moved {before} -> {after}"
+                    )
         g.end_attack()
         record_property("batches_sent", len(outcomes))
         record_property("wire_bytes", {n: len(d) for n, d in built.items()})

@@ -41,7 +41,11 @@ def test_span_encoder_equals_kio_for_every_version() -> None:
                 body, spans, _flex, _e = valid_body(Target(key, version), random.Random(seed))
                 checked += 1
                 for s in spans:
-                    assert 0 <= s.start <= s.prefix_end <= s.content_end <= len(body), (key, version, s)
+                    assert 0 <= s.start <= s.prefix_end <= s.content_end <= len(body), (
+                        key,
+                        version,
+                        s,
+                    )
     assert checked > 1500
 
 
@@ -51,7 +55,10 @@ def test_every_class_builds_frames_for_every_version() -> None:
         sizes = [len(make_frame(1, cls, i, dict(RANGES)).data) for i in range(targets)]
         assert min(sizes) >= 4
     # A frame is a pure function of (seed, class, index).
-    assert make_frame(3, "bit-flips", 7, dict(RANGES)).data == make_frame(3, "bit-flips", 7, dict(RANGES)).data
+    assert (
+        make_frame(3, "bit-flips", 7, dict(RANGES)).data
+        == make_frame(3, "bit-flips", 7, dict(RANGES)).data
+    )
 
 
 def test_lying_count_mutation_writes_the_issue_lie() -> None:

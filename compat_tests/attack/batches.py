@@ -278,24 +278,21 @@ def _legacy_message_set() -> bytes:
     return struct.pack(">qi", 0, len(msg)) + msg
 
 
+def _kv_then(tail: bytes) -> bytes:
+    """One record (key "k", value "v") whose header section is `tail`, as raw bytes."""
+    return _with_body(bytes([0]) + zigzag(0) + zigzag(0) + varbytes(b"k") + varbytes(b"v") + tail)
+
+
 def _headers() -> dict[str, Builder]:
     return {
         "null-header-key": lambda: batch(record(0, headers=[(None, b"v")]), 1),
         "bad-utf8-header-key": lambda: batch(record(0, headers=[(b"\xff\xfe", b"v")]), 1),
-        "header-count-negative": lambda: batch(
-            _with_body(bytes([0]) + zigzag(0) + zigzag(0) + varbytes(b"k") + varbytes(b"v") + zigzag(-3)), 1
-        ),
-        "header-count-huge": lambda: batch(
-            _with_body(bytes([0]) + zigzag(0) + zigzag(0) + varbytes(b"k") + varbytes(b"v") + zigzag(2**31 - 1)), 1
-        ),
+        "header-count-negative": lambda: batch(_kv_then(zigzag(-3)), 1),
+        "header-count-huge": lambda: batch(_kv_then(zigzag(2**31 - 1)), 1),
         "header-value-past-end": lambda: batch(
-            _with_body(bytes([0]) + zigzag(0) + zigzag(0) + varbytes(b"k") + varbytes(b"v")
-                       + zigzag(1) + varbytes(b"h") + zigzag(500) + b"x"), 1
-        ),  # fmt: skip
-        "header-key-length-huge": lambda: batch(
-            _with_body(bytes([0]) + zigzag(0) + zigzag(0) + varbytes(b"k") + varbytes(b"v")
-                       + zigzag(1) + zigzag(2**31 - 1)), 1
-        ),  # fmt: skip
+            _kv_then(zigzag(1) + varbytes(b"h") + zigzag(500) + b"x"), 1
+        ),
+        "header-key-length-huge": lambda: batch(_kv_then(zigzag(1) + zigzag(2**31 - 1)), 1),
     }
 
 
@@ -365,5 +362,8 @@ ATTACKS: dict[str, Callable[[], dict[str, Builder]]] = {
     "bad-record-headers": _headers,
     "bad-batch-fields": _fields,
     "valid-crc-garbage": _garbage,
-    **{f"bomb-{codec}": functools.partial(_bombs, codec) for codec in ("gzip", "zstd", "lz4", "snappy")},
+    **{
+        f"bomb-{codec}": functools.partial(_bombs, codec)
+        for codec in ("gzip", "zstd", "lz4", "snappy")
+    },
 }

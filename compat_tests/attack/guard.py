@@ -22,6 +22,7 @@ Imports the standard library, pytest and the compat_tests modules.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,7 @@ class GoodProducer:
         with self.lock:
             times = [t for t in self.ack_times if since <= t <= until]
         edges = [since, *times, until]
-        return max(b - a for a, b in itertools_pairwise(edges)) if len(edges) > 1 else 0.0
+        return max(b - a for a, b in itertools.pairwise(edges))
 
     def stop(self, timeout: float = 90.0) -> None:
         if self.proc.poll() is None and self.proc.stdin is not None:
@@ -181,10 +182,6 @@ class GoodProducer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def itertools_pairwise(xs: list[float]) -> Iterator[tuple[float, float]]:
-    return zip(xs, xs[1:], strict=False)
 
 
 @dataclass
@@ -253,7 +250,9 @@ class Guard:
         if not self.producer.wait_acks(20, 60):
             raise AttackFailed(
                 "the good producer got no acks before the attack began\n"
-                + self.producer.stderr_tail() + "\n" + self.broker.log_tail()
+                + self.producer.stderr_tail()
+                + "\n"
+                + self.broker.log_tail()
             )
         self.baseline = proc_status(self.pid)
         self.attack_started = time.monotonic()
@@ -296,7 +295,9 @@ class Guard:
         assert self.producer is not None
         gap = self.producer.longest_gap(self.attack_started)
         if gap > self.bounds.stall_s:
-            problems.append(f"the good producer stalled {gap:.1f} s (bound {self.bounds.stall_s} s)")
+            problems.append(
+                f"the good producer stalled {gap:.1f} s (bound {self.bounds.stall_s} s)"
+            )
         if problems:
             raise AttackFailed("; ".join(problems) + where)
 
@@ -341,14 +342,19 @@ class Guard:
         gap = self.producer.longest_gap(self.attack_started)
         self.figures["longest_ack_gap_s"] = round(gap, 2)
         if gap > self.bounds.stall_s:
-            problems.append(f"the good producer stalled {gap:.1f} s (bound {self.bounds.stall_s} s)")
-        self.producer.stop()
+            problems.append(
+                f"the good producer stalled {gap:.1f} s (bound {self.bounds.stall_s} s)"
+            )
+        if self.alive():
+            self.producer.stop()
+        else:
+            self.producer.kill()  # nothing left to flush to
         acked = dict(self.producer.acked)
         self.figures["good_acked"] = len(acked)
         if self.producer.errors:
             self.figures["good_errors"] = len(self.producer.errors)
             self.notes.append("good producer errors: " + "; ".join(self.producer.errors[:3]))
-        if self.producer.done is None:
+        if self.producer.done is None and self.alive():
             problems.append("the good producer did not flush (no 'done' line)")
         alive = self.alive()
         if alive:
@@ -375,7 +381,8 @@ class Guard:
         if problems:
             tail = self.broker.log_tail(25)
             raise AttackFailed(
-                f"{self.name}: " + "\n  ".join(problems)
+                f"{self.name}: "
+                + "\n  ".join(problems)
                 + ("\n" + "\n".join(self.notes) if self.notes else "")
                 + f"\nbroker log tail:\n{tail}"
             )
@@ -459,7 +466,9 @@ class Guard:
             rb = wire.read_partition(self.host, self.port, self.good_topic, 0)
             by_offset = {r.offset: r.value for r in rb.records}
             lost = [s for s, o in acked.items() if by_offset.get(o) != b"good-%d" % s]
-            out = [f"after the restart {len(lost)} acknowledged records are missing"] if lost else []
+            out = (
+                [f"after the restart {len(lost)} acknowledged records are missing"] if lost else []
+            )
             out += [f"after the restart: {m}" for m in rb.malformed[:2]]
         except Exception as exc:
             out = [f"after the restart the good topic cannot be read: {exc!r}"]

@@ -67,7 +67,9 @@ def fuzz(
                 f"{sum(stats.valid_closed.values())} valid requests answered by closing the "
                 f"connection: {dict(stats.valid_closed)}"
             )
-        expected = {t.api_key for c in classes if c != "unknown-api" for t in targets_for(c, ranges)}
+        expected = {
+            t.api_key for c in classes if c != "unknown-api" for t in targets_for(c, ranges)
+        }
         missing = expected - {k for k in _keys_sent(stats.frames) if k is not None}
         rounds = sum(len(targets_for(c, ranges)) for c in classes)
         if missing and campaign.frames_sent() >= rounds:

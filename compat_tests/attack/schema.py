@@ -194,7 +194,7 @@ class Gen:
             return rng.choice((-1, 0, 1))
         if "timeout" in name or "wait" in name or "delay" in name:
             return rng.randint(0, 200)
-        if "partition" in name and "bytes" not in name or name in ("index", "partitions"):
+        if ("partition" in name and "bytes" not in name) or name in ("index", "partitions"):
             return rng.choice((0, 0, 1, 2, -1))
         if "replication_factor" in name:
             return rng.choice((-1, 1))
@@ -407,7 +407,11 @@ def request_header(
     """Request header v0 (no client id), v1 (int16 client id) or v2 (v1 + no tags)."""
     out = struct.pack(">hhi", api_key, version, correlation_id)
     if header_version >= 1:
-        out += struct.pack(">h", -1) if client_id is None else struct.pack(">h", len(client_id)) + client_id
+        out += (
+            struct.pack(">h", -1)
+            if client_id is None
+            else struct.pack(">h", len(client_id)) + client_id
+        )
     if header_version >= 2:
         out += b"\x00"
     return out

@@ -29,6 +29,7 @@ broker.protocol and the standard library.
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 import socket
 import struct
@@ -133,8 +134,9 @@ def valid_body(target: Target, rng: random.Random) -> tuple[bytes, list[Span], b
     if not strip:
         # The frame is kio's; our encoder only tells where its fields lie.
         header = RequestHeader(key, version, 0, None)
-        theirs = encode_request(header, entity)[4 + len(request_header(key, version, 0, None,
-                                                      request_header_version(key, version))):]
+        theirs = encode_request(header, entity)[
+            4 + len(request_header(key, version, 0, None, request_header_version(key, version))) :
+        ]
         if theirs != body:
             raise AssertionError(f"span encoder differs from kio for {target.name}")
     else:
@@ -426,7 +428,9 @@ class Stats:
     valid_closed: collections.Counter[str] = field(default_factory=collections.Counter)
     valid_closed_frames: list[str] = field(default_factory=list)
     hangs: list[str] = field(default_factory=list)
-    recent: collections.deque[FuzzFrame] = field(default_factory=lambda: collections.deque(maxlen=24))
+    recent: collections.deque[FuzzFrame] = field(
+        default_factory=lambda: collections.deque(maxlen=24)
+    )
     in_flight: dict[int, FuzzFrame] = field(default_factory=dict)
 
     def per_api(self) -> dict[str, int]:
@@ -618,10 +622,14 @@ class Campaign:
             if self.culprit is not None:
                 lines.append(f"the frame that does it on a fresh broker: {self.culprit.describe()}")
             else:
-                lines.append("no single frame reproduces it on a fresh broker; the last frames sent:")
+                lines.append(
+                    "no single frame reproduces it on a fresh broker; the last frames sent:"
+                )
                 lines += [f"  {ff.describe()[:2000]}" for ff in self.suspects[-8:]]
-            lines.append(f"replay: scripts/fuzz --replay <frame hex>   "
-                         f"rerun: scripts/fuzz --seed {self.seed} --class {','.join(self.classes)}")
+            lines.append(
+                f"replay: scripts/fuzz --replay <frame hex>   "
+                f"rerun: scripts/fuzz --seed {self.seed} --class {','.join(self.classes)}"
+            )
         return "\n".join(lines)
 
 
@@ -631,10 +639,8 @@ def find_culprit(frames: Sequence[FuzzFrame], start_broker: Callable[[], Any]) -
     for ff in reversed(frames):
         b = start_broker()
         try:
-            try:
+            with contextlib.suppress(OSError):
                 replay(b.host, b.port, ff.data, deadline=5.0)
-            except OSError:
-                pass
             time.sleep(0.3)
             if b.proc is not None and b.proc.poll() is not None:
                 return ff

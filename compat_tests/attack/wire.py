@@ -107,7 +107,9 @@ def ms(n: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=n)
 
 
-def create_topics(host: str, port: int, topics: dict[str, int], timeout_s: float = 60.0) -> dict[str, int]:
+def create_topics(
+    host: str, port: int, topics: dict[str, int], timeout_s: float = 60.0
+) -> dict[str, int]:
     """CreateTopics v5: name -> partitions; returns name -> error code."""
     resp = call(
         host, port, 19, 5,
@@ -147,9 +149,7 @@ def high_watermarks(host: str, port: int, topic: str, partitions: list[int]) -> 
     out = {}
     for t in resp.topics:
         for p in t.partitions:
-            out[int(p.partition_index)] = (
-                int(p.offset) if int(p.error_code.value) == 0 else -1
-            )
+            out[int(p.partition_index)] = int(p.offset) if int(p.error_code.value) == 0 else -1
     return out
 
 
@@ -370,7 +370,7 @@ def read_partition(host: str, port: int, topic: str, partition: int,
                 out.malformed.append(f"offset {offset}: Fetch returned no whole batch below {hw}")
                 break
             for b in got:
-                base, length = struct.unpack_from(">qi", b)
+                (base,) = struct.unpack_from(">q", b)
                 lod = struct.unpack_from(">i", b, 23)[0]
                 out.batches += 1
                 try:
