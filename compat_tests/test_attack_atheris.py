@@ -1,7 +1,7 @@
 """Attack suite, coverage-guided part: atheris over the codec and record validation.
 
 Each target (compat_tests.attack.atheris_targets) first replays its seed corpus, kept in
-compat_tests/attack/corpus/<target>/, then fuzzes for HK_ATHERIS_SECONDS (default 20) in a
+compat_tests/attack/corpus/<target>/, then fuzzes for HK_ATHERIS_SECONDS (default 15) in a
 child process, so a native abort is a failure with the input saved, not the end of pytest.
 Only the decoders' typed errors may escape. `scripts/fuzz --atheris TARGET --seconds N`
 runs one longer; new inputs it finds can be copied into the corpus.
@@ -19,7 +19,7 @@ import pytest
 from compat_tests import harness
 from compat_tests.attack.atheris_targets import CORPUS, TARGETS, atheris_available, run_target
 
-SECONDS = float(os.environ.get("HK_ATHERIS_SECONDS", "20"))
+SECONDS = float(os.environ.get("HK_ATHERIS_SECONDS", "15"))
 
 
 def test_seed_corpus_is_kept_small() -> None:

@@ -10,11 +10,17 @@ got an acknowledgement for cannot be read back.
 Modules:
 - `wire`: raw-socket Kafka requests through our codec (kio), and the strict read-back.
 - `guard`: the broker, the good producer, the RSS/fd sampler and the final checks.
+- `limits`: runs the broker under a lower RLIMIT_NOFILE (same pid).
 - `goodclient`: the good producer and the stock consumer (confluent-kafka), as a process.
-- `schema_fuzz`: request generation from kio's schemas, mutation classes, the frame runner.
+- `schema`: kio's schemas walked: entities from values, random valid ones, spans.
+- `schema_fuzz`: the mutation classes, the frame runner, the culprit search.
+- `run`: the schema fuzzer under a guard, shared by the tests and scripts/fuzz.
 - `batches`: record batches that lie, and compression bombs.
-- `atheris_targets`: coverage-guided fuzz targets over the codec and record validation.
+- `atheris_targets`: coverage-guided fuzz targets over the codec and record validation;
+  their seed corpus is `corpus/<target>/`.
 - `__main__`: `python -m compat_tests.attack` (what `scripts/fuzz` runs).
+
+The tests are compat_tests/test_attack_*.py, one per attack class.
 
 Imports the standard library, kio, the broker's sans-I/O protocol package and
 compat_tests.harness; the Kafka client library only in `goodclient`.
