@@ -18,7 +18,7 @@ def main(argv: list[str]) -> int:
     n = int(argv[1])
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (n, min(n, hard) if hard >= 0 else n))
-    os.execv(argv[3], argv[3:])
+    os.execvp(argv[3], argv[3:])
     return 1  # not reached
 
 

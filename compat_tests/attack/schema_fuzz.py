@@ -401,6 +401,12 @@ def make_frame(seed: int, cls: str, index: int, ranges: dict[int, tuple[int, int
               header_version=request_header_version(target.api_key, target.version))  # fmt: skip
     if target.api_key == 0:
         d.notes.append(f"acks={entity.acks}")
+    if (
+        target.api_key == 3
+        and target.version < 12
+        and any(t.name is None for t in entity.topics or ())
+    ):
+        d.notes.append(BY_ID_NOTE)
     if cls == "unknown-api":
         _m_unknown_api(d, rng, ranges)
     else:
@@ -521,10 +527,17 @@ class Runner:
                 sock.close()
 
 
+BY_ID_NOTE = "topic by id below Metadata v12"
+
+
 def may_close(ff: FuzzFrame) -> bool:
-    """Valid requests a broker may answer by closing: Produce v0-2 (advertised for old
-    librdkafka, then refused, as Kafka 4 does) and a failed Produce with acks=0 (the only
-    way to tell that producer)."""
+    """Requests the schema allows that a broker may still answer by closing: Produce v0-2
+    (advertised for old librdkafka, then refused, as Kafka 4 does), a failed Produce with
+    acks=0 (the only way to tell that producer), and Metadata v10-11 naming a topic by id
+    only (Kafka's KafkaApis throws InvalidRequestException: names may not be null below v12,
+    and the answer of those versions cannot carry a null name)."""
+    if ff.api_key == 3:
+        return BY_ID_NOTE in ff.note
     return ff.api_key == 0 and (ff.version < 3 or "acks=0" in ff.note)
 
 

@@ -271,7 +271,7 @@ def _uvarint(buf: bytes) -> tuple[int, int]:
 def strict_decode(batch: bytes) -> list[StoredRecord]:
     """Every record of one stored batch, or Malformed: magic 2, exact length, CRC-32C,
     count == lastOffsetDelta + 1 == records present, offset deltas 0..n-1, every length in
-    bounds, UTF-8 header keys, no byte left over; payload inflated under INFLATE_CAP."""
+    bounds, header keys not null, no byte left over; payload inflated under INFLATE_CAP."""
     if len(batch) < 61:
         raise Malformed("batch shorter than its header")
     base, length, _epoch, magic, crc = struct.unpack_from(">qiibI", batch)
@@ -308,10 +308,7 @@ def strict_decode(batch: bytes) -> list[StoredRecord]:
             hk, p = _varbytes(data, p, end)
             if hk is None:
                 raise Malformed(f"record {i}: null header key")
-            try:
-                hk.decode("utf-8")
-            except UnicodeDecodeError:
-                raise Malformed(f"record {i}: header key is not UTF-8") from None
+            # Not UTF-8 is not malformed: Kafka's reader decodes a key with replacement.
             _hv, p = _varbytes(data, p, end)
         if p != end:
             raise Malformed(f"record {i}: {end - p} bytes left inside the record")
