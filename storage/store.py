@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 
 from storage.catalog import TopicRecord, apply_change, decode_changes, encode_change
+from storage.dirlock import DirLock
 from storage.errors import StorageError, TopicExists, UnknownTopic
 from storage.fs import FileSystem, OsFileSystem
 from storage.hypercore import KeyPair, archive_key, derive_keypair
@@ -85,6 +86,7 @@ class Store:
         self._topics: dict[str, TopicRecord] = {}
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._catalog: PartitionLog | None = None
+        self._lock: DirLock | None = None
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], *, fsync: FsyncPolicy = FsyncPolicy.INTERVAL,
@@ -92,13 +94,21 @@ class Store:
         fs = fs or OsFileSystem()
         d = os.fspath(data_dir)
         fs.makedirs(d)
-        self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs)
-        self._catalog = PartitionLog.open(os.path.join(d, CATALOG_DIR), self._catalog_keys,
-                                          fsync=FsyncPolicy.ALWAYS, fs=fs)
-        for batch in self._catalog_batches():
-            for change in decode_changes(batch):
-                apply_change(self._topics, change)
-        self._remove_orphans()
+        # Before anything in the directory is read or written: a second broker on it
+        # (DataDirLocked) must leave it exactly as it found it.
+        lock = DirLock.acquire(d)
+        try:
+            self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs)
+            self._lock = lock
+            self._catalog = PartitionLog.open(os.path.join(d, CATALOG_DIR), self._catalog_keys,
+                                              fsync=FsyncPolicy.ALWAYS, fs=fs)
+            for batch in self._catalog_batches():
+                for change in decode_changes(batch):
+                    apply_change(self._topics, change)
+            self._remove_orphans()
+        except BaseException:
+            lock.release()
+            raise
         return self
 
     def _catalog_batches(self) -> Iterator[bytes]:
@@ -250,5 +260,8 @@ class Store:
                 errors.append(exc)
         self._logs.clear()
         self._catalog = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         if errors:
             raise StorageError(f"{len(errors)} logs failed to close: {errors[0]}") from errors[0]
