@@ -101,6 +101,8 @@ class Partition:
     log: PartitionLog
     producers: ProducerStates = field(default_factory=ProducerStates)
     failed: str | None = None  # set when a commit failed: the partition is offline
+    # The Kafka error a produce to a failed partition gets (a deleted one: unknown).
+    failed_code: int = 56  # KAFKA_STORAGE_ERROR
     # Serialises what touches the log's files from more than one task: a commit round
     # (which writes and commits in a worker thread), retention, deletion. Admission does
     # not take it (it only queues, on the loop). Readers do not take it: they never look
@@ -141,10 +143,10 @@ class Partition:
         """Return once a published head covers `last_offset` (the caller bounds the wait)."""
         while self.log.high_watermark <= last_offset:
             if self.failed:
-                raise TopicError(KAFKA_STORAGE_ERROR, self.failed)
+                raise TopicError(self.failed_code, self.failed)
             await self._changed.wait()
         if self.failed:
-            raise TopicError(KAFKA_STORAGE_ERROR, self.failed)
+            raise TopicError(self.failed_code, self.failed)
 
 
 @dataclass(eq=False)
@@ -192,6 +194,9 @@ class Node:
         self._pid_file = Path(config.data_dir) / "producer-ids"
         self._next_pid, self._pid_limit = 0, 0
         self._closed = False
+        # Names whose deletion is under way: the topic has left `topics` but the catalog
+        # still holds it until every partition's commit round let go (deletion yields).
+        self._deleting: set[str] = set()
         # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
@@ -294,6 +299,8 @@ class Node:
         check_topic_name(name)
         if name in self.topics:
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        if name in self._deleting:  # as Kafka's "marked for deletion": retry once it is gone
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' is marked for deletion.")
         if partitions == -1:
             partitions = self.config.num_partitions
         if partitions <= 0:
@@ -352,13 +359,18 @@ class Node:
         topic = self.topics.pop(name, None)
         if topic is None:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
-        for p in topic.partitions:
-            async with p.lock:  # no append or commit is left running on its files
-                self._dirty.pop(id(p), None)
-                p.queued.clear()
-                p.failed = "topic deleted"
-            p.notify()
-        self.store.delete_topic(name)
+        self._deleting.add(name)
+        try:
+            for p in topic.partitions:
+                async with p.lock:  # no append or commit is left running on its files
+                    self._dirty.pop(id(p), None)
+                    p.queued.clear()
+                    p.failed = "topic deleted"
+                    p.failed_code = UNKNOWN_TOPIC_OR_PARTITION
+                p.notify()
+            self.store.delete_topic(name)
+        finally:
+            self._deleting.discard(name)
         log.info("deleted topic %s", name)
 
     def topic_for_write(self, name: str) -> Topic:
