@@ -42,7 +42,7 @@ from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_conf
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord
-from storage.errors import StorageError
+from storage.errors import RecoveryFailed, StorageError, TopicExists
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -58,6 +58,9 @@ CLUSTER_PID_SHIFT = 40  # cluster mode: producer ids of broker N start at N << 4
 # (thread hand-off, GIL hand-back) cost more loop time than writing and hashing inline.
 INLINE_ROUND_BYTES = 256 * 1024
 COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interval_ms)
+# How often partitions a disk error took offline are reopened (Node.retry_offline): a full
+# disk that got room again takes produces within this long.
+OFFLINE_RETRY_S = 5.0
 
 
 class TopicError(Exception):
@@ -103,6 +106,7 @@ class Partition:
     failed: str | None = None  # set when a commit failed: the partition is offline
     # The Kafka error a produce to a failed partition gets (a deleted one: unknown).
     failed_code: int = 56  # KAFKA_STORAGE_ERROR
+    retry: bool = False  # offline by a disk error: `Node.retry_offline` reopens it
     # Serialises what touches the log's files from more than one task: a commit round
     # (which writes and commits in a worker thread), retention, deletion. Admission does
     # not take it (it only queues, on the loop). Readers do not take it: they never look
@@ -228,7 +232,11 @@ class Node:
         for index in range(record.partitions):
             plog = self.store.log(record.name, index, log_config)
             partition = Partition(topic, index, plog)
-            if plog.damage is not None:
+            if isinstance(plog.damage, RecoveryFailed):
+                # Recovery could not write (a full disk): serve what is signed, take no
+                # writes, and reopen it once it can (`retry_offline`).
+                self.fail_partition(partition, f"storage error: {plog.damage}", retry=True)
+            elif plog.damage is not None:
                 # Signed history did not verify at open: serve what verifies, take no writes.
                 self.fail_partition(partition, f"archive damaged: {plog.damage}")
             partition.producers.rebuild(_producer_headers(plog))
@@ -341,7 +349,13 @@ class Node:
             raise TopicError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return None
-        record = self.store.create_topic(name, partitions, overrides)
+        try:
+            record = self.store.create_topic(name, partitions, overrides)
+        except TopicExists:
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.") from None
+        except (StorageError, OSError) as exc:  # a full disk: nothing of it was kept
+            log.error("cannot create topic %s: %s", name, exc)
+            raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot create topic {name}: {exc}") from None
         log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
         return self._attach(record)
 
@@ -360,6 +374,7 @@ class Node:
         if topic is None:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
         self._deleting.add(name)
+        before = [(p.failed, p.failed_code) for p in topic.partitions]
         try:
             for p in topic.partitions:
                 async with p.lock:  # no append or commit is left running on its files
@@ -368,7 +383,16 @@ class Node:
                     p.failed = "topic deleted"
                     p.failed_code = UNKNOWN_TOPIC_OR_PARTITION
                 p.notify()
-            self.store.delete_topic(name)
+            try:
+                self.store.delete_topic(name)
+            except (StorageError, OSError) as exc:
+                if name not in self.store.topics():  # deleted; a directory is left (an orphan)
+                    log.warning("deleted topic %s, but removing its files failed: %s", name, exc)
+                else:  # the catalog could not record it (a full disk): the topic stays
+                    for p, (failed, code) in zip(topic.partitions, before, strict=True):
+                        p.failed, p.failed_code = failed, code
+                    self.topics[name] = topic
+                    raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot delete topic {name}: {exc}") from None
         finally:
             self._deleting.discard(name)
         log.info("deleted topic %s", name)
@@ -538,7 +562,7 @@ class Node:
                 try:
                     job = p.log.prepare_commit()
                 except StorageError as exc:  # a damaged archive is read-only: it takes no writes
-                    self.fail_partition(p, f"cannot commit: {exc}")
+                    self.fail_partition(p, f"cannot commit: {exc}", retry=p.log.damage is None)
                     continue
                 if job is not None:
                     work.append(_Share(p, [], job))
@@ -563,7 +587,7 @@ class Node:
                 if error is not None:
                     if job is not None:
                         p.log.abandon(job)
-                    self.fail_partition(p, f"commit failed: {error}")
+                    self.fail_partition(p, f"commit failed: {error}", retry=True)
                 elif job is not None and not p.failed:
                     p.log.publish(job)
                     if self.cluster is not None:
@@ -576,10 +600,56 @@ class Node:
         self._data_changed.set()
         self._data_changed = trio.Event()
 
-    def fail_partition(self, p: Partition, reason: str) -> None:
-        """Take a partition offline: its produces get KAFKA_STORAGE_ERROR, the broker lives."""
+    def fail_partition(self, p: Partition, reason: str, *, retry: bool = False) -> None:
+        """Take a partition offline: its produces get KAFKA_STORAGE_ERROR, the broker lives.
+        `retry`: a disk error (not damage): `retry_offline` reopens it later."""
         p.failed = reason
+        p.retry = retry
         log.error("partition %s-%d is offline: %s", p.topic.name, p.index, reason)
+
+    async def offline_retry_loop(self) -> None:
+        while True:
+            await trio.sleep(OFFLINE_RETRY_S)
+            await self.retry_offline()
+
+    async def retry_offline(self) -> int:
+        """Reopen every partition a disk error took offline (a failed commit, retention,
+        or recovery write): the reopen recovers it (cuts a torn tail, signs what was
+        written but not signed) and, when that can write now, it takes produces again.
+        Returns how many came back. The new log is opened in a worker thread; the
+        partition stays offline (reads served by the old log) until it is swapped in."""
+        back = 0
+        for topic in list(self.topics.values()):
+            for p in topic.partitions:
+                if not (p.failed and p.retry) or topic.mirrored:
+                    continue
+                async with p.lock:
+                    if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
+                        continue
+                    old = p.log
+                    config = self.config.log_config(topic.record.configs)
+                    try:
+                        new = await trio.to_thread.run_sync(
+                            self.store.open_fresh_log, topic.name, p.index, config)
+                    except (StorageError, OSError) as exc:
+                        log.warning("partition %s-%d still offline: %s", topic.name, p.index, exc)
+                        continue
+                    if new.damage is not None:
+                        new.close()
+                        continue
+                    self.store.swap_log(topic.name, p.index, new)
+                    p.log = new
+                    p.producers = ProducerStates()
+                    p.producers.rebuild(_producer_headers(new))
+                    p.failed, p.retry = None, False
+                    back += 1
+                    log.info("partition %s-%d is back online", topic.name, p.index)
+                with contextlib.suppress(Exception):  # poisoned or read-only: no clean head
+                    old.close()
+                p.notify()
+        if back:
+            self.notify_data()
+        return back
 
     async def retention_loop(self) -> None:
         while True:
@@ -599,7 +669,7 @@ class Node:
                     except (StorageError, OSError) as exc:
                         # A failed fsync or unlink while forgetting old segments: as a
                         # failed commit, this partition goes offline, the broker lives.
-                        self.fail_partition(p, f"retention failed: {exc}")
+                        self.fail_partition(p, f"retention failed: {exc}", retry=True)
                     p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
                 p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
@@ -608,6 +678,7 @@ class Node:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
+            nursery.start_soon(self.offline_retry_loop)
             await nursery.start(self.groups.run)
             if self.config.replication_listen is not None or self.config.mirrors:
                 from broker.mirror import run_replication  # imports this module

@@ -7,6 +7,7 @@ never `broker`, trio or protocol types.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -100,8 +101,7 @@ class Store:
         try:
             self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs)
             self._lock = lock
-            self._catalog = PartitionLog.open(os.path.join(d, CATALOG_DIR), self._catalog_keys,
-                                              fsync=FsyncPolicy.ALWAYS, fs=fs)
+            self._catalog = self._open_catalog()
             for batch in self._catalog_batches():
                 for change in decode_changes(batch):
                     apply_change(self._topics, change)
@@ -110,6 +110,25 @@ class Store:
             lock.release()
             raise
         return self
+
+    def _open_catalog(self) -> PartitionLog:
+        # A change is applied only once its head is signed (`_append_change`), so a tail
+        # never signed (a failed commit, a crash before the answer) is cut, not signed.
+        return PartitionLog.open(os.path.join(self.data_dir, CATALOG_DIR), self._catalog_keys,
+                                 fsync=FsyncPolicy.ALWAYS, fs=self.fs, cut_unsigned=True)
+
+    def _writable_catalog(self) -> PartitionLog:
+        """The catalog, reopened first when an earlier write failed (a full disk): the
+        reopen cuts the unsigned change and finds the same signed topics."""
+        cat = self._catalog
+        assert cat is not None
+        if cat.writable:
+            return cat
+        cat.close()
+        self._catalog = cat = self._open_catalog()
+        if not cat.writable:
+            raise StorageError(f"the catalog cannot be written: {cat.damage}")
+        return cat
 
     def _catalog_batches(self) -> Iterator[bytes]:
         cat = self._catalog
@@ -144,8 +163,10 @@ class Store:
         os.rmdir(path)
 
     def _append_change(self, change: dict[str, object]) -> None:
-        cat = self._catalog
-        assert cat is not None
+        """Sign the change into the catalog, then apply it. When the append or commit
+        fails (StorageError, OSError) nothing is applied, and the next change first
+        reopens the catalog, cutting this one."""
+        cat = self._writable_catalog()
         cat.append(encode_change(change, int(time.time() * 1000)))
         cat.commit()  # `always`: durable before we return
         apply_change(self._topics, change)
@@ -167,8 +188,32 @@ class Store:
         if tid.int == 0:
             raise StorageError("topic id must be non-zero")
         keys = [archive_key(self._partition_keypair(tid, p).public_key) for p in range(partitions)]
-        self._append_change({"op": "create", "name": name, "topic_id": tid.bytes,
-                             "partitions": partitions, "configs": dict(configs), "keys": keys})
+        # The partitions first, the catalog last: a disk that cannot take every partition
+        # (ENOSPC, EIO) leaves no trace, and the catalog never names a topic whose
+        # partitions could not be made. A crash in between leaves orphan directories,
+        # which the next open removes.
+        made: list[PartitionLog] = []
+        try:
+            for p in range(partitions):
+                lg = PartitionLog.open(partition_dir(self.data_dir, name, p),
+                                       self._partition_keypair(tid, p), fsync=self.fsync,
+                                       config=log_config_from(configs), fs=self.fs)
+                made.append(lg)
+                if lg.damage is not None:
+                    raise StorageError(f"cannot create partition {name}-{p}: {lg.damage}")
+            self._append_change({"op": "create", "name": name, "topic_id": tid.bytes,
+                                 "partitions": partitions, "configs": dict(configs), "keys": keys})
+        except BaseException:
+            for p, lg in enumerate(made):
+                with contextlib.suppress(Exception):  # its clean head may not fit either
+                    lg.close()
+                try:
+                    self._remove_dir(partition_dir(self.data_dir, name, p))
+                except OSError as exc:  # removed at the next open (an orphan)
+                    log.warning("cannot remove %s-%d after a failed create: %s", name, p, exc)
+            raise
+        for p, lg in enumerate(made):
+            self._logs[(name, p)] = lg
         return self._topics[name]
 
     def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicRecord:
@@ -233,6 +278,26 @@ class Store:
         )
         self._logs[(topic, partition)] = lg
         return lg
+
+    def open_fresh_log(self, topic: str, partition: int, config: LogConfig | None = None) -> PartitionLog:
+        """A second, newly recovered instance of a cached partition's log (any thread),
+        for a partition a disk error took offline; `swap_log` then puts it in the cache."""
+        rec = self._record(topic, partition)
+        return PartitionLog.open(
+            partition_dir(self.data_dir, topic, partition),
+            self._partition_keypair(rec.topic_id, partition),
+            fsync=self.fsync,
+            config=config or log_config_from(rec.configs),
+            fs=self.fs,
+        )
+
+    def swap_log(self, topic: str, partition: int, lg: PartitionLog) -> PartitionLog | None:
+        """Cache `lg` as the partition's log; returns the one it replaces (the caller
+        closes it once nothing reads it)."""
+        self._record(topic, partition)
+        old = self._logs.get((topic, partition))
+        self._logs[(topic, partition)] = lg
+        return old
 
     @property
     def node_keypair(self) -> KeyPair:
