@@ -283,4 +283,9 @@ async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
         return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
     # Without a transactional id Kafka always hands out a fresh id at epoch 0 (KIP-360
     # bumps included), so do we.
-    return {"throttle_time": 0, "error_code": errors.NONE, "producer_id": ctx.node.allocate_producer_id(), "producer_epoch": 0}
+    try:
+        pid = ctx.node.allocate_producer_id()
+    except OSError as exc:  # the id block could not be made durable (a full disk): retriable
+        log.error("cannot reserve producer ids: %s", exc)
+        return {"throttle_time": 0, "error_code": errors.COORDINATOR_NOT_AVAILABLE, "producer_id": -1, "producer_epoch": -1}
+    return {"throttle_time": 0, "error_code": errors.NONE, "producer_id": pid, "producer_epoch": 0}
