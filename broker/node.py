@@ -61,6 +61,7 @@ COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interva
 # How often partitions a disk error took offline are reopened (Node.retry_offline): a full
 # disk that got room again takes produces within this long.
 OFFLINE_RETRY_S = 5.0
+OFFLINE_RETRY_MAX_S = 60.0  # the retry of one partition backs off to this while it fails
 
 
 class TopicError(Exception):
@@ -107,6 +108,8 @@ class Partition:
     # The Kafka error a produce to a failed partition gets (a deleted one: unknown).
     failed_code: int = 56  # KAFKA_STORAGE_ERROR
     retry: bool = False  # offline by a disk error: `Node.retry_offline` reopens it
+    retry_at: float = 0.0  # (trio clock) not before; the delay doubles while it fails
+    retry_delay: float = 0.0
     # Serialises what touches the log's files from more than one task: a commit round
     # (which writes and commits in a worker thread), retention, deletion. Admission does
     # not take it (it only queues, on the loop). Readers do not take it: they never look
@@ -621,7 +624,7 @@ class Node:
         back = 0
         for topic in list(self.topics.values()):
             for p in topic.partitions:
-                if not (p.failed and p.retry) or topic.mirrored:
+                if not (p.failed and p.retry) or topic.mirrored or trio.current_time() < p.retry_at:
                     continue
                 async with p.lock:
                     if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
@@ -632,20 +635,25 @@ class Node:
                         new = await trio.to_thread.run_sync(
                             self.store.open_fresh_log, topic.name, p.index, config)
                     except (StorageError, OSError) as exc:
+                        new = None
                         log.warning("partition %s-%d still offline: %s", topic.name, p.index, exc)
-                        continue
-                    if new.damage is not None:
-                        new.close()
+                    if new is None or new.damage is not None:
+                        if new is not None:
+                            new.discard()
+                            if not isinstance(new.damage, RecoveryFailed):  # not the disk: damage
+                                self.fail_partition(p, f"archive damaged: {new.damage}")
+                        # A disk that stays full: try less often, up to once a minute.
+                        p.retry_delay = min(max(p.retry_delay * 2, OFFLINE_RETRY_S), OFFLINE_RETRY_MAX_S)
+                        p.retry_at = trio.current_time() + p.retry_delay
                         continue
                     self.store.swap_log(topic.name, p.index, new)
                     p.log = new
                     p.producers = ProducerStates()
                     p.producers.rebuild(_producer_headers(new))
-                    p.failed, p.retry = None, False
+                    p.failed, p.retry, p.retry_delay = None, False, 0.0
                     back += 1
                     log.info("partition %s-%d is back online", topic.name, p.index)
-                with contextlib.suppress(Exception):  # poisoned or read-only: no clean head
-                    old.close()
+                old.discard()  # the new log owns the files now: the old writes nothing
                 p.notify()
         if back:
             self.notify_data()

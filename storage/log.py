@@ -1823,6 +1823,13 @@ class PartitionLog:
             self._closed = True
             self._close_fds()
 
+    def discard(self) -> None:
+        """Close without writing anything: a log replaced by a fresh open of the same
+        files (a partition a disk error took offline, reopened), whose head it must not
+        overwrite."""
+        self._closed = True
+        self._close_fds()
+
     def _close_fds(self) -> None:
         if self._sync is not None:  # never close a descriptor under a running fsync
             self._sync.wait()

@@ -107,6 +107,8 @@ async def test_writes_resume_once_the_disk_has_room(tmp_path: Path) -> None:
         assert await node.retry_offline() == 0  # still full: still offline, still served
         assert p.failed and _values(node, "t") == [b"acked"]
         fs.fail_write = None
+        assert await node.retry_offline() == 0  # backing off after a failed reopen
+        p.retry_at = 0.0
         assert await node.retry_offline() == 1
         assert p.failed is None
         await _produce(node, "t", b"again")
