@@ -111,6 +111,79 @@ async def _commit(c: RawClient, codes: list[tuple[str, int]]) -> None:
     codes.append(("commit", r.topics[0].partitions[0].error_code))
 
 
+async def _long_fetch(c: RawClient, codes: list[tuple[str, int]]) -> None:
+    # a long poll for more than there is: waits, and the topic may go away (or come back) meanwhile
+    r = await c.call("fetch", 12, fetch_body(NAME, 0, max_wait=30, min_bytes=1 << 20))
+    codes.append(("fetch", r.responses[0].partitions[0].error_code))
+
+
+async def _list_offsets(c: RawClient, codes: list[tuple[str, int]]) -> None:
+    r = await c.call(
+        "list_offsets",
+        7,
+        {
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [
+                {
+                    "name": NAME,
+                    "partitions": [
+                        {"partition_index": i, "timestamp": -1} for i in range(PARTITIONS)
+                    ],
+                }
+            ],
+        },
+    )
+    for p in r.topics[0].partitions:
+        codes.append(("list_offsets", p.error_code))
+
+
+async def _epochs(c: RawClient, codes: list[tuple[str, int]]) -> None:
+    r = await c.call(
+        "offset_for_leader_epoch",
+        4,
+        {
+            "replica_id": -1,
+            "topics": [
+                {
+                    "topic": NAME,
+                    "partitions": [{"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}],
+                }
+            ],
+        },
+    )
+    codes.append(("epochs", r.topics[0].partitions[0].error_code))
+
+
+async def _describe(c: RawClient, codes: list[tuple[str, int]]) -> None:
+    r = await c.call(
+        "describe_configs",
+        4,
+        {
+            "resources": [{"resource_type": 2, "resource_name": NAME, "configuration_keys": None}],
+            "include_synonyms": False,
+            "include_documentation": False,
+        },
+    )
+    codes.append(("describe", r.results[0].error_code))
+
+
+async def _offset_fetch(c: RawClient, codes: list[tuple[str, int]]) -> None:
+    r = await c.call(
+        "offset_fetch",
+        7,
+        {
+            "group_id": "race-group",
+            "require_stable": False,
+            "topics": [{"name": NAME, "partition_indexes": [0]}],
+        },
+    )
+    codes.append(("offset_fetch", r.error_code))
+    for t in r.topics:
+        for p in t.partitions:
+            codes.append(("offset_fetch", p.error_code))
+
+
 # Kafka's answers for each race: success, or the outcome of the other side having won.
 ALLOWED = {
     "create": {0, 36},  # TOPIC_ALREADY_EXISTS (also while the name is being deleted)
@@ -119,14 +192,33 @@ ALLOWED = {
     "fetch": {0, 3, 6},
     "metadata": {0, 3, 5},  # 5: LEADER_NOT_AVAILABLE while auto-created
     "commit": {0, 3},
+    "list_offsets": {0, 3},
+    "epochs": {0, 3},
+    "describe": {0, 3},
+    "offset_fetch": {0, 3},
 }
 
 
 async def test_concurrent_create_delete_produce_fetch_commit_answer_kafka_errors(
     broker: Broker,
 ) -> None:
-    clients = [await broker.connect() for _ in range(8)]
-    ops = [_create, _delete, _create, _delete, _produce, _fetch, _metadata, _commit]
+    ops = [
+        _create,
+        _delete,
+        _create,
+        _delete,
+        _produce,
+        _fetch,
+        _metadata,
+        _commit,
+        _long_fetch,
+        _list_offsets,
+        _epochs,
+        _describe,
+        _offset_fetch,
+        _produce,
+    ]
+    clients = [await broker.connect() for _ in ops]
     rng = random.Random(15)
     codes: list[tuple[str, int]] = []
     with trio.fail_after(60):
