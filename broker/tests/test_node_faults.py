@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.config import BrokerConfig
 from broker.node import KAFKA_STORAGE_ERROR, Node, TopicError, ms_now
-from storage import Store
+from storage import PartitionLog, Store
 from storage.batch import build_batch, record_values
 from storage.fs import FaultyFileSystem
 
@@ -144,3 +145,25 @@ async def test_a_restart_on_a_full_disk_serves_every_acknowledged_record(tmp_pat
         assert _values(node, "t") == [b"0", b"1", b"2", b"unsigned", b"3"]
     finally:
         node.close()
+
+
+async def test_a_read_error_answers_kafka_storage_error_and_the_connection_lives(
+    broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.tests.test_server import batch, create, fetch, produce
+
+    real_read = PartitionLog.read
+
+    def read(self: PartitionLog, offset: int, max_bytes: int) -> Any:
+        if "/eio-" in self.path:
+            raise OSError(errno.EIO, "injected read failure")
+        return real_read(self, offset, max_bytes)
+
+    await create(broker, "eio")
+    await create(broker, "fine")
+    c = await broker.connect()
+    assert (await produce(c, "eio", batch([b"a"]))).error_code == 0
+    assert (await produce(c, "fine", batch([b"b"]))).error_code == 0
+    monkeypatch.setattr(PartitionLog, "read", read)
+    assert (await fetch(c, "eio", 0)).error_code == KAFKA_STORAGE_ERROR
+    assert (await fetch(c, "fine", 0)).error_code == 0  # same connection, other partition
