@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from compat_tests.harness import ROOT, new_broker
+from compat_tests.harness import ROOT, api_versions_v0_probe, free_port, new_broker
 
 
 def _snapshot(d: Path) -> dict[str, tuple[int, int, str]]:
@@ -85,3 +85,37 @@ def test_stale_lock_file_of_a_killed_broker_does_not_block_a_restart(workdir: Pa
         assert b.stop() == 0
     finally:
         b.kill()
+
+
+def test_the_default_data_dir_is_locked_too(workdir: Path) -> None:
+    """Two `hyperkafka serve` with no --data-dir in one directory: ./hyperkafka-data."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    port = free_port()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "broker", "serve", "--listen", f"127.0.0.1:{port}"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not api_versions_v0_probe("127.0.0.1", port, timeout=1.0):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        second = subprocess.run(
+            [sys.executable, "-m", "broker", "serve", "--listen", "127.0.0.1:0"],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert second.returncode != 0
+        lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
+        assert len(lines) == 1 and "hyperkafka-data" in lines[0] and str(first.pid) in lines[0], (
+            lines
+        )
+    finally:
+        first.kill()
+        first.wait()

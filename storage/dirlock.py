@@ -40,9 +40,10 @@ class DataDirLocked(StorageError):
 
     def __init__(self, data_dir: str, pid: int | None) -> None:
         who = f"process {pid}" if pid else "another process"
+        where = os.path.abspath(data_dir)
+        named = data_dir if where == data_dir else f"{data_dir} ({where})"
         super().__init__(
-            f"data dir {data_dir} is in use by {who} (another broker?); "
-            "one data dir takes one broker"
+            f"data dir {named} is in use by {who} (another broker?); one data dir takes one broker"
         )
         self.data_dir = data_dir
         self.pid = pid
