@@ -352,13 +352,24 @@ class Node:
             raise TopicError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return None
+        # The partitions first, the catalog last (Store.prepare_partitions): a disk that
+        # cannot take them answers KAFKA_STORAGE_ERROR and keeps nothing of the topic.
+        topic_id = uuid.uuid4()
         try:
-            record = self.store.create_topic(name, partitions, overrides)
+            prepared = self.store.prepare_partitions(name, topic_id, partitions,
+                                                     self.config.log_config(overrides))
+            try:
+                record = self.store.create_topic(name, partitions, overrides, topic_id)
+            except BaseException:
+                if self.store.topics().get(name) is None:
+                    self.store.discard(name, prepared)
+                raise
         except TopicExists:
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.") from None
         except (StorageError, OSError) as exc:  # a full disk: nothing of it was kept
             log.error("cannot create topic %s: %s", name, exc)
             raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot create topic {name}: {exc}") from None
+        self.store.adopt(name, prepared)
         log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
         return self._attach(record)
 

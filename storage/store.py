@@ -7,7 +7,6 @@ never `broker`, trio or protocol types.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -188,32 +187,8 @@ class Store:
         if tid.int == 0:
             raise StorageError("topic id must be non-zero")
         keys = [archive_key(self._partition_keypair(tid, p).public_key) for p in range(partitions)]
-        # The partitions first, the catalog last: a disk that cannot take every partition
-        # (ENOSPC, EIO) leaves no trace, and the catalog never names a topic whose
-        # partitions could not be made. A crash in between leaves orphan directories,
-        # which the next open removes.
-        made: list[PartitionLog] = []
-        try:
-            for p in range(partitions):
-                lg = PartitionLog.open(partition_dir(self.data_dir, name, p),
-                                       self._partition_keypair(tid, p), fsync=self.fsync,
-                                       config=log_config_from(configs), fs=self.fs)
-                made.append(lg)
-                if lg.damage is not None:
-                    raise StorageError(f"cannot create partition {name}-{p}: {lg.damage}")
-            self._append_change({"op": "create", "name": name, "topic_id": tid.bytes,
-                                 "partitions": partitions, "configs": dict(configs), "keys": keys})
-        except BaseException:
-            for p, lg in enumerate(made):
-                with contextlib.suppress(Exception):  # its clean head may not fit either
-                    lg.close()
-                try:
-                    self._remove_dir(partition_dir(self.data_dir, name, p))
-                except OSError as exc:  # removed at the next open (an orphan)
-                    log.warning("cannot remove %s-%d after a failed create: %s", name, p, exc)
-            raise
-        for p, lg in enumerate(made):
-            self._logs[(name, p)] = lg
+        self._append_change({"op": "create", "name": name, "topic_id": tid.bytes,
+                             "partitions": partitions, "configs": dict(configs), "keys": keys})
         return self._topics[name]
 
     def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicRecord:
@@ -278,6 +253,52 @@ class Store:
         )
         self._logs[(topic, partition)] = lg
         return lg
+
+    def prepare_partitions(self, name: str, topic_id: uuid.UUID, partitions: int,
+                           config: LogConfig) -> list[PartitionLog]:
+        """Make the archives of topic `name` before the catalog records it, so the
+        catalog never names a topic whose partitions could not be made: a disk that cannot
+        take them all (ENOSPC, EIO) raises StorageError and leaves nothing. Then
+        `create_topic(..., topic_id)` and `adopt`; `discard` if that fails. The caller
+        makes sure nobody else creates `name` meanwhile."""
+        if not _TOPIC_RE.match(name) or name in (".", ".."):
+            raise StorageError(f"illegal topic name {name!r}")
+        if name in self._topics:
+            raise TopicExists(name)
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(partitions):
+                path = partition_dir(self.data_dir, name, p)
+                if os.path.isdir(path):  # left by a creation that crashed: not in the catalog
+                    self._remove_dir(path)
+                lg = PartitionLog.open(path, self._partition_keypair(topic_id, p),
+                                       fsync=self.fsync, config=config, fs=self.fs)
+                logs.append(lg)
+                if lg.damage is not None:  # its genesis head could not be written
+                    raise StorageError(f"cannot create partition {name}-{p}: {lg.damage}")
+        except BaseException:
+            self.discard(name, logs)
+            raise
+        return logs
+
+    def adopt(self, name: str, logs: list[PartitionLog]) -> None:
+        """After `create_topic`: serve the logs `prepare_partitions` made."""
+        for p, lg in enumerate(logs):
+            self._logs[(name, p)] = lg
+
+    def discard(self, name: str, logs: list[PartitionLog]) -> None:
+        """Close and remove prepared archives the catalog never recorded."""
+        for p, lg in enumerate(logs):
+            try:
+                lg.close()
+            except (OSError, StorageError) as exc:  # its clean head may not fit either
+                log.warning("closing prepared partition %s-%d: %s", name, p, exc)
+            path = partition_dir(self.data_dir, name, p)
+            try:
+                if os.path.isdir(path):
+                    self._remove_dir(path)
+            except OSError as exc:  # an orphan: removed at the next start
+                log.warning("removing prepared partition %s-%d: %s", name, p, exc)
 
     def open_fresh_log(self, topic: str, partition: int, config: LogConfig | None = None) -> PartitionLog:
         """A second, newly recovered instance of a cached partition's log (any thread),

@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 from storage_testutil import KEYPAIR, make_batch
 
-from storage import FsyncPolicy, PartitionLog, Store
+from storage import FsyncPolicy, LogConfig, PartitionLog, Store
 from storage.errors import RecoveryFailed, StorageError
 from storage.fs import FaultyFileSystem
 from storage.store import CATALOG_DIR
@@ -78,13 +79,16 @@ def test_a_topic_whose_partitions_cannot_be_made_is_not_recorded(tmp_path):
     fs = FaultyFileSystem()
     store = Store.open(tmp_path, fs=fs)
     fs.fail_write = lambda p: os.path.basename(os.path.dirname(p)) == "x-2"  # the third partition
+    tid = uuid.uuid4()
     with pytest.raises(StorageError):
-        store.create_topic("x", 3, {})
+        store.prepare_partitions("x", tid, 3, LogConfig())
     assert "x" not in store.topics()
     assert not [n for n in os.listdir(tmp_path) if n.startswith("x-")]
     fs.fail_write = None
-    store.create_topic("x", 3, {})
-    assert store.log("x", 2).damage is None
+    made = store.prepare_partitions("x", tid, 3, LogConfig())
+    store.create_topic("x", 3, {}, tid)
+    store.adopt("x", made)
+    assert store.log("x", 2) is made[2] and made[2].damage is None
     store.close()
     store = Store.open(tmp_path, fs=fs)
     assert store.topics()["x"].partitions == 3
