@@ -167,3 +167,23 @@ async def test_a_read_error_answers_kafka_storage_error_and_the_connection_lives
     monkeypatch.setattr(PartitionLog, "read", read)
     assert (await fetch(c, "eio", 0)).error_code == KAFKA_STORAGE_ERROR
     assert (await fetch(c, "fine", 0)).error_code == 0  # same connection, other partition
+
+
+async def test_a_delete_the_catalog_cannot_record_keeps_the_topic_whole(tmp_path: Path) -> None:
+    fs = FaultyFileSystem()
+    node = _faulty_node(tmp_path / "data", fs)
+    try:
+        node.create_topic("t", 1)
+        await _produce(node, "t", b"kept")
+        catalog = str((tmp_path / "data" / "__catalog").resolve())
+        fs.fail_write = lambda path: path.startswith(catalog)
+        with pytest.raises(TopicError) as refused:
+            await node.delete_topic("t")
+        assert refused.value.code == KAFKA_STORAGE_ERROR
+        assert "t" in node.topics and node.topics["t"].partitions[0].failed is None
+        await _produce(node, "t", b"still writable")
+        fs.fail_write = None
+        await node.delete_topic("t")
+        assert "t" not in node.topics and "t" not in node.store.topics()
+    finally:
+        node.close()
