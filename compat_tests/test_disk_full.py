@@ -301,3 +301,61 @@ def test_a_broker_killed_on_a_full_disk_restarts_and_serves_every_acknowledged_r
         assert done.returncode == 0, done.stdout + done.stderr
     finally:
         b.kill()
+
+
+# A broker killed with batches written but never signed (what a kill between a round's
+# write and its head leaves): recovery must index and sign them, which needs new pages.
+UNSIGNED_TAIL = """
+import os, sys, time
+from storage import Store
+from storage.batch import build_batch
+store = Store.open(sys.argv[1])
+lg = store.log("t", 0)
+for i in range(200):
+    lg.append(build_batch([b"unsigned-%d" % i], timestamp_ms=int(time.time() * 1000)))
+os._exit(0)  # killed: no commit, no close
+"""
+
+
+def test_a_restart_whose_recovery_cannot_write_serves_what_is_signed(
+    small_disk: Path, workdir: Path
+) -> None:
+    data = small_disk / "data"
+    b = new_broker(workdir, data_dir=data)
+    b.start()
+    try:
+        assert _talk(b, lambda c: _create(c, "t")) == 0
+        acked = [b"acked-%d" % i for i in range(20)]
+
+        async def produce_all(c: RawClient) -> None:
+            for v in acked:
+                assert await _produce(c, "t", v) == 0
+
+        _talk(b, produce_all)
+        assert b.stop() == 0
+        subprocess.run(
+            [sys.executable, "-c", UNSIGNED_TAIL, str(data)],
+            check=True,
+            timeout=60,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        _fill(small_disk / "filler")
+
+        b.start()  # recovery must write the tail's index entries and sign it: no room
+        assert _talk(b, lambda c: _values(c, "t")) == acked
+        assert _talk(b, lambda c: _produce(c, "t", b"x")) == KAFKA_STORAGE_ERROR
+        assert "read-only until it can" in b.log_tail(400)
+
+        os.unlink(small_disk / "filler")
+        deadline = time.monotonic() + 20  # OFFLINE_RETRY_S is 5 s
+        while (code := _talk(b, lambda c: _produce(c, "t", b"room again"))) != 0:
+            assert code == KAFKA_STORAGE_ERROR and time.monotonic() < deadline, code
+            time.sleep(0.5)
+        values = _talk(b, lambda c: _values(c, "t"))
+        assert values == acked + [b"unsigned-%d" % i for i in range(200)] + [b"room again"]
+        assert b.stop() == 0
+        done = _verify(data)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        b.kill()
