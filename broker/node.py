@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import logging
 import math
@@ -238,7 +239,8 @@ class Node:
             if isinstance(plog.damage, RecoveryFailed):
                 # Recovery could not write (a full disk): serve what is signed, take no
                 # writes, and reopen it once it can (`retry_offline`).
-                self.fail_partition(partition, f"storage error: {plog.damage}", retry=True)
+                self.fail_partition(partition, f"storage error: {plog.damage}",
+                                    retry=_disk_full(plog.damage.cause))
             elif plog.damage is not None:
                 # Signed history did not verify at open: serve what verifies, take no writes.
                 self.fail_partition(partition, f"archive damaged: {plog.damage}")
@@ -576,7 +578,7 @@ class Node:
                 try:
                     job = p.log.prepare_commit()
                 except StorageError as exc:  # a damaged archive is read-only: it takes no writes
-                    self.fail_partition(p, f"cannot commit: {exc}", retry=p.log.damage is None)
+                    self.fail_partition(p, f"cannot commit: {exc}", retry=_disk_full(exc))
                     continue
                 if job is not None:
                     work.append(_Share(p, [], job))
@@ -601,7 +603,7 @@ class Node:
                 if error is not None:
                     if job is not None:
                         p.log.abandon(job)
-                    self.fail_partition(p, f"commit failed: {error}", retry=True)
+                    self.fail_partition(p, f"commit failed: {error}", retry=_disk_full(error))
                 elif job is not None and not p.failed:
                     p.log.publish(job)
                     if self.cluster is not None:
@@ -616,10 +618,14 @@ class Node:
 
     def fail_partition(self, p: Partition, reason: str, *, retry: bool = False) -> None:
         """Take a partition offline: its produces get KAFKA_STORAGE_ERROR, the broker lives.
-        `retry`: a disk error (not damage): `retry_offline` reopens it later."""
+        `retry`: the disk was full, `retry_offline` reopens it once it has room. Any other
+        disk error (EIO) keeps it offline until a restart, as Kafka's offline log dir:
+        after a failed write-back the page cache no longer tells what is on the disk
+        (fsyncgate), and a reopen would sign what it reads there."""
         p.failed = reason
         p.retry = retry
-        log.error("partition %s-%d is offline: %s", p.topic.name, p.index, reason)
+        log.error("partition %s-%d is offline%s: %s", p.topic.name, p.index,
+                  " until the disk has room" if retry else " until the broker restarts", reason)
 
     async def offline_retry_loop(self) -> None:
         while True:
@@ -653,6 +659,8 @@ class Node:
                             new.discard()
                             if not isinstance(new.damage, RecoveryFailed):  # not the disk: damage
                                 self.fail_partition(p, f"archive damaged: {new.damage}")
+                            elif not _disk_full(new.damage.cause):  # EIO: wait for a restart
+                                self.fail_partition(p, f"storage error: {new.damage}")
                         # A disk that stays full: try less often, up to once a minute.
                         p.retry_delay = min(max(p.retry_delay * 2, OFFLINE_RETRY_S), OFFLINE_RETRY_MAX_S)
                         p.retry_at = trio.current_time() + p.retry_delay
@@ -688,7 +696,7 @@ class Node:
                     except (StorageError, OSError) as exc:
                         # A failed fsync or unlink while forgetting old segments: as a
                         # failed commit, this partition goes offline, the broker lives.
-                        self.fail_partition(p, f"retention failed: {exc}", retry=True)
+                        self.fail_partition(p, f"retention failed: {exc}", retry=_disk_full(exc))
                     p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
                 p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
@@ -783,6 +791,16 @@ def _write_and_run(work: list[_Share]) -> None:
     GIL, so the loop keeps receiving the next requests meanwhile."""
     _write(work)
     _run(work)
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether a storage failure was a full disk (ENOSPC, EDQUOT: the write itself was
+    refused, nothing written was lost), the one `retry_offline` recovers from."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _producer_headers(plog: PartitionLog) -> Iterator[tuple[int, int, int, int, int, int]]:

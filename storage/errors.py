@@ -48,6 +48,7 @@ class RecoveryFailed(ArchiveDamaged):
     read-only, serving what its signed head covers, until it is reopened. Not damage of
     the signed history: a reopen with room on the disk recovers it whole."""
 
-    def __init__(self, message: str, offset: int | None = None) -> None:
+    def __init__(self, message: str, offset: int | None = None, cause: OSError | None = None) -> None:
         ArchiveDamaged.__init__(self, message)
         self.offset = offset
+        self.cause = cause  # the failed write (its errno tells a full disk from EIO)

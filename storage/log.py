@@ -781,6 +781,10 @@ class PartitionLog:
         )
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def writable(self) -> bool:
         """Takes appends: not closed, damaged, or poisoned by a failed write."""
         return not self._closed and self.damage is None and self._poisoned is None
@@ -849,7 +853,8 @@ class PartitionLog:
         bases = sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
         self._open_damaged(RecoveryFailed(f"{self.path}: recovery could not write ({failure}); "
                                           "read-only until it can",
-                                          head.next_offset if head is not None else None),
+                                          head.next_offset if head is not None else None,
+                                          failure),
                            bases, head)
 
     def _open_rw(self, name: str) -> int:

@@ -10,7 +10,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.node import KAFKA_STORAGE_ERROR, Node, TopicError, ms_now
-from storage import PartitionLog, Store
+from storage import FsyncPolicy, PartitionLog, Store
 from storage.batch import build_batch, record_values
 from storage.fs import FaultyFileSystem
 
@@ -185,5 +185,25 @@ async def test_a_delete_the_catalog_cannot_record_keeps_the_topic_whole(tmp_path
         fs.fail_write = None
         await node.delete_topic("t")
         assert "t" not in node.topics and "t" not in node.store.topics()
+    finally:
+        node.close()
+
+
+async def test_an_io_error_is_not_retried_only_a_full_disk_is(tmp_path: Path) -> None:
+    fs = FaultyFileSystem()
+    node = _faulty_node(tmp_path / "data", fs)
+    try:
+        node.create_topic("t", 1)
+        await _produce(node, "t", b"acked")
+        p = node.topics["t"].partitions[0]
+        fs.fail_fsync = lambda path: "/t-0/" in path
+        node.config.fsync = p.log.policy = FsyncPolicy.ALWAYS  # every round fsyncs
+        with pytest.raises(TopicError):
+            await _produce(node, "t", b"x")
+        assert p.failed and not p.retry  # fsyncgate: the page cache cannot be trusted now
+        fs.fail_fsync = None
+        p.retry_at = 0.0
+        assert await node.retry_offline() == 0 and p.failed
+        assert _values(node, "t") == [b"acked"]  # still served up to its signed head
     finally:
         node.close()
