@@ -205,6 +205,8 @@ class Node:
         # Names whose deletion is under way: the topic has left `topics` but the catalog
         # still holds it until every partition's commit round let go (deletion yields).
         self._deleting: set[str] = set()
+        # Partitions a full disk took offline, which `retry_offline` reopens.
+        self._offline: dict[int, Partition] = {}
         # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
@@ -624,6 +626,8 @@ class Node:
         (fsyncgate), and a reopen would sign what it reads there."""
         p.failed = reason
         p.retry = retry
+        if retry:
+            self._offline[id(p)] = p
         log.error("partition %s-%d is offline%s: %s", p.topic.name, p.index,
                   " until the disk has room" if retry else " until the broker restarts", reason)
 
@@ -639,41 +643,44 @@ class Node:
         Returns how many came back. The new log is opened in a worker thread; the
         partition stays offline (reads served by the old log) until it is swapped in."""
         back = 0
-        for topic in list(self.topics.values()):
-            for p in topic.partitions:
-                if not (p.failed and p.retry) or topic.mirrored or trio.current_time() < p.retry_at:
+        for p in list(self._offline.values()):
+            topic = p.topic
+            if not (p.failed and p.retry) or topic.mirrored or self.topics.get(topic.name) is not topic:
+                del self._offline[id(p)]  # back, no longer retried, or deleted
+                continue
+            if trio.current_time() < p.retry_at:
+                continue
+            async with p.lock:
+                if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
                     continue
-                async with p.lock:
-                    if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
-                        continue
-                    old = p.log
-                    config = self.config.log_config(topic.record.configs)
-                    try:
-                        new = await trio.to_thread.run_sync(
-                            self.store.open_fresh_log, topic.name, p.index, config)
-                    except (StorageError, OSError) as exc:
-                        new = None
-                        log.warning("partition %s-%d still offline: %s", topic.name, p.index, exc)
-                    if new is None or new.damage is not None:
-                        if new is not None:
-                            new.discard()
-                            if not isinstance(new.damage, RecoveryFailed):  # not the disk: damage
-                                self.fail_partition(p, f"archive damaged: {new.damage}")
-                            elif not _disk_full(new.damage.cause):  # EIO: wait for a restart
-                                self.fail_partition(p, f"storage error: {new.damage}")
-                        # A disk that stays full: try less often, up to once a minute.
-                        p.retry_delay = min(max(p.retry_delay * 2, OFFLINE_RETRY_S), OFFLINE_RETRY_MAX_S)
-                        p.retry_at = trio.current_time() + p.retry_delay
-                        continue
-                    self.store.swap_log(topic.name, p.index, new)
-                    p.log = new
-                    p.producers = ProducerStates()
-                    p.producers.rebuild(_producer_headers(new))
-                    p.failed, p.retry, p.retry_delay = None, False, 0.0
-                    back += 1
-                    log.info("partition %s-%d is back online", topic.name, p.index)
-                old.discard()  # the new log owns the files now: the old writes nothing
-                p.notify()
+                old = p.log
+                config = self.config.log_config(topic.record.configs)
+                new: PartitionLog | None = None
+                try:
+                    new = await trio.to_thread.run_sync(self.store.open_fresh_log, topic.name, p.index, config)
+                except (StorageError, OSError) as exc:
+                    log.warning("partition %s-%d still offline: %s", topic.name, p.index, exc)
+                if new is None or new.damage is not None:
+                    if new is not None:
+                        new.discard()
+                        if not isinstance(new.damage, RecoveryFailed):  # not the disk: damage
+                            self.fail_partition(p, f"archive damaged: {new.damage}")
+                        elif not _disk_full(new.damage.cause):  # EIO: wait for a restart
+                            self.fail_partition(p, f"storage error: {new.damage}")
+                    # A disk that stays full: try less often, up to once a minute.
+                    p.retry_delay = min(max(p.retry_delay * 2, OFFLINE_RETRY_S), OFFLINE_RETRY_MAX_S)
+                    p.retry_at = trio.current_time() + p.retry_delay
+                    continue
+                self.store.swap_log(topic.name, p.index, new)
+                p.log = new
+                p.producers = ProducerStates()
+                p.producers.rebuild(_producer_headers(new))
+                p.failed, p.retry, p.retry_delay = None, False, 0.0
+                del self._offline[id(p)]
+                back += 1
+                log.info("partition %s-%d is back online", topic.name, p.index)
+            old.discard()  # the new log owns the files now: the old writes nothing
+            p.notify()
         if back:
             self.notify_data()
         return back
