@@ -61,7 +61,9 @@ class DirLock:
         """Take the lock on an existing directory, or raise DataDirLocked at once. Nothing
         in the directory changes when it is refused (the pid is written after locking)."""
         path = os.path.join(data_dir, LOCK_FILE)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # (no symlink followed: the pid goes into this file only)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
