@@ -800,11 +800,16 @@ def _write_and_run(work: list[_Share]) -> None:
     _run(work)
 
 
+# Storage failures a reopen may recover from: the call itself was refused, nothing written
+# was lost. A full disk (ENOSPC, EDQUOT) and, while recovering, no descriptor left.
+_RETRIABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
+
+
 def _disk_full(exc: BaseException | None) -> bool:
-    """Whether a storage failure was a full disk (ENOSPC, EDQUOT: the write itself was
-    refused, nothing written was lost), the one `retry_offline` recovers from."""
+    """Whether a storage failure was a full disk (or out of descriptors: `_RETRIABLE`),
+    the kind `retry_offline` recovers from."""
     while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, OSError) and exc.errno in _RETRIABLE:
             return True
         exc = exc.__cause__
     return False
