@@ -241,3 +241,18 @@ async def test_concurrent_create_delete_produce_fetch_commit_answer_kafka_errors
             "api_versions", 3, {"client_software_name": "t", "client_software_version": "1"}
         )
         assert r.error_code == 0
+
+
+async def test_a_topic_named_twice_in_one_delete_is_refused_both_times(broker: Broker) -> None:
+    c = await broker.connect()
+    codes: list[tuple[str, int]] = []
+    await _create(c, codes)
+    assert codes == [("create", 0)]
+    r = await c.call(
+        "delete_topics", 6, {"topics": [{"name": NAME, "topic_id": None}] * 2, "timeout": 5000}
+    )
+    assert [x.error_code for x in r.responses] == [42, 42]
+    r = await c.call(
+        "delete_topics", 6, {"topics": [{"name": NAME, "topic_id": None}], "timeout": 5000}
+    )
+    assert r.responses[0].error_code == 0
