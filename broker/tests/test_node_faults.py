@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from broker.config import BrokerConfig
 from broker.node import KAFKA_STORAGE_ERROR, Node, TopicError, ms_now
+from broker.server import run
 from storage import FsyncPolicy, PartitionLog, Store
 from storage.batch import build_batch, record_values
 from storage.fs import FaultyFileSystem
@@ -207,3 +209,19 @@ async def test_an_io_error_is_not_retried_only_a_full_disk_is(tmp_path: Path) ->
         assert _values(node, "t") == [b"acked"]  # still served up to its signed head
     finally:
         node.close()
+
+
+async def test_a_close_that_fails_at_shutdown_is_logged_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from storage.errors import StorageError
+
+    def full(self: Store) -> None:
+        raise StorageError("1 logs failed to close: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(Store, "close", full)
+    config = BrokerConfig(data_dir=tmp_path / "data", listen_port=0, shutdown_grace_s=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run, config)
+        nursery.cancel_scope.cancel()
+    assert "closing the data dir failed" in caplog.text
