@@ -76,7 +76,7 @@ class _Lookup:
 
     def __call__(self, dk: bytes) -> ArchiveSource | None:
         lg = self._by_dk.get(dk)
-        if lg is None:
+        if lg is None or lg.closed:  # (closed: replaced by a reopen, Node.retry_offline)
             lg = self._rebuild().get(dk)
         return PartitionLogSource(lg) if lg is not None else None
 

@@ -153,9 +153,10 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                     topic = node.create_topic(name)
                 except TopicError as exc:
                     code = exc.code
-                    if node.cluster is not None and code in (errors.NOT_CONTROLLER, errors.TOPIC_ALREADY_EXISTS):
+                    if code == errors.TOPIC_ALREADY_EXISTS or (node.cluster is not None and code == errors.NOT_CONTROLLER):
                         # written elsewhere, not attached here yet (or this controller
-                        # is catching up): it shows up shortly, ask again
+                        # is catching up), or still being deleted here: as Kafka's
+                        # auto-creation, ask again
                         code = errors.LEADER_NOT_AVAILABLE
                     topics.append({"error_code": code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
                     continue

@@ -27,6 +27,7 @@ of max_wait_ms, for the node's next group commit, then reads again.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import trio
@@ -38,6 +39,8 @@ from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
 from storage.errors import CorruptBatch, OffsetOutOfRange
+
+log = logging.getLogger("hyperkafka.fetch")
 
 
 def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset(),
@@ -114,6 +117,10 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 continue
             except CorruptBatch:
                 # The stored batch does not match its signed leaf: never serve it.
+                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
+                continue
+            except OSError as exc:  # the disk failed to read it (EIO): this partition only
+                log.error("reading %s-%d at %d failed: %s", t.topic, p.partition, p.fetch_offset, exc)
                 entry["error_code"] = errors.KAFKA_STORAGE_ERROR
                 continue
             entry["records"] = data

@@ -41,7 +41,7 @@ def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
             batch = plog.batch_for_timestamp(timestamp)
         else:
             return errors.UNSUPPORTED_VERSION, -1, -1
-    except StorageError:
+    except (StorageError, OSError):  # unauthentic bytes, or the disk failed to read them
         return errors.KAFKA_STORAGE_ERROR, -1, -1
     if batch is None:
         return errors.NONE, -1, -1
