@@ -35,6 +35,7 @@ from kio.serial import entity_reader, entity_writer
 
 from . import fastpath
 from ._wire import I32, Buf, _Bad, _Short, skip_tagged_fields
+from .bounds import check_request_body
 from .errors import MalformedRequest, UnknownApiKey, UnsupportedVersion
 from .header import (
     RequestHeader,
@@ -128,6 +129,9 @@ def decode_request(
     ):
         return header, fastpath.decode_produce_request(frame, pos, header.api_version)
     schema = request_schema(header.api_key, header.api_version)
+    # kio's native reader trusts counts and lengths (a lying array count aborts the
+    # process in its allocator) and lets nulls through where the schema forbids them.
+    check_request_body(frame, pos, schema)
     if isinstance(frame, memoryview) and not frame.readonly:
         # kio's native reader refuses writable buffers (large frames from FrameDecoder
         # are writable); a read-only view of the same memory costs no copy.
