@@ -32,13 +32,10 @@ from collections.abc import Callable
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin
 
-from ._wire import I16, I32, Buf, _Bad, _Short, read_uvarint
+from ._wire import I16, I32, MAX_STRING_BYTES, Buf, _Bad, _Short, read_uvarint
 from .errors import MalformedRequest
 
 __all__ = ["MAX_STRING_BYTES", "check_request_body", "min_size", "walker"]
-
-MAX_STRING_BYTES = 0x7FFF
-"""The longest string Kafka reads or writes (int16 length in non-flexible versions)."""
 
 _FIXED_SIZE = {
     "int8": 1, "uint8": 1, "bool": 1,
@@ -160,6 +157,14 @@ class _Gen:
         return namespace[self.names[root]]  # type: ignore[no-any-return]
 
     def _struct(self, cls: Any) -> None:
+        body = self._struct_body(cls)  # may emit the functions of tagged fields first
+        self.lines.append(f"def {self.names[cls]}(b, p, e):")
+        self.lines += ["    " + line for line in body]
+        self.lines.append("    return p")
+
+    def _struct_body(self, cls: Any) -> list[str]:
+        """The walk of one struct as lines of code, nested structs inlined (Kafka's
+        schemas do not recurse): a call per element cost more than the checks."""
         flexible = bool(cls.__flexible__)
         body: list[str] = []
         tagged: dict[int, str] = {}
@@ -185,13 +190,11 @@ class _Gen:
                 "if n:",
                 f"    p = _tags(b, p - 1, e, {known})",
             ]
-        self.lines.append(f"def {self.names[cls]}(b, p, e):")
-        self.lines += ["    " + line for line in body]
-        self.lines.append("    return p")
+        return body or ["pass"]
 
     def _tag_fn(self, cls: Any, f: _Field, flexible: bool) -> str:
-        name = f"_t{len(self.lines)}_{cls.__name__}_{f.name}"
         body = [f"p += {_FIXED_SIZE[f.kind]}"] if not f.is_array and f.kind in _FIXED_SIZE else self._field(cls, f, flexible)
+        name = f"_t{len(self.lines)}_{cls.__name__}_{f.name}"
         self.lines.append(f"def {name}(b, p, e):")
         self.lines += ["    " + line for line in body]
         self.lines.append("    return p")
@@ -210,15 +213,17 @@ class _Gen:
             ]
         return ["n = _i(b, p)[0]", "p += 4"] if wide else ["n = _h(b, p)[0]", "p += 2"]
 
-    def _null_check(self, what: str, nullable: bool) -> list[str]:
+    def _null_check(self, what: str, nullable: bool, flexible: bool) -> list[str]:
         if nullable:
+            if flexible:
+                return []  # a compact length is at least -1 (null)
             return ["if n < -1:", f"    raise _Bad('negative length of {what}')"]
         return ["if n < 0:", f"    raise _Bad('null or negative length of non-nullable {what}')"]
 
     def _field(self, cls: Any, f: _Field, flexible: bool) -> list[str]:
         what = f"{cls.__name__}.{f.name}"
         if f.is_array:
-            lines = self._length(flexible, wide=True) + self._null_check(what, f.nullable)
+            lines = self._length(flexible, wide=True) + self._null_check(what, f.nullable, flexible)
             per = max(_min_element_size(f, flexible), 1)
             lines += [
                 f"if n * {per} > e - p:",
@@ -234,14 +239,14 @@ class _Gen:
 
     def _element(self, cls: Any, f: _Field, flexible: bool, what: str, *, nullable: bool = False) -> list[str]:
         if f.kind == "entity":
-            call = f"p = {self.fn(f.entity)}(b, p, e)"
+            inline = self._struct_body(f.entity)
             if not nullable:
-                return [call]
+                return inline
             # A nullable struct: an int8 marker, negative for null (Kafka's readByte() < 0).
-            return ["n = b[p]", "p += 1", "if n < 0x80:", "    " + call]
+            return ["n = b[p]", "p += 1", "if n < 0x80:"] + ["    " + line for line in inline]
         if f.kind in _FIXED_SIZE:
             return [f"p += {_FIXED_SIZE[f.kind]}"]
-        lines = self._length(flexible, wide=f.kind != "string") + self._null_check(what, nullable)
+        lines = self._length(flexible, wide=f.kind != "string") + self._null_check(what, nullable, flexible)
         if f.kind == "string":
             lines += ["if n > _MAXS:", f"    raise _Bad('string {what} of ' + str(n) + ' bytes')"]
         lines += ["if n > 0:", "    p += n"]
