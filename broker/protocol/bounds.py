@@ -82,7 +82,9 @@ def _fields(cls: Any) -> list[_Field]:
             kind, entity = str(f.metadata["kafka_type"]), None
             if kind not in _FIXED_SIZE and kind not in _LENGTHED:
                 raise TypeError(f"{cls.__name__}.{f.name}: unknown kafka_type {kind!r}")
-        out.append(_Field(f.name, kind, entity, is_array, nullable, None if tag is None else int(tag)))
+        out.append(
+            _Field(f.name, kind, entity, is_array, nullable, None if tag is None else int(tag))
+        )
     return out
 
 
@@ -153,7 +155,7 @@ class _Gen:
             "_MAXS": MAX_STRING_BYTES,
             **self.consts,
         }
-        exec(compile("\n".join(self.lines), f"<bounds {root.__name__}>", "exec"), namespace)  # noqa: S102
+        exec(compile("\n".join(self.lines), f"<bounds {root.__name__}>", "exec"), namespace)
         return namespace[self.names[root]]  # type: ignore[no-any-return]
 
     def _struct(self, cls: Any) -> None:
@@ -193,7 +195,11 @@ class _Gen:
         return body or ["pass"]
 
     def _tag_fn(self, cls: Any, f: _Field, flexible: bool) -> str:
-        body = [f"p += {_FIXED_SIZE[f.kind]}"] if not f.is_array and f.kind in _FIXED_SIZE else self._field(cls, f, flexible)
+        body = (
+            [f"p += {_FIXED_SIZE[f.kind]}"]
+            if not f.is_array and f.kind in _FIXED_SIZE
+            else self._field(cls, f, flexible)
+        )
         name = f"_t{len(self.lines)}_{cls.__name__}_{f.name}"
         self.lines.append(f"def {name}(b, p, e):")
         self.lines += ["    " + line for line in body]
@@ -237,7 +243,9 @@ class _Gen:
             return lines
         return self._element(cls, f, flexible, what, nullable=f.nullable)
 
-    def _element(self, cls: Any, f: _Field, flexible: bool, what: str, *, nullable: bool = False) -> list[str]:
+    def _element(
+        self, cls: Any, f: _Field, flexible: bool, what: str, *, nullable: bool = False
+    ) -> list[str]:
         if f.kind == "entity":
             inline = self._struct_body(f.entity)
             if not nullable:
@@ -246,7 +254,9 @@ class _Gen:
             return ["n = b[p]", "p += 1", "if n < 0x80:"] + ["    " + line for line in inline]
         if f.kind in _FIXED_SIZE:
             return [f"p += {_FIXED_SIZE[f.kind]}"]
-        lines = self._length(flexible, wide=f.kind != "string") + self._null_check(what, nullable, flexible)
+        lines = self._length(flexible, wide=f.kind != "string") + self._null_check(
+            what, nullable, flexible
+        )
         if f.kind == "string":
             lines += ["if n > _MAXS:", f"    raise _Bad('string {what} of ' + str(n) + ' bytes')"]
         lines += ["if n > 0:", "    p += n"]
@@ -292,10 +302,14 @@ def check_request_body(frame: Buf, pos: int, schema: Any) -> None:
     try:
         stop = walker(schema)(frame, pos, end)
     except _Short as exc:
-        raise MalformedRequest(f"{schema.__name__} v{schema.__version__} cut short: {exc}") from None
+        raise MalformedRequest(
+            f"{schema.__name__} v{schema.__version__} cut short: {exc}"
+        ) from None
     except _Bad as exc:
         raise MalformedRequest(f"bad {schema.__name__} v{schema.__version__}: {exc}") from None
     except (IndexError, struct.error):
         raise MalformedRequest(f"{schema.__name__} v{schema.__version__} cut short") from None
     if stop > end:
-        raise MalformedRequest(f"{schema.__name__} v{schema.__version__} cut short: {stop - end} bytes missing")
+        raise MalformedRequest(
+            f"{schema.__name__} v{schema.__version__} cut short: {stop - end} bytes missing"
+        )

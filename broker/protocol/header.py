@@ -104,8 +104,14 @@ def parse_request_header(
         if version >= 1:
             client_id, pos = read_nullable_string(frame, pos)
             # Characters are at most 4 bytes of UTF-8: encode only when it could matter.
-            if client_id is not None and len(client_id) * 4 > MAX_CLIENT_ID_BYTES and len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
-                raise _Bad(f"client id of {len(client_id.encode())} bytes (at most {MAX_CLIENT_ID_BYTES})")
+            if (
+                client_id is not None
+                and len(client_id) * 4 > MAX_CLIENT_ID_BYTES
+                and len(client_id.encode()) > MAX_CLIENT_ID_BYTES
+            ):
+                raise _Bad(
+                    f"client id of {len(client_id.encode())} bytes (at most {MAX_CLIENT_ID_BYTES})"
+                )
         if version >= 2:
             pos = skip_tagged_fields(frame, pos)
     except _Short as exc:
