@@ -33,6 +33,7 @@ from broker.protocol import MalformedRequest, ProtocolError, RequestHeader
 from broker.protocol._wire import write_uvarint
 from broker.protocol.bounds import check_request_body, min_size, walker
 from broker.protocol.codec import decode_request, encode_request, request_schema
+from broker.protocol.fastpath import decode_produce_request
 from broker.protocol.header import MAX_CLIENT_ID_BYTES, request_header_version
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
@@ -274,6 +275,7 @@ def test_lying_counts_never_allocate_in_a_subprocess() -> None:
         from broker.protocol import ProtocolError, RequestHeader
         from broker.protocol._wire import write_uvarint
         from broker.protocol.codec import decode_request, encode_request, request_schema
+from broker.protocol.fastpath import decode_produce_request
         from broker.tests.test_protocol_bounds import PAIRS, ACCEPTED, _example
         frames = [encode_request(RequestHeader(k, v, 1, "c"), _example(k, v))[4:] for k, v in PAIRS]
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -409,3 +411,22 @@ def test_known_tag_must_fill_its_size() -> None:
     check_request_body(head + b"\x01\x00\x03\x03ab", 0, schema)
     with pytest.raises(MalformedRequest, match="fill"):
         check_request_body(head + b"\x01\x00\x04\x03abc", 0, schema)
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (b"\x00" + struct.pack(">hi", -1, 30000) + HUGE + b"\x00", "array"),
+        (b"\x00" + struct.pack(">hi", -1, 30000) + b"\x00" + b"\x00", "null array"),
+        (b"\x00" + struct.pack(">hi", -1, 30000) + b"\x02" + b"\x00", "null topic"),
+        (b"\x00" + struct.pack(">hi", -1, 30000) + b"\x02\x02t" + HUGE, "array"),
+        (
+            b"\x00" + struct.pack(">hi", -1, 30000) + b"\x02\x02t\x02" + b"\x00\x00\x00\x00" + HUGE,
+            "records",
+        ),
+        (b"\x81\x80\x02" + b"x" * 0x8000 + struct.pack(">hi", -1, 30000) + b"\x01\x00", "string"),
+    ],
+)
+def test_produce_fast_path_is_bounds_safe(body: bytes, match: str) -> None:
+    with pytest.raises(MalformedRequest, match=match):
+        decode_produce_request(b"\x00" * 8 + body, 8, 11)
