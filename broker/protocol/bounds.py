@@ -12,6 +12,8 @@ it reserve 32 GiB and the allocator aborts the process, beyond any Python handle
   sees could be written back in a non-flexible answer;
 * null (int16/int32 -1, compact 0, struct marker -1) where the schema does not allow
   it (Kafka: "non-nullable field X was serialized as null");
+* more than `MAX_ELEMENTS` array elements in one request (each becomes a Python object:
+  this bounds what decoding may allocate whatever the frame size);
 * tagged fields (known or not) whose size runs past the end; a known tag's value must
   fill exactly the size it announces, so our walk and kio's reader cannot disagree.
 
@@ -35,7 +37,7 @@ from typing import Any, Union, get_args, get_origin
 from ._wire import I16, I32, MAX_STRING_BYTES, Buf, _Bad, _Short, read_uvarint
 from .errors import MalformedRequest
 
-__all__ = ["MAX_STRING_BYTES", "check_request_body", "min_size", "walker"]
+__all__ = ["MAX_ELEMENTS", "MAX_STRING_BYTES", "check_request_body", "min_size", "walker"]
 
 _FIXED_SIZE = {
     "int8": 1, "uint8": 1, "bool": 1,
@@ -47,6 +49,12 @@ _FIXED_SIZE = {
 _LENGTHED = {"string", "bytes", "records"}
 
 Walk = Callable[[Buf, int, int], int]
+
+MAX_ELEMENTS = 1 << 20
+"""Array elements one request may hold, all arrays together. Each becomes a Python
+object (up to ~20 times the bytes it took on the wire), so without a cap a 100 MiB frame
+of tiny elements would cost gigabytes; a million is far past any real client's request
+(a Produce or OffsetCommit to every partition of a very large cluster)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,6 +161,7 @@ class _Gen:
             "_Short": _Short,
             "_tags": _tag_section,
             "_MAXS": MAX_STRING_BYTES,
+            "_MAXE": MAX_ELEMENTS,
             **self.consts,
         }
         exec(compile("\n".join(self.lines), f"<bounds {root.__name__}>", "exec"), namespace)
@@ -161,6 +170,7 @@ class _Gen:
     def _struct(self, cls: Any) -> None:
         body = self._struct_body(cls)  # may emit the functions of tagged fields first
         self.lines.append(f"def {self.names[cls]}(b, p, e):")
+        self.lines.append("    t = 0")  # array elements so far
         self.lines += ["    " + line for line in body]
         self.lines.append("    return p")
 
@@ -202,6 +212,7 @@ class _Gen:
         )
         name = f"_t{len(self.lines)}_{cls.__name__}_{f.name}"
         self.lines.append(f"def {name}(b, p, e):")
+        self.lines.append("    t = 0")
         self.lines += ["    " + line for line in body]
         self.lines.append("    return p")
         # The tag table needs the function itself, which exists once the module runs.
@@ -234,6 +245,9 @@ class _Gen:
             lines += [
                 f"if n * {per} > e - p:",
                 f"    raise _Short('array {what} of ' + str(n) + ' elements in ' + str(e - p) + ' bytes')",
+                "t += n",
+                "if t > _MAXE:",
+                f"    raise _Bad('more than ' + str(_MAXE) + ' array elements (at {what})')",
             ]
             if f.kind in _FIXED_SIZE:
                 lines.append(f"p += n * {_FIXED_SIZE[f.kind]}")

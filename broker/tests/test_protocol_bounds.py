@@ -31,7 +31,7 @@ import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import REGISTRY
 from broker.protocol import MalformedRequest, ProtocolError, RequestHeader
 from broker.protocol._wire import write_uvarint
-from broker.protocol.bounds import check_request_body, min_size, walker
+from broker.protocol.bounds import MAX_ELEMENTS, check_request_body, min_size, walker
 from broker.protocol.codec import decode_request, encode_request, request_schema
 from broker.protocol.fastpath import decode_produce_request
 from broker.protocol.header import MAX_CLIENT_ID_BYTES, request_header_version
@@ -275,7 +275,6 @@ def test_lying_counts_never_allocate_in_a_subprocess() -> None:
         from broker.protocol import ProtocolError, RequestHeader
         from broker.protocol._wire import write_uvarint
         from broker.protocol.codec import decode_request, encode_request, request_schema
-from broker.protocol.fastpath import decode_produce_request
         from broker.tests.test_protocol_bounds import PAIRS, ACCEPTED, _example
         frames = [encode_request(RequestHeader(k, v, 1, "c"), _example(k, v))[4:] for k, v in PAIRS]
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -430,3 +429,15 @@ def test_known_tag_must_fill_its_size() -> None:
 def test_produce_fast_path_is_bounds_safe(body: bytes, match: str) -> None:
     with pytest.raises(MalformedRequest, match=match):
         decode_produce_request(b"\x00" * 8 + body, 8, 11)
+
+
+def test_too_many_elements_are_refused() -> None:
+    # Fetch v12 with forgotten partitions (int32 each): MAX_ELEMENTS decode, one more does not.
+    def fetch(n: int) -> bytes:
+        body = struct.pack(">iiiibii", -1, 500, 1, 1024, 0, 0, -1) + b"\x01"  # ..., topics: []
+        body += b"\x02" + b"\x02t" + write_uvarint(n + 1) + struct.pack(">i", 7) * n + b"\x00"
+        return struct.pack(">hhih", 1, 12, 1, 1) + b"c" + b"\x00" + body + b"\x01" + b"\x00"
+
+    decode_request(fetch(MAX_ELEMENTS - 1), supported=ACCEPTED)
+    with pytest.raises(MalformedRequest, match="array elements"):
+        decode_request(fetch(MAX_ELEMENTS), supported=ACCEPTED)
