@@ -32,8 +32,12 @@ from broker.api import REGISTRY
 from broker.protocol import MalformedRequest, ProtocolError, RequestHeader
 from broker.protocol._wire import write_uvarint
 from broker.protocol.bounds import MAX_ELEMENTS, check_request_body, min_size, walker
-from broker.protocol.codec import decode_request, encode_request, request_schema
-from broker.protocol.fastpath import decode_produce_request
+from broker.protocol.codec import decode_request, decode_response, encode_request, request_schema
+from broker.protocol.fastpath import (
+    ProducePartitionResult,
+    decode_produce_request,
+    encode_produce_response,
+)
 from broker.protocol.header import MAX_CLIENT_ID_BYTES, request_header_version
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
@@ -441,3 +445,13 @@ def test_too_many_elements_are_refused() -> None:
     decode_request(fetch(MAX_ELEMENTS - 1), supported=ACCEPTED)
     with pytest.raises(MalformedRequest, match="array elements"):
         decode_request(fetch(MAX_ELEMENTS), supported=ACCEPTED)
+
+
+@pytest.mark.parametrize("version", [8, 11])
+def test_produce_answer_with_a_message_quoting_a_long_name_stays_encodable(version: int) -> None:
+    message = "no such topic " + "é" * 0x7FFF
+    part = ProducePartitionResult(0, 3, -1, -1, -1, message)
+    frame = encode_produce_response(5, version, [("t", [part])])
+    _cid, answer = decode_response(frame[4:], 0, version)
+    got = answer.responses[0].partition_responses[0].error_message
+    assert got.startswith("no such topic é") and len(got.encode()) <= 0x7FFF
