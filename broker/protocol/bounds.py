@@ -156,7 +156,7 @@ class _Gen:
         namespace: dict[str, Any] = {
             "_h": I16.unpack_from,
             "_i": I32.unpack_from,
-            "_uv": read_uvarint,
+            "_uv": _uv,
             "_Bad": _Bad,
             "_Short": _Short,
             "_tags": _tag_section,
@@ -275,6 +275,29 @@ class _Gen:
             lines += ["if n > _MAXS:", f"    raise _Bad('string {what} of ' + str(n) + ' bytes')"]
         lines += ["if n > 0:", "    p += n"]
         return lines
+
+
+def _uv(b: Buf, p: int) -> tuple[int, int]:
+    """An unsigned varint of two to five bytes at `p` (the caller read the first byte),
+    unrolled: records lengths take three bytes, and a loop cost more than the walk.
+    IndexError past the end, which the caller treats as a short frame."""
+    n = b[p] & 0x7F
+    c = b[p + 1]
+    n |= (c & 0x7F) << 7
+    if not c & 0x80:
+        return n, p + 2
+    c = b[p + 2]
+    n |= (c & 0x7F) << 14
+    if not c & 0x80:
+        return n, p + 3
+    c = b[p + 3]
+    n |= (c & 0x7F) << 21
+    if not c & 0x80:
+        return n, p + 4
+    c = b[p + 4]
+    if c & 0x80:
+        raise _Bad("unsigned varint longer than 5 bytes")
+    return n | (c << 28), p + 5
 
 
 def _tag_section(b: Buf, p: int, e: int, known: dict[int, Walk]) -> int:

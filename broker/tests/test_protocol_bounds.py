@@ -29,8 +29,8 @@ from kio.schema.errors import ErrorCode
 
 import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import REGISTRY
-from broker.protocol import MalformedRequest, ProtocolError, RequestHeader
-from broker.protocol._wire import write_uvarint
+from broker.protocol import MalformedRequest, ProtocolError, RequestHeader, bounds
+from broker.protocol._wire import read_uvarint, write_uvarint
 from broker.protocol.bounds import MAX_ELEMENTS, check_request_body, min_size, walker
 from broker.protocol.codec import decode_request, decode_response, encode_request, request_schema
 from broker.protocol.fastpath import (
@@ -455,3 +455,19 @@ def test_produce_answer_with_a_message_quoting_a_long_name_stays_encodable(versi
     _cid, answer = decode_response(frame[4:], 0, version)
     got = answer.responses[0].partition_responses[0].error_message
     assert got.startswith("no such topic é") and len(got.encode()) <= 0x7FFF
+
+
+@given(st.integers(0x80, 2**35 - 1), st.binary(max_size=3))
+def test_unrolled_uvarint_reads_what_the_plain_reader_reads(value: int, tail: bytes) -> None:
+    raw = bytearray()
+    v = value
+    while v > 0x7F:
+        raw.append((v & 0x7F) | 0x80)
+        v >>= 7
+    raw.append(v)
+    data = bytes(raw) + tail
+    if len(raw) <= 5:
+        assert bounds._uv(data, 0) == read_uvarint(data, 0) == (value, len(raw))
+    for cut in range(1, len(raw)):
+        with pytest.raises(IndexError):
+            bounds._uv(bytes(raw[:cut]), 0)
