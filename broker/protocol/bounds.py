@@ -333,8 +333,8 @@ def walker(schema: Any) -> Walk:
 
 def check_request_body(frame: Buf, pos: int, schema: Any) -> None:
     """Raise `MalformedRequest` unless the body at `frame[pos:]` keeps every bound of
-    `schema` (see the module docstring). Bytes after the body are allowed (Kafka ignores
-    them)."""
+    `schema` (see the module docstring): a request, or a response a mirror reads from a
+    peer. Bytes after the body are allowed (Kafka ignores them)."""
     end = len(frame)
     try:
         stop = walker(schema)(frame, pos, end)

@@ -271,6 +271,8 @@ def decode_response(frame: Buf, api_key: int, api_version: int) -> tuple[int, An
         pos = 4
         if response_header_version(api_key, api_version) >= 1:
             pos = skip_tagged_fields(frame, pos)
+        # A mirror reads its peers' answers with this: the same lies could abort it.
+        check_request_body(frame, pos, schema)
         entity, size = entity_reader(schema)(frame, pos)
         end = pos + size
     except Exception as exc:

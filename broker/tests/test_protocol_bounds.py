@@ -471,3 +471,23 @@ def test_unrolled_uvarint_reads_what_the_plain_reader_reads(value: int, tail: by
     for cut in range(1, len(raw)):
         with pytest.raises(IndexError):
             bounds._uv(bytes(raw[:cut]), 0)
+
+
+def test_response_with_a_huge_count_is_refused_in_a_subprocess() -> None:
+    # A mirror decodes its peers' Metadata answers: a lying peer must not abort it.
+    frame = struct.pack(">i", 7) + b"\x00" + struct.pack(">i", 0) + HUGE + b"\x00" * 8
+    script = textwrap.dedent(
+        f"""
+        from broker.protocol import MalformedRequest
+        from broker.protocol.codec import decode_response
+        try:
+            decode_response({frame!r}, 3, 12)
+        except MalformedRequest as exc:
+            print("refused:", exc)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused:" in out.stdout, out.stdout
