@@ -12,6 +12,10 @@ Theory of operation, for a server:
     response = handle(header, request)                            # a kio response entity
     parts = encode_response_parts(header, response)               # framed, ready for writev
 
+Before kio's native reader sees a body, `bounds.check_request_body` walks it with the
+same schema: counts, lengths, nulls and tagged fields are checked against the bytes that
+remain, so no lie reaches kio's allocator (one once aborted the process).
+
 `supported` maps api_key -> (min, max) and should be exactly what ApiVersions advertises.
 A (key, version) outside it raises `UnsupportedVersion` (or `UnknownApiKey`) *before the
 body is parsed*; for api key 18 the server then sends

@@ -26,11 +26,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader
 
 import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import REGISTRY
 from broker.protocol import MalformedRequest, ProtocolError, RequestHeader, bounds
-from broker.protocol._wire import read_uvarint, write_uvarint
+from broker.protocol._wire import read_uvarint, skip_tagged_fields, write_uvarint
 from broker.protocol.bounds import MAX_ELEMENTS, check_request_body, min_size, walker
 from broker.protocol.codec import decode_request, decode_response, encode_request, request_schema
 from broker.protocol.fastpath import (
@@ -38,7 +39,12 @@ from broker.protocol.fastpath import (
     decode_produce_request,
     encode_produce_response,
 )
-from broker.protocol.header import MAX_CLIENT_ID_BYTES, request_header_version
+from broker.protocol.header import (
+    MAX_CLIENT_ID_BYTES,
+    is_flexible_request,
+    parse_request_header,
+    request_header_version,
+)
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
 PAIRS = [(key, v) for key, (lo, hi) in sorted(ACCEPTED.items()) for v in range(lo, hi + 1)]
@@ -491,3 +497,31 @@ def test_response_with_a_huge_count_is_refused_in_a_subprocess() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "refused:" in out.stdout, out.stdout
+
+
+@FUZZ
+@given(st.one_of(valid_request().map(lambda r: r[2]), hostile_request()))
+def test_the_walk_and_kio_agree_on_where_a_body_ends(payload: bytes) -> None:
+    """Where the walk accepts a body, kio reads exactly the same bytes: the bounds the walk
+    checks are the ones kio's reader then relies on."""
+    try:
+        header, pos = parse_request_header(payload, header_version=1)
+        if is_flexible_request(header.api_key, header.api_version) is None:
+            return
+        if (header.api_key, header.api_version) not in set(PAIRS):
+            return
+        if is_flexible_request(header.api_key, header.api_version):
+            pos = skip_tagged_fields(payload, pos)
+        schema = request_schema(header.api_key, header.api_version)
+        stop = walker(schema)(payload, pos, len(payload))
+    except Exception:
+        return  # refused: nothing reaches kio
+    if stop > len(payload):
+        return
+    try:
+        _entity, size = entity_reader(schema)(payload, pos)
+    except KeyError:
+        return  # an unknown tag: decode_request strips it and parses again
+    except Exception:
+        return  # e.g. invalid UTF-8, which only kio checks
+    assert pos + size == stop
