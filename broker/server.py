@@ -67,6 +67,7 @@ log = logging.getLogger("hyperkafka.server")
 API_VERSIONS = 18
 RECEIVE_SIZE = 256 * 1024
 PRODUCE, FETCH = 0, 1
+UNKNOWN_SERVER_ERROR = -1
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
 ADVERTISED = {key: (lo, hi) for key, lo, hi in advertised()}
@@ -417,7 +418,29 @@ def _fetch_bytes(description: Any) -> int:
     return sum(len(p["records"] or b"") for t in description.get("responses", ()) for p in t["partitions"])
 
 
+class UnencodableAnswer(ProtocolError):
+    """An answer could not be encoded and the API has no error field to say so: close."""
+
+
 def _encode(header: RequestHeader, description: Any) -> list[Any]:
+    """The answer's frame pieces. An answer that cannot be encoded (a handler bug, or a
+    value too large for its field) is logged once as an internal error and replaced by
+    UNKNOWN_SERVER_ERROR where the response has a top-level error code; otherwise the
+    connection closes. Either way the reader goes on with a consistent state: encoding
+    runs after the handler, which must not have stored what it could not answer."""
+    try:
+        return _encode_description(header, description)
+    except Exception as exc:
+        log.error("internal error: cannot encode the answer to %s v%d #%d: %s: %.300s",
+                  REGISTRY[header.api_key].name, header.api_version, header.correlation_id, type(exc).__name__, exc)
+        cls = response_schema(header.api_key, header.api_version)
+        if "error_code" in getattr(cls, "__dataclass_fields__", {}):
+            with contextlib.suppress(Exception):
+                return encode_response_parts(header, shape(cls, {"error_code": UNKNOWN_SERVER_ERROR}))
+        raise UnencodableAnswer(f"answer to {REGISTRY[header.api_key].name} #{header.correlation_id} could not be encoded") from None
+
+
+def _encode_description(header: RequestHeader, description: Any) -> list[Any]:
     if isinstance(description, Encoded):  # a hot path's own encoding (Produce)
         if _trace:
             log.debug("#%d answered: %d bytes, pre-encoded", header.correlation_id, len(description.frame))
