@@ -11,10 +11,16 @@ The writer's signature is stored verbatim in the head slot, so `verify` of the m
 data dir checks it with the writer's key. We never sign anything: blocks past the last
 accepted head are dropped at close and at recovery (they are fetched again).
 
-Two valid heads that disagree (same length and another tree, a shorter head that is not
-a prefix of ours, or another fork than the one we hold) are equivocation: both heads go
-into the `evidence` file, the archive is frozen (it keeps serving what it holds and
-takes nothing new) and `Equivocation` is raised.
+Two valid heads of one fork that disagree are equivocation, whatever their lengths: the
+same length and another tree, a shorter head that is not a prefix of ours, or a longer
+head whose tree at our length is not ours (shown by an upgrade proof from 0 to our length
+plus the nodes that grow it to that head, bound to its signature: Hypercore's
+``checkConflict``). Both heads (and that proof) go into the `evidence` file, the archive
+is frozen (it keeps serving what it holds and takes nothing new), one ERROR line is
+logged and `Equivocation` is raised. A head on a newer fork is no equivocation: the
+writer truncated (Hypercore's ``truncate``, our writer's recovery after a power loss);
+we do not reorg yet, so `ForkChanged` is raised and nothing is stored. A head on an older
+fork is stale and ignored, as Hypercore does.
 
 May import the standard library, `storage.log`, `storage.hypercore`, `storage.fs`,
 `storage.errors`, `storage.batch`. Never `broker` or trio.
@@ -34,7 +40,17 @@ from typing import Any, NoReturn, cast
 from storage import batch as B
 from storage.errors import StorageError
 from storage.fs import FileSystem, OsFileSystem
-from storage.hypercore import Frontier, KeyPair, Node, flat_tree, tree_hash, verify_head
+from storage.hypercore import (
+    Frontier,
+    HypercoreError,
+    InvalidProof,
+    KeyPair,
+    Node,
+    flat_tree,
+    tree_hash,
+    verify_head,
+)
+from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
 from storage.log import (
     ENTRY_SIZE,
     IDX_HEADER_SIZE,
@@ -63,6 +79,11 @@ class Equivocation(StorageError):
     """The writer signed two heads that disagree; the archive is frozen."""
 
 
+class ForkChanged(StorageError):
+    """The writer signed a head on a newer fork (it truncated its archive): legitimate in
+    Hypercore, but following it needs a reorg, which a mirror does not do yet."""
+
+
 def _head_json(length: int, fork: int, th: bytes, signature: bytes, roots: Sequence[Node]) -> dict[str, Any]:
     return {
         "length": length,
@@ -74,11 +95,14 @@ def _head_json(length: int, fork: int, th: bytes, signature: bytes, roots: Seque
 
 
 def check_evidence(path: str, public_key: bytes) -> str | None:
-    """A description of the equivocation recorded in archive dir `path` when both heads in
-    its evidence file verify under `public_key` and disagree; None when there is no such
-    evidence (no file, or one that proves nothing)."""
+    """A description of the equivocation recorded in archive dir `path` when its evidence
+    file proves one under `public_key`: two heads of one fork, both signed, that disagree
+    (same length and another tree hash; or the longer head's tree at the shorter length,
+    shown by the recorded proof, is another tree). None when there is no such evidence
+    (no file, or one that proves nothing: a forged or consistent pair)."""
     from storage.hypercore import archive_key
 
+    key = archive_key(public_key)
     try:
         with open(os.path.join(path, EVIDENCE_FILE)) as f:
             doc = json.load(f)
@@ -87,18 +111,44 @@ def check_evidence(path: str, public_key: bytes) -> str | None:
             roots = [Node(int(i), int(s), bytes.fromhex(x)) for i, s, x in h["roots"]]
             th = tree_hash(roots)
             sig = bytes.fromhex(h["signature"])
-            ok = (flat_tree.full_roots(2 * int(h["length"])) == [r.index for r in roots]
-                  and verify_head(public_key, archive_key(public_key), th, int(h["length"]),
-                                  int(h["fork"]), sig))
-            if not ok:
+            length, fork = int(h["length"]), int(h["fork"])
+            if not (flat_tree.full_roots(2 * length) == [r.index for r in roots]
+                    and verify_head(public_key, key, th, length, fork, sig)):
                 return None
-            heads.append((int(h["length"]), int(h["fork"]), th))
-    except (OSError, ValueError, KeyError, TypeError):
+            heads.append((length, fork, th))
+        if len(heads) != 2:
+            return None
+        (la, fa, ta), (lb, fb, tb) = heads
+        if fa != fb or (la, ta) == (lb, tb):
+            return None
+        where = f"(evidence in {os.path.join(path, EVIDENCE_FILE)})"
+        if la == lb:
+            return (f"equivocation: writer signed two trees at length {la}, fork {fa} {where}")
+        (ls, ts), (ll, tl) = sorted([(la, ta), (lb, tb)])
+        _, proof = Proof.decode(bytes.fromhex(doc["proof"]))
+        if _tree_at(proof, public_key, key, fa, ll, tl, ls) == ts:
+            return None
+    except (OSError, ValueError, KeyError, TypeError, HypercoreError):
         return None
-    if len(heads) != 2 or heads[0] == heads[1]:
-        return None
-    (la, fa, _), (lb, fb, _) = heads
-    return f"equivocation: writer signed (length {la}, fork {fa}) and (length {lb}, fork {fb}) that disagree"
+    return (f"equivocation: writer signed length {ll} whose tree at length {ls} is not the "
+            f"one it signed at length {ls} (fork {fa}) {where}")
+
+
+def _tree_at(proof: Proof, public_key: bytes, key: bytes, fork: int, length: int, th: bytes,
+             at: int) -> bytes:
+    """The tree hash at `at` blocks of the signed head (`length`, `th`, `fork`), shown by
+    `proof`: an upgrade proof from 0 to `at` blocks plus the nodes that grow that tree to
+    the head. Raises InvalidProof when it is not such a proof or does not verify."""
+    up = proof.upgrade
+    if up is None or up.start != 0 or up.length != at or proof.fork != fork:
+        raise InvalidProof(f"not an upgrade proof from 0 to {at} blocks on fork {fork}")
+    head = verify_proof(proof, public_key=public_key, key=key, fork=fork,
+                        trusted=Frontier()).head
+    if head is None or head.length != length or head.tree_hash() != th:
+        raise InvalidProof(f"the proof is not for the head at length {length}")
+    # with start 0 the upgrade's nodes are the roots at `at` blocks, and they fold (with
+    # the additional nodes) into the signed tree: the signer's own tree at `at` blocks
+    return tree_hash(list(up.nodes))
 
 
 @dataclass
@@ -326,10 +376,17 @@ class FollowerLog(PartitionLog):
         # a newer head may have been revealed meanwhile: never move readers back
         self.high_watermark = max(self.high_watermark, revealed)
 
-    def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
+    def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node],
+                       proof: Proof | None = None) -> bool:
         """Verify a head the writer signed against what we hold without storing it: raises
-        VerificationFailed (bad signature) or Equivocation (it disagrees with our head:
-        evidence written, frozen). True when it is newer than our head (worth storing)."""
+        VerificationFailed (bad signature, or a `proof` that does not verify),
+        Equivocation (it disagrees with our head: evidence written, frozen) or
+        ForkChanged (a newer fork). True when it is newer than our head (worth storing).
+
+        A head longer than ours can only be held against ours with `proof`: an upgrade
+        proof from 0 to our length plus the nodes up to that head (what
+        `Connection.follow(..., probe_at=our length)` fetches). Without it a longer head
+        is newer, and the replication session checks that it extends our tree."""
         if self.frozen:
             raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
         roots = list(roots)
@@ -339,9 +396,12 @@ class FollowerLog(PartitionLog):
             raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
         cur = self._head
         if cur is not None and cur.length:
-            if fork != cur.fork:
-                self._equivocation(cur, length, fork, th, signature, roots,
-                                   f"head on fork {fork}, we hold fork {cur.fork}")
+            if fork < cur.fork:
+                return False  # a peer still on an older fork (Hypercore ignores it too)
+            if fork > cur.fork:
+                raise ForkChanged(f"{self.path}: the writer truncated its archive (fork "
+                                  f"{cur.fork} -> {fork}, length {length}); a mirror does not "
+                                  f"follow a reorg yet; serving the {cur.length} blocks verified")
             if length == cur.length:
                 if th != cur.tree_hash:
                     self._equivocation(cur, length, fork, th, signature, roots,
@@ -351,15 +411,43 @@ class FollowerLog(PartitionLog):
                 ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
                 if all(n is not None for n in ours) and tree_hash(cast(list[Node], ours)) != th:
                     self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"signed head at length {length} is not a prefix of ours")
+                                       f"signed head at length {length} is not a prefix of ours",
+                                       self._own_proof(cur, length))
                 return False
+            if proof is not None:
+                try:
+                    theirs = _tree_at(proof, self.public_key, self.key, fork, length, th,
+                                      cur.length)
+                except HypercoreError as e:
+                    raise VerificationFailed(f"{self.path}: head at length {length}: bad "
+                                             f"proof of its tree at length {cur.length}: {e}") from e
+                if theirs != cur.tree_hash:
+                    self._equivocation(cur, length, fork, th, signature, roots,
+                                       f"signed head at length {length} does not extend ours "
+                                       f"(its tree at length {cur.length} is another)", proof)
         elif length == 0:
             return False
         return True
 
+    def _own_proof(self, cur: Head, at: int) -> Proof | None:
+        """Our signed head's upgrade proof from 0 to `at` blocks (evidence that its tree
+        there is ours); None if a node it needs is not stored."""
+
+        def get(index: int) -> Node:
+            n = self.node(index)
+            if n is None:
+                raise KeyError(index)
+            return n
+
+        try:
+            return generate_proof(get, cur.length, cur.fork, cur.signature,
+                                  upgrade=UpgradeRequest(0, at))
+        except (KeyError, HypercoreError):
+            return None
+
     def _equivocation(self, cur: Head, length: int, fork: int, th: bytes, signature: bytes,
-                      roots: Sequence[Node], why: str) -> NoReturn:
-        doc = {
+                      roots: Sequence[Node], why: str, proof: Proof | None = None) -> NoReturn:
+        doc: dict[str, Any] = {
             "reason": why,
             "detected_ms": int(time.time() * 1000),
             "heads": [
@@ -367,6 +455,9 @@ class FollowerLog(PartitionLog):
                 _head_json(length, fork, th, signature, roots),
             ],
         }
+        if proof is not None:
+            # the longer head's tree at the shorter length, bound to its signature
+            doc["proof"] = proof.encode().hex()
         self.fs.write_file_atomic(os.path.join(self.path, EVIDENCE_FILE),
                                   json.dumps(doc, indent=1).encode())
         self.frozen = why

@@ -157,6 +157,83 @@ async def test_probe_catches_equivocation(tmp_path: Path) -> None:
     evil.close()
 
 
+async def _serve_archive(stream: trio.SocketStream, lg: PartitionLog) -> None:
+    from storage.replication.session import Connection
+
+    src = PartitionLogSource(lg)
+    s = Connection(initiator=False, lookup=lambda dk: src)  # a channel per probe/follow
+    try:
+        while True:
+            out = s.data_to_send()
+            if out:
+                await stream.send_all(out)
+            data = await stream.receive_some(1 << 16)
+            if not data:
+                return
+            s.receive_data(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def test_a_longer_fork_is_caught_frozen_and_logged_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A copy of the writer's data dir (same key) that appended other records to a
+    LONGER length than the mirror verified: `follow_forever` freezes the archive, keeps
+    both heads, logs one ERROR and stops (no retrying at INFO forever)."""
+    import shutil
+
+    from broker.mirror import _link_to, follow_forever
+    from storage.follower import EVIDENCE_FILE, check_evidence
+
+    kp = KeyPair.from_seed(bytes([6]) * 32)
+    honest = PartitionLog.open(tmp_path / "honest", kp, fsync=FsyncPolicy.NEVER)
+    for i in range(3):
+        honest.append(build_batch([b"h%d" % i], timestamp_ms=1000))
+    honest.commit()
+    honest.close()
+    shutil.copytree(tmp_path / "honest", tmp_path / "evil")
+    honest = PartitionLog.open(tmp_path / "honest", kp, fsync=FsyncPolicy.NEVER)
+    honest.append(build_batch([b"h3"], timestamp_ms=1000))
+    honest.commit()
+    evil = PartitionLog.open(tmp_path / "evil", kp, fsync=FsyncPolicy.NEVER)
+    for i in range(40):
+        evil.append(build_batch([b"e%d" % i], timestamp_ms=1000))
+        evil.commit()
+    follower = FollowerLog.open_replica(tmp_path / "m", kp.public_key)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    serving = [honest]
+    moved: list[int] = []
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners,
+                           lambda st: _serve_archive(st, serving[0]), listeners)
+        async with _link_to(f"127.0.0.1:{port}") as link:
+            with trio.move_on_after(5):  # live: follows the honest writer until cancelled
+                while follower.high_watermark < 4:
+                    with trio.move_on_after(0.5):
+                        await follow_forever(link, follower, lambda: moved.append(1), "t-0")
+            assert follower.high_watermark == 4
+        serving[0] = evil  # the same address now serves the longer fork
+        caplog.clear()
+        async with _link_to(f"127.0.0.1:{port}") as link:
+            with trio.fail_after(10):
+                await follow_forever(link, follower, lambda: None, "t-0")  # returns: frozen
+            with trio.fail_after(10):
+                await follow_forever(link, follower, lambda: None, "t-0")  # again: quiet
+        nursery.cancel_scope.cancel()
+    assert follower.frozen
+    assert follower.high_watermark == 4  # still serves what it verified
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "EQUIVOCATION" in errors[0], errors
+    assert not [r for r in caplog.records if r.levelno == logging.INFO and "t-0" in r.getMessage()]
+    follower.close()
+    assert (tmp_path / "m" / EVIDENCE_FILE).is_file()
+    assert check_evidence(str(tmp_path / "m"), kp.public_key) is not None
+    honest.close()
+    evil.close()
+
+
 async def test_mirror_restarted_while_writer_is_down_serves_its_copy(tmp_path: Path) -> None:
     wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
                         replication_listen=("127.0.0.1", 0))
