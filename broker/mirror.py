@@ -418,7 +418,7 @@ async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable
     lg.discard_unsigned()  # blocks of an interrupted channel: their head never came
     sink = _Sink(lg, on_head)
     ch = link.conn.follow(lg.key, sink, live=True, have=lg.verified_tree(),
-                          public_key=lg.public_key)
+                          public_key=lg.public_key, fork=lg.follow_fork)
     if channel is not None:
         channel(ch)
     try:

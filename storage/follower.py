@@ -18,9 +18,10 @@ plus the nodes that grow it to that head, bound to its signature: Hypercore's
 ``checkConflict``). Both heads (and that proof) go into the `evidence` file, the archive
 is frozen (it keeps serving what it holds and takes nothing new), one ERROR line is
 logged and `Equivocation` is raised. A head on a newer fork is no equivocation: the
-writer truncated (Hypercore's ``truncate``, our writer's recovery after a power loss);
-we do not reorg yet, so `ForkChanged` is raised and nothing is stored. A head on an older
-fork is stale and ignored, as Hypercore does.
+writer truncated (Hypercore's ``truncate``, our writer's recovery after a power loss).
+If the new fork keeps our whole tree it is followed (`follow_fork`); if it dropped
+blocks we hold we would have to reorg, which we do not do yet: `ForkChanged` is raised
+and nothing is stored. A head on an older fork is stale and ignored, as Hypercore does.
 
 May import the standard library, `storage.log`, `storage.hypercore`, `storage.fs`,
 `storage.errors`, `storage.batch`. Never `broker` or trio.
@@ -169,6 +170,9 @@ class FollowerLog(PartitionLog):
         self._accepting = False  # only accept_head's own prepare_commit may build a job
         self._pending_leaves = []  # verified leaf hashes of the blocks not yet accepted
         self.frozen: str | None = None  # set: equivocation evidence on disk, take nothing
+        # a newer fork of the writer shown to extend what we hold (check_conflict): the
+        # fork to follow, before a head on it is stored
+        self._next_fork: int | None = None
 
     @classmethod
     def open_replica(cls, path: str | os.PathLike[str], public_key: bytes, *,
@@ -245,6 +249,13 @@ class FollowerLog(PartitionLog):
         """Drop blocks delivered past the last stored head (a session that ended before
         their head arrived); a new session fetches them again from `verified_tree()`."""
         self._drop_unsigned_tail()
+
+    @property
+    def follow_fork(self) -> int:
+        """The fork a replication session follows from `verified_tree()`: our head's, or a
+        newer one that `check_conflict` found to extend it (the writer bumped its fork
+        without dropping anything we hold, e.g. its recovery after a reboot)."""
+        return self._next_fork if self._next_fork is not None else self.fork
 
     def verified_tree(self) -> Frontier:
         """The tree of the last accepted head (a replication follower's `have`)."""
@@ -324,6 +335,7 @@ class FollowerLog(PartitionLog):
         if length > self._next_leaf:
             raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
         self._fork = fork
+        self._next_fork = None
         n_tail = self._next_leaf - length
         if n_tail > len(self._pending):
             raise StorageError("blocks under the new head were already committed")
@@ -395,39 +407,52 @@ class FollowerLog(PartitionLog):
                 length and not verify_head(self.public_key, self.key, th, length, fork, signature)):
             raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
         cur = self._head
-        if cur is not None and cur.length:
-            if fork < cur.fork:
-                return False  # a peer still on an older fork (Hypercore ignores it too)
-            if fork > cur.fork:
-                raise ForkChanged(f"{self.path}: the writer truncated its archive (fork "
-                                  f"{cur.fork} -> {fork}, length {length}); a mirror does not "
-                                  f"follow a reorg yet; serving the {cur.length} blocks verified")
+        if cur is None or not cur.length:
+            return length > 0
+        if fork < cur.fork:
+            return False  # a peer still on an older fork (Hypercore ignores it too)
+        # Does the head keep our tree? None: not known here (longer, no proof).
+        if length == cur.length:
+            keeps: bool | None = th == cur.tree_hash
+        elif length < cur.length:
+            ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
+            keeps = None if any(n is None for n in ours) else tree_hash(cast(list[Node], ours)) == th
+        elif proof is not None:
+            try:
+                keeps = _tree_at(proof, self.public_key, self.key, fork, length, th,
+                                 cur.length) == cur.tree_hash
+            except HypercoreError as e:
+                raise VerificationFailed(f"{self.path}: head at length {length}: bad proof of "
+                                         f"its tree at length {cur.length}: {e}") from e
+        else:
+            keeps = None  # the session that delivered it verified it extends our tree
+        if fork > cur.fork:
+            # A newer fork: the writer truncated (Hypercore's truncate, our writer's
+            # recovery across a reboot), no equivocation. Followed when it keeps all we
+            # hold (nothing to undo), else a reorg, which we do not do.
+            if keeps is None and fork == self._next_fork and length > cur.length:
+                return True  # the session verified it against our tree on that fork
+            if keeps and length >= cur.length:
+                if self._next_fork != fork:
+                    log.warning("%s: the writer moved to fork %d keeping the %d blocks we hold",
+                                self.path, fork, cur.length)
+                self._next_fork = fork
+                return length > cur.length
+            raise ForkChanged(f"{self.path}: the writer truncated its archive (fork {cur.fork} "
+                              f"-> {fork}, length {length}) below what we hold; a mirror does "
+                              f"not follow a reorg yet; serving the {cur.length} blocks verified")
+        if keeps is False:
             if length == cur.length:
-                if th != cur.tree_hash:
-                    self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"two trees signed at length {length}")
-                return False
-            if length < cur.length:
-                ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
-                if all(n is not None for n in ours) and tree_hash(cast(list[Node], ours)) != th:
-                    self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"signed head at length {length} is not a prefix of ours",
-                                       self._own_proof(cur, length))
-                return False
-            if proof is not None:
-                try:
-                    theirs = _tree_at(proof, self.public_key, self.key, fork, length, th,
-                                      cur.length)
-                except HypercoreError as e:
-                    raise VerificationFailed(f"{self.path}: head at length {length}: bad "
-                                             f"proof of its tree at length {cur.length}: {e}") from e
-                if theirs != cur.tree_hash:
-                    self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"signed head at length {length} does not extend ours "
-                                       f"(its tree at length {cur.length} is another)", proof)
-        elif length == 0:
-            return False
-        return True
+                why, evidence = f"two trees signed at length {length}", None
+            elif length < cur.length:
+                why = f"signed head at length {length} is not a prefix of ours"
+                evidence = self._own_proof(cur, length)
+            else:
+                why = (f"signed head at length {length} does not extend ours (its tree at "
+                       f"length {cur.length} is another)")
+                evidence = proof
+            self._equivocation(cur, length, fork, th, signature, roots, why, evidence)
+        return length > cur.length
 
     def _own_proof(self, cur: Head, at: int) -> Proof | None:
         """Our signed head's upgrade proof from 0 to `at` blocks (evidence that its tree

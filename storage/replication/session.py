@@ -336,15 +336,18 @@ class Connection:
 
     def follow(self, key: bytes, sink: ArchiveSink, *, live: bool = False,
                have: Frontier | None = None, public_key: bytes | None = None,
-               window: int = DEFAULT_WINDOW, probe_at: int | None = None) -> ReplicationChannel:
+               window: int = DEFAULT_WINDOW, probe_at: int | None = None,
+               fork: int = 0) -> ReplicationChannel:
         """Follow archive `key` into `sink`. `have` is a verified tree the sink already
-        holds (resume); `live` keeps following new heads instead of finishing.
+        holds (resume) on fork `fork` (the peer must be on it: we do not reorg); `live`
+        keeps following new heads instead of finishing.
         `probe_at` (with no `have`): fetch the peer's signed head by an upgrade proof from
         0 to `probe_at` blocks plus the nodes that grow it to the peer's head (Hypercore's
         conflict check, replicator.js ``_checkIfConflict``), so that `latest_proof` shows
         the peer's tree at that length, bound to its signature."""
         return self._add(ReplicationChannel(
-            self, key, _Follower(key, sink, live, have, public_key, window, probe_at=probe_at)))
+            self, key, _Follower(key, sink, live, have, public_key, window, probe_at=probe_at,
+                                fork=fork)))
 
     def serve(self, source: ArchiveSource) -> ReplicationChannel:
         """Serve `source` on a channel we open (the peer may open it first or later)."""
@@ -592,11 +595,12 @@ class ReplicationSession(Connection):
     def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,  # type: ignore[override]
                keypair: Ed25519KeyPair | None = None, live: bool = False,
                have: Frontier | None = None, public_key: bytes | None = None,
-               window: int = DEFAULT_WINDOW, probe_at: int | None = None) -> ReplicationSession:
+               window: int = DEFAULT_WINDOW, probe_at: int | None = None,
+               fork: int = 0) -> ReplicationSession:
         """Follow archive `key` into `sink` (see `Connection.follow`)."""
         s = cls(initiator=initiator, keypair=keypair)
         s._ch = Connection.follow(s, key, sink, live=live, have=have, public_key=public_key,
-                                  window=window, probe_at=probe_at)
+                                  window=window, probe_at=probe_at, fork=fork)
         return s
 
     def _open(self, ch: ReplicationChannel) -> None:

@@ -65,7 +65,7 @@ def _sync(writer: PartitionLog, follower: FollowerLog, live: bool = False,
     else:
         server = ReplicationSession.serve(src)
     client = ReplicationSession.follow(writer.key, follower, initiator=True, live=live,
-                                       have=follower.verified_tree())
+                                       have=follower.verified_tree(), fork=follower.follow_fork)
     _pump(client, server)
     return server, client
 
@@ -354,8 +354,9 @@ def test_interrupted_session_resumes_after_discarding_unsigned_blocks(tmp_path: 
 
 def test_a_newer_fork_is_a_truncation_not_equivocation(tmp_path: Path) -> None:
     """Hypercore's truncate bumps the fork id (our writer does it after a power loss):
-    legitimate, so no evidence and no freeze; a mirror that cannot reorg says so
-    (ForkChanged) and stores nothing. A head of an older fork is stale: ignored."""
+    legitimate, so never evidence nor a freeze. A new fork that keeps our tree is
+    followed; one that dropped blocks we hold needs a reorg, which a mirror does not do
+    (ForkChanged, nothing stored). A head of an older fork is stale: ignored."""
     from storage.follower import ForkChanged
     from storage.hypercore import sign_head
 
@@ -364,22 +365,76 @@ def test_a_newer_fork_is_a_truncation_not_equivocation(tmp_path: Path) -> None:
     _sync(w, f)
     head = w.head
     assert head is not None
-    # the same tree, validly signed under fork 1 (what a writer's truncate would bring)
-    sig = sign_head(KP, w.key, head.tree_hash, head.length, 1)
-    with pytest.raises(ForkChanged):
-        f.accept_head(head.length, 1, sig, head.roots)
-    # a shorter head on the new fork (a real truncation), another history
+    # a shorter head on fork 1 (a real truncation), another history
     evil = _writer(tmp_path / "evil", 2, seed=5)
     eh = evil.head
     assert eh is not None
     with pytest.raises(ForkChanged):
         f.check_conflict(eh.length, 1, sign_head(KP, w.key, eh.tree_hash, eh.length, 1), eh.roots)
+    # the same length on fork 1 with another tree: a truncate and a re-append
+    with pytest.raises(ForkChanged):
+        other = _writer(tmp_path / "other", 4, seed=6)
+        oh = other.head
+        assert oh is not None
+        f.check_conflict(4, 1, sign_head(KP, w.key, oh.tree_hash, 4, 1), oh.roots)
+    assert f.follow_fork == 0
+    # the same tree, validly signed under fork 1: nothing to undo, followed on fork 1
+    sig = sign_head(KP, w.key, head.tree_hash, head.length, 1)
+    assert f.check_conflict(head.length, 1, sig, head.roots) is False
+    assert f.follow_fork == 1
+    # and now fork 0 is the stale one
+    assert f.check_conflict(head.length, 0, head.signature, head.roots) is False
     assert not f.frozen
     assert not os.path.exists(tmp_path / "m" / EVIDENCE_FILE)
     assert f.high_watermark == head.next_offset
     f.close()
     w.close()
     evil.close()
+    other.close()
+
+
+def _reboot_writer(path: Path, monkeypatch: pytest.MonkeyPatch) -> PartitionLog:
+    """Writer `path` reopened as after an unclean shutdown across a reboot: recovery
+    re-signs what survived (here everything) under fork + 1 (FORMAT.md sec. 8, case 9)."""
+    import storage.log as log_mod
+
+    monkeypatch.setattr(log_mod, "BOOT_ID", os.urandom(16))
+    w = PartitionLog.open(path, KP, fsync=FsyncPolicy.NEVER)
+    return w
+
+
+def test_a_writer_that_moved_to_a_new_fork_keeping_our_blocks_is_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's recovery after a reboot bumps its fork without dropping what we
+    hold: the mirror checks that (the probe's proof of the new fork's tree at our
+    length), follows the new fork and stores its heads; after a restart of the mirror it
+    resumes on that fork. (Before: `reorgs unsupported` forever, or frozen.)"""
+    w = _writer(tmp_path / "w", 5)  # never closed: an unclean shutdown
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    w2 = _reboot_writer(tmp_path / "w", monkeypatch)
+    assert w2.fork == 1 and w2.head is not None and w2.head.length == 5
+    for i in range(7):
+        w2.append(make_batch(2, 20, ts=3000 + i, seed=500 + i))
+    w2.commit()
+    assert _probe(w2, f) is True  # longer, on fork 1, keeps our 5 blocks
+    assert f.follow_fork == 1
+    _sync(w2, f)
+    assert f.head is not None and (f.head.length, f.head.fork) == (12, 1)
+    assert _all(f) == _all(w2)
+    f.close()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert f.follow_fork == 1
+    w2.append(make_batch(2, 20, ts=4000, seed=900))
+    w2.commit()
+    assert _probe(w2, f) is True
+    _sync(w2, f)  # resumes on fork 1
+    assert f.head is not None and (f.head.length, f.head.fork) == (13, 1)
+    assert not f.frozen
+    f.close()
+    assert verify_partition(str(tmp_path / "m"), KP.public_key).ok
+    w2.close()
+    w.close()
 
 
 def test_reveal_makes_verified_blocks_readable_before_their_head_is_stored(tmp_path: Path) -> None:
