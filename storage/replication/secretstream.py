@@ -51,6 +51,9 @@ RECEIVE_BUFFER = 1 << 20  # reused receive buffer (grows for a frame larger than
 ABYTES = sodium.crypto_secretstream_xchacha20poly1305_ABYTES  # 17: tag byte + 16-byte MAC
 HEADERBYTES = sodium.crypto_secretstream_xchacha20poly1305_HEADERBYTES  # 24
 ID_HEADER_BYTES = 32 + HEADERBYTES
+# Before the stream is set up only Noise messages (under 100 bytes: no payloads) and the
+# id header come: a bigger frame is refused from its length prefix, before it arrives.
+MAX_SETUP_FRAME = 1024
 # Largest plaintext a single frame can carry.
 MAX_MESSAGE = MAX_FRAME - ABYTES
 
@@ -82,6 +85,7 @@ class SecretStream:
         self.static = static or Ed25519KeyPair.generate()
         self._noise: NoiseXX | None = NoiseXX(initiator, self.static, ephemeral=ephemeral)
         self._out: list[bytes | bytearray] = []
+        self.unsent = 0  # bytes queued in _out (a driver stops reading past a bound)
         self._push: object | None = None
         self._pull: object | None = None
         self._plain = ffi.new("unsigned char[]", 0)  # reused decryption buffer
@@ -97,18 +101,24 @@ class SecretStream:
         self.established = False  # both id headers exchanged: application data may flow
         self.handshake_complete = False
         if initiator:
-            self._out.append(frame(self._noise.write_message()))
+            self._queue(frame(self._noise.write_message()))
 
     # ------------------------------------------------------------------ output
+
+    def _queue(self, f: bytes | bytearray) -> None:
+        self._out.append(f)
+        self.unsent += len(f)
 
     def data_to_send(self) -> bytes:
         out = b"".join(self._out)
         self._out.clear()
+        self.unsent = 0
         return out
 
     def buffers_to_send(self) -> list[bytes | bytearray]:
         """The queued frames as they are (for a vectored write: no join of megabytes)."""
         out, self._out = self._out, []
+        self.unsent = 0
         return out
 
     def send(self, message: bytes | bytearray | memoryview) -> None:
@@ -180,7 +190,7 @@ class SecretStream:
             )
         if rc != 0:
             raise LocalProtocolError("secretstream push failed")
-        self._out.append(out)
+        self._queue(out)
 
     # ------------------------------------------------------------------ input
 
@@ -190,11 +200,14 @@ class SecretStream:
         allocation per read, and only the partial frame at its end is ever moved."""
         free = len(self._rbuf) - self._rfill
         if free < RECEIVE_BUFFER // 4:
-            # a frame bigger than the buffer is on its way: make room for all of it
+            # A frame bigger than the buffer is on its way: grow towards its size, at
+            # most doubling, so memory follows the bytes that arrived (a peer announcing
+            # 16 MiB and sending nothing gets no 16 MiB) at amortized linear copying.
             need = self._rfill + RECEIVE_BUFFER
             if self._rfill >= 3:
                 r = self._rbuf
-                need = max(need, 3 + (r[0] | r[1] << 8 | r[2] << 16) + RECEIVE_BUFFER // 4)
+                frame_end = 3 + (r[0] | r[1] << 8 | r[2] << 16) + RECEIVE_BUFFER // 4
+                need = max(need, min(frame_end, 2 * len(r)))
             self._rbuf.extend(bytes(need - len(self._rbuf)))
         return memoryview(self._rbuf)[self._rfill :]
 
@@ -209,6 +222,8 @@ class SecretStream:
         try:
             while end - pos >= 3:
                 k = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+                if k > MAX_SETUP_FRAME and self._pull is None:
+                    raise HandshakeError(f"a {k}-byte frame before the stream is set up")
                 if end - pos < 3 + k:
                     break
                 pos += 3 + k
@@ -273,7 +288,7 @@ class SecretStream:
             raise HandshakeError("empty handshake frame")
         noise.read_message(body)
         if not noise.complete:
-            self._out.append(frame(noise.write_message()))
+            self._queue(frame(noise.write_message()))
         if noise.complete:
             self._setup(noise)
 
@@ -287,7 +302,7 @@ class SecretStream:
         state = sodium.crypto_secretstream_xchacha20poly1305_state()
         header = sodium.crypto_secretstream_xchacha20poly1305_init_push(state, self._tx)
         self._push = state
-        self._out.append(frame(stream_id(self.handshake_hash, self.initiator) + bytes(header)))
+        self._queue(frame(stream_id(self.handshake_hash, self.initiator) + bytes(header)))
 
     def _on_id_header(self, body: bytes) -> None:
         if len(body) != ID_HEADER_BYTES:

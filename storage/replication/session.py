@@ -413,6 +413,14 @@ class Connection:
         """Requests are queued that the next `buffers_to_send` would answer."""
         return bool(self._ready)
 
+    @property
+    def unsent(self) -> int:
+        """Bytes written by the protocol and not yet taken by `data_to_send` /
+        `buffers_to_send` (answers to the peer's sync/want/open messages pile up here
+        while it does not read: a driver stops reading past a bound)."""
+        self._flush()
+        return self.stream.unsent
+
     def data_to_send(self, budget: int | None = None) -> bytes:
         self._encrypt_outgoing(budget)
         return self.stream.data_to_send()
