@@ -54,6 +54,11 @@ ID_HEADER_BYTES = 32 + HEADERBYTES
 # Before the stream is set up only Noise messages (under 100 bytes: no payloads) and the
 # id header come: a bigger frame is refused from its length prefix, before it arrives.
 MAX_SETUP_FRAME = 1024
+# The receive buffer starts small (a connection that sends little costs little: idle
+# peers, the handshake) and doubles while reads fill it, up to RECEIVE_BUFFER; a frame
+# larger than the buffer grows it towards the frame's size as its bytes arrive.
+INITIAL_BUFFER = 2 * MAX_SETUP_FRAME
+MIN_FREE = 1024
 # Largest plaintext a single frame can carry.
 MAX_MESSAGE = MAX_FRAME - ABYTES
 
@@ -91,8 +96,10 @@ class SecretStream:
         self._plain = ffi.new("unsigned char[]", 0)  # reused decryption buffer
         self._gather = bytearray()  # reused plaintext buffer of send_parts
         self._pool: list[bytearray] = []  # frames sent and given back (`recycle`)
-        self._rbuf = bytearray(RECEIVE_BUFFER)  # get_buffer / buffer_updated
+        self._rbuf = bytearray(INITIAL_BUFFER)  # get_buffer / buffer_updated
         self._rfill = 0  # bytes of _rbuf holding input not parsed yet
+        self._offered = 0  # free bytes the last get_buffer offered
+        self._busy = False  # the last read filled them: the peer is sending a lot
         self._tag = ffi.new("unsigned char *")
         self._tx = b""
         self._rx = b""
@@ -198,22 +205,27 @@ class SecretStream:
         """Where to read the next bytes from the socket into (``recv_into``); then call
         `buffer_updated` with the count, after releasing the view. One reused buffer: no
         allocation per read, and only the partial frame at its end is ever moved."""
-        free = len(self._rbuf) - self._rfill
-        if free < RECEIVE_BUFFER // 4:
-            # A frame bigger than the buffer is on its way: grow towards its size, at
+        buf = self._rbuf
+        size = len(buf)
+        need = self._rfill + MIN_FREE
+        if self._rfill >= 3 and size - self._rfill < size // 4:
+            # Nearly full of a frame bigger than the buffer: grow towards its size, at
             # most doubling, so memory follows the bytes that arrived (a peer announcing
             # 16 MiB and sending nothing gets no 16 MiB) at amortized linear copying.
-            need = self._rfill + RECEIVE_BUFFER
-            if self._rfill >= 3:
-                r = self._rbuf
-                frame_end = 3 + (r[0] | r[1] << 8 | r[2] << 16) + RECEIVE_BUFFER // 4
-                need = max(need, min(frame_end, 2 * len(r)))
-            self._rbuf.extend(bytes(need - len(self._rbuf)))
+            frame_end = 3 + (buf[0] | buf[1] << 8 | buf[2] << 16)
+            if frame_end > size:
+                need = max(need, min(frame_end, 2 * size))
+        if self._busy and self._pull is not None:
+            need = max(need, min(2 * size, RECEIVE_BUFFER))  # the last read filled it
+        if need > size:
+            buf.extend(bytes(need - size))
+        self._offered = len(buf) - self._rfill
         return memoryview(self._rbuf)[self._rfill :]
 
     def buffer_updated(self, n: int) -> list[bytes]:
         """`n` bytes were written where `get_buffer` pointed; returns the application
         messages they completed (as `receive_data`)."""
+        self._busy = n >= self._offered
         end = self._rfill + n
         buf = self._rbuf
         view = memoryview(buf)

@@ -195,7 +195,7 @@ def test_a_frame_length_is_not_memory_before_the_bytes_arrive() -> None:
     got: list[bytes] = []
     for i in range(0, len(wire), 1 << 16):
         got += b2.receive_data(wire[i : i + (1 << 16)])
-        assert len(b2._rbuf) <= 2 * (i + (1 << 16)) + 2 * RECEIVE_BUFFER
+        assert len(b2._rbuf) <= 3 * (i + (1 << 16)) + 2 * RECEIVE_BUFFER
     assert got == [b"q" * 5_000_000]
 
 
@@ -237,3 +237,24 @@ async def test_a_peer_that_does_not_read_stops_being_read(monkeypatch: pytest.Mo
         nursery.cancel_scope.cancel()
     assert sent < 60, "the server kept reading a peer that reads nothing"
     assert unsent <= (64 << 10) + (256 << 10), unsent
+
+
+def test_an_idle_connection_costs_kilobytes_not_a_megabyte() -> None:
+    """The receive buffer is not allocated ahead of traffic: a connection that completed
+    the handshake and sends nothing holds a few KiB (1 MiB each before: a thousand idle
+    peers were a gigabyte); one that streams grows it to RECEIVE_BUFFER."""
+    a, b = SecretStream(True), SecretStream(False)
+    assert len(b._rbuf) <= 4096
+    for _ in range(4):
+        b.receive_data(a.data_to_send())
+        a.receive_data(b.data_to_send())
+    assert a.established and b.established
+    assert len(a._rbuf) <= 4096 and len(b._rbuf) <= 4096
+    for _ in range(64):
+        a.send(bytes(60_000))
+    wire = a.data_to_send()
+    got = 0
+    for i in range(0, len(wire), 1 << 20):
+        got += len(b.receive_data(wire[i : i + (1 << 20)]))
+    assert got == 64
+    assert len(b._rbuf) >= RECEIVE_BUFFER
