@@ -234,6 +234,45 @@ async def test_a_longer_fork_is_caught_frozen_and_logged_once(
     evil.close()
 
 
+async def test_replication_port_drops_a_peer_that_never_handshakes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replication port is open to anyone: a connection that sends nothing (or half
+    a handshake) is dropped after HANDSHAKE_TIMEOUT_S; one that completes the handshake
+    stays, idle, as long as it likes."""
+    from broker import replication_server
+    from storage.replication.session import Connection
+
+    monkeypatch.setattr(replication_server, "HANDSHAKE_TIMEOUT_S", 0.5)
+    cfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                       replication_listen=("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        port = await _start(nursery, cfg)
+        _, address = await discover("127.0.0.1", port)
+        assert address is not None
+        rhost, rport = address.rsplit(":", 1)
+        mute = await trio.open_tcp_stream(rhost, int(rport))
+        half = await trio.open_tcp_stream(rhost, int(rport))
+        await half.send_all(b"\x20\x00\x00" + bytes(10))  # a Noise message, cut short
+        good = await trio.open_tcp_stream(rhost, int(rport))
+        conn = Connection(initiator=True)
+        with trio.fail_after(5):
+            while not conn.stream.established:
+                out = conn.data_to_send()
+                if out:
+                    await good.send_all(out)
+                data = await good.receive_some(1 << 16)
+                assert data
+                conn.receive_data(data)
+        with trio.fail_after(5):
+            assert await mute.receive_some(100) == b""  # closed by the server
+            assert await half.receive_some(100) == b""
+        with trio.move_on_after(1.5):
+            assert await good.receive_some(100) != b""  # (nothing comes: it stays open)
+        for st in (mute, half, good):
+            await st.aclose()
+        nursery.cancel_scope.cancel()
+
+
 async def test_mirror_restarted_while_writer_is_down_serves_its_copy(tmp_path: Path) -> None:
     wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
                         replication_listen=("127.0.0.1", 0))
