@@ -258,3 +258,32 @@ def test_an_idle_connection_costs_kilobytes_not_a_megabyte() -> None:
         got += len(b.receive_data(wire[i : i + (1 << 20)]))
     assert got == 64
     assert len(b._rbuf) >= RECEIVE_BUFFER
+
+
+mux_frames = st.lists(
+    st.tuples(
+        st.sampled_from([0, 1, 2, 3, 0xFD, 1 << 40]),  # channel ids: control, ours, others
+        st.integers(0, 12),
+        st.one_of(st.binary(max_size=48), messages.map(lambda m: m.encode())),
+    ).map(lambda t: encode_uint(t[0]) + encode_uint(t[1]) + t[2]),
+    min_size=1, max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(mux_frames, st.booleans())
+def test_encrypted_frames_of_anything_reach_only_typed_errors(frames: list[bytes], as_server: bool) -> None:
+    """Well-encrypted frames whose protomux and hypercore/alpha content is anything, on a
+    connection with an opened channel, at a server and at a follower."""
+    server = Connection(initiator=False, lookup=lambda dk: SRC)
+    client = Connection(initiator=True)
+    client.follow(SRC.key, MemoryArchive(KP.public_key), live=True)
+    _pump(client, server)
+    victim, attacker = (server, client) if as_server else (client, server)
+    for raw in frames:
+        attacker.stream.send(raw)
+        try:
+            victim.receive_data(attacker.stream.data_to_send())
+            victim.data_to_send()
+        except RemoteProtocolError:
+            return
