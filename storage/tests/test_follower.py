@@ -258,8 +258,54 @@ def test_equivocation_other_fork_and_non_prefix(tmp_path: Path) -> None:
     with pytest.raises(Equivocation):
         f.accept_head(eh.length, eh.fork, eh.signature, eh.roots)
     f.close()
+    # the evidence carries our own proof of our tree at the shorter length
+    desc = check_evidence(str(tmp_path / "m"), KP.public_key)
+    assert desc is not None and "at length 4" in desc
     w.close()
     evil.close()
+
+
+def test_verify_command_reports_a_longer_fork(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from storage.cli import verify_command
+    from storage.replication import MemoryArchive
+    from storage.store import CATALOG_DIR, MIRRORS_DIR, Store
+
+    w = Store.open(tmp_path / "w", fsync=FsyncPolicy.NEVER)
+    w.create_topic("t", 1, {})
+    plog = w.log("t", 0)
+    for i in range(4):
+        plog.append(make_batch(2, 20, seed=i))
+    plog.commit()
+    Store.open(tmp_path / "m").close()
+    base = tmp_path / "m" / MIRRORS_DIR / w.node_public_key.hex()
+    cat = FollowerLog.open_replica(base / CATALOG_DIR, w.node_public_key)
+    _sync(w.catalog_log, cat)
+    cat.close()
+    part = FollowerLog.open_replica(base / "t-0", plog.public_key)
+    _sync(plog, part)
+    # the writer's key signs another history, longer than what the mirror holds
+    kp = w.partition_keypair("t", 0)
+    evil = PartitionLog.open(tmp_path / "evil", kp, fsync=FsyncPolicy.NEVER)
+    for i in range(9):
+        evil.append(make_batch(2, 20, seed=200 + i))
+    evil.commit()
+    server = ReplicationSession.serve(PartitionLogSource(evil))
+    client = ReplicationSession.follow(evil.key, MemoryArchive(kp.public_key), initiator=True,
+                                       window=0, public_key=kp.public_key, probe_at=4)
+    _pump(client, server)
+    assert client.latest_head is not None
+    with pytest.raises(Equivocation):
+        part.check_conflict(*client.latest_head, proof=client.latest_proof)
+    part.close()
+    capsys.readouterr()
+    assert verify_command(str(tmp_path / "m"), None) == 1
+    out = capsys.readouterr().out
+    bad = [line for line in out.splitlines() if line.startswith("BAD")]
+    assert len(bad) == 1 and "/t 0" in bad[0] and "equivocation" in bad[0]
+    assert "length 9" in bad[0] and "at length 4" in bad[0] and EVIDENCE_FILE in bad[0]
+    evil.close()
+    w.close()
 
 
 def test_public_key_learned_from_manifest_even_when_empty(tmp_path: Path) -> None:
