@@ -174,8 +174,9 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
             await driver.run()
             nursery.cancel_scope.cancel()
     except Exception as exc:  # one peer's failure (a group from the nursery) never stops the port
-        errs = exc.exceptions if isinstance(exc, ExceptionGroup) else (exc,)
-        for e in errs:
+        # (leaves of nested groups too: a peer gone mid-write is a group of its own)
+        leaves = _leaves(exc) if isinstance(exc, ExceptionGroup) else [exc]
+        for e in leaves:
             if isinstance(e, RemoteProtocolError):
                 log.info("replication peer %s dropped: %s", peer, e)
             elif not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)):
@@ -184,6 +185,13 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
         for p in progress.values():
             p.close()
         await trio.aclose_forcefully(stream)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
 
 
 async def serve_replication(node: Node, host: str, port: int, *,

@@ -273,6 +273,76 @@ async def test_replication_port_drops_a_peer_that_never_handshakes(
         nursery.cancel_scope.cancel()
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+async def test_a_longer_fork_of_the_writers_catalog_stops_the_mirror_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Nodes in process: a copy of the writer's data dir (same node key) comes back at
+    the writer's address with a catalog that went its own way and is LONGER than the
+    mirror's. The mirror freezes its catalog copy (evidence kept), logs one ERROR, stops
+    following that node (no retrying) and keeps serving every topic it verified."""
+    import shutil
+
+    from storage.follower import EVIDENCE_FILE, check_evidence
+    from storage.store import CATALOG_DIR
+
+    wport, rport = _free_port(), _free_port()
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=wport, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", rport))
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as outer:
+
+        async def node(cfg: BrokerConfig, scope: trio.CancelScope,
+                       task_status: trio.TaskStatus[int]) -> None:
+            with scope:
+                async with trio.open_nursery() as n:
+                    task_status.started(await _start(n, cfg))
+
+        first = trio.CancelScope()
+        await outer.start(node, wcfg, first)
+        await _produce(await _client(wport), "a", [b"1"])
+        first.cancel()
+        await trio.sleep(0.3)
+        await trio.to_thread.run_sync(shutil.copytree, tmp_path / "w", tmp_path / "evil")
+        writer = trio.CancelScope()
+        await outer.start(node, wcfg, writer)
+        await _produce(await _client(wport), "b", [b"2"])
+        key, _ = await discover("127.0.0.1", wport)
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}"])
+        mport = await outer.start(node, mcfg, trio.CancelScope())
+        m = await _client(mport)
+        await _wait_hwm(m, "a", 1)
+        await _wait_hwm(m, "b", 1)
+        writer.cancel()
+        await trio.sleep(0.3)
+        ecfg = dataclasses.replace(wcfg, data_dir=tmp_path / "evil")
+        await outer.start(node, ecfg, trio.CancelScope())
+        e = await _client(wport)
+        for t in ("c", "d", "e"):  # its catalog: a, c, d, e (ours: a, b)
+            await _produce(e, t, [b"3"])
+        with trio.fail_after(20):
+            while True:  # polling the log: no event to wait on
+                if "EQUIVOCATION" in caplog.text:
+                    break
+                await trio.sleep(0.1)
+        await trio.sleep(6)  # past the longest reconnect backoff: nothing more is tried
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "EQUIVOCATION" in errors[0], errors
+        assert await _hwm(m, "a") == (0, 1) and await _hwm(m, "b") == (0, 1)
+        assert (await _hwm(m, "c"))[0] == 3  # UNKNOWN_TOPIC_OR_PARTITION: nothing forged
+        cat = tmp_path / "m" / "__mirrors" / key.hex() / CATALOG_DIR
+        assert (cat / EVIDENCE_FILE).is_file()
+        assert check_evidence(str(cat), key) is not None
+        outer.cancel_scope.cancel()
+
+
 async def test_mirror_restarted_while_writer_is_down_serves_its_copy(tmp_path: Path) -> None:
     wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
                         replication_listen=("127.0.0.1", 0))
