@@ -436,9 +436,9 @@ async def follow_forever(link: ConnectionDriver, lg: FollowerLog, on_head: Calla
     connection is lost (the caller reconnects and follows every archive again)."""
     backoff = BACKOFF_MIN_S
     while True:
-        if lg.frozen:
-            # said at ERROR once, when found or when the archive was opened frozen
-            log.debug("%s: not following: frozen (%s)", name, lg.frozen)
+        if lg.frozen or lg.reorg_needed:
+            # said at ERROR once, when found (or when the archive was opened frozen)
+            log.debug("%s: not following: %s", name, lg.frozen or lg.reorg_needed)
             return
         started = trio.current_time()
         try:
@@ -652,7 +652,7 @@ class NodeMirror:
         backoff = BACKOFF_MIN_S
         try:
             while True:
-                if self.catalog is not None and self.catalog.frozen:
+                if self.catalog is not None and (self.catalog.frozen or self.catalog.reorg_needed):
                     # the writer equivocated on its catalog (ERROR logged once by the
                     # catalog's FollowerLog): trust nothing new from it, serve what we hold
                     await trio.sleep_forever()
@@ -680,7 +680,6 @@ class NodeMirror:
                     pass
                 except ForkChanged as exc:  # the catalog: a reorg we cannot follow
                     log.error("mirror of %s: stopped following: %s", self.target.address, exc)
-                    await trio.sleep_forever()
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError,
                         ReplicationError, StorageError) as exc:
                     log.info("mirror of %s: %s: %s", self.target.address, type(exc).__name__, exc)

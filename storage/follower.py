@@ -34,7 +34,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
@@ -95,7 +95,13 @@ def _head_json(length: int, fork: int, th: bytes, signature: bytes, roots: Seque
     }
 
 
-def check_evidence(path: str, public_key: bytes) -> str | None:
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_evidence(path: str, public_key: bytes,
+                   read: Callable[[str], bytes] = _read) -> str | None:
     """A description of the equivocation recorded in archive dir `path` when its evidence
     file proves one under `public_key`: two heads of one fork, both signed, that disagree
     (same length and another tree hash; or the longer head's tree at the shorter length,
@@ -105,8 +111,7 @@ def check_evidence(path: str, public_key: bytes) -> str | None:
 
     key = archive_key(public_key)
     try:
-        with open(os.path.join(path, EVIDENCE_FILE)) as f:
-            doc = json.load(f)
+        doc = json.loads(read(os.path.join(path, EVIDENCE_FILE)))
         heads = []
         for h in doc["heads"][:2]:
             roots = [Node(int(i), int(s), bytes.fromhex(x)) for i, s, x in h["roots"]]
@@ -173,6 +178,9 @@ class FollowerLog(PartitionLog):
         # a newer fork of the writer shown to extend what we hold (check_conflict): the
         # fork to follow, before a head on it is stored
         self._next_fork: int | None = None
+        # set: the writer truncated below what we hold (ForkChanged raised); following
+        # needs a reorg we do not do, so nothing is tried again until a restart
+        self.reorg_needed: str | None = None
 
     @classmethod
     def open_replica(cls, path: str | os.PathLike[str], public_key: bytes, *,
@@ -192,8 +200,14 @@ class FollowerLog(PartitionLog):
         lg = cast(FollowerLog, cls.open(p, KeyPair(bytes(public_key), b""),
                                         fsync=FsyncPolicy.ALWAYS, config=config, fs=fs))
         if fs.exists(os.path.join(p, EVIDENCE_FILE)):
-            lg.frozen = "equivocation evidence on disk"
-            log.error("%s: frozen: %s", p, lg.frozen)
+            proven = check_evidence(p, bytes(public_key), fs.read_file)
+            if proven:
+                lg.frozen = proven
+                log.error("%s: frozen: %s", p, proven)
+            else:
+                # what `verify` says too: a file that proves nothing (a fork change an
+                # older version took for equivocation, a damaged file) freezes nothing
+                log.warning("%s: %s proves no equivocation; not frozen", p, EVIDENCE_FILE)
         return lg
 
     # ------------------------------------------------------------------ never sign
@@ -438,9 +452,11 @@ class FollowerLog(PartitionLog):
                                 self.path, fork, cur.length)
                 self._next_fork = fork
                 return length > cur.length
-            raise ForkChanged(f"{self.path}: the writer truncated its archive (fork {cur.fork} "
-                              f"-> {fork}, length {length}) below what we hold; a mirror does "
-                              f"not follow a reorg yet; serving the {cur.length} blocks verified")
+            self.reorg_needed = (f"the writer truncated its archive (fork {cur.fork} -> "
+                                 f"{fork}, length {length}) below what we hold; a mirror does "
+                                 f"not follow a reorg yet; serving the {cur.length} blocks "
+                                 f"verified")
+            raise ForkChanged(f"{self.path}: {self.reorg_needed}")
         if keeps is False:
             if length == cur.length:
                 why, evidence = f"two trees signed at length {length}", None

@@ -273,6 +273,63 @@ async def test_replication_port_drops_a_peer_that_never_handshakes(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_writer_truncated_below_our_copy_is_no_equivocation(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `never` writer loses its unsynced tail across a reboot and goes on under fork 1
+    (FORMAT.md sec. 8, case 9), shorter than what the mirror verified: legitimate in
+    Hypercore (a truncate), so no evidence and no freeze; the mirror cannot reorg, says
+    so at ERROR once and stops following that archive, serving what it verified."""
+    import storage.log as log_mod
+    from broker.mirror import _link_to, follow_forever
+    from storage.follower import EVIDENCE_FILE
+    from storage.fs import FaultyFileSystem
+
+    kp = KeyPair.from_seed(bytes([7]) * 32)
+    fs = FaultyFileSystem()
+    w = PartitionLog.open(tmp_path / "w", kp, fsync=FsyncPolicy.NEVER, fs=fs)
+    for i in range(2):
+        w.append(build_batch([b"durable%d" % i], timestamp_ms=1000))
+    w.commit(force_sync=True)
+    for i in range(3):
+        w.append(build_batch([b"lost%d" % i], timestamp_ms=1000))
+    w.commit()
+    follower = FollowerLog.open_replica(tmp_path / "m", kp.public_key)
+    server = ReplicationSession.serve(PartitionLogSource(w))
+    client = ReplicationSession.follow(w.key, follower, initiator=True, public_key=kp.public_key)
+    for _ in range(1000):
+        a, b = client.data_to_send(), server.data_to_send()
+        if not a and not b:
+            break
+        if a:
+            server.receive_data(a)
+        if b:
+            client.receive_data(b)
+    assert follower.high_watermark == 5
+    fs.crash("drop")
+    monkeypatch.setattr(log_mod, "BOOT_ID", b"\x42" * 16)  # the machine rebooted
+    w = PartitionLog.open(tmp_path / "w", kp, fsync=FsyncPolicy.NEVER, fs=fs)
+    w.append(build_batch([b"new"], timestamp_ms=1000))
+    w.commit()
+    assert w.fork == 1 and w.head is not None and w.head.length == 3
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, lambda st: _serve_archive(st, w), listeners)
+        for _ in range(2):  # a second attempt (a reconnect) says nothing more
+            async with _link_to(f"127.0.0.1:{port}") as link:
+                with trio.fail_after(10):
+                    await follow_forever(link, follower, lambda: None, "t-0")
+        nursery.cancel_scope.cancel()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "truncated" in errors[0] and "EQUIVOCATION" not in errors[0]
+    assert not follower.frozen and follower.reorg_needed
+    assert not (tmp_path / "m" / EVIDENCE_FILE).exists()
+    assert follower.high_watermark == 5  # still serves what it verified
+    follower.close()
+    w.close()
+
+
 def _free_port() -> int:
     import socket
 

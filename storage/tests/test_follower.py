@@ -690,5 +690,8 @@ def test_a_proof_that_does_not_fit_the_head_is_refused_not_evidence(tmp_path: Pa
     (tmp_path / "m" / EVIDENCE_FILE).write_text(json.dumps(doc))
     assert check_evidence(str(tmp_path / "m"), KP.public_key) is None
     f.close()
+    again = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert not again.frozen  # as verify says: no evidence, no freeze
+    again.close()
     w.close()
     evil.close()
