@@ -97,6 +97,9 @@ ISR_POLL_MAX_S = 1.0
 
 
 REQUEST_CORRELATION_ID = 1
+# Discovery answers (DescribeConfigs of one broker, Metadata) are kilobytes: a peer that
+# announces more (or a negative size) is not a broker we talk to, and is not buffered.
+MAX_DISCOVERY_RESPONSE = 1 << 20
 
 
 class DiscoveryError(Exception):
@@ -145,6 +148,9 @@ async def kafka_request(host: str, port: int, api_key: int, version: int, schema
             await stream.send_all(encode_request(header, req))
             buf = bytearray()
             while len(buf) < 4 or len(buf) < 4 + struct.unpack_from(">i", buf)[0]:
+                announced = struct.unpack_from(">i", buf)[0] if len(buf) >= 4 else 0
+                if not 0 <= announced <= MAX_DISCOVERY_RESPONSE:
+                    raise DiscoveryError(f"{host}:{port} announced a {announced}-byte answer")
                 data = await stream.receive_some(1 << 16)
                 if not data:
                     raise DiscoveryError(f"{host}:{port} closed the connection")

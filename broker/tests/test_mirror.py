@@ -6,6 +6,7 @@ up, a pinned key that does not match, and equivocation caught by the head probe.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -534,6 +535,24 @@ async def test_a_peer_answering_non_kafka_bytes_is_a_discovery_error() -> None:
     async with trio.open_nursery() as nursery:
         port = await _echo_server(nursery)
         with pytest.raises(DiscoveryError, match="sent no Kafka response"):
+            await kafka_request("127.0.0.1", port, 3, 1, "metadata", {"topics": None})
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_announcing_a_huge_answer_is_a_discovery_error() -> None:
+    # 2 GiB announced, then bytes for as long as we read: refused at once, not buffered
+    async def liar(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some(1 << 16)
+            await stream.send_all(b"\x7f\xff\xff\xff" + bytes(1 << 16))
+            with contextlib.suppress(trio.BrokenResourceError):
+                while True:
+                    await stream.send_all(bytes(1 << 16))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, liar, 0)
+        port = int(listeners[0].socket.getsockname()[1])
+        with trio.fail_after(3), pytest.raises(DiscoveryError, match="announced"):
             await kafka_request("127.0.0.1", port, 3, 1, "metadata", {"topics": None})
         nursery.cancel_scope.cancel()
 
