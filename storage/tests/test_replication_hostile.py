@@ -287,3 +287,29 @@ def test_encrypted_frames_of_anything_reach_only_typed_errors(frames: list[bytes
             victim.data_to_send()
         except RemoteProtocolError:
             return
+
+
+_HUGE = [b"\xff" + (1 << 53).to_bytes(8, "little"), b"\xff" * 9, b"\xfe\xff\xff\xff\xff",
+         b"\xfd\xff\xff", b"\xfe\x00\x00\x10\x00"]  # past 2**53, u64 max, u32 max, 1 Mi
+
+
+@settings(max_examples=500, deadline=None)
+@given(messages, st.integers(0, 200), st.integers(0, 7), st.sampled_from(_HUGE),
+       st.sampled_from(["truncate", "flip", "huge", "extend"]))
+def test_mutated_valid_messages_decode_or_raise_message_error(
+        m: M.Message, at: int, bit: int, huge: bytes, how: str) -> None:
+    """Valid encodings, then cut short, a bit flipped, a varint replaced by a huge one,
+    or bytes appended: a decoder returns a message or raises MessageError, never any
+    other error, and never allocates for a count the bytes do not hold."""
+    body = bytearray(m.encode())
+    i = at % (len(body) + 1)
+    if how == "truncate":
+        body = body[:i]
+    elif how == "flip" and body:
+        body[i % len(body)] ^= 1 << bit
+    elif how == "huge":
+        body[i:i + 1] = huge
+    else:
+        body += huge
+    with contextlib.suppress(MessageError):
+        M.decode_message(int(m.TYPE), bytes(body))
