@@ -63,26 +63,69 @@ def _pump(a: Connection, b: Connection) -> None:
 
 # Numbers where bugs live: around the archive's length, powers of two, the u32 edge and
 # the largest integer compact-encoding carries.
-_EDGES = [0, 1, 2, N_BLOCKS - 1, N_BLOCKS, N_BLOCKS + 1, 63, 64, 2 * N_BLOCKS, 1 << 31,
-          (1 << 32) - 1, 1 << 32, 1 << 52, (1 << 53) - 1]
+_EDGES = [
+    0,
+    1,
+    2,
+    N_BLOCKS - 1,
+    N_BLOCKS,
+    N_BLOCKS + 1,
+    63,
+    64,
+    2 * N_BLOCKS,
+    1 << 31,
+    (1 << 32) - 1,
+    1 << 32,
+    1 << 52,
+    (1 << 53) - 1,
+]
 num = st.one_of(st.sampled_from(_EDGES), st.integers(0, (1 << 53) - 1))
-nodes = st.lists(st.builds(Node, num, num, st.binary(min_size=32, max_size=32)), max_size=4).map(tuple)
+nodes = st.lists(st.builds(Node, num, num, st.binary(min_size=32, max_size=32)), max_size=4).map(
+    tuple
+)
 messages = st.one_of(
-    st.builds(M.Sync, num, num, num, st.booleans(), st.booleans(), st.booleans(), st.booleans(),
-              st.booleans()),
-    st.builds(M.Request, num, st.one_of(st.just(0), num),
-              st.none() | st.builds(BlockRequest, num, num),
-              st.none() | st.builds(HashRequest, num, num),
-              st.none(),
-              st.none() | st.builds(UpgradeRequest, num, num),
-              st.booleans(), st.one_of(st.just(0), num)),
+    st.builds(
+        M.Sync,
+        num,
+        num,
+        num,
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+    ),
+    st.builds(
+        M.Request,
+        num,
+        st.one_of(st.just(0), num),
+        st.none() | st.builds(BlockRequest, num, num),
+        st.none() | st.builds(HashRequest, num, num),
+        st.none(),
+        st.none() | st.builds(UpgradeRequest, num, num),
+        st.booleans(),
+        st.one_of(st.just(0), num),
+    ),
     st.builds(M.Cancel, num),
-    st.builds(M.Data, num, st.builds(
-        Proof, num,
-        st.none() | st.builds(BlockProof, num, st.binary(max_size=40), nodes),
-        st.none() | st.builds(HashProof, num, nodes),
-        st.none() | st.builds(UpgradeProof, num, num, nodes, nodes,
-                              st.none() | st.binary(min_size=68, max_size=68)))),
+    st.builds(
+        M.Data,
+        num,
+        st.builds(
+            Proof,
+            num,
+            st.none() | st.builds(BlockProof, num, st.binary(max_size=40), nodes),
+            st.none() | st.builds(HashProof, num, nodes),
+            st.none()
+            | st.builds(
+                UpgradeProof,
+                num,
+                num,
+                nodes,
+                nodes,
+                st.none() | st.binary(min_size=68, max_size=68),
+            ),
+        ),
+    ),
     st.builds(M.NoData, num, st.integers(0, 2)),
     st.builds(M.Want, num, num, st.booleans()),
     st.builds(M.Unwant, num, num, st.booleans()),
@@ -266,13 +309,16 @@ mux_frames = st.lists(
         st.integers(0, 12),
         st.one_of(st.binary(max_size=48), messages.map(lambda m: m.encode())),
     ).map(lambda t: encode_uint(t[0]) + encode_uint(t[1]) + t[2]),
-    min_size=1, max_size=8,
+    min_size=1,
+    max_size=8,
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(mux_frames, st.booleans())
-def test_encrypted_frames_of_anything_reach_only_typed_errors(frames: list[bytes], as_server: bool) -> None:
+def test_encrypted_frames_of_anything_reach_only_typed_errors(
+    frames: list[bytes], as_server: bool
+) -> None:
     """Well-encrypted frames whose protomux and hypercore/alpha content is anything, on a
     connection with an opened channel, at a server and at a follower."""
     server = Connection(initiator=False, lookup=lambda dk: SRC)
@@ -289,15 +335,26 @@ def test_encrypted_frames_of_anything_reach_only_typed_errors(frames: list[bytes
             return
 
 
-_HUGE = [b"\xff" + (1 << 53).to_bytes(8, "little"), b"\xff" * 9, b"\xfe\xff\xff\xff\xff",
-         b"\xfd\xff\xff", b"\xfe\x00\x00\x10\x00"]  # past 2**53, u64 max, u32 max, 1 Mi
+_HUGE = [
+    b"\xff" + (1 << 53).to_bytes(8, "little"),
+    b"\xff" * 9,
+    b"\xfe\xff\xff\xff\xff",
+    b"\xfd\xff\xff",
+    b"\xfe\x00\x00\x10\x00",
+]  # past 2**53, u64 max, u32 max, 1 Mi
 
 
 @settings(max_examples=500, deadline=None)
-@given(messages, st.integers(0, 200), st.integers(0, 7), st.sampled_from(_HUGE),
-       st.sampled_from(["truncate", "flip", "huge", "extend"]))
+@given(
+    messages,
+    st.integers(0, 200),
+    st.integers(0, 7),
+    st.sampled_from(_HUGE),
+    st.sampled_from(["truncate", "flip", "huge", "extend"]),
+)
 def test_mutated_valid_messages_decode_or_raise_message_error(
-        m: M.Message, at: int, bit: int, huge: bytes, how: str) -> None:
+    m: M.Message, at: int, bit: int, huge: bytes, how: str
+) -> None:
     """Valid encodings, then cut short, a bit flipped, a varint replaced by a huge one,
     or bytes appended: a decoder returns a message or raises MessageError, never any
     other error, and never allocates for a count the bytes do not hold."""
@@ -308,7 +365,7 @@ def test_mutated_valid_messages_decode_or_raise_message_error(
     elif how == "flip" and body:
         body[i % len(body)] ^= 1 << bit
     elif how == "huge":
-        body[i:i + 1] = huge
+        body[i : i + 1] = huge
     else:
         body += huge
     with contextlib.suppress(MessageError):
