@@ -29,7 +29,8 @@ Theory of operation: bytes go in through `receive_data`, bytes to write come out
 source/sink. Which errors close one channel and which the whole connection: see
 `Connection`. Like Hypercore we treat the capability as the proof that the peer knows
 the archive key: the channel id (discovery key) does not reveal it. Not implemented
-(documented gaps): seek requests, reorgs/forks after data was verified, multi-signer
+(documented gaps): seek requests, reorgs (a newer fork that drops verified blocks; one
+that keeps them is followed with `follow(..., fork=)`), multi-signer
 manifests, sparse peers that lack blocks they announced, pushing unrequested blocks
 (``allowPush``) and extensions (accepted and ignored).
 

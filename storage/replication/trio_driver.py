@@ -89,9 +89,10 @@ class ConnectionDriver:
     (`Connection.buffers_to_send`, `SEND_BUDGET` bytes a round), not after every request
     of a channel catching up; it stops reading while more than `MAX_QUEUED` requests
     wait for answers or more than `MAX_UNSENT` bytes of replies wait to be written (a
-    peer that does not read what we send stops being read: TCP backpressure). `run` returns when the peer closes the stream and raises
-    `RemoteProtocolError` when the connection (not just a channel) fails; either way
-    every `wait` then raises `trio.BrokenResourceError`.
+    peer that does not read what we send stops being read: TCP backpressure). `run`
+    returns when the peer closes the stream and raises `RemoteProtocolError` when the
+    connection (not just a channel) fails; either way every `wait` then raises
+    `trio.BrokenResourceError`.
 
     Only the driver's own tasks write to the stream, so a channel task cancelled at any
     point (a topic deleted) never leaves half a frame behind: channel tasks change the
