@@ -370,3 +370,45 @@ def test_mutated_valid_messages_decode_or_raise_message_error(
         body += huge
     with contextlib.suppress(MessageError):
         M.decode_message(int(m.TYPE), bytes(body))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 3),
+    st.integers(0, 200),
+    st.integers(0, 7),
+    st.sampled_from(["flip", "truncate", "extend", "length"]),
+)
+def test_mutated_handshake_frames_raise_only_typed_errors(
+    which: int, at: int, bit: int, how: str
+) -> None:
+    """A real handshake transcript with one frame changed (a bit, cut short, bytes added,
+    its length prefix lying): the receiving side raises a ReplicationError or waits for
+    more bytes; it never raises anything else nor completes with a tampered transcript."""
+    from storage.replication.errors import ReplicationError
+
+    a, b = SecretStream(True), SecretStream(False)
+    sides = [(a, b), (b, a), (a, b), (b, a)]
+    for k, (src, dst) in enumerate(sides):
+        frame = bytearray(src.data_to_send())
+        if k == which and frame:
+            i = at % len(frame)
+            if how == "flip":
+                frame[i] ^= 1 << bit
+            elif how == "truncate":
+                frame = frame[:i]
+            elif how == "extend":
+                frame += bytes([bit]) * (at % 50 + 1)
+            else:
+                frame[0:3] = (at * 977).to_bytes(3, "little")
+        try:
+            dst.receive_data(bytes(frame))
+        except ReplicationError:
+            return
+    if a.established and b.established:
+        a.send(b"ping")
+        try:
+            # appended bytes leave the stream waiting for a frame that never completes
+            assert b.receive_data(a.data_to_send()) in ([b"ping"], [])
+        except ReplicationError:
+            return
