@@ -98,6 +98,25 @@ class FrameDecoder:
         (size,) = _SIZE.unpack_from(self._buf, self._pos)
         return size if 0 <= size <= self.max_frame_size else None
 
+    @property
+    def receiving_large(self) -> bool:
+        """A large frame is being received: its next bytes go to `receive_buffer()`."""
+        return self._large is not None and self._large_fill < self._large_size
+
+    @property
+    def needed(self) -> int | None:
+        """Bytes still missing from the frame being received (from its prefix while that
+        is incomplete), or None when nothing of it is here or its prefix is refused."""
+        if self._large is not None:
+            return self._large_size - self._large_fill
+        avail = len(self._buf) - self._pos
+        if avail == 0:
+            return None
+        if avail < 4:
+            return 4 - avail
+        size = self.announced
+        return None if size is None else max(size - (avail - 4), 0)
+
     def receive_buffer(self) -> memoryview | None:
         """Room for the next bytes of a large frame, for `recv_into` (at most
         `grow_chunk`, grown now if the buffer is full); then call `received_into(n)`.

@@ -182,3 +182,16 @@ def test_linear_buffering_many_small_frames() -> None:
 
 def test_frame_prefix() -> None:
     assert frame(b"abc") == b"\x00\x00\x00\x03abc"
+
+
+def test_needed() -> None:
+    dec = FrameDecoder(large_frame_size=16)
+    assert dec.needed is None
+    dec.receive_data(b"\x00\x00")
+    assert dec.needed == 2
+    dec.receive_data(b"\x00\x08abc")
+    assert dec.needed == 5
+    dec.receive_data(b"defgh" + struct.pack(">i", 100) + b"x")
+    assert dec.next_frame() == b"abcdefgh"
+    assert dec.next_frame() is None
+    assert dec.needed == 99  # a large frame in progress
