@@ -186,8 +186,9 @@ class BrokerConfig:
     fetch_max_bytes: int = 55 * 1024 * 1024
     # Bytes of answers a connection may have waiting for its client to read them before
     # the broker stops reading that connection's requests (a client that pipelines
-    # without reading). One answer larger than this is still sent.
-    max_unsent_bytes_per_connection: int = 4 * 1024 * 1024
+    # without reading). One answer larger than this is still sent. Produce answers are a
+    # few hundred bytes, so pipelining producers never meet it; Kafka itself holds one.
+    max_unsent_bytes_per_connection: int = 1024 * 1024
     max_connections: int = 10_000
     shutdown_grace_s: float = 10.0
     log_retention_check_ms: int = 300_000

@@ -324,8 +324,8 @@ class Server:
                         # The rest of a large request goes straight into its frame buffer.
                         room = decoder.receive_buffer()
                         assert room is not None
-                        got = os.readv(fd, [room[:granted]])
-                        del room
+                        with room, room[:granted] as part:  # released even if the read fails
+                            got = os.readv(fd, [part])
                         decoder.received_into(got)
                     else:
                         data = os.read(fd, granted)
@@ -333,7 +333,8 @@ class Server:
                         decoder.receive_data(data)
                 except BlockingIOError:
                     # Nothing there yet: give the room back while waiting (an idle
-                    # connection holds nothing of the pool).
+                    # connection holds nothing of the pool, nor a grown frame buffer).
+                    decoder.release_room()
                     budget.received(granted, 0)
                     reader.receiving = True
                     try:

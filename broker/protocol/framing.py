@@ -131,6 +131,13 @@ class FrameDecoder:
             large += _zeros(min(self.grow_chunk, self._large_size - fill))
         return memoryview(large)[fill:]
 
+    def release_room(self) -> None:
+        """Give back what `receive_buffer()` grew and nothing filled (a read that found no
+        bytes), so an idle frame holds only the bytes it received."""
+        large = self._large
+        if large is not None and len(large) > self._large_fill:
+            del large[self._large_fill :]
+
     def received_into(self, n: int) -> None:
         """`n` bytes were written at the start of the last `receive_buffer()`."""
         if self._large is None or not 0 <= n <= len(self._large) - self._large_fill:

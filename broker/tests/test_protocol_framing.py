@@ -195,3 +195,22 @@ def test_needed() -> None:
     assert dec.next_frame() == b"abcdefgh"
     assert dec.next_frame() is None
     assert dec.needed == 99  # a large frame in progress
+
+
+def test_release_room_gives_back_an_unfilled_chunk() -> None:
+    dec = FrameDecoder(grow_chunk=64 * 1024)
+    dec.receive_data(struct.pack(">i", 1 << 20) + b"ab")
+    assert dec.next_frame() is None and dec.receiving_large
+    room = dec.receive_buffer()
+    assert room is not None and len(room) == 64 * 1024  # one chunk past the bytes
+    del room
+    dec.release_room()  # the read found nothing
+    room = dec.receive_buffer()
+    assert room is not None
+    room[:3] = b"cde"
+    del room
+    dec.received_into(3)
+    dec.release_room()
+    dec.receive_data(b"f" * ((1 << 20) - 5))
+    frame_ = dec.next_frame()
+    assert frame_ is not None and bytes(frame_[:6]) == b"abcdef" and len(frame_) == 1 << 20
