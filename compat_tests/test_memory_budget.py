@@ -174,7 +174,7 @@ def test_pipelining_without_reading_keeps_rss_bounded(own_broker: Broker) -> Non
     print(
         f"pipelining without reading, 20 clients, {sent} fetches sent: broker RSS +{grown / MiB:.1f} MiB"
     )
-    assert grown < 200 * MiB, f"RSS grew by {grown / MiB:.0f} MiB for clients that do not read"
+    assert grown < 100 * MiB, f"RSS grew by {grown / MiB:.0f} MiB for clients that do not read"
     assert own_broker.alive()
 
 
