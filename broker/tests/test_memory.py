@@ -102,3 +102,50 @@ async def test_partition_max_bytes_holds_after_the_first_partition(broker: Broke
     # First partition: one batch above its limit (KIP-74); second: its batch is above its
     # partition_max_bytes, so nothing; third fits.
     assert sizes == [len(big), 0, len(small)]
+
+
+async def test_metadata_describes_a_topic_named_many_times_once(broker: Broker) -> None:
+    await create(broker, "meta-dup", partitions=50)
+    c = await broker.connect()
+    r = await c.call(
+        "metadata",
+        12,
+        {
+            "topics": [{"name": "meta-dup", "topic_id": None}] * 5000,
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    assert [(t.name, len(t.partitions)) for t in r.topics] == [("meta-dup", 50)]
+
+
+async def test_list_offsets_refuses_a_partition_named_twice_as_kafka(broker: Broker) -> None:
+    await create(broker, "lo-dup", partitions=2)
+    c = await broker.connect()
+    await produce(c, "lo-dup", batch([b"x"]))
+    part = {"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}
+    other = {"partition_index": 1, "current_leader_epoch": -1, "timestamp": -1}
+    r = await c.call(
+        "list_offsets",
+        7,
+        {
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [{"name": "lo-dup", "partitions": [part, other, part]}],
+        },
+    )
+    got = [(p.partition_index, p.error_code, p.offset) for p in r.topics[0].partitions]
+    assert got == [(0, 42, -1), (1, 0, 0), (0, 42, -1)]  # INVALID_REQUEST for each repetition
+
+
+async def test_describe_configs_describes_a_resource_once(broker: Broker) -> None:
+    await create(broker, "dc-dup")
+    c = await broker.connect()
+    res = {"resource_type": 2, "resource_name": "dc-dup", "configuration_keys": None}
+    r = await c.call(
+        "describe_configs",
+        4,
+        {"resources": [res] * 1000, "include_synonyms": True, "include_documentation": True},
+    )
+    assert r.results[0].error_code == 0 and len(r.results[0].configs) > 10
+    assert all(x.error_code == 42 and not x.configs for x in r.results[1:])
