@@ -283,6 +283,7 @@ class Server:
         idle_s = settings.idle_ms / 1000
         partial_since: float | None = None  # when the request being received began
         held = False  # whole frames left in the decoder while answers piled up unread
+        readable = False  # bytes are known to wait on the socket
         while not self._draining.is_set():
             if budget.over:
                 # The client does not read its answers: read nothing more from it until it
@@ -299,7 +300,7 @@ class Server:
                 reader.deadline = partial_since + settings.request_timeout_ms / 1000
                 reader.partial = True
             budget.release_ready()
-            got, large = 1, False
+            got = 1
             if held:
                 held = False
             elif sock is None:
@@ -313,39 +314,52 @@ class Server:
                 self.pool.force(got)
                 budget.received(0, got)
                 decoder.receive_data(data)
+            elif decoder.receiving_large:
+                # The rest of a large request goes straight into its frame buffer, grown
+                # a chunk at a time with room taken from the pool, and only once bytes are
+                # known to be waiting (a size prefix alone allocates nothing).
+                if not decoder.room:
+                    if not readable:
+                        await self._wait_readable(sock, reader)
+                        readable = True
+                    granted = await budget.grant(decoder.growth, decoder.needed, True)
+                    budget.received(granted, decoder.grow(granted))  # charged as allocated
+                try:
+                    room = decoder.receive_buffer()
+                    assert room is not None
+                    with room:  # released even if the read fails
+                        got = os.readv(fd, [room])
+                        readable = got == len(room)  # filled: more is likely waiting
+                except BlockingIOError:
+                    readable = False
+                    await self._wait_readable(sock, reader)
+                    readable = True
+                    continue
+                except OSError as exc:  # as SocketStream.receive_some reports it
+                    raise trio.BrokenResourceError from exc
+                decoder.received_into(got)
+                await trio.lowlevel.cancel_shielded_checkpoint()  # as trio's own receive
             else:
                 # Take room for the next bytes from the pool (waiting here, reading nothing,
                 # while the pool is spent), then read at most that much.
-                large = decoder.receiving_large
-                want = decoder.grow_chunk if large else RECEIVE_SIZE
-                granted = await budget.grant(want, decoder.needed, decoder.buffered > 0)
+                granted = await budget.grant(RECEIVE_SIZE, decoder.needed, decoder.buffered > 0)
                 try:
-                    if large:
-                        # The rest of a large request goes straight into its frame buffer.
-                        room = decoder.receive_buffer()
-                        assert room is not None
-                        with room, room[:granted] as part:  # released even if the read fails
-                            got = os.readv(fd, [part])
-                        decoder.received_into(got)
-                    else:
-                        data = os.read(fd, granted)
-                        got = len(data)
-                        decoder.receive_data(data)
+                    data = os.read(fd, granted)
                 except BlockingIOError:
                     # Nothing there yet: give the room back while waiting (an idle
-                    # connection holds nothing of the pool, nor a grown frame buffer).
-                    decoder.release_room()
+                    # connection holds nothing of the pool).
                     budget.received(granted, 0)
-                    reader.receiving = True
-                    try:
-                        await trio.lowlevel.wait_readable(sock)
-                    finally:
-                        reader.receiving = False
+                    readable = False
+                    await self._wait_readable(sock, reader)
+                    readable = True
                     continue
                 except OSError as exc:  # as SocketStream.receive_some reports it
                     budget.received(granted, 0)
                     raise trio.BrokenResourceError from exc
+                got = len(data)
+                readable = got == granted
                 budget.received(granted, got)
+                decoder.receive_data(data)
                 # As trio's own receive: a read that did not wait still lets others run.
                 await trio.lowlevel.cancel_shielded_checkpoint()
             if not got:
@@ -402,6 +416,14 @@ class Server:
                 partial_since = None
             elif completed or partial_since is None:
                 partial_since = trio.current_time()
+
+    @staticmethod
+    async def _wait_readable(sock: Any, reader: _Reader) -> None:
+        reader.receiving = True
+        try:
+            await trio.lowlevel.wait_readable(sock)
+        finally:
+            reader.receiving = False
 
     async def _wait_client_reads(self, reader: _Reader, wait: Callable[[], Awaitable[None]],
                                  until: Callable[[], bool] | None = None) -> None:

@@ -128,15 +128,32 @@ class FrameDecoder:
         if fill >= self._large_size:
             return None
         if fill == len(large):
-            large += _zeros(min(self.grow_chunk, self._large_size - fill))
+            self.grow(self.grow_chunk)
         return memoryview(large)[fill:]
 
-    def release_room(self) -> None:
-        """Give back what `receive_buffer()` grew and nothing filled (a read that found no
-        bytes), so an idle frame holds only the bytes it received."""
+    @property
+    def room(self) -> int:
+        """Bytes the large frame's buffer has grown and not filled (what `recv_into` may
+        write without growing it)."""
         large = self._large
-        if large is not None and len(large) > self._large_fill:
-            del large[self._large_fill :]
+        return 0 if large is None else len(large) - self._large_fill
+
+    @property
+    def growth(self) -> int:
+        """What the next growth of the large frame's buffer adds (0: none being received)."""
+        large = self._large
+        if large is None:
+            return 0
+        return min(self.grow_chunk, self._large_size - len(large))
+
+    def grow(self, n: int) -> int:
+        """Grow the large frame's buffer by at most `n` (and `growth`) bytes; how many."""
+        large = self._large
+        n = min(n, self.growth)
+        if large is None or n <= 0:
+            return 0
+        large += _zeros(n)
+        return n
 
     def received_into(self, n: int) -> None:
         """`n` bytes were written at the start of the last `receive_buffer()`."""

@@ -197,20 +197,21 @@ def test_needed() -> None:
     assert dec.needed == 99  # a large frame in progress
 
 
-def test_release_room_gives_back_an_unfilled_chunk() -> None:
+def test_grow_explicitly_then_read_into_the_room() -> None:
     dec = FrameDecoder(grow_chunk=64 * 1024)
-    dec.receive_data(struct.pack(">i", 1 << 20) + b"ab")
+    dec.receive_data(struct.pack(">i", 100_000) + b"ab")
     assert dec.next_frame() is None and dec.receiving_large
-    room = dec.receive_buffer()
-    assert room is not None and len(room) == 64 * 1024  # one chunk past the bytes
+    assert (dec.room, dec.growth) == (0, 64 * 1024)
+    assert dec.grow(1000) == 1000  # at most what was granted
+    assert dec.room == 1000
+    room = dec.receive_buffer()  # the room there: not grown again
+    assert room is not None and len(room) == 1000
+    room[:] = b"c" * 1000
     del room
-    dec.release_room()  # the read found nothing
-    room = dec.receive_buffer()
-    assert room is not None
-    room[:3] = b"cde"
-    del room
-    dec.received_into(3)
-    dec.release_room()
-    dec.receive_data(b"f" * ((1 << 20) - 5))
+    dec.received_into(1000)
+    assert dec.grow(1 << 20) == 64 * 1024  # at most one chunk
+    assert dec.grow(1 << 20) == 100_000 - 2 - 1000 - 64 * 1024  # never past the frame
+    assert dec.grow(1) == 0
+    dec.receive_data(b"d" * (100_000 - 1002))  # fills the grown room, then done
     frame_ = dec.next_frame()
-    assert frame_ is not None and bytes(frame_[:6]) == b"abcdef" and len(frame_) == 1 << 20
+    assert frame_ is not None and len(frame_) == 100_000 and bytes(frame_[:4]) == b"abcc"
