@@ -23,7 +23,11 @@ than the whole pool is still served. A lane holder that stops sending is closed 
 request timeout like any request that trickles in.
 
 A connection's unsent answers are bounded too (`hyperkafka.connection.max.unsent.bytes`):
-past the bound the server reads nothing more from it until its client reads.
+past the bound the server reads nothing more from it until its client reads. And what a
+handler reads into memory for an answer (Fetch data below the sendfile size, or any over
+TLS) comes from the same pool (`AnswerMemory`) until the answer is sent: with the pool
+spent, Fetch answers what it already has (over plain TCP it sends the rest from the
+file), except that the first partition's batch always comes, as Kafka's KIP-74 rule.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["ConnectionBudget", "RequestPool", "Ticket"]
+__all__ = ["AnswerMemory", "ConnectionBudget", "RequestPool", "Ticket"]
 
 
 class RequestPool:
@@ -94,6 +98,31 @@ class RequestPool:
             "available": self.available,
             "in_use": self.capacity - self.available,
         }
+
+
+class AnswerMemory:
+    """Bytes one handler read into memory for its answer, taken from the pool."""
+
+    __slots__ = ("held", "pool")
+
+    def __init__(self, pool: RequestPool) -> None:
+        self.pool = pool
+        self.held = 0
+
+    def take(self, n: int, *, anyway: bool = False) -> bool:
+        """Take `n` bytes if the pool has them (or `anyway`, past the bound); whether taken."""
+        pool = self.pool
+        if not pool.bounded:
+            return True
+        if pool.available < n and not anyway:
+            return False
+        pool.available -= n
+        self.held += n
+        return True
+
+    def give_back(self) -> None:
+        held, self.held = self.held, 0
+        self.pool.give(held)
 
 
 class Ticket:
@@ -158,6 +187,15 @@ class ConnectionBudget:
         self.unframed += got
         if granted > got:
             self.pool.give(granted - got)
+
+    def hold(self, memory: AnswerMemory) -> Ticket | None:
+        """What `memory` took, as a ticket of this connection (given back once sent)."""
+        if not memory.held:
+            return None
+        ticket = Ticket(self, memory.held)
+        memory.held = 0
+        self.tickets.add(ticket)
+        return ticket
 
     def frame_done(self, size: int) -> Ticket | None:
         """A whole frame of `size` bytes (prefix included) left the decoder: its ticket."""

@@ -45,7 +45,7 @@ import trio
 import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import NO_RESPONSE, REGISTRY, Deferred, Encoded, RequestContext, advertised
 from broker.config import BrokerConfig
-from broker.memory import ConnectionBudget, RequestPool, Ticket, memory_of
+from broker.memory import AnswerMemory, ConnectionBudget, RequestPool, Ticket, memory_of
 from broker.node import Node
 from broker.protocol.codec import (
     decode_request,
@@ -78,7 +78,7 @@ class Outgoing:
     """One request's answer, queued for the writer in request order: `parts` now, or
     `finish()` to await (a `Deferred`), with `ready()` saying it would not block."""
 
-    __slots__ = ("finish", "parts", "ready", "ticket", "unsent")
+    __slots__ = ("answer", "finish", "parts", "ready", "ticket", "unsent")
 
     def __init__(
         self,
@@ -90,6 +90,7 @@ class Outgoing:
         self.finish = finish
         self.ready = ready if ready is not None else (_never if finish is not None else _always)
         self.ticket: Ticket | None = None  # the request's bytes, while its answer waits
+        self.answer: Ticket | None = None  # what the handler read into the answer, until sent
         self.unsent = 0  # bytes of `parts` counted in the connection's unsent answers
 
 
@@ -371,7 +372,7 @@ class Server:
                 while (payload := decoder.next_frame()) is not None:
                     completed = True
                     ticket = budget.frame_done(len(payload) + 4)
-                    outgoing = await self._handle(payload, session)
+                    outgoing = await self._handle(payload, session, budget)
                     del payload
                     if outgoing.finish is None:
                         if ticket is not None:
@@ -438,7 +439,7 @@ class Server:
         finally:
             reader.receiving = reader.stalled = False
 
-    async def _handle(self, payload: Any, session: Session) -> Outgoing:
+    async def _handle(self, payload: Any, session: Session, budget: ConnectionBudget) -> Outgoing:
         peer = session.peer
         if session.raw_sasl:
             # After SaslHandshake v0 the client sends bare SASL tokens, and so do we.
@@ -460,14 +461,23 @@ class Server:
             # Produces admitted earlier in this chunk are committed before a handler that
             # may wait (a Fetch long-poll) holds the reader.
             await self.node.commit_after_chunk()
-        ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session)
+        memory = AnswerMemory(self.pool)
+        ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session, memory)
         api = REGISTRY[header.api_key]
         if _trace:
             log.debug("%s %s v%d #%d from %s as %s: %.300r", peer, api.name, header.api_version, header.correlation_id, header.client_id, session.principal, request)
-        result = await api.handler(ctx, request)
+        try:
+            result = await api.handler(ctx, request)
+        finally:
+            answer = budget.hold(memory)  # (also when the handler failed: the close gives it back)
+        outgoing = self._answer(header, result, session, len(payload))
+        outgoing.answer = answer
+        return outgoing
+
+    def _answer(self, header: RequestHeader, result: Any, session: Session, size: int) -> Outgoing:
         throttle_ms = 0
         if header.api_key == PRODUCE:
-            throttle_ms = session.throttle_produce(len(payload))
+            throttle_ms = session.throttle_produce(size)
         elif header.api_key == FETCH and isinstance(result, dict):
             throttle_ms, send_data = session.throttle_fetch(_fetch_bytes(result))
             if not send_data:
@@ -501,6 +511,7 @@ class Server:
         # trio's send path) per round is what keeps a pipelining producer cheap.
         out: list[Any] = []
         counted = 0  # of budget.unsent, for the answers in `out`
+        held: list[Ticket] = []  # what their handlers read into them, from the pool
         async with receive:
             async for outgoing in receive:
                 while True:
@@ -509,6 +520,7 @@ class Server:
                         out = []
                         budget.sent(counted)
                         counted = 0
+                        _release(held)
                     if outgoing.finish is None:
                         parts = outgoing.parts
                         counted += outgoing.unsent
@@ -521,6 +533,8 @@ class Server:
                         counted += n
                     if parts:
                         out += parts
+                    if outgoing.answer is not None:
+                        held.append(outgoing.answer)
                     try:
                         outgoing = receive.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
@@ -530,6 +544,7 @@ class Server:
                     out = []
                 budget.sent(counted)
                 counted = 0
+                _release(held)
         scope.cancel()  # the reader ended and every reply is out
 
 
@@ -546,6 +561,12 @@ async def _send_tls_alert(tls: trio.SSLStream[trio.SocketStream], raw: trio.Sock
         # A client already gone has no one to tell.
         with trio.move_on_after(1.0), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await raw.send_all(alert)
+
+
+def _release(tickets: list[Ticket]) -> None:
+    for ticket in tickets:
+        ticket.release()
+    tickets.clear()
 
 
 def _fetch_bytes(description: Any) -> int:

@@ -8,6 +8,10 @@ most its partition_max_bytes, except that the first partition with data gets at 
 one whole batch even above both (KIP-74); a later partition whose next batch does not
 fit what is left gets no records this time.
 
+Records read into memory (below the sendfile size, or all over TLS) are taken from the
+broker's request memory pool (queued.max.request.bytes, broker/memory.py) until the answer
+is sent; with the pool spent, the answer holds what it has (the first batch always).
+
 A partition named twice in one request is served once, as Kafka's FetchRequest folds the
 partitions into one ordered map: the last entry's offset and limits win, at the place of
 the first (so a request naming one partition 20,000 times reads it once).
@@ -40,6 +44,7 @@ import trio
 
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
+from broker.memory import AnswerMemory
 from broker.node import Node
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -65,7 +70,8 @@ def requested_partitions(req: Any) -> list[tuple[str, list[Any]]]:
 
 def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset(),
               rack: str = "", sendfile: bool = False,
-              wanted: list[tuple[str, list[Any]]] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
+              wanted: list[tuple[str, list[Any]]] | None = None,
+              memory: AnswerMemory | None = None) -> tuple[list[dict[str, Any]], int, bool]:
     """(responses, bytes of records, whether a partition named a preferred read replica)."""
     budget = min(req.max_bytes if version >= 3 else 2**31 - 1, node.config.fetch_max_bytes)
     total = 0
@@ -122,8 +128,12 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 data: bytes | FileSlice
                 if sendfile and where.size >= SENDFILE_MIN_BYTES:
                     data = FileSlice(where.fd, where.position, where.size)
-                else:
+                elif memory is None or memory.take(where.size, anyway=total == 0):
                     data = where.read()
+                else:
+                    # Read into memory only what the broker's budget has room for (the
+                    # first batch always, KIP-74): the rest is fetched next time.
+                    continue
             except OffsetOutOfRange:
                 if (topic is not None and topic.mirrored and node.cluster is not None and p.fetch_offset > hwm
                         and ((version >= 11 and leader_epoch < 0)
@@ -160,7 +170,8 @@ async def fetch(ctx: RequestContext, req: Any) -> Reply:
     rack = (getattr(req, "rack_id", "") or "") if getattr(req, "replica_id", -1) < 0 else ""
     sendfile = ctx.session is not None and ctx.session.sendfile
     wanted = requested_partitions(req)
-    responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile, wanted)
+    memory = ctx.memory
+    responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile, wanted, memory)
     max_wait = req.max_wait.total_seconds()
     # As Kafka: a min_bytes above what one answer may hold would only make it wait longer.
     min_bytes = min(req.min_bytes, node.config.fetch_max_bytes)
@@ -170,7 +181,9 @@ async def fetch(ctx: RequestContext, req: Any) -> Reply:
             while total < min_bytes:
                 await node.wait_for_data()
                 release(responses)  # read again below: these ranges are not sent
-                responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile, wanted)
+                if memory is not None:
+                    memory.give_back()  # (nor these bytes)
+                responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile, wanted, memory)
                 if redirected:
                     break
     return {"throttle_time": 0, "error_code": errors.NONE, "session_id": 0, "responses": responses}

@@ -202,3 +202,46 @@ async def test_unbounded_pool_grants_everything() -> None:
     a = ConnectionBudget(pool, 1)
     assert await a.grant(1 << 30, None, mid_frame=False) == 1 << 30
     assert a.frame_done(10) is None
+
+
+async def test_fetch_data_read_into_memory_comes_from_the_pool(served: Served) -> None:
+    """30 partitions of 30 KiB (each below the sendfile size, so read into memory) against
+    a 512 KiB pool: the answer holds what the pool had room for, the rest comes next time,
+    and every byte goes back once the answer is sent."""
+    await create(served.broker, "mem-answer", partitions=30)
+    c = await served.broker.connect()
+    one = batch([b"m" * 30_000])
+    for p in range(30):
+        await produce(c, "mem-answer", one, partition=p)
+    body = fetch_body("mem-answer", 0, max_bytes=100 << 20)
+    body["topics"] = [
+        {
+            "topic": "mem-answer",
+            "partitions": [
+                {
+                    "partition": p,
+                    "fetch_offset": 0,
+                    "partition_max_bytes": 1 << 20,
+                    "log_start_offset": -1,
+                }
+                for p in range(30)
+            ],
+        }
+    ]
+    r = await c.call("fetch", 12, body)
+    sizes = [len(p.records or b"") for p in r.responses[0].partitions]
+    assert sizes[0] == len(one)  # the first batch always
+    assert 0 < sum(sizes) <= POOL
+    assert sum(sizes) < 30 * len(one)  # not everything at once
+    await settle()
+    assert served.server.statistics()["request_bytes"] == 0
+    # Asking again from where the answer stopped gets the rest.
+    got = {i for i, n in enumerate(sizes) if n}
+    body["topics"][0]["partitions"] = [
+        {"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20, "log_start_offset": -1}
+        for p in range(30)
+        if p not in got
+    ]
+    r = await c.call("fetch", 12, body)
+    assert all(len(p.records or b"") in (0, len(one)) for p in r.responses[0].partitions)
+    assert sum(len(p.records or b"") for p in r.responses[0].partitions) > 0
