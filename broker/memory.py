@@ -25,9 +25,11 @@ request timeout like any request that trickles in.
 A connection's unsent answers are bounded too (`hyperkafka.connection.max.unsent.bytes`):
 past the bound the server reads nothing more from it until its client reads. And what a
 handler reads into memory for an answer (Fetch data below the sendfile size, or any over
-TLS) comes from the same pool (`AnswerMemory`) until the answer is sent: with the pool
-spent, Fetch answers what it already has (over plain TCP it sends the rest from the
-file), except that the first partition's batch always comes, as Kafka's KIP-74 rule.
+TLS) comes from a second pool of the same size (`AnswerMemory`) until the answer is
+sent: with it spent, Fetch answers what it already has, except that the first
+partition's batch always comes (Kafka's KIP-74 rule), and the rest comes next time. A
+pool of its own, so that clients leaving answers unread cannot stop requests from being
+read.
 """
 
 from __future__ import annotations
@@ -126,19 +128,23 @@ class AnswerMemory:
 
 
 class Ticket:
-    """One whole request frame's bytes, given back to the pool once (`release`)."""
+    """Bytes of one request frame (or one answer's data) held in a pool, given back once
+    (`release`)."""
 
-    __slots__ = ("budget", "size")
+    __slots__ = ("budget", "pool", "size")
 
-    def __init__(self, budget: ConnectionBudget, size: int) -> None:
+    def __init__(
+        self, budget: ConnectionBudget, size: int, pool: RequestPool | None = None
+    ) -> None:
         self.budget: ConnectionBudget | None = budget
+        self.pool = pool if pool is not None else budget.pool
         self.size = size
 
     def release(self) -> None:
         budget, self.budget = self.budget, None
         if budget is not None:
             budget.tickets.discard(self)
-            budget.pool.give(self.size)
+            self.pool.give(self.size)
 
 
 class ConnectionBudget:
@@ -192,7 +198,7 @@ class ConnectionBudget:
         """What `memory` took, as a ticket of this connection (given back once sent)."""
         if not memory.held:
             return None
-        ticket = Ticket(self, memory.held)
+        ticket = Ticket(self, memory.held, memory.pool)
         memory.held = 0
         self.tickets.add(ticket)
         return ticket

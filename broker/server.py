@@ -130,6 +130,8 @@ class Server:
         self.stopped = trio.Event()
         self._readers: set[_Reader] = set()  # every connection's reader, for the reaper
         self.pool = RequestPool(node.config.queued_max_request_bytes)  # queued.max.request.bytes
+        # Records handlers read into answers (broker/memory.py): as much again, apart.
+        self.answer_pool = RequestPool(node.config.queued_max_request_bytes)
         self._budgets: set[ConnectionBudget] = set()
 
     async def serve(self, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -166,6 +168,7 @@ class Server:
             "connections": self.connections,
             "request_bytes": pool["in_use"] if self.pool.bounded else sum(b.unframed for b in self._budgets),
             "request_pool_capacity": pool["capacity"],
+            "answer_bytes": self.answer_pool.statistics()["in_use"],
             "unsent_bytes": sum(b.unsent for b in self._budgets),
             "max_unsent_bytes": max((b.unsent for b in self._budgets), default=0),
         }
@@ -461,7 +464,7 @@ class Server:
             # Produces admitted earlier in this chunk are committed before a handler that
             # may wait (a Fetch long-poll) holds the reader.
             await self.node.commit_after_chunk()
-        memory = AnswerMemory(self.pool)
+        memory = AnswerMemory(self.answer_pool)
         ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session, memory)
         api = REGISTRY[header.api_key]
         if _trace:

@@ -9,8 +9,9 @@ one whole batch even above both (KIP-74); a later partition whose next batch doe
 fit what is left gets no records this time.
 
 Records read into memory (below the sendfile size, or all over TLS) are taken from the
-broker's request memory pool (queued.max.request.bytes, broker/memory.py) until the answer
-is sent; with the pool spent, the answer holds what it has (the first batch always).
+broker's answer memory pool (as large as queued.max.request.bytes, broker/memory.py)
+until the answer is sent; with it spent, the answer holds what it has (the first batch
+always) and the rest comes next time.
 
 A partition named twice in one request is served once, as Kafka's FetchRequest folds the
 partitions into one ordered map: the last entry's offset and limits win, at the place of
