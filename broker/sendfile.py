@@ -94,7 +94,9 @@ async def send_parts(stream: trio.abc.Stream, parts: list[Any]) -> None:
             if run:
                 await _writev(stream, run)
         else:
-            assert not any(isinstance(p, FileSlice) for p in parts), "sendfile needs a plain TCP stream"
+            assert not any(isinstance(p, FileSlice) for p in parts), (
+                "sendfile needs a plain TCP stream"
+            )
             await _send_coalesced(stream, parts)
     finally:
         for piece in parts:

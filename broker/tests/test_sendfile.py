@@ -64,7 +64,14 @@ async def test_an_answer_is_written_in_pieces_never_joined_whole(tmp_path: Path)
     fd = os.open(path, os.O_RDONLY)
     big = bytes(range(256)) * 16384  # 4 MiB in memory
     small = [b"%05d" % i for i in range(3000)]  # more buffers than one sendmsg takes
-    parts: list[Any] = [b"head", memoryview(big), bytearray(b"mid"), FileSlice(fd, 0, 300_000), *small, big]
+    parts: list[Any] = [
+        b"head",
+        memoryview(big),
+        bytearray(b"mid"),
+        FileSlice(fd, 0, 300_000),
+        *small,
+        big,
+    ]
     os.close(fd)
     want = b"head" + big + b"mid" + b"F" * 300_000 + b"".join(small) + big
     got, peak = await _send_and_read(parts)
