@@ -203,6 +203,7 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
     synonyms = field_of(req, "include_synonyms", False)
     documentation = field_of(req, "include_documentation", False)
     results = []
+    seen: set[tuple[int, str]] = set()
     for r in req.resources:
         entry: dict[str, Any] = {
             "error_code": errors.NONE,
@@ -212,6 +213,12 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
             "configs": [],
         }
         results.append(entry)
+        if (r.resource_type, r.resource_name) in seen:
+            # Each resource is described once: its configs again for every repetition
+            # would turn a small request into an answer of gigabytes.
+            entry.update(error_code=errors.INVALID_REQUEST, error_message="Duplicate resource in the request")
+            continue
+        seen.add((r.resource_type, r.resource_name))
         if r.resource_type == RESOURCE_TOPIC:
             # Kafka asks for DESCRIBE_CONFIGS; here that is the topic's describe right.
             if not authorize(ctx, Operation.DESCRIBE, r.resource_name):
