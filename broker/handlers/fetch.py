@@ -158,7 +158,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 entry["error_code"] = errors.KAFKA_STORAGE_ERROR
                 continue
             except OSError as exc:  # the disk failed to read it (EIO): this partition only
-                log.error("reading %s-%d at %d failed: %s", t.topic, p.partition, p.fetch_offset, exc)
+                log.error("reading %s-%d at %d failed: %s", name, p.partition, p.fetch_offset, exc)
                 entry["error_code"] = errors.KAFKA_STORAGE_ERROR
                 continue
             entry["records"] = data
