@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from broker.memory import AnswerMemory
     from broker.node import Node
     from broker.security.session import Session
 
@@ -71,6 +72,7 @@ class RequestContext:
     client_id: str | None
     peer: str
     session: Session | None = None  # the connection's listener and principal (broker.security)
+    memory: AnswerMemory | None = None  # the budget for data a handler reads into its answer
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[Reply]]

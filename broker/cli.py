@@ -157,10 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     import trio
 
     from broker.server import run
+    from storage.dirlock import DataDirLocked
 
     failed = False
     try:
         trio.run(run, config)
+    except* DataDirLocked as group:  # a second broker on one data dir: one line, untouched dir
+        failed = True
+        for error in _leaves(group):
+            print(f"hyperkafka: cannot start: {error}", file=sys.stderr)
     except* OSError as group:  # cannot bind, data dir unusable: say so in one line
         failed = True
         for error in _leaves(group):

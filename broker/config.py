@@ -176,6 +176,19 @@ class BrokerConfig:
     auto_create_topics: bool = True
     delete_topic_enable: bool = True
     socket_request_max_bytes: int = 100 * 1024 * 1024
+    # Kafka's queued.max.request.bytes: the bytes of requests received and not yet handled,
+    # all connections together (broker/memory.py). Kafka's default is -1 (no bound); ours
+    # bounds it, at socket.request.max.bytes so that any accepted frame still fits.
+    # <= 0: unbounded, as Kafka's -1.
+    queued_max_request_bytes: int = 100 * 1024 * 1024
+    # Kafka's broker-side fetch.max.bytes (55 MiB): a Fetch answer holds at most this much
+    # record data whatever the client asks (a first batch larger than it still goes out).
+    fetch_max_bytes: int = 55 * 1024 * 1024
+    # Bytes of answers a connection may have waiting for its client to read them before
+    # the broker stops reading that connection's requests (a client that pipelines
+    # without reading). One answer larger than this is still sent. Produce answers are a
+    # few hundred bytes, so pipelining producers never meet it; Kafka itself holds one.
+    max_unsent_bytes_per_connection: int = 1024 * 1024
     max_connections: int = 10_000
     shutdown_grace_s: float = 10.0
     log_retention_check_ms: int = 300_000
@@ -261,6 +274,11 @@ class BrokerConfig:
             ("auto.create.topics.enable", str(self.auto_create_topics).lower(), ConfigType.BOOLEAN, "Create unknown topics on Metadata and Produce."),
             ("delete.topic.enable", str(self.delete_topic_enable).lower(), ConfigType.BOOLEAN, "Allow DeleteTopics."),
             ("socket.request.max.bytes", str(self.socket_request_max_bytes), ConfigType.INT, "Largest request frame accepted."),
+            ("queued.max.request.bytes", str(self.queued_max_request_bytes), ConfigType.LONG,
+             "Bytes of received requests not yet handled, all connections together, before the broker stops reading."),
+            ("fetch.max.bytes", str(self.fetch_max_bytes), ConfigType.INT, "Most record bytes in one Fetch answer, whatever the client asks."),
+            ("hyperkafka.connection.max.unsent.bytes", str(self.max_unsent_bytes_per_connection), ConfigType.LONG,
+             "Answer bytes a connection may leave unread before the broker stops reading its requests."),
         ]
         if self.rack is not None:
             values.append(("broker.rack", self.rack, ConfigType.STRING, "This broker's rack (KIP-392: consumers in it may fetch from it)."))
@@ -388,7 +406,13 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
             elif key == "delete.topic.enable":
                 changes["delete_topic_enable"] = _BOOL[value.lower()]
             elif key == "socket.request.max.bytes":
-                changes["socket_request_max_bytes"] = int(value)
+                changes["socket_request_max_bytes"] = _at_least(key, value, 1)
+            elif key == "queued.max.request.bytes":
+                changes["queued_max_request_bytes"] = int(value)
+            elif key == "fetch.max.bytes":
+                changes["fetch_max_bytes"] = _at_least(key, value, 1024)  # Kafka's lower bound
+            elif key == "hyperkafka.connection.max.unsent.bytes":
+                changes["max_unsent_bytes_per_connection"] = _at_least(key, value, 1)
             elif key == "max.connections":
                 changes["max_connections"] = int(value)
             elif key == "hyperkafka.replication.listen":
@@ -426,4 +450,18 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 raise
             raise ConfigError(f"bad value for {key}: {value!r}") from None
         config.static[key] = value
+    frame_max = int(changes.get("socket_request_max_bytes", config.socket_request_max_bytes))  # type: ignore[call-overload]
+    pool = int(changes.get("queued_max_request_bytes", config.queued_max_request_bytes))  # type: ignore[call-overload]
+    if 0 < pool < frame_max:
+        if "queued.max.request.bytes" in props:
+            # As Kafka's KafkaConfig requires: any frame accepted must fit in the pool.
+            raise ConfigError("queued.max.request.bytes must be at least socket.request.max.bytes (or -1: unbounded)")
+        changes["queued_max_request_bytes"] = frame_max
     return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+
+
+def _at_least(key: str, value: str, low: int) -> int:
+    n = int(value)
+    if n < low:
+        raise ConfigError(f"{key} must be at least {low}")
+    return n

@@ -75,7 +75,7 @@ from broker.shape import shape
 from storage import PartitionLog
 from storage.catalog import TopicRecord, apply_change, decode_changes
 from storage.errors import StorageError
-from storage.follower import Equivocation, FollowerLog, VerificationFailed
+from storage.follower import Equivocation, FollowerLog, ForkChanged, VerificationFailed
 from storage.hypercore import Node as TreeNode
 from storage.hypercore import archive_key
 from storage.replication import MemoryArchive, RemoteProtocolError, ReplicationError
@@ -97,6 +97,9 @@ ISR_POLL_MAX_S = 1.0
 
 
 REQUEST_CORRELATION_ID = 1
+# Discovery answers (DescribeConfigs of one broker, Metadata) are kilobytes: a peer that
+# announces more (or a negative size) is not a broker we talk to, and is not buffered.
+MAX_DISCOVERY_RESPONSE = 1 << 20
 
 
 class DiscoveryError(Exception):
@@ -145,6 +148,9 @@ async def kafka_request(host: str, port: int, api_key: int, version: int, schema
             await stream.send_all(encode_request(header, req))
             buf = bytearray()
             while len(buf) < 4 or len(buf) < 4 + struct.unpack_from(">i", buf)[0]:
+                announced = struct.unpack_from(">i", buf)[0] if len(buf) >= 4 else 0
+                if not 0 <= announced <= MAX_DISCOVERY_RESPONSE:
+                    raise DiscoveryError(f"{host}:{port} announced a {announced}-byte answer")
                 data = await stream.receive_some(1 << 16)
                 if not data:
                     raise DiscoveryError(f"{host}:{port} closed the connection")
@@ -392,17 +398,21 @@ async def learn_public_key(target: str | ConnectionDriver, key: bytes) -> bytes:
 
 async def probe_head(target: str | ConnectionDriver, lg: FollowerLog) -> None:
     """Fetch the peer's current signed head and hold it against ours: raises Equivocation
-    (frozen, evidence kept) when they disagree, VerificationFailed when it is forged.
-    On a channel of connection `target` (or a connection of its own to that address)."""
+    (frozen, evidence kept) when they disagree at any length, ForkChanged when the writer
+    truncated, VerificationFailed when it is forged. A longer head comes with the proof
+    of its tree at our length (Hypercore's conflict check). On a channel of connection
+    `target` (or a connection of its own to that address)."""
+    ours = lg.verified_tree().length
     async with _link_to(target) as link:
         ch = link.conn.follow(lg.key, MemoryArchive(lg.public_key), window=0,
-                              public_key=lg.public_key)
+                              public_key=lg.public_key, probe_at=ours or None)
         with trio.fail_after(PROBE_TIMEOUT_S):
             await _drive(link, ch,
                          until=lambda: ch.latest_head is not None or ch.remote_length == 0)
     head = ch.latest_head
     if head is not None:
-        lg.check_conflict(*head)
+        proof = ch.latest_proof if head[0] > ours else None
+        lg.check_conflict(*head, proof=proof)
 
 
 async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable[[], None],
@@ -414,7 +424,7 @@ async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable
     lg.discard_unsigned()  # blocks of an interrupted channel: their head never came
     sink = _Sink(lg, on_head)
     ch = link.conn.follow(lg.key, sink, live=True, have=lg.verified_tree(),
-                          public_key=lg.public_key)
+                          public_key=lg.public_key, fork=lg.follow_fork)
     if channel is not None:
         channel(ch)
     try:
@@ -432,14 +442,17 @@ async def follow_forever(link: ConnectionDriver, lg: FollowerLog, on_head: Calla
     connection is lost (the caller reconnects and follows every archive again)."""
     backoff = BACKOFF_MIN_S
     while True:
-        if lg.frozen:
-            log.error("%s: not following: frozen (%s)", name, lg.frozen)
+        if lg.frozen or lg.reorg_needed:
+            # said at ERROR once, when found (or when the archive was opened frozen)
+            log.debug("%s: not following: %s", name, lg.frozen or lg.reorg_needed)
             return
         started = trio.current_time()
         try:
             await follow_once(link, lg, on_head, channel)
-        except Equivocation as exc:
-            log.error("%s: %s", name, exc)
+        except Equivocation:
+            return  # FollowerLog logged it (once, with where the evidence is)
+        except ForkChanged as exc:
+            log.error("%s: stopped following: %s", name, exc)
             return
         except (trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
             log.info("%s: replication interrupted: %s", name, exc)
@@ -645,6 +658,10 @@ class NodeMirror:
         backoff = BACKOFF_MIN_S
         try:
             while True:
+                if self.catalog is not None and (self.catalog.frozen or self.catalog.reorg_needed):
+                    # the writer equivocated on its catalog (ERROR logged once by the
+                    # catalog's FollowerLog): trust nothing new from it, serve what we hold
+                    await trio.sleep_forever()
                 started = trio.current_time()
                 try:
                     values = await discover_configs(self.target.host, self.target.port)
@@ -665,8 +682,10 @@ class NodeMirror:
                         if self.broker_id is not None and self.node.cluster is not None:
                             self.node.cluster.learn(self.broker_id, key, values.get("broker.rack"))
                         await self._follow(address)
-                except Equivocation as exc:  # the catalog itself: frozen, keep serving
-                    log.error("mirror of %s: not following: %s", self.target.address, exc)
+                except Equivocation:  # the catalog itself (logged where found): frozen
+                    pass
+                except ForkChanged as exc:  # the catalog: a reorg we cannot follow
+                    log.error("mirror of %s: stopped following: %s", self.target.address, exc)
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError,
                         ReplicationError, StorageError) as exc:
                     log.info("mirror of %s: %s: %s", self.target.address, type(exc).__name__, exc)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import logging
 import math
@@ -42,7 +43,7 @@ from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_conf
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord
-from storage.errors import StorageError
+from storage.errors import RecoveryFailed, StorageError, TopicExists
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -58,6 +59,10 @@ CLUSTER_PID_SHIFT = 40  # cluster mode: producer ids of broker N start at N << 4
 # (thread hand-off, GIL hand-back) cost more loop time than writing and hashing inline.
 INLINE_ROUND_BYTES = 256 * 1024
 COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interval_ms)
+# How often partitions a disk error took offline are reopened (Node.retry_offline): a full
+# disk that got room again takes produces within this long.
+OFFLINE_RETRY_S = 5.0
+OFFLINE_RETRY_MAX_S = 60.0  # the retry of one partition backs off to this while it fails
 
 
 class TopicError(Exception):
@@ -101,6 +106,11 @@ class Partition:
     log: PartitionLog
     producers: ProducerStates = field(default_factory=ProducerStates)
     failed: str | None = None  # set when a commit failed: the partition is offline
+    # The Kafka error a produce to a failed partition gets (a deleted one: unknown).
+    failed_code: int = 56  # KAFKA_STORAGE_ERROR
+    retry: bool = False  # offline by a disk error: `Node.retry_offline` reopens it
+    retry_at: float = 0.0  # (trio clock) not before; the delay doubles while it fails
+    retry_delay: float = 0.0
     # Serialises what touches the log's files from more than one task: a commit round
     # (which writes and commits in a worker thread), retention, deletion. Admission does
     # not take it (it only queues, on the loop). Readers do not take it: they never look
@@ -141,10 +151,10 @@ class Partition:
         """Return once a published head covers `last_offset` (the caller bounds the wait)."""
         while self.log.high_watermark <= last_offset:
             if self.failed:
-                raise TopicError(KAFKA_STORAGE_ERROR, self.failed)
+                raise TopicError(self.failed_code, self.failed)
             await self._changed.wait()
         if self.failed:
-            raise TopicError(KAFKA_STORAGE_ERROR, self.failed)
+            raise TopicError(self.failed_code, self.failed)
 
 
 @dataclass(eq=False)
@@ -192,6 +202,11 @@ class Node:
         self._pid_file = Path(config.data_dir) / "producer-ids"
         self._next_pid, self._pid_limit = 0, 0
         self._closed = False
+        # Names whose deletion is under way: the topic has left `topics` but the catalog
+        # still holds it until every partition's commit round let go (deletion yields).
+        self._deleting: set[str] = set()
+        # Partitions a full disk took offline, which `retry_offline` reopens.
+        self._offline: dict[int, Partition] = {}
         # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
@@ -223,7 +238,12 @@ class Node:
         for index in range(record.partitions):
             plog = self.store.log(record.name, index, log_config)
             partition = Partition(topic, index, plog)
-            if plog.damage is not None:
+            if isinstance(plog.damage, RecoveryFailed):
+                # Recovery could not write (a full disk): serve what is signed, take no
+                # writes, and reopen it once it can (`retry_offline`).
+                self.fail_partition(partition, f"storage error: {plog.damage}",
+                                    retry=_disk_full(plog.damage.cause))
+            elif plog.damage is not None:
                 # Signed history did not verify at open: serve what verifies, take no writes.
                 self.fail_partition(partition, f"archive damaged: {plog.damage}")
             partition.producers.rebuild(_producer_headers(plog))
@@ -294,6 +314,8 @@ class Node:
         check_topic_name(name)
         if name in self.topics:
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        if name in self._deleting:  # as Kafka's "marked for deletion": retry once it is gone
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' is marked for deletion.")
         if partitions == -1:
             partitions = self.config.num_partitions
         if partitions <= 0:
@@ -334,7 +356,24 @@ class Node:
             raise TopicError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return None
-        record = self.store.create_topic(name, partitions, overrides)
+        # The partitions first, the catalog last (Store.prepare_partitions): a disk that
+        # cannot take them answers KAFKA_STORAGE_ERROR and keeps nothing of the topic.
+        topic_id = uuid.uuid4()
+        try:
+            prepared = self.store.prepare_partitions(name, topic_id, partitions,
+                                                     self.config.log_config(overrides))
+            try:
+                record = self.store.create_topic(name, partitions, overrides, topic_id)
+            except BaseException:
+                if self.store.topics().get(name) is None:
+                    self.store.discard(name, prepared)
+                raise
+        except TopicExists:
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.") from None
+        except (StorageError, OSError) as exc:  # a full disk: nothing of it was kept
+            log.error("cannot create topic %s: %s", name, exc)
+            raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot create topic {name}: {exc}") from None
+        self.store.adopt(name, prepared)
         log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
         return self._attach(record)
 
@@ -352,13 +391,28 @@ class Node:
         topic = self.topics.pop(name, None)
         if topic is None:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
-        for p in topic.partitions:
-            async with p.lock:  # no append or commit is left running on its files
-                self._dirty.pop(id(p), None)
-                p.queued.clear()
-                p.failed = "topic deleted"
-            p.notify()
-        self.store.delete_topic(name)
+        self._deleting.add(name)
+        before = [(p.failed, p.failed_code) for p in topic.partitions]
+        try:
+            for p in topic.partitions:
+                async with p.lock:  # no append or commit is left running on its files
+                    self._dirty.pop(id(p), None)
+                    p.queued.clear()
+                    p.failed = "topic deleted"
+                    p.failed_code = UNKNOWN_TOPIC_OR_PARTITION
+                p.notify()
+            try:
+                self.store.delete_topic(name)
+            except (StorageError, OSError) as exc:
+                if name not in self.store.topics():  # deleted; a directory is left (an orphan)
+                    log.warning("deleted topic %s, but removing its files failed: %s", name, exc)
+                else:  # the catalog could not record it (a full disk): the topic stays
+                    for p, (failed, code) in zip(topic.partitions, before, strict=True):
+                        p.failed, p.failed_code = failed, code
+                    self.topics[name] = topic
+                    raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot delete topic {name}: {exc}") from None
+        finally:
+            self._deleting.discard(name)
         log.info("deleted topic %s", name)
 
     def topic_for_write(self, name: str) -> Topic:
@@ -526,7 +580,7 @@ class Node:
                 try:
                     job = p.log.prepare_commit()
                 except StorageError as exc:  # a damaged archive is read-only: it takes no writes
-                    self.fail_partition(p, f"cannot commit: {exc}")
+                    self.fail_partition(p, f"cannot commit: {exc}", retry=_disk_full(exc))
                     continue
                 if job is not None:
                     work.append(_Share(p, [], job))
@@ -551,7 +605,7 @@ class Node:
                 if error is not None:
                     if job is not None:
                         p.log.abandon(job)
-                    self.fail_partition(p, f"commit failed: {error}")
+                    self.fail_partition(p, f"commit failed: {error}", retry=_disk_full(error))
                 elif job is not None and not p.failed:
                     p.log.publish(job)
                     if self.cluster is not None:
@@ -564,10 +618,72 @@ class Node:
         self._data_changed.set()
         self._data_changed = trio.Event()
 
-    def fail_partition(self, p: Partition, reason: str) -> None:
-        """Take a partition offline: its produces get KAFKA_STORAGE_ERROR, the broker lives."""
+    def fail_partition(self, p: Partition, reason: str, *, retry: bool = False) -> None:
+        """Take a partition offline: its produces get KAFKA_STORAGE_ERROR, the broker lives.
+        `retry`: the disk was full, `retry_offline` reopens it once it has room. Any other
+        disk error (EIO) keeps it offline until a restart, as Kafka's offline log dir:
+        after a failed write-back the page cache no longer tells what is on the disk
+        (fsyncgate), and a reopen would sign what it reads there."""
         p.failed = reason
-        log.error("partition %s-%d is offline: %s", p.topic.name, p.index, reason)
+        p.retry = retry
+        if retry:
+            self._offline[id(p)] = p
+        log.error("partition %s-%d is offline%s: %s", p.topic.name, p.index,
+                  " until the disk has room" if retry else " until the broker restarts", reason)
+
+    async def offline_retry_loop(self) -> None:
+        while True:
+            await trio.sleep(OFFLINE_RETRY_S)
+            await self.retry_offline()
+
+    async def retry_offline(self) -> int:
+        """Reopen every partition a disk error took offline (a failed commit, retention,
+        or recovery write): the reopen recovers it (cuts a torn tail, signs what was
+        written but not signed) and, when that can write now, it takes produces again.
+        Returns how many came back. The new log is opened in a worker thread; the
+        partition stays offline (reads served by the old log) until it is swapped in."""
+        back = 0
+        for p in list(self._offline.values()):
+            topic = p.topic
+            if not (p.failed and p.retry) or topic.mirrored or self.topics.get(topic.name) is not topic:
+                del self._offline[id(p)]  # back, no longer retried, or deleted
+                continue
+            if trio.current_time() < p.retry_at:
+                continue
+            async with p.lock:
+                if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
+                    continue
+                old = p.log
+                config = self.config.log_config(topic.record.configs)
+                new: PartitionLog | None = None
+                try:
+                    new = await trio.to_thread.run_sync(self.store.open_fresh_log, topic.name, p.index, config)
+                except (StorageError, OSError) as exc:
+                    log.warning("partition %s-%d still offline: %s", topic.name, p.index, exc)
+                if new is None or new.damage is not None:
+                    if new is not None:
+                        new.discard()
+                        if not isinstance(new.damage, RecoveryFailed):  # not the disk: damage
+                            self.fail_partition(p, f"archive damaged: {new.damage}")
+                        elif not _disk_full(new.damage.cause):  # EIO: wait for a restart
+                            self.fail_partition(p, f"storage error: {new.damage}")
+                    # A disk that stays full: try less often, up to once a minute.
+                    p.retry_delay = min(max(p.retry_delay * 2, OFFLINE_RETRY_S), OFFLINE_RETRY_MAX_S)
+                    p.retry_at = trio.current_time() + p.retry_delay
+                    continue
+                self.store.swap_log(topic.name, p.index, new)
+                p.log = new
+                p.producers = ProducerStates()
+                p.producers.rebuild(_producer_headers(new))
+                p.failed, p.retry, p.retry_delay = None, False, 0.0
+                del self._offline[id(p)]
+                back += 1
+                log.info("partition %s-%d is back online", topic.name, p.index)
+            old.discard()  # the new log owns the files now: the old writes nothing
+            p.notify()
+        if back:
+            self.notify_data()
+        return back
 
     async def retention_loop(self) -> None:
         while True:
@@ -587,7 +703,7 @@ class Node:
                     except (StorageError, OSError) as exc:
                         # A failed fsync or unlink while forgetting old segments: as a
                         # failed commit, this partition goes offline, the broker lives.
-                        self.fail_partition(p, f"retention failed: {exc}")
+                        self.fail_partition(p, f"retention failed: {exc}", retry=_disk_full(exc))
                     p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
                 p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
@@ -596,6 +712,7 @@ class Node:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
+            nursery.start_soon(self.offline_retry_loop)
             await nursery.start(self.groups.run)
             if self.config.replication_listen is not None or self.config.mirrors:
                 from broker.mirror import run_replication  # imports this module
@@ -681,6 +798,21 @@ def _write_and_run(work: list[_Share]) -> None:
     GIL, so the loop keeps receiving the next requests meanwhile."""
     _write(work)
     _run(work)
+
+
+# Storage failures a reopen may recover from: the call itself was refused, nothing written
+# was lost. A full disk (ENOSPC, EDQUOT) and, while recovering, no descriptor left.
+_RETRIABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether a storage failure was a full disk (or out of descriptors: `_RETRIABLE`),
+    the kind `retry_offline` recovers from."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in _RETRIABLE:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _producer_headers(plog: PartitionLog) -> Iterator[tuple[int, int, int, int, int, int]]:

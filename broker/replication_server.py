@@ -43,6 +43,9 @@ from storage.replication.trio_driver import ConnectionDriver
 log = logging.getLogger("hyperkafka.replication")
 
 ANNOUNCE_POLL_S = 0.5  # catalog changes do not pass through the group commit: poll
+# The port is open to anyone: a peer that has not finished the Noise handshake and the
+# secretstream headers by then (a few round trips) is dropped, not held forever.
+HANDSHAKE_TIMEOUT_S = 10.0
 
 
 def replication_config_entries(node: Node) -> list[ConfigEntry]:
@@ -76,7 +79,7 @@ class _Lookup:
 
     def __call__(self, dk: bytes) -> ArchiveSource | None:
         lg = self._by_dk.get(dk)
-        if lg is None:
+        if lg is None or lg.closed:  # (closed: replaced by a reopen, Node.retry_offline)
             lg = self._rebuild().get(dk)
         return PartitionLogSource(lg) if lg is not None else None
 
@@ -161,12 +164,19 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
                         p.update()  # (the peer may have become known meanwhile)
                     driver.kick()
 
+            async def handshake_deadline() -> None:
+                await trio.sleep(HANDSHAKE_TIMEOUT_S)
+                if not conn.stream.established:
+                    raise RemoteProtocolError(f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s")
+
             nursery.start_soon(announcer)
+            nursery.start_soon(handshake_deadline)
             await driver.run()
             nursery.cancel_scope.cancel()
     except Exception as exc:  # one peer's failure (a group from the nursery) never stops the port
-        errs = exc.exceptions if isinstance(exc, ExceptionGroup) else (exc,)
-        for e in errs:
+        # (leaves of nested groups too: a peer gone mid-write is a group of its own)
+        leaves = _leaves(exc) if isinstance(exc, ExceptionGroup) else [exc]
+        for e in leaves:
             if isinstance(e, RemoteProtocolError):
                 log.info("replication peer %s dropped: %s", peer, e)
             elif not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)):
@@ -175,6 +185,13 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
         for p in progress.values():
             p.close()
         await trio.aclose_forcefully(stream)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
 
 
 async def serve_replication(node: Node, host: str, port: int, *,

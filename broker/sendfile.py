@@ -7,10 +7,13 @@ drops and closes meanwhile is still read whole (an unlinked file lives on while 
 and a descriptor number reused for another file is never read by mistake. The bytes it
 names are below the high watermark, so nothing ever rewrites them.
 
-`send_parts` writes a response's pieces in order: bytes-like pieces joined into one send,
-slices with `os.sendfile` on the socket (non-blocking: it waits for writability as
-trio's own send does). A slice closes its descriptor once sent, and when dropped unsent
-(a throttled answer, a long poll that read again, a connection that went away).
+`send_parts` writes a response's pieces in order, never joining them into one copy of
+the answer: over plain TCP the bytes-like pieces between two slices go out with one
+vectored write (`sendmsg`, as writev), slices with `os.sendfile` on the socket
+(non-blocking: both wait for writability as trio's own send does); over TLS small pieces
+are joined up to COALESCE_BYTES and large ones written as they are. A slice closes its
+descriptor once sent, and when dropped unsent (a throttled answer, a long poll that read
+again, a connection that went away).
 
 Imports trio and the standard library only.
 """
@@ -65,28 +68,79 @@ def release(pieces: Any) -> None:
                 records.close()
 
 
+# Over TLS, pieces below this are joined into one write (fewer records and syscalls);
+# larger ones are written as they are, so an answer is never copied whole.
+COALESCE_BYTES = 64 * 1024
+# Buffers per sendmsg call (the kernel's IOV_MAX is 1024).
+_IOV_MAX = 1024
+
+
 async def send_parts(stream: trio.abc.Stream, parts: list[Any]) -> None:
     """Write `parts` in order; `FileSlice` pieces (plain TCP streams only) via sendfile."""
-    if not any(isinstance(p, FileSlice) for p in parts):
-        await stream.send_all(b"".join(parts) if len(parts) > 1 else parts[0])
+    if len(parts) == 1 and not isinstance(parts[0], FileSlice):
+        await stream.send_all(parts[0])
         return
-    assert isinstance(stream, trio.SocketStream), "sendfile needs a plain TCP stream"
-    run: list[Any] = []
     try:
-        for piece in parts:
-            if not isinstance(piece, FileSlice):
-                run.append(piece)
-                continue
+        if isinstance(stream, trio.SocketStream):
+            run: list[Any] = []
+            for piece in parts:
+                if not isinstance(piece, FileSlice):
+                    run.append(piece)
+                    continue
+                if run:
+                    await _writev(stream, run)
+                    run = []
+                await _sendfile(stream, piece)
             if run:
-                await stream.send_all(b"".join(run))
-                run = []
-            await _sendfile(stream, piece)
-        if run:
-            await stream.send_all(b"".join(run))
+                await _writev(stream, run)
+        else:
+            assert not any(isinstance(p, FileSlice) for p in parts), (
+                "sendfile needs a plain TCP stream"
+            )
+            await _send_coalesced(stream, parts)
     finally:
         for piece in parts:
             if isinstance(piece, FileSlice):
                 piece.close()
+
+
+async def _writev(stream: trio.SocketStream, pieces: list[Any]) -> None:
+    """All of `pieces` with vectored writes, no join (a partial write resumes mid-piece)."""
+    if len(pieces) == 1:
+        await stream.send_all(pieces[0])
+        return
+    views = [v for v in (memoryview(p).cast("B") for p in pieces) if len(v)]
+    sock = stream.socket
+    first = 0
+    while first < len(views):
+        sent = await sock.sendmsg(views[first : first + _IOV_MAX])
+        while sent:
+            head = views[first]
+            if sent >= len(head):
+                sent -= len(head)
+                first += 1
+            else:
+                views[first] = head[sent:]
+                sent = 0
+
+
+async def _send_coalesced(stream: trio.abc.Stream, pieces: list[Any]) -> None:
+    run: list[Any] = []
+    size = 0
+    for piece in pieces:
+        if len(piece) >= COALESCE_BYTES:
+            if run:
+                await stream.send_all(b"".join(run))
+                run, size = [], 0
+            await stream.send_all(piece)
+            continue
+        run.append(piece)
+        size += len(piece)
+        if size >= COALESCE_BYTES:
+            await stream.send_all(b"".join(run))
+            run, size = [], 0
+    if run:
+        await stream.send_all(b"".join(run))
 
 
 async def _sendfile(stream: trio.SocketStream, piece: FileSlice) -> None:

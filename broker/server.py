@@ -31,8 +31,10 @@ published), then the node commits and closes its files.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
+import os
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
@@ -43,6 +45,7 @@ import trio
 import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import NO_RESPONSE, REGISTRY, Deferred, Encoded, RequestContext, advertised
 from broker.config import BrokerConfig
+from broker.memory import AnswerMemory, ConnectionBudget, RequestPool, Ticket, memory_of
 from broker.node import Node
 from broker.protocol.codec import (
     decode_request,
@@ -60,12 +63,14 @@ from broker.security.session import Security, Session
 from broker.security.settings import Listener
 from broker.sendfile import release, send_parts
 from broker.shape import shape
+from storage.errors import StorageError
 
 log = logging.getLogger("hyperkafka.server")
 
 API_VERSIONS = 18
 RECEIVE_SIZE = 256 * 1024
 PRODUCE, FETCH = 0, 1
+UNKNOWN_SERVER_ERROR = -1
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
 ADVERTISED = {key: (lo, hi) for key, lo, hi in advertised()}
@@ -75,7 +80,7 @@ class Outgoing:
     """One request's answer, queued for the writer in request order: `parts` now, or
     `finish()` to await (a `Deferred`), with `ready()` saying it would not block."""
 
-    __slots__ = ("finish", "parts", "ready")
+    __slots__ = ("answer", "finish", "parts", "ready", "ticket", "unsent")
 
     def __init__(
         self,
@@ -86,19 +91,23 @@ class Outgoing:
         self.parts = parts
         self.finish = finish
         self.ready = ready if ready is not None else (_never if finish is not None else _always)
+        self.ticket: Ticket | None = None  # the request's bytes, while its answer waits
+        self.answer: Ticket | None = None  # what the handler read into the answer, until sent
+        self.unsent = 0  # bytes of `parts` counted in the connection's unsent answers
 
 
 class _Reader:
     """A connection's reader as the reaper sees it: its scope, and while `receiving` the
     time past which it is closed (`partial`: inside a request, else idle)."""
 
-    __slots__ = ("deadline", "partial", "receiving", "scope")
+    __slots__ = ("deadline", "partial", "receiving", "scope", "stalled")
 
     def __init__(self, scope: trio.CancelScope) -> None:
         self.scope = scope
         self.deadline = math.inf
         self.partial = False
         self.receiving = False
+        self.stalled = False  # waiting for the client to read its answers
 
 
 def _always() -> bool:
@@ -122,6 +131,10 @@ class Server:
         self._draining = trio.Event()
         self.stopped = trio.Event()
         self._readers: set[_Reader] = set()  # every connection's reader, for the reaper
+        self.pool = RequestPool(node.config.queued_max_request_bytes)  # queued.max.request.bytes
+        # Records handlers read into answers (broker/memory.py): as much again, apart.
+        self.answer_pool = RequestPool(node.config.queued_max_request_bytes)
+        self._budgets: set[ConnectionBudget] = set()
 
     async def serve(self, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled or `shutdown()`; then drain connections within the grace period."""
@@ -149,6 +162,18 @@ class Server:
             for listener in listeners:
                 await listener.aclose()
             connections.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace_s
+
+    def statistics(self) -> dict[str, int]:
+        """Memory the connections hold: request bytes in the pool, answers not yet sent."""
+        pool = self.pool.statistics()
+        return {
+            "connections": self.connections,
+            "request_bytes": pool["in_use"] if self.pool.bounded else sum(b.unframed for b in self._budgets),
+            "request_pool_capacity": pool["capacity"],
+            "answer_bytes": self.answer_pool.statistics()["in_use"],
+            "unsent_bytes": sum(b.unsent for b in self._budgets),
+            "max_unsent_bytes": max((b.unsent for b in self._budgets), default=0),
+        }
 
     def shutdown(self) -> None:
         """Stop accepting; idle connections close now, busy ones after their request."""
@@ -209,12 +234,18 @@ class Server:
                 session.tls_principal(tls.getpeercert())
             session.sendfile = isinstance(stream, trio.SocketStream)
             send, receive = trio.open_memory_channel[Outgoing](self.security.settings.max_in_flight)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write_loop, stream, receive, nursery.cancel_scope)
-                try:
-                    await self._read_loop(stream, session, send)
-                finally:
-                    send.close()
+            budget = ConnectionBudget(self.pool, self.config.max_unsent_bytes_per_connection)
+            self._budgets.add(budget)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop, stream, receive, nursery.cancel_scope, budget)
+                    try:
+                        await self._read_loop(stream, session, send, budget)
+                    finally:
+                        send.close()
+            finally:
+                budget.close()
+                self._budgets.discard(budget)
         except* trio.TooSlowError:
             log.info("closing connection from %s on %s: TLS handshake not finished in time", peer, spec.name)
         except* ProtocolError as group:
@@ -228,30 +259,42 @@ class Server:
             self.security.limiter.release(host)
             await trio.aclose_forcefully(stream)
 
-    async def _read_loop(self, stream: trio.abc.Stream, session: Session, send: trio.MemorySendChannel[Outgoing]) -> None:
+    async def _read_loop(self, stream: trio.abc.Stream, session: Session, send: trio.MemorySendChannel[Outgoing],
+                         budget: ConnectionBudget) -> None:
         settings = self.security.settings
         reader = _Reader(trio.CancelScope())
         self._readers.add(reader)
         try:
             with reader.scope:
-                await self._read_requests(stream, session, send, reader)
+                await self._read_requests(stream, session, send, reader, budget)
         finally:
             self._readers.discard(reader)
         if reader.scope.cancelled_caught and not self._draining.is_set():
+            if reader.stalled:
+                # (raised, so the writer stuck on a client that does not read ends too)
+                raise ProtocolError(f"client left its answers unread for {settings.idle_ms} ms")
             if reader.partial:
                 raise ProtocolError(f"request not complete after {settings.request_timeout_ms} ms")
             log.debug("closing %s: idle for %d ms (connections.max.idle.ms)", session.peer, settings.idle_ms)
 
     async def _read_requests(self, stream: trio.abc.Stream, session: Session, send: trio.MemorySendChannel[Outgoing],
-                             reader: _Reader) -> None:
+                             reader: _Reader, budget: ConnectionBudget) -> None:
         decoder = FrameDecoder(self.config.socket_request_max_bytes)
         settings = self.security.settings
         node = self.node
-        # Plain TCP: large requests are read into their frame (FrameDecoder.receive_buffer).
+        # Plain TCP: each read takes its bytes from the request pool first (broker/memory.py)
+        # and large requests are read into their frame (FrameDecoder.receive_buffer).
         sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        fd = sock.fileno() if sock is not None else -1
         idle_s = settings.idle_ms / 1000
         partial_since: float | None = None  # when the request being received began
+        held = False  # whole frames left in the decoder while answers piled up unread
+        readable = False  # bytes are known to wait on the socket
         while not self._draining.is_set():
+            if budget.over:
+                # The client does not read its answers: read nothing more from it until it
+                # does (or until connections.max.idle.ms, as an idle connection).
+                await self._wait_client_reads(reader, budget.wait_sent, lambda: budget.over)
             # Idle: connections.max.idle.ms. Inside a request: it must be complete within
             # the request timeout, so a peer trickling bytes cannot hold a slot or memory.
             # The reaper (`_reap_loop`) cancels `reader.scope` past the deadline; it only
@@ -262,34 +305,90 @@ class Server:
             else:
                 reader.deadline = partial_since + settings.request_timeout_ms / 1000
                 reader.partial = True
-            room = decoder.receive_buffer() if sock is not None else None
-            reader.receiving = True
-            try:
-                if room is None:
+            budget.release_ready()
+            got = 1
+            if held:
+                held = False
+            elif sock is None:
+                reader.receiving = True
+                try:
+                    await budget.wait_room(decoder.buffered > 0)  # (TLS: charged once read)
                     data = await stream.receive_some(RECEIVE_SIZE)
-                    got = len(data)
-                else:
-                    # The rest of a large request goes straight into its frame buffer.
-                    try:
-                        got = await sock.recv_into(room)  # type: ignore[union-attr]
-                    except OSError as exc:  # as SocketStream.receive_some reports it
-                        raise trio.BrokenResourceError from exc
-            finally:
-                reader.receiving = False
+                finally:
+                    reader.receiving = False
+                got = len(data)
+                self.pool.force(got)
+                budget.received(0, got)
+                decoder.receive_data(data)
+            elif decoder.receiving_large:
+                # The rest of a large request goes straight into its frame buffer, grown
+                # a chunk at a time with room taken from the pool, and only once bytes are
+                # known to be waiting (a size prefix alone allocates nothing).
+                if not decoder.room:
+                    if not readable:
+                        await self._wait_readable(sock, reader)
+                        readable = True
+                    granted = await budget.grant(decoder.growth, decoder.needed, True)
+                    budget.received(granted, decoder.grow(granted))  # charged as allocated
+                try:
+                    room = decoder.receive_buffer()
+                    assert room is not None
+                    with room:  # released even if the read fails
+                        got = os.readv(fd, [room])
+                        readable = got == len(room)  # filled: more is likely waiting
+                except BlockingIOError:
+                    readable = False
+                    await self._wait_readable(sock, reader)
+                    readable = True
+                    continue
+                except OSError as exc:  # as SocketStream.receive_some reports it
+                    raise trio.BrokenResourceError from exc
+                decoder.received_into(got)
+                await trio.lowlevel.cancel_shielded_checkpoint()  # as trio's own receive
+            else:
+                # Take room for the next bytes from the pool (waiting here, reading nothing,
+                # while the pool is spent), then read at most that much.
+                granted = await budget.grant(RECEIVE_SIZE, decoder.needed, decoder.buffered > 0)
+                try:
+                    data = os.read(fd, granted)
+                except BlockingIOError:
+                    # Nothing there yet: give the room back while waiting (an idle
+                    # connection holds nothing of the pool).
+                    budget.received(granted, 0)
+                    readable = False
+                    await self._wait_readable(sock, reader)
+                    readable = True
+                    continue
+                except OSError as exc:  # as SocketStream.receive_some reports it
+                    budget.received(granted, 0)
+                    raise trio.BrokenResourceError from exc
+                got = len(data)
+                readable = got == granted
+                budget.received(granted, got)
+                decoder.receive_data(data)
+                # As trio's own receive: a read that did not wait still lets others run.
+                await trio.lowlevel.cancel_shielded_checkpoint()
             if not got:
                 if decoder.buffered:
                     raise ProtocolError(f"connection closed inside a frame ({decoder.buffered} bytes buffered)")
                 return
-            if room is None:
-                decoder.receive_data(data)
-            else:
-                del room
-                decoder.received_into(got)
             completed = False
             try:
                 while (payload := decoder.next_frame()) is not None:
                     completed = True
-                    outgoing = await self._handle(payload, session)
+                    ticket = budget.frame_done(len(payload) + 4)
+                    outgoing = await self._handle(payload, session, budget)
+                    del payload
+                    if outgoing.finish is None:
+                        if ticket is not None:
+                            ticket.release()  # handled: its answer no longer needs it
+                        outgoing.unsent = memory_of(outgoing.parts)
+                        budget.queued(outgoing.unsent)
+                    else:
+                        # A Produce: its batches are views into the frame until the commit
+                        # round wrote them; the bytes go back once its answer is ready.
+                        outgoing.ticket = ticket
+                        budget.wait_for(ticket, outgoing.ready)
                     # Every request already received is admitted before anything else runs
                     # (no checkpoint while the channel has room): the produces of one chunk
                     # then share a commit round, and the writer finds their answers together.
@@ -298,7 +397,9 @@ class Server:
                     except trio.WouldBlock:
                         if node.round_owed:  # the writer may be waiting for that round
                             await node.commit_after_chunk()
-                        await send.send(outgoing)
+                        # max_in_flight answers wait already: Kafka would not even have
+                        # read this request. A client that never reads is closed as idle.
+                        await self._wait_client_reads(reader, functools.partial(send.send, outgoing))
                     if self._draining.is_set() or session.close_after_reply:
                         return
                     if session.mute_until > trio.current_time():
@@ -306,6 +407,11 @@ class Server:
                         if node.round_owed:
                             await node.commit_after_chunk()
                         await trio.sleep_until(session.mute_until)
+                    if budget.over:
+                        # Answers pile up unread: handle nothing more of what is buffered
+                        # until the client reads (the check at the top of the loop).
+                        held = True
+                        break
                 if node.round_owed:
                     # The chunk's produces, committed before the writer looks at their answers.
                     await node.commit_after_chunk()
@@ -317,7 +423,28 @@ class Server:
             elif completed or partial_since is None:
                 partial_since = trio.current_time()
 
-    async def _handle(self, payload: Any, session: Session) -> Outgoing:
+    @staticmethod
+    async def _wait_readable(sock: Any, reader: _Reader) -> None:
+        reader.receiving = True
+        try:
+            await trio.lowlevel.wait_readable(sock)
+        finally:
+            reader.receiving = False
+
+    async def _wait_client_reads(self, reader: _Reader, wait: Callable[[], Awaitable[None]],
+                                 until: Callable[[], bool] | None = None) -> None:
+        """Wait for the writer to get answers out to a client that is slow to read them; past
+        connections.max.idle.ms the reaper closes the connection (`_read_loop`)."""
+        reader.deadline = trio.current_time() + self.security.settings.idle_ms / 1000
+        reader.receiving = reader.stalled = True
+        try:
+            await wait()
+            while until is not None and until():
+                await wait()
+        finally:
+            reader.receiving = reader.stalled = False
+
+    async def _handle(self, payload: Any, session: Session, budget: ConnectionBudget) -> Outgoing:
         peer = session.peer
         if session.raw_sasl:
             # After SaslHandshake v0 the client sends bare SASL tokens, and so do we.
@@ -339,14 +466,23 @@ class Server:
             # Produces admitted earlier in this chunk are committed before a handler that
             # may wait (a Fetch long-poll) holds the reader.
             await self.node.commit_after_chunk()
-        ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session)
+        memory = AnswerMemory(self.answer_pool)
+        ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session, memory)
         api = REGISTRY[header.api_key]
         if _trace:
             log.debug("%s %s v%d #%d from %s as %s: %.300r", peer, api.name, header.api_version, header.correlation_id, header.client_id, session.principal, request)
-        result = await api.handler(ctx, request)
+        try:
+            result = await api.handler(ctx, request)
+        finally:
+            answer = budget.hold(memory)  # (also when the handler failed: the close gives it back)
+        outgoing = self._answer(header, result, session, len(payload))
+        outgoing.answer = answer
+        return outgoing
+
+    def _answer(self, header: RequestHeader, result: Any, session: Session, size: int) -> Outgoing:
         throttle_ms = 0
         if header.api_key == PRODUCE:
-            throttle_ms = session.throttle_produce(len(payload))
+            throttle_ms = session.throttle_produce(size)
         elif header.api_key == FETCH and isinstance(result, dict):
             throttle_ms, send_data = session.throttle_fetch(_fetch_bytes(result))
             if not send_data:
@@ -373,20 +509,37 @@ class Server:
             result = {**result, "throttle_time": throttle_ms}
         return Outgoing(_encode(header, result))
 
-    async def _write_loop(self, stream: trio.abc.Stream, receive: trio.MemoryReceiveChannel[Outgoing], scope: trio.CancelScope) -> None:
+    async def _write_loop(self, stream: trio.abc.Stream, receive: trio.MemoryReceiveChannel[Outgoing], scope: trio.CancelScope,
+                          budget: ConnectionBudget) -> None:
         # Answers that are ready one after another leave in one send: a commit round
         # acknowledges every produce it covers at once, and one syscall (and one pass of
         # trio's send path) per round is what keeps a pipelining producer cheap.
         out: list[Any] = []
+        counted = 0  # of budget.unsent, for the answers in `out`
+        held: list[Ticket] = []  # what their handlers read into them, from the pool
         async with receive:
             async for outgoing in receive:
                 while True:
                     if out and not outgoing.ready():
                         await send_parts(stream, out)  # don't hold ready answers while waiting
                         out = []
-                    parts = outgoing.parts if outgoing.finish is None else await outgoing.finish()
+                        budget.sent(counted)
+                        counted = 0
+                        _release(held)
+                    if outgoing.finish is None:
+                        parts = outgoing.parts
+                        counted += outgoing.unsent
+                    else:
+                        parts = await outgoing.finish()
+                        if outgoing.ticket is not None:
+                            outgoing.ticket.release()
+                        n = memory_of(parts)
+                        budget.queued(n)
+                        counted += n
                     if parts:
                         out += parts
+                    if outgoing.answer is not None:
+                        held.append(outgoing.answer)
                     try:
                         outgoing = receive.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
@@ -394,6 +547,9 @@ class Server:
                 if out:
                     await send_parts(stream, out)
                     out = []
+                budget.sent(counted)
+                counted = 0
+                _release(held)
         scope.cancel()  # the reader ended and every reply is out
 
 
@@ -412,11 +568,39 @@ async def _send_tls_alert(tls: trio.SSLStream[trio.SocketStream], raw: trio.Sock
             await raw.send_all(alert)
 
 
+def _release(tickets: list[Ticket]) -> None:
+    for ticket in tickets:
+        ticket.release()
+    tickets.clear()
+
+
 def _fetch_bytes(description: Any) -> int:
     return sum(len(p["records"] or b"") for t in description.get("responses", ()) for p in t["partitions"])
 
 
+class UnencodableAnswer(ProtocolError):
+    """An answer could not be encoded and the API has no error field to say so: close."""
+
+
 def _encode(header: RequestHeader, description: Any) -> list[Any]:
+    """The answer's frame pieces. An answer that cannot be encoded (a handler bug, or a
+    value too large for its field) is logged once as an internal error and replaced by
+    UNKNOWN_SERVER_ERROR where the response has a top-level error code; otherwise the
+    connection closes. Either way the reader goes on with a consistent state: encoding
+    runs after the handler, which must not have stored what it could not answer."""
+    try:
+        return _encode_description(header, description)
+    except Exception as exc:
+        log.error("internal error: cannot encode the answer to %s v%d #%d: %s: %.300s",
+                  REGISTRY[header.api_key].name, header.api_version, header.correlation_id, type(exc).__name__, exc)
+        cls = response_schema(header.api_key, header.api_version)
+        if "error_code" in getattr(cls, "__dataclass_fields__", {}):
+            with contextlib.suppress(Exception):
+                return encode_response_parts(header, shape(cls, {"error_code": UNKNOWN_SERVER_ERROR}))
+        raise UnencodableAnswer(f"answer to {REGISTRY[header.api_key].name} #{header.correlation_id} could not be encoded") from None
+
+
+def _encode_description(header: RequestHeader, description: Any) -> list[Any]:
     if isinstance(description, Encoded):  # a hot path's own encoding (Produce)
         if _trace:
             log.debug("#%d answered: %d bytes, pre-encoded", header.correlation_id, len(description.frame))
@@ -457,7 +641,13 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
             await node.commit_round()
             nursery.cancel_scope.cancel()
     finally:
-        node.close()
+        try:
+            node.close()
+        except (StorageError, OSError) as exc:
+            # A full disk at shutdown: every acknowledged record is under a signed head
+            # already; only the clean-shutdown marks are missing, and the next start
+            # recovers without them.
+            log.error("closing the data dir failed (%s); the next start recovers it", exc)
         log.info("hyperkafka stopped; every acknowledged record is on disk")
 
 

@@ -81,6 +81,19 @@ def _converter(tp: Any) -> Convert:
     return _identity
 
 
+_MAX_MESSAGE_BYTES = 0x7FFF
+
+
+def _clip_message(value: Any) -> Any:
+    """An error message quotes names from the request (each up to 0x7fff bytes): cut it to
+    what an int16-length string holds, so the answer stays encodable."""
+    if isinstance(value, str) and len(value) * 4 > _MAX_MESSAGE_BYTES:
+        raw = value.encode()
+        if len(raw) > _MAX_MESSAGE_BYTES:
+            return raw[:_MAX_MESSAGE_BYTES].decode(errors="ignore")
+    return value
+
+
 _MISSING: Any = object()
 
 
@@ -93,7 +106,8 @@ def _plan(cls: type) -> tuple[tuple[str, Convert, Any], ...]:
     for f in dataclasses.fields(cls):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         fallback = _zero(cls, hints[f.name], f.name) if required else _MISSING
-        plan.append((f.name, _converter(hints[f.name]), fallback))
+        convert = _clip_message if f.name == "error_message" else _converter(hints[f.name])
+        plan.append((f.name, convert, fallback))
     return tuple(plan)
 
 

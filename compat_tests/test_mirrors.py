@@ -267,3 +267,80 @@ def test_writer_and_two_mirrors(workdir: Path) -> None:
                 br.stop()
             except Exception:
                 br.kill()
+
+
+PRODUCE_EACH = textwrap.dedent(
+    """
+    import sys
+    from kafka import KafkaProducer
+    p = KafkaProducer(bootstrap_servers=sys.argv[1], acks="all", max_block_ms=10000)
+    for i in range(int(sys.argv[4])):
+        p.send(sys.argv[2], (sys.argv[3] + "-%d" % i).encode()).get(timeout=20)  # a batch each
+    p.close()
+    """
+)
+
+
+def _log(b: Broker) -> str:
+    return b.log_path.read_text(errors="replace") if b.log_path else ""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.matrix("mirrors: a longer fork of the writer (same key) is equivocation", client="kafka-python")
+def test_a_longer_fork_of_the_writer_freezes_the_mirror(workdir: Path) -> None:
+    """A copy of the writer's data dir (same key), taken earlier, appends other records
+    and comes back at the writer's address LONGER than what the mirror verified: the
+    mirror freezes that archive, keeps both heads as evidence (across a restart), logs one
+    ERROR, keeps serving what it verified, and `hyperkafka verify` fails naming it."""
+    import shutil
+
+    topic = "forked"
+    rport = harness.free_port()
+    writer = harness.new_broker(workdir / "writer", extra=("--replication-listen", f"127.0.0.1:{rport}"))
+    brokers: list[Broker] = [writer]
+    try:
+        writer.start()
+        assert writer.data_dir is not None
+        _py(PRODUCE_EACH, writer.bootstrap, topic, "honest", "3")
+        assert writer.stop() == 0
+        fork_dir = workdir / "fork-data"
+        shutil.copytree(writer.data_dir, fork_dir)  # the same node seed: the same keys
+        writer.start()
+        _py(PRODUCE_EACH, writer.bootstrap, topic, "honest-later", "2")
+        mirror = harness.new_broker(workdir / "mirror", extra=("--mirror", writer.bootstrap, "--no-auto-create"))
+        brokers.append(mirror)
+        mirror.start()
+        _wait_caught_up(mirror, topic, 5)
+        assert writer.stop() == 0
+        # the copy, at the writer's address, goes its own way past the mirror's length
+        (workdir / "fork").mkdir()
+        fork = harness.new_broker(workdir / "fork", data_dir=fork_dir, port=writer.port,
+                                  extra=("--replication-listen", f"127.0.0.1:{rport}"))
+        brokers.append(fork)
+        fork.start()
+        _py(PRODUCE_EACH, fork.bootstrap, topic, "forged", "12")
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and "EQUIVOCATION" not in _log(mirror):
+            time.sleep(0.3)
+        assert "EQUIVOCATION" in _log(mirror), mirror.log_tail()
+        time.sleep(3)  # more reconnects: no more error lines, no retrying
+        text = _log(mirror)
+        assert text.count("EQUIVOCATION") == 1, mirror.log_tail()
+        assert _high_watermark(mirror, topic) == 5  # serves what it verified, nothing forged
+        assert mirror.stop() == 0
+        verified = _hyperkafka("verify", "--data-dir", str(mirror.data_dir))
+        assert verified.returncode != 0, verified.stdout
+        bad = [line for line in verified.stdout.splitlines() if line.startswith("BAD")]
+        assert bad and f"/{topic} 0" in bad[0] and "equivocation" in bad[0] and "evidence" in bad[0], \
+            verified.stdout
+        mirror.start()  # the evidence survives a restart: still frozen, still serving
+        _wait_caught_up(mirror, topic, 5)
+        time.sleep(2)
+        assert _high_watermark(mirror, topic) == 5
+        assert "frozen" in _log(mirror)
+    finally:
+        for br in brokers:
+            try:
+                br.stop()
+            except Exception:
+                br.kill()

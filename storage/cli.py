@@ -10,6 +10,7 @@ import os
 import sys
 
 from storage.catalog import TopicRecord, apply_change, decode_changes
+from storage.dirlock import probe
 from storage.follower import PUBLIC_KEY_FILE, check_evidence
 from storage.fs import OsFileSystem
 from storage.hypercore import archive_key, derive_keypair
@@ -55,7 +56,14 @@ def keys_command(data_dir: str) -> int:
 
 def verify_command(data_dir: str, topic: str | None) -> int:
     """Verify every archive (or one topic's) fully. 0 when all hold; 1 otherwise, with a
-    line `BAD <topic> <partition> <first bad offset> <reason>` per failing archive."""
+    line `BAD <topic> <partition> <first bad offset> <reason>` per failing archive.
+
+    Read-only, so it takes no lock and may run beside a live broker; it says so (on
+    stderr, stdout keeps its line format) when one holds the directory."""
+    holder = probe(data_dir)
+    if holder is not None:
+        print(f"note: a broker (pid {holder or 'unknown'}) holds {data_dir}; "
+              "verifying while it writes", file=sys.stderr)
     try:
         seed, node_pk, topics = _catalog(data_dir)
     except Exception as exc:

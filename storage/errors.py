@@ -41,3 +41,14 @@ class ArchiveDamaged(StorageError):
     def __init__(self, message: str, offset: int | None = None) -> None:
         super().__init__(message if offset is None else f"{message} (first bad offset {offset})")
         self.offset = offset
+
+
+class RecoveryFailed(ArchiveDamaged):
+    """Recovery at open needed to write and could not (a full disk, EIO): the archive is
+    read-only, serving what its signed head covers, until it is reopened. Not damage of
+    the signed history: a reopen with room on the disk recovers it whole."""
+
+    def __init__(self, message: str, offset: int | None = None, cause: OSError | None = None) -> None:
+        ArchiveDamaged.__init__(self, message)
+        self.offset = offset
+        self.cause = cause  # the failed write (its errno tells a full disk from EIO)

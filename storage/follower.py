@@ -11,10 +11,17 @@ The writer's signature is stored verbatim in the head slot, so `verify` of the m
 data dir checks it with the writer's key. We never sign anything: blocks past the last
 accepted head are dropped at close and at recovery (they are fetched again).
 
-Two valid heads that disagree (same length and another tree, a shorter head that is not
-a prefix of ours, or another fork than the one we hold) are equivocation: both heads go
-into the `evidence` file, the archive is frozen (it keeps serving what it holds and
-takes nothing new) and `Equivocation` is raised.
+Two valid heads of one fork that disagree are equivocation, whatever their lengths: the
+same length and another tree, a shorter head that is not a prefix of ours, or a longer
+head whose tree at our length is not ours (shown by an upgrade proof from 0 to our length
+plus the nodes that grow it to that head, bound to its signature: Hypercore's
+``checkConflict``). Both heads (and that proof) go into the `evidence` file, the archive
+is frozen (it keeps serving what it holds and takes nothing new), one ERROR line is
+logged and `Equivocation` is raised. A head on a newer fork is no equivocation: the
+writer truncated (Hypercore's ``truncate``, our writer's recovery after a power loss).
+If the new fork keeps our whole tree it is followed (`follow_fork`); if it dropped
+blocks we hold we would have to reorg, which we do not do yet: `ForkChanged` is raised
+and nothing is stored. A head on an older fork is stale and ignored, as Hypercore does.
 
 May import the standard library, `storage.log`, `storage.hypercore`, `storage.fs`,
 `storage.errors`, `storage.batch`. Never `broker` or trio.
@@ -27,14 +34,24 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from storage import batch as B
 from storage.errors import StorageError
 from storage.fs import FileSystem, OsFileSystem
-from storage.hypercore import Frontier, KeyPair, Node, flat_tree, tree_hash, verify_head
+from storage.hypercore import (
+    Frontier,
+    HypercoreError,
+    InvalidProof,
+    KeyPair,
+    Node,
+    flat_tree,
+    tree_hash,
+    verify_head,
+)
+from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
 from storage.log import (
     ENTRY_SIZE,
     IDX_HEADER_SIZE,
@@ -63,6 +80,11 @@ class Equivocation(StorageError):
     """The writer signed two heads that disagree; the archive is frozen."""
 
 
+class ForkChanged(StorageError):
+    """The writer signed a head on a newer fork (it truncated its archive): legitimate in
+    Hypercore, but following it needs a reorg, which a mirror does not do yet."""
+
+
 def _head_json(length: int, fork: int, th: bytes, signature: bytes, roots: Sequence[Node]) -> dict[str, Any]:
     return {
         "length": length,
@@ -73,32 +95,66 @@ def _head_json(length: int, fork: int, th: bytes, signature: bytes, roots: Seque
     }
 
 
-def check_evidence(path: str, public_key: bytes) -> str | None:
-    """A description of the equivocation recorded in archive dir `path` when both heads in
-    its evidence file verify under `public_key` and disagree; None when there is no such
-    evidence (no file, or one that proves nothing)."""
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_evidence(path: str, public_key: bytes,
+                   read: Callable[[str], bytes] = _read) -> str | None:
+    """A description of the equivocation recorded in archive dir `path` when its evidence
+    file proves one under `public_key`: two heads of one fork, both signed, that disagree
+    (same length and another tree hash; or the longer head's tree at the shorter length,
+    shown by the recorded proof, is another tree). None when there is no such evidence
+    (no file, or one that proves nothing: a forged or consistent pair)."""
     from storage.hypercore import archive_key
 
+    key = archive_key(public_key)
     try:
-        with open(os.path.join(path, EVIDENCE_FILE)) as f:
-            doc = json.load(f)
+        doc = json.loads(read(os.path.join(path, EVIDENCE_FILE)))
         heads = []
         for h in doc["heads"][:2]:
             roots = [Node(int(i), int(s), bytes.fromhex(x)) for i, s, x in h["roots"]]
             th = tree_hash(roots)
             sig = bytes.fromhex(h["signature"])
-            ok = (flat_tree.full_roots(2 * int(h["length"])) == [r.index for r in roots]
-                  and verify_head(public_key, archive_key(public_key), th, int(h["length"]),
-                                  int(h["fork"]), sig))
-            if not ok:
+            length, fork = int(h["length"]), int(h["fork"])
+            if not (flat_tree.full_roots(2 * length) == [r.index for r in roots]
+                    and verify_head(public_key, key, th, length, fork, sig)):
                 return None
-            heads.append((int(h["length"]), int(h["fork"]), th))
-    except (OSError, ValueError, KeyError, TypeError):
+            heads.append((length, fork, th))
+        if len(heads) != 2:
+            return None
+        (la, fa, ta), (lb, fb, tb) = heads
+        if fa != fb or (la, ta) == (lb, tb):
+            return None
+        where = f"(evidence in {os.path.join(path, EVIDENCE_FILE)})"
+        if la == lb:
+            return (f"equivocation: writer signed two trees at length {la}, fork {fa} {where}")
+        (ls, ts), (ll, tl) = sorted([(la, ta), (lb, tb)])
+        _, proof = Proof.decode(bytes.fromhex(doc["proof"]))
+        if _tree_at(proof, public_key, key, fa, ll, tl, ls) == ts:
+            return None
+    except (OSError, ValueError, KeyError, TypeError, HypercoreError):
         return None
-    if len(heads) != 2 or heads[0] == heads[1]:
-        return None
-    (la, fa, _), (lb, fb, _) = heads
-    return f"equivocation: writer signed (length {la}, fork {fa}) and (length {lb}, fork {fb}) that disagree"
+    return (f"equivocation: writer signed length {ll} whose tree at length {ls} is not the "
+            f"one it signed at length {ls} (fork {fa}) {where}")
+
+
+def _tree_at(proof: Proof, public_key: bytes, key: bytes, fork: int, length: int, th: bytes,
+             at: int) -> bytes:
+    """The tree hash at `at` blocks of the signed head (`length`, `th`, `fork`), shown by
+    `proof`: an upgrade proof from 0 to `at` blocks plus the nodes that grow that tree to
+    the head. Raises InvalidProof when it is not such a proof or does not verify."""
+    up = proof.upgrade
+    if up is None or up.start != 0 or up.length != at or proof.fork != fork:
+        raise InvalidProof(f"not an upgrade proof from 0 to {at} blocks on fork {fork}")
+    head = verify_proof(proof, public_key=public_key, key=key, fork=fork,
+                        trusted=Frontier()).head
+    if head is None or head.length != length or head.tree_hash() != th:
+        raise InvalidProof(f"the proof is not for the head at length {length}")
+    # with start 0 the upgrade's nodes are the roots at `at` blocks, and they fold (with
+    # the additional nodes) into the signed tree: the signer's own tree at `at` blocks
+    return tree_hash(list(up.nodes))
 
 
 @dataclass
@@ -119,6 +175,12 @@ class FollowerLog(PartitionLog):
         self._accepting = False  # only accept_head's own prepare_commit may build a job
         self._pending_leaves = []  # verified leaf hashes of the blocks not yet accepted
         self.frozen: str | None = None  # set: equivocation evidence on disk, take nothing
+        # a newer fork of the writer shown to extend what we hold (check_conflict): the
+        # fork to follow, before a head on it is stored
+        self._next_fork: int | None = None
+        # set: the writer truncated below what we hold (ForkChanged raised); following
+        # needs a reorg we do not do, so nothing is tried again until a restart
+        self.reorg_needed: str | None = None
 
     @classmethod
     def open_replica(cls, path: str | os.PathLike[str], public_key: bytes, *,
@@ -138,8 +200,14 @@ class FollowerLog(PartitionLog):
         lg = cast(FollowerLog, cls.open(p, KeyPair(bytes(public_key), b""),
                                         fsync=FsyncPolicy.ALWAYS, config=config, fs=fs))
         if fs.exists(os.path.join(p, EVIDENCE_FILE)):
-            lg.frozen = "equivocation evidence on disk"
-            log.error("%s: frozen: %s", p, lg.frozen)
+            proven = check_evidence(p, bytes(public_key), fs.read_file)
+            if proven:
+                lg.frozen = proven
+                log.error("%s: frozen: %s", p, proven)
+            else:
+                # what `verify` says too: a file that proves nothing (a fork change an
+                # older version took for equivocation, a damaged file) freezes nothing
+                log.warning("%s: %s proves no equivocation; not frozen", p, EVIDENCE_FILE)
         return lg
 
     # ------------------------------------------------------------------ never sign
@@ -195,6 +263,13 @@ class FollowerLog(PartitionLog):
         """Drop blocks delivered past the last stored head (a session that ended before
         their head arrived); a new session fetches them again from `verified_tree()`."""
         self._drop_unsigned_tail()
+
+    @property
+    def follow_fork(self) -> int:
+        """The fork a replication session follows from `verified_tree()`: our head's, or a
+        newer one that `check_conflict` found to extend it (the writer bumped its fork
+        without dropping anything we hold, e.g. its recovery after a reboot)."""
+        return self._next_fork if self._next_fork is not None else self.fork
 
     def verified_tree(self) -> Frontier:
         """The tree of the last accepted head (a replication follower's `have`)."""
@@ -274,6 +349,7 @@ class FollowerLog(PartitionLog):
         if length > self._next_leaf:
             raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
         self._fork = fork
+        self._next_fork = None
         n_tail = self._next_leaf - length
         if n_tail > len(self._pending):
             raise StorageError("blocks under the new head were already committed")
@@ -326,10 +402,17 @@ class FollowerLog(PartitionLog):
         # a newer head may have been revealed meanwhile: never move readers back
         self.high_watermark = max(self.high_watermark, revealed)
 
-    def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
+    def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node],
+                       proof: Proof | None = None) -> bool:
         """Verify a head the writer signed against what we hold without storing it: raises
-        VerificationFailed (bad signature) or Equivocation (it disagrees with our head:
-        evidence written, frozen). True when it is newer than our head (worth storing)."""
+        VerificationFailed (bad signature, or a `proof` that does not verify),
+        Equivocation (it disagrees with our head: evidence written, frozen) or
+        ForkChanged (a newer fork). True when it is newer than our head (worth storing).
+
+        A head longer than ours can only be held against ours with `proof`: an upgrade
+        proof from 0 to our length plus the nodes up to that head (what
+        `Connection.follow(..., probe_at=our length)` fetches). Without it a longer head
+        is newer, and the replication session checks that it extends our tree."""
         if self.frozen:
             raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
         roots = list(roots)
@@ -338,28 +421,74 @@ class FollowerLog(PartitionLog):
                 length and not verify_head(self.public_key, self.key, th, length, fork, signature)):
             raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
         cur = self._head
-        if cur is not None and cur.length:
-            if fork != cur.fork:
-                self._equivocation(cur, length, fork, th, signature, roots,
-                                   f"head on fork {fork}, we hold fork {cur.fork}")
+        if cur is None or not cur.length:
+            return length > 0
+        if fork < cur.fork:
+            return False  # a peer still on an older fork (Hypercore ignores it too)
+        # Does the head keep our tree? None: not known here (longer, no proof).
+        if length == cur.length:
+            keeps: bool | None = th == cur.tree_hash
+        elif length < cur.length:
+            ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
+            keeps = None if any(n is None for n in ours) else tree_hash(cast(list[Node], ours)) == th
+        elif proof is not None:
+            try:
+                keeps = _tree_at(proof, self.public_key, self.key, fork, length, th,
+                                 cur.length) == cur.tree_hash
+            except HypercoreError as e:
+                raise VerificationFailed(f"{self.path}: head at length {length}: bad proof of "
+                                         f"its tree at length {cur.length}: {e}") from e
+        else:
+            keeps = None  # the session that delivered it verified it extends our tree
+        if fork > cur.fork:
+            # A newer fork: the writer truncated (Hypercore's truncate, our writer's
+            # recovery across a reboot), no equivocation. Followed when it keeps all we
+            # hold (nothing to undo), else a reorg, which we do not do.
+            if keeps is None and fork == self._next_fork and length > cur.length:
+                return True  # the session verified it against our tree on that fork
+            if keeps and length >= cur.length:
+                if self._next_fork != fork:
+                    log.warning("%s: the writer moved to fork %d keeping the %d blocks we hold",
+                                self.path, fork, cur.length)
+                self._next_fork = fork
+                return length > cur.length
+            self.reorg_needed = (f"the writer truncated its archive (fork {cur.fork} -> "
+                                 f"{fork}, length {length}) below what we hold; a mirror does "
+                                 f"not follow a reorg yet; serving the {cur.length} blocks "
+                                 f"verified")
+            raise ForkChanged(f"{self.path}: {self.reorg_needed}")
+        if keeps is False:
             if length == cur.length:
-                if th != cur.tree_hash:
-                    self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"two trees signed at length {length}")
-                return False
-            if length < cur.length:
-                ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
-                if all(n is not None for n in ours) and tree_hash(cast(list[Node], ours)) != th:
-                    self._equivocation(cur, length, fork, th, signature, roots,
-                                       f"signed head at length {length} is not a prefix of ours")
-                return False
-        elif length == 0:
-            return False
-        return True
+                why, evidence = f"two trees signed at length {length}", None
+            elif length < cur.length:
+                why = f"signed head at length {length} is not a prefix of ours"
+                evidence = self._own_proof(cur, length)
+            else:
+                why = (f"signed head at length {length} does not extend ours (its tree at "
+                       f"length {cur.length} is another)")
+                evidence = proof
+            self._equivocation(cur, length, fork, th, signature, roots, why, evidence)
+        return length > cur.length
+
+    def _own_proof(self, cur: Head, at: int) -> Proof | None:
+        """Our signed head's upgrade proof from 0 to `at` blocks (evidence that its tree
+        there is ours); None if a node it needs is not stored."""
+
+        def get(index: int) -> Node:
+            n = self.node(index)
+            if n is None:
+                raise KeyError(index)
+            return n
+
+        try:
+            return generate_proof(get, cur.length, cur.fork, cur.signature,
+                                  upgrade=UpgradeRequest(0, at))
+        except (KeyError, HypercoreError):
+            return None
 
     def _equivocation(self, cur: Head, length: int, fork: int, th: bytes, signature: bytes,
-                      roots: Sequence[Node], why: str) -> NoReturn:
-        doc = {
+                      roots: Sequence[Node], why: str, proof: Proof | None = None) -> NoReturn:
+        doc: dict[str, Any] = {
             "reason": why,
             "detected_ms": int(time.time() * 1000),
             "heads": [
@@ -367,6 +496,9 @@ class FollowerLog(PartitionLog):
                 _head_json(length, fork, th, signature, roots),
             ],
         }
+        if proof is not None:
+            # the longer head's tree at the shorter length, bound to its signature
+            doc["proof"] = proof.encode().hex()
         self.fs.write_file_atomic(os.path.join(self.path, EVIDENCE_FILE),
                                   json.dumps(doc, indent=1).encode())
         self.frozen = why

@@ -5,7 +5,7 @@
 models what a power loss does to a page cache: it remembers, per file, the content as of
 the last successful fsync, and `crash()` rolls every file back to that (or to a torn mix of
 old and new bytes), closes every descriptor, and lets a fresh open run recovery. It can
-also fail fsyncs (EIO) and shorten writes. In the spirit of hashicorp/raft-wal's vfs.
+also fail fsyncs (EIO), fail writes (ENOSPC) and shorten writes. In the spirit of hashicorp/raft-wal's vfs.
 
 Imports only the standard library.
 """
@@ -169,6 +169,8 @@ class FaultyFileSystem(FileSystem):
         self._path_of: dict[int, str] = {}
         self._durable: dict[str, bytes] = {}
         self.fail_fsync: Callable[[str], bool] | None = None
+        # A write to a path it accepts fails with ENOSPC before writing (a full disk).
+        self.fail_write: Callable[[str], bool] | None = None
         self.short_writes = False
         self.fsyncs = 0
 
@@ -190,6 +192,8 @@ class FaultyFileSystem(FileSystem):
         super().close(fd)
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+        if self.fail_write is not None and self.fail_write(self._path_of.get(fd, "")):
+            raise OSError(errno.ENOSPC, f"injected: no space left for {self._path_of.get(fd)}")
         if self.short_writes and len(data) > 1:
             data = memoryview(data)[: max(1, len(data) // 2)]
         return super().pwrite(fd, data, offset)

@@ -37,7 +37,13 @@ from hashlib import blake2b
 import crc32c
 
 from storage import batch as B
-from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
+from storage.errors import (
+    ArchiveDamaged,
+    CorruptBatch,
+    OffsetOutOfRange,
+    RecoveryFailed,
+    StorageError,
+)
 from storage.fs import FileSystem, OsFileSystem
 from storage.hypercore import (
     Frontier,
@@ -738,6 +744,7 @@ class PartitionLog:
         # The head on disk says "clean shutdown": the first commit must fsync a head without
         # that flag before publishing, or a power loss would hide that we signed anything.
         self._disk_clean = False
+        self._cut_unsigned = False  # `open(cut_unsigned=True)`
 
     # ------------------------------------------------------------------ properties
 
@@ -773,6 +780,15 @@ class PartitionLog:
             and not (self._dirty and self.policy is FsyncPolicy.INTERVAL)
         )
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def writable(self) -> bool:
+        """Takes appends: not closed, damaged, or poisoned by a failed write."""
+        return not self._closed and self.damage is None and self._poisoned is None
+
     def set_config(self, config: LogConfig) -> None:
         self.config = config
         self._segment_limit = min(config.segment_bytes, (1 << 32) - 1)
@@ -797,17 +813,49 @@ class PartitionLog:
     @classmethod
     def open(cls, path: str | os.PathLike[str], keypair: KeyPair, *,
              fsync: FsyncPolicy = FsyncPolicy.INTERVAL, config: LogConfig | None = None,
-             fs: FileSystem | None = None) -> PartitionLog:
+             fs: FileSystem | None = None, cut_unsigned: bool = False) -> PartitionLog:
+        """Open (and recover) the archive at `path`. `cut_unsigned`: blocks past the last
+        signed head are cut instead of signed (the catalog: a change whose head was never
+        signed was never applied, its caller got an error).
+
+        A recovery write that fails (a full disk, EIO: rebuilding derived files, the
+        genesis head, signing a tail) does not fail the open: the archive opens read-only
+        instead, serving what its signed head covers (authenticated on read), with
+        `damage` a `RecoveryFailed`; reopen it once the disk has room."""
         fs = fs or OsFileSystem()
         p = os.fspath(path)
         fs.makedirs(p)
         self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
+        self._cut_unsigned = cut_unsigned
         try:
             self._recover()
-        except BaseException:
+        except BaseException as exc:
             self._close_fds()
-            raise
+            failure = _os_error_in(exc)
+            if failure is None:
+                raise
+            self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
+            try:
+                self._open_unwritable(failure)
+            except BaseException:
+                self._close_fds()
+                raise
         return self
+
+    def _open_unwritable(self, failure: OSError) -> None:
+        """Open read-only after recovery could not write: nothing here writes."""
+        self._head_fd = self._open_rw("head")
+        self._tree_fd = self._open_rw("tree")
+        head, _ = read_head_slots(self.fs, self._head_fd)
+        if head is not None and check_head(head, self.public_key, self.key) is not None:
+            head = None  # a bad head is damage, found again by the next writable open
+        names = self.fs.listdir(self.path)
+        bases = sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
+        self._open_damaged(RecoveryFailed(f"{self.path}: recovery could not write ({failure}); "
+                                          "read-only until it can",
+                                          head.next_offset if head is not None else None,
+                                          failure),
+                           bases, head)
 
     def _open_rw(self, name: str) -> int:
         return self.fs.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT)
@@ -930,8 +978,20 @@ class PartitionLog:
             self._segments.append(seg)
             expect_leaf = seg.first_leaf + seg.count
             expect_offset = seg.next_offset()
-        self._seg_bases = [s.base_offset for s in self._segments]
         total = expect_leaf
+        if self._cut_unsigned and head is not None and total > signed_len and self._segments:
+            log.warning("%s: cutting %d block(s) never signed", self.path, total - signed_len)
+            while len(self._segments) > 1 and self._segments[-1].first_leaf >= signed_len:
+                self._drop_segment_files(self._segments.pop())
+            seg = self._segments[-1]
+            k = max(0, signed_len - seg.first_leaf)
+            self._truncate_entries(seg, k)
+            seg.log_size = seg.end_of(k - 1) if k else 0
+            fs.ftruncate(seg.log_fd, seg.log_size)
+            total = seg.first_leaf + seg.count
+            if rebuilt_from is not None and rebuilt_from >= total:
+                rebuilt_from = None
+        self._seg_bases = [s.base_offset for s in self._segments]
         self._dirty = bool(self._segments)
         if self._segments:
             self.log_start_offset = self._segments[0].base_offset
@@ -1768,6 +1828,13 @@ class PartitionLog:
             self._closed = True
             self._close_fds()
 
+    def discard(self) -> None:
+        """Close without writing anything: a log replaced by a fresh open of the same
+        files (a partition a disk error took offline, reopened), whose head it must not
+        overwrite."""
+        self._closed = True
+        self._close_fds()
+
     def _close_fds(self) -> None:
         if self._sync is not None:  # never close a descriptor under a running fsync
             self._sync.wait()
@@ -1783,3 +1850,14 @@ class PartitionLog:
             if fd >= 0:
                 self.fs.close(fd)
         self._head_fd = self._tree_fd = -1
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc` (itself, or a cause: a commit job wraps its OSError in a
+    StorageError), or None: recovery failed for another reason."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__
+    return None

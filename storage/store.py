@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 
 from storage.catalog import TopicRecord, apply_change, decode_changes, encode_change
+from storage.dirlock import DirLock
 from storage.errors import StorageError, TopicExists, UnknownTopic
 from storage.fs import FileSystem, OsFileSystem
 from storage.hypercore import KeyPair, archive_key, derive_keypair
@@ -85,6 +86,7 @@ class Store:
         self._topics: dict[str, TopicRecord] = {}
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._catalog: PartitionLog | None = None
+        self._lock: DirLock | None = None
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], *, fsync: FsyncPolicy = FsyncPolicy.INTERVAL,
@@ -92,14 +94,40 @@ class Store:
         fs = fs or OsFileSystem()
         d = os.fspath(data_dir)
         fs.makedirs(d)
-        self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs)
-        self._catalog = PartitionLog.open(os.path.join(d, CATALOG_DIR), self._catalog_keys,
-                                          fsync=FsyncPolicy.ALWAYS, fs=fs)
-        for batch in self._catalog_batches():
-            for change in decode_changes(batch):
-                apply_change(self._topics, change)
-        self._remove_orphans()
+        # Before anything in the directory is read or written: a second broker on it
+        # (DataDirLocked) must leave it exactly as it found it.
+        lock = DirLock.acquire(d)
+        try:
+            self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs)
+            self._lock = lock
+            self._catalog = self._open_catalog()
+            for batch in self._catalog_batches():
+                for change in decode_changes(batch):
+                    apply_change(self._topics, change)
+            self._remove_orphans()
+        except BaseException:
+            lock.release()
+            raise
         return self
+
+    def _open_catalog(self) -> PartitionLog:
+        # A change is applied only once its head is signed (`_append_change`), so a tail
+        # never signed (a failed commit, a crash before the answer) is cut, not signed.
+        return PartitionLog.open(os.path.join(self.data_dir, CATALOG_DIR), self._catalog_keys,
+                                 fsync=FsyncPolicy.ALWAYS, fs=self.fs, cut_unsigned=True)
+
+    def _writable_catalog(self) -> PartitionLog:
+        """The catalog, reopened first when an earlier write failed (a full disk): the
+        reopen cuts the unsigned change and finds the same signed topics."""
+        cat = self._catalog
+        assert cat is not None
+        if cat.writable:
+            return cat
+        cat.close()
+        self._catalog = cat = self._open_catalog()
+        if not cat.writable:
+            raise StorageError(f"the catalog cannot be written: {cat.damage}")
+        return cat
 
     def _catalog_batches(self) -> Iterator[bytes]:
         cat = self._catalog
@@ -134,8 +162,10 @@ class Store:
         os.rmdir(path)
 
     def _append_change(self, change: dict[str, object]) -> None:
-        cat = self._catalog
-        assert cat is not None
+        """Sign the change into the catalog, then apply it. When the append or commit
+        fails (StorageError, OSError) nothing is applied, and the next change first
+        reopens the catalog, cutting this one."""
+        cat = self._writable_catalog()
         cat.append(encode_change(change, int(time.time() * 1000)))
         cat.commit()  # `always`: durable before we return
         apply_change(self._topics, change)
@@ -224,6 +254,72 @@ class Store:
         self._logs[(topic, partition)] = lg
         return lg
 
+    def prepare_partitions(self, name: str, topic_id: uuid.UUID, partitions: int,
+                           config: LogConfig) -> list[PartitionLog]:
+        """Make the archives of topic `name` before the catalog records it, so the
+        catalog never names a topic whose partitions could not be made: a disk that cannot
+        take them all (ENOSPC, EIO) raises StorageError and leaves nothing. Then
+        `create_topic(..., topic_id)` and `adopt`; `discard` if that fails. The caller
+        makes sure nobody else creates `name` meanwhile."""
+        if not _TOPIC_RE.match(name) or name in (".", ".."):
+            raise StorageError(f"illegal topic name {name!r}")
+        if name in self._topics:
+            raise TopicExists(name)
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(partitions):
+                path = partition_dir(self.data_dir, name, p)
+                if os.path.isdir(path):  # left by a creation that crashed: not in the catalog
+                    self._remove_dir(path)
+                lg = PartitionLog.open(path, self._partition_keypair(topic_id, p),
+                                       fsync=self.fsync, config=config, fs=self.fs)
+                logs.append(lg)
+                if lg.damage is not None:  # its genesis head could not be written
+                    raise StorageError(f"cannot create partition {name}-{p}: {lg.damage}")
+        except BaseException:
+            self.discard(name, logs)
+            raise
+        return logs
+
+    def adopt(self, name: str, logs: list[PartitionLog]) -> None:
+        """After `create_topic`: serve the logs `prepare_partitions` made."""
+        for p, lg in enumerate(logs):
+            self._logs[(name, p)] = lg
+
+    def discard(self, name: str, logs: list[PartitionLog]) -> None:
+        """Close and remove prepared archives the catalog never recorded."""
+        for p, lg in enumerate(logs):
+            try:
+                lg.close()
+            except (OSError, StorageError) as exc:  # its clean head may not fit either
+                log.warning("closing prepared partition %s-%d: %s", name, p, exc)
+            path = partition_dir(self.data_dir, name, p)
+            try:
+                if os.path.isdir(path):
+                    self._remove_dir(path)
+            except OSError as exc:  # an orphan: removed at the next start
+                log.warning("removing prepared partition %s-%d: %s", name, p, exc)
+
+    def open_fresh_log(self, topic: str, partition: int, config: LogConfig | None = None) -> PartitionLog:
+        """A second, newly recovered instance of a cached partition's log (any thread),
+        for a partition a disk error took offline; `swap_log` then puts it in the cache."""
+        rec = self._record(topic, partition)
+        return PartitionLog.open(
+            partition_dir(self.data_dir, topic, partition),
+            self._partition_keypair(rec.topic_id, partition),
+            fsync=self.fsync,
+            config=config or log_config_from(rec.configs),
+            fs=self.fs,
+        )
+
+    def swap_log(self, topic: str, partition: int, lg: PartitionLog) -> PartitionLog | None:
+        """Cache `lg` as the partition's log; returns the one it replaces (the caller
+        closes it once nothing reads it)."""
+        self._record(topic, partition)
+        old = self._logs.get((topic, partition))
+        self._logs[(topic, partition)] = lg
+        return old
+
     @property
     def node_keypair(self) -> KeyPair:
         """The node key pair (the catalog's signer). A cluster broker also authenticates
@@ -250,5 +346,8 @@ class Store:
                 errors.append(exc)
         self._logs.clear()
         self._catalog = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         if errors:
             raise StorageError(f"{len(errors)} logs failed to close: {errors[0]}") from errors[0]

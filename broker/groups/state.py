@@ -725,7 +725,7 @@ class Groups:
             return JoinResult(codes.COORDINATOR_NOT_AVAILABLE, UNKNOWN_MEMBER)
         if not group.supports_protocols(protocol_type, (name for name, _ in protocols)):
             return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, UNKNOWN_MEMBER)
-        new_id = f"{group_instance_id if group_instance_id is not None else client_id}-{self._new_id()}"
+        new_id = _member_id(group_instance_id if group_instance_id is not None else client_id, self._new_id())
         if group_instance_id is not None:
             old_id = group.static_members.get(group_instance_id)
             if old_id is not None:
@@ -1129,3 +1129,17 @@ __all__ = [
     "StoreGroup",
     "SyncResult",
 ]
+
+
+_MAX_MEMBER_ID_BYTES = 0x7FFF
+
+
+def _member_id(prefix: str, unique: str) -> str:
+    """Kafka's "<instance or client id>-<uuid>", its prefix cut so the id still fits the
+    int16-length string every answer carries it in: one unencodable member id would
+    break the JoinGroup and DescribeGroups answers of its whole group."""
+    room = _MAX_MEMBER_ID_BYTES - len(unique.encode()) - 1
+    raw = prefix.encode()
+    if len(raw) > room:
+        prefix = raw[: max(room, 0)].decode(errors="ignore")
+    return f"{prefix}-{unique}"

@@ -139,10 +139,18 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
     else:
         wanted = [(name, None) for name in req.topic_names]
     by_id = {t.topic_id: t.name for t in node.topics.values()}
+    # As Kafka: a topic named (or identified) twice in one request is refused, both times.
+    counts: dict[object, int] = {}
+    for name, topic_id in wanted:
+        key = name if name is not None else topic_id
+        counts[key] = counts.get(key, 0) + 1
     responses = []
     for name, topic_id in wanted:
         entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": errors.NONE, "error_message": None}
         responses.append(entry)
+        if counts[name if name is not None else topic_id] > 1:
+            entry.update(error_code=errors.INVALID_REQUEST, error_message="Duplicate topic in request.")
+            continue
         if name is None:
             if topic_id is None or topic_id not in by_id:
                 entry.update(error_code=errors.UNKNOWN_TOPIC_ID, error_message="This server does not host this topic ID.")
@@ -195,6 +203,7 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
     synonyms = field_of(req, "include_synonyms", False)
     documentation = field_of(req, "include_documentation", False)
     results = []
+    seen: set[tuple[int, str]] = set()
     for r in req.resources:
         entry: dict[str, Any] = {
             "error_code": errors.NONE,
@@ -204,6 +213,12 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
             "configs": [],
         }
         results.append(entry)
+        if (r.resource_type, r.resource_name) in seen:
+            # Each resource is described once: its configs again for every repetition
+            # would turn a small request into an answer of gigabytes.
+            entry.update(error_code=errors.INVALID_REQUEST, error_message="Duplicate resource in the request")
+            continue
+        seen.add((r.resource_type, r.resource_name))
         if r.resource_type == RESOURCE_TOPIC:
             # Kafka asks for DESCRIBE_CONFIGS; here that is the topic's describe right.
             if not authorize(ctx, Operation.DESCRIBE, r.resource_name):

@@ -130,8 +130,16 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
         # v4+ lets the client forbid auto-creation; earlier versions always allow it.
         allow_create = field_of(req, "allow_auto_topic_creation", True) and node.config.auto_create_topics
         topics = []
+        seen: set[str] = set()
         for entry in requested:
             name = entry.name
+            if name is not None:
+                # Kafka reads the names into a set: a topic named many times is described
+                # once (else a topic of many partitions named 50,000 times is an answer of
+                # gigabytes from a request of one megabyte).
+                if name in seen:
+                    continue
+                seen.add(name)
             if name is None:  # v10+ may address topics by id only
                 topics.append({"error_code": errors.UNKNOWN_TOPIC_ID, "name": None, "topic_id": field_of(entry, "topic_id"), "partitions": []})
                 continue
@@ -153,9 +161,10 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                     topic = node.create_topic(name)
                 except TopicError as exc:
                     code = exc.code
-                    if node.cluster is not None and code in (errors.NOT_CONTROLLER, errors.TOPIC_ALREADY_EXISTS):
+                    if code == errors.TOPIC_ALREADY_EXISTS or (node.cluster is not None and code == errors.NOT_CONTROLLER):
                         # written elsewhere, not attached here yet (or this controller
-                        # is catching up): it shows up shortly, ask again
+                        # is catching up), or still being deleted here: as Kafka's
+                        # auto-creation, ask again
                         code = errors.LEADER_NOT_AVAILABLE
                     topics.append({"error_code": code, "name": name, "topic_id": _ZERO_UUID, "partitions": []})
                     continue

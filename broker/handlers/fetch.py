@@ -2,8 +2,20 @@
 
 Batches go out exactly as stored (and signed), in whole batches, starting with the batch
 that holds the requested offset, never past the high watermark (the length covered by
-the last published signed head). The first partition with data gets at least one whole
-batch even above max_bytes (KIP-74); later ones share what is left of max_bytes.
+the last published signed head). As Kafka's ReplicaManager: the answer holds at most
+min(the request's max_bytes, the broker's fetch.max.bytes) of records, each partition at
+most its partition_max_bytes, except that the first partition with data gets at least
+one whole batch even above both (KIP-74); a later partition whose next batch does not
+fit what is left gets no records this time.
+
+Records read into memory (below the sendfile size, or all over TLS) are taken from the
+broker's answer memory pool (as large as queued.max.request.bytes, broker/memory.py)
+until the answer is sent; with it spent, the answer holds what it has (the first batch
+always) and the rest comes next time.
+
+A partition named twice in one request is served once, as Kafka's FetchRequest folds the
+partitions into one ordered map: the last entry's offset and limits win, at the place of
+the first (so a request naming one partition 20,000 times reads it once).
 
 Fetch sessions (KIP-227) are not kept: every response is a full response naming every
 requested partition with session id 0, which the KIP defines as "no session created";
@@ -27,30 +39,52 @@ of max_wait_ms, for the node's next group commit, then reads again.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import trio
 
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
+from broker.memory import AnswerMemory
 from broker.node import Node
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
 from storage.errors import CorruptBatch, OffsetOutOfRange
 
+log = logging.getLogger("hyperkafka.fetch")
+
+
+def requested_partitions(req: Any) -> list[tuple[str, list[Any]]]:
+    """The request's partitions by topic, each (topic, partition) once: Kafka's
+    LinkedHashMap put, so the last entry wins at the first one's place, and topics are
+    grouped as they come (a topic split by another appears twice, as in Kafka's answer)."""
+    wanted: dict[tuple[str, int], Any] = {}
+    for t in req.topics:
+        for p in t.partitions:
+            wanted[(t.topic, p.partition)] = p
+    grouped: list[tuple[str, list[Any]]] = []
+    for (name, _), p in wanted.items():
+        if not grouped or grouped[-1][0] != name:
+            grouped.append((name, []))
+        grouped[-1][1].append(p)
+    return grouped
+
 
 def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset(),
-              rack: str = "", sendfile: bool = False) -> tuple[list[dict[str, Any]], int, bool]:
+              rack: str = "", sendfile: bool = False,
+              wanted: list[tuple[str, list[Any]]] | None = None,
+              memory: AnswerMemory | None = None) -> tuple[list[dict[str, Any]], int, bool]:
     """(responses, bytes of records, whether a partition named a preferred read replica)."""
-    budget = req.max_bytes if version >= 3 else 2**31 - 1
+    budget = min(req.max_bytes if version >= 3 else 2**31 - 1, node.config.fetch_max_bytes)
     total = 0
     redirected = False
     responses = []
-    for t in req.topics:
-        topic = node.topics.get(t.topic)
+    for name, partitions in requested_partitions(req) if wanted is None else wanted:
+        topic = node.topics.get(name)
         parts = []
-        for p in t.partitions:
+        for p in partitions:
             entry: dict[str, Any] = {
                 "partition_index": p.partition,
                 "error_code": errors.NONE,
@@ -62,7 +96,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 "records": b"",
             }
             parts.append(entry)
-            if t.topic in denied:
+            if name in denied:
                 entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
                 continue
             partition = None if topic is None or not 0 <= p.partition < len(topic.partitions) else topic.partitions[p.partition]
@@ -92,11 +126,18 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 continue
             try:
                 where = plog.read(p.fetch_offset, max(limit, 1))
+                if where.size > limit and total > 0:
+                    # Only the first partition with data may go past the limits (KIP-74).
+                    continue
                 data: bytes | FileSlice
                 if sendfile and where.size >= SENDFILE_MIN_BYTES:
                     data = FileSlice(where.fd, where.position, where.size)
-                else:
+                elif memory is None or memory.take(where.size, anyway=total == 0):
                     data = where.read()
+                else:
+                    # Read into memory only what the broker's budget has room for (the
+                    # first batch always, KIP-74): the rest is fetched next time.
+                    continue
             except OffsetOutOfRange:
                 if (topic is not None and topic.mirrored and node.cluster is not None and p.fetch_offset > hwm
                         and ((version >= 11 and leader_epoch < 0)
@@ -116,9 +157,13 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 # The stored batch does not match its signed leaf: never serve it.
                 entry["error_code"] = errors.KAFKA_STORAGE_ERROR
                 continue
+            except OSError as exc:  # the disk failed to read it (EIO): this partition only
+                log.error("reading %s-%d at %d failed: %s", name, p.partition, p.fetch_offset, exc)
+                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
+                continue
             entry["records"] = data
             total += len(data)
-        responses.append({"topic": t.topic, "partitions": parts})
+        responses.append({"topic": name, "partitions": parts})
     return responses, total, redirected
 
 
@@ -132,15 +177,21 @@ async def fetch(ctx: RequestContext, req: Any) -> Reply:
     # KIP-392: only a consumer's fetch (v11+) names a rack; a replica's is never redirected.
     rack = (getattr(req, "rack_id", "") or "") if getattr(req, "replica_id", -1) < 0 else ""
     sendfile = ctx.session is not None and ctx.session.sendfile
-    responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile)
+    wanted = requested_partitions(req)
+    memory = ctx.memory
+    responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile, wanted, memory)
     max_wait = req.max_wait.total_seconds()
-    if total < req.min_bytes and max_wait > 0 and not redirected:
+    # As Kafka: a min_bytes above what one answer may hold would only make it wait longer.
+    min_bytes = min(req.min_bytes, node.config.fetch_max_bytes)
+    if total < min_bytes and max_wait > 0 and not redirected:
         # (a preferred read replica is told at once, as Kafka does)
         with trio.move_on_after(max_wait):
-            while total < req.min_bytes:
+            while total < min_bytes:
                 await node.wait_for_data()
                 release(responses)  # read again below: these ranges are not sent
-                responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile)
+                if memory is not None:
+                    memory.give_back()  # (nor these bytes)
+                responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile, wanted, memory)
                 if redirected:
                     break
     return {"throttle_time": 0, "error_code": errors.NONE, "session_id": 0, "responses": responses}

@@ -12,6 +12,7 @@ epoch 0 ends at the log end offset and any later epoch is unknown (-1, -1).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from broker.api import Reply, RequestContext, api
@@ -41,7 +42,7 @@ def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
             batch = plog.batch_for_timestamp(timestamp)
         else:
             return errors.UNSUPPORTED_VERSION, -1, -1
-    except StorageError:
+    except (StorageError, OSError):  # unauthentic bytes, or the disk failed to read them
         return errors.KAFKA_STORAGE_ERROR, -1, -1
     if batch is None:
         return errors.NONE, -1, -1
@@ -71,6 +72,10 @@ def _max_timestamp_record(batch: bytes) -> tuple[int, int] | None:
 @api(2, "ListOffsets", (1, 7))
 async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
+    # As Kafka's ListOffsetsRequest.duplicatePartitions: every entry of a partition named
+    # more than once gets INVALID_REQUEST, and none of them is looked up (a lookup by
+    # timestamp may scan batches: 20,000 of them must not be 20,000 scans).
+    named = Counter((t.name, p.partition_index) for t in req.topics for p in t.partitions)
     topics = []
     for t in req.topics:
         parts = []
@@ -80,6 +85,8 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
             entry: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
             if not readable:
                 entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
+            elif named[(t.name, p.partition_index)] > 1:
+                entry["error_code"] = errors.INVALID_REQUEST
             elif partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
             elif getattr(p, "current_leader_epoch", -1) > LEADER_EPOCH:

@@ -97,7 +97,7 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
 
 def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data: Any) -> _PartitionResult:
     if partition.failed:
-        return _PartitionResult(errors.KAFKA_STORAGE_ERROR, partition.failed)
+        return _PartitionResult(partition.failed_code, partition.failed)
     if not data:
         return _PartitionResult(errors.INVALID_RECORD, "Produce requests with version 3+ must have exactly one record batch")
     if len(data) > topic.max_message_bytes:
@@ -250,7 +250,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             for r in waiting:
                 assert r.partition is not None
                 if r.partition.failed:  # as wait_durable answers
-                    r.error, r.message = errors.KAFKA_STORAGE_ERROR, r.partition.failed
+                    r.error, r.message = r.partition.failed_code, r.partition.failed
         by_topic: dict[str, list[ProducePartitionResult]] = {}
         for (name, index), r in results.items():
             ok = r.error == errors.NONE
@@ -283,4 +283,9 @@ async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
         return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
     # Without a transactional id Kafka always hands out a fresh id at epoch 0 (KIP-360
     # bumps included), so do we.
-    return {"throttle_time": 0, "error_code": errors.NONE, "producer_id": ctx.node.allocate_producer_id(), "producer_epoch": 0}
+    try:
+        pid = ctx.node.allocate_producer_id()
+    except OSError as exc:  # the id block could not be made durable (a full disk): retriable
+        log.error("cannot reserve producer ids: %s", exc)
+        return {"throttle_time": 0, "error_code": errors.COORDINATOR_NOT_AVAILABLE, "producer_id": -1, "producer_epoch": -1}
+    return {"throttle_time": 0, "error_code": errors.NONE, "producer_id": pid, "producer_epoch": 0}

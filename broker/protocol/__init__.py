@@ -9,6 +9,9 @@ Public API (see each module's docstring for the details):
   writev pieces (Fetch records pass through untouched), `encode_api_versions_fallback(
   correlation_id, ranges)`, `request_schema`/`response_schema` (kio dataclasses),
   `parse_request_header`; `encode_request`/`decode_response` for tests and tools.
+* bounds: `broker.protocol.bounds.check_request_body`, the schema walk every body passes
+  before kio's reader (counts and lengths within the frame, nulls only where allowed,
+  strings of at most 0x7fff bytes, at most `MAX_ELEMENTS` array elements).
 * records: `broker.protocol.records` (batch header view, CRC-32C, splitting,
   LogAppendTime, record decoding with decompression, ListOffsets-by-time search).
 * errors: `ProtocolError` (close the connection) and `RecordBatchError` (a per-partition

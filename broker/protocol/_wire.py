@@ -104,11 +104,18 @@ def read_nullable_string(buf: Buf, pos: int) -> tuple[str | None, int]:
     return _decode_utf8(buf[pos : pos + n]), pos + n
 
 
+MAX_STRING_BYTES: Final = 0x7FFF
+"""Kafka's generated readers refuse longer strings, compact ones too: an answer could
+not echo them in a non-flexible (int16-length) version."""
+
+
 def read_compact_nullable_string(buf: Buf, pos: int) -> tuple[str | None, int]:
     n, pos = read_uvarint(buf, pos)
     if n == 0:
         return None, pos
     n -= 1
+    if n > MAX_STRING_BYTES:
+        raise _Bad(f"string of {n} bytes")
     if pos + n > len(buf):
         raise _Short("compact string")
     return _decode_utf8(buf[pos : pos + n]), pos + n

@@ -12,6 +12,10 @@ Theory of operation, for a server:
     response = handle(header, request)                            # a kio response entity
     parts = encode_response_parts(header, response)               # framed, ready for writev
 
+Before kio's native reader sees a body, `bounds.check_request_body` walks it with the
+same schema: counts, lengths, nulls and tagged fields are checked against the bytes that
+remain, so no lie reaches kio's allocator (one once aborted the process).
+
 `supported` maps api_key -> (min, max) and should be exactly what ApiVersions advertises.
 A (key, version) outside it raises `UnsupportedVersion` (or `UnknownApiKey`) *before the
 body is parsed*; for api key 18 the server then sends
@@ -35,6 +39,7 @@ from kio.serial import entity_reader, entity_writer
 
 from . import fastpath
 from ._wire import I32, Buf, _Bad, _Short, skip_tagged_fields
+from .bounds import check_request_body
 from .errors import MalformedRequest, UnknownApiKey, UnsupportedVersion
 from .header import (
     RequestHeader,
@@ -128,6 +133,9 @@ def decode_request(
     ):
         return header, fastpath.decode_produce_request(frame, pos, header.api_version)
     schema = request_schema(header.api_key, header.api_version)
+    # kio's native reader trusts counts and lengths (a lying array count aborts the
+    # process in its allocator) and lets nulls through where the schema forbids them.
+    check_request_body(frame, pos, schema)
     if isinstance(frame, memoryview) and not frame.readonly:
         # kio's native reader refuses writable buffers (large frames from FrameDecoder
         # are writable); a read-only view of the same memory costs no copy.
@@ -267,6 +275,8 @@ def decode_response(frame: Buf, api_key: int, api_version: int) -> tuple[int, An
         pos = 4
         if response_header_version(api_key, api_version) >= 1:
             pos = skip_tagged_fields(frame, pos)
+        # A mirror reads its peers' answers with this: the same lies could abort it.
+        check_request_body(frame, pos, schema)
         entity, size = entity_reader(schema)(frame, pos)
         end = pos + size
     except Exception as exc:

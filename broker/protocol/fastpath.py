@@ -31,6 +31,7 @@ from kio.static.constants import EntityType
 from ._wire import (
     I16,
     I32,
+    MAX_STRING_BYTES,
     Buf,
     _Bad,
     _Short,
@@ -411,6 +412,9 @@ def encode_produce_response(
                     out += b"\x00" if flexible else b"\xff\xff"
                 else:
                     raw = message.encode()
+                    if len(raw) > MAX_STRING_BYTES:
+                        # A message may quote a topic name: keep the answer encodable.
+                        raw = raw[:MAX_STRING_BYTES].decode(errors="ignore").encode()
                     out += write_uvarint(len(raw) + 1) if flexible else I16.pack(len(raw))
                     out += raw
             if flexible:

@@ -12,12 +12,15 @@ buffer, so copying stays linear. A large frame gets its own bytearray that the d
 hands over and forgets, so the caller may keep memoryviews into it (record batches) for
 as long as it likes while the connection keeps reading.
 
-A large frame of at most `prealloc_max` bytes gets its whole buffer when its size is
-read, and `receive_buffer()` then offers the part still to fill, so a socket can
-`recv_into` it: the payload is copied once (kernel to frame) instead of twice (kernel to a
-fresh bytes, then into the frame). That pins up to `prealloc_max` bytes per connection
-before they arrive, as Kafka does for a whole request; bigger frames still grow only with
-the bytes received.
+A large frame's buffer grows as its bytes arrive, `grow_chunk` bytes at a time, never
+ahead of them by more than that: a peer that sends a 4-byte size prefix and nothing more
+costs us nothing but the prefix. `receive_buffer()` grows the buffer by one chunk when it
+is full and offers the unfilled part, so a socket can `recv_into` it: the payload is
+copied once (kernel to frame) instead of twice (kernel to a fresh bytes, then into the
+frame). Growing a bytearray that large reallocates in place (glibc `mremap`), so the
+chunks cost a few syscalls, not copies (compat_tests/bench/framing.py measures it).
+`announced` tells the driver the size of the frame being received as soon as its prefix
+is read, so it can account for it (broker/memory.py) before reading the rest.
 """
 
 from __future__ import annotations
@@ -29,10 +32,16 @@ from .errors import FrameTooLarge, InvalidFrame
 __all__ = ["DEFAULT_MAX_FRAME_SIZE", "FrameDecoder", "frame"]
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
-# A Produce of one 1 MiB batch (librdkafka's and the Java client's largest by default,
-# message.max.bytes) with its headers fits.
-DEFAULT_PREALLOC_MAX = 2 * 1024 * 1024
+# What a large frame's buffer may hold ahead of the bytes received: one recv_into.
+DEFAULT_GROW_CHUNK = 64 * 1024
 _SIZE = struct.Struct(">i")
+
+
+_ZEROS = bytes(DEFAULT_GROW_CHUNK)
+
+
+def _zeros(n: int) -> bytes | memoryview:
+    return memoryview(_ZEROS)[:n] if n <= len(_ZEROS) else bytes(n)
 
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:
@@ -54,18 +63,20 @@ class FrameDecoder:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         *,
         large_frame_size: int = 64 * 1024,
-        prealloc_max: int = DEFAULT_PREALLOC_MAX,
+        grow_chunk: int = DEFAULT_GROW_CHUNK,
     ) -> None:
         if max_frame_size < 0:
             raise ValueError("max_frame_size must be >= 0")
         self.max_frame_size = max_frame_size
         self.large_frame_size = large_frame_size
-        self.prealloc_max = prealloc_max
+        if grow_chunk <= 0:
+            raise ValueError("grow_chunk must be > 0")
+        self.grow_chunk = grow_chunk
         self._buf = bytearray()
         self._pos = 0
         self._error: InvalidFrame | None = None
         # The large frame being assembled: its buffer, how much of it is filled, and its
-        # announced size. Preallocated (len == size) up to prealloc_max, else grown.
+        # announced size. The buffer is at most one grow_chunk longer than what is filled.
         self._large: bytearray | None = None
         self._large_fill = 0
         self._large_size = 0
@@ -76,17 +87,77 @@ class FrameDecoder:
         pending = self._large_fill if self._large is not None else 0
         return pending + len(self._buf) - self._pos
 
-    def receive_buffer(self) -> memoryview | None:
-        """The unfilled rest of a preallocated large frame, for `recv_into`; then call
-        `received_into(n)`. None when the next bytes must go through `receive_data`."""
-        large = self._large
-        if large is None or len(large) != self._large_size or self._large_fill >= self._large_size:
+    @property
+    def announced(self) -> int | None:
+        """The size of the frame being received once its prefix is here and valid, else
+        None (no prefix yet, or one `next_frame` will refuse)."""
+        if self._large is not None:
+            return self._large_size
+        if len(self._buf) - self._pos < 4:
             return None
-        return memoryview(large)[self._large_fill :]
+        (size,) = _SIZE.unpack_from(self._buf, self._pos)
+        return size if 0 <= size <= self.max_frame_size else None
+
+    @property
+    def receiving_large(self) -> bool:
+        """A large frame is being received: its next bytes go to `receive_buffer()`."""
+        return self._large is not None and self._large_fill < self._large_size
+
+    @property
+    def needed(self) -> int | None:
+        """Bytes still missing from the frame being received (from its prefix while that
+        is incomplete), or None when nothing of it is here or its prefix is refused."""
+        if self._large is not None:
+            return self._large_size - self._large_fill
+        avail = len(self._buf) - self._pos
+        if avail == 0:
+            return None
+        if avail < 4:
+            return 4 - avail
+        size = self.announced
+        return None if size is None else max(size - (avail - 4), 0)
+
+    def receive_buffer(self) -> memoryview | None:
+        """Room for the next bytes of a large frame, for `recv_into` (at most
+        `grow_chunk`, grown now if the buffer is full); then call `received_into(n)`.
+        None when the next bytes must go through `receive_data`."""
+        large = self._large
+        if large is None:
+            return None
+        fill = self._large_fill
+        if fill >= self._large_size:
+            return None
+        if fill == len(large):
+            self.grow(self.grow_chunk)
+        return memoryview(large)[fill:]
+
+    @property
+    def room(self) -> int:
+        """Bytes the large frame's buffer has grown and not filled (what `recv_into` may
+        write without growing it)."""
+        large = self._large
+        return 0 if large is None else len(large) - self._large_fill
+
+    @property
+    def growth(self) -> int:
+        """What the next growth of the large frame's buffer adds (0: none being received)."""
+        large = self._large
+        if large is None:
+            return 0
+        return min(self.grow_chunk, self._large_size - len(large))
+
+    def grow(self, n: int) -> int:
+        """Grow the large frame's buffer by at most `n` (and `growth`) bytes; how many."""
+        large = self._large
+        n = min(n, self.growth)
+        if large is None or n <= 0:
+            return 0
+        large += _zeros(n)
+        return n
 
     def received_into(self, n: int) -> None:
         """`n` bytes were written at the start of the last `receive_buffer()`."""
-        if self._large is None or not 0 <= n <= self._large_size - self._large_fill:
+        if self._large is None or not 0 <= n <= len(self._large) - self._large_fill:
             raise ValueError("more bytes than the frame has room for")
         self._large_fill += n
 
@@ -100,8 +171,12 @@ class FrameDecoder:
                 view = memoryview(data)
                 data, rest = view[:need], view[need:]
             take = len(data)
-            if len(large) == self._large_size:  # preallocated
-                large[fill : fill + take] = data
+            room = len(large) - fill  # grown by receive_buffer, not filled
+            if room:
+                view = memoryview(data)
+                large[fill : fill + min(room, take)] = view[:room]
+                if take > room:
+                    large += view[room:]
             else:
                 large += data
             self._large_fill = fill + take
@@ -141,12 +216,7 @@ class FrameDecoder:
         if size >= self.large_frame_size:
             # Move what we have of it into its own buffer; the rest is appended there.
             have = min(avail - 4, size)
-            if size <= self.prealloc_max:
-                large = bytearray(size)
-                large[:have] = memoryview(self._buf)[start : start + have]
-            else:
-                large = bytearray(self._buf[start : start + have])
-            self._large = large
+            self._large = bytearray(memoryview(self._buf)[start : start + have])
             self._large_fill = have
             self._large_size = size
             self._pos = start + have

@@ -27,6 +27,7 @@ from .errors import MalformedRequest
 
 __all__ = [
     "API_VERSIONS_KEY",
+    "MAX_CLIENT_ID_BYTES",
     "RequestHeader",
     "is_flexible_request",
     "parse_request_header",
@@ -35,6 +36,11 @@ __all__ = [
 ]
 
 API_VERSIONS_KEY = 18
+
+MAX_CLIENT_ID_BYTES = 0x7FFF - 37
+"""The longest client id we accept. A group member's id is "<client id>-<uuid4>" (37
+bytes more, as Kafka builds it) and answers carry it in an int16-length string, so a
+longer client id would make a member id no answer could hold."""
 _CONTROLLED_SHUTDOWN_KEY = 7
 
 
@@ -97,6 +103,15 @@ def parse_request_header(
         client_id: str | None = None
         if version >= 1:
             client_id, pos = read_nullable_string(frame, pos)
+            # Characters are at most 4 bytes of UTF-8: encode only when it could matter.
+            if (
+                client_id is not None
+                and len(client_id) * 4 > MAX_CLIENT_ID_BYTES
+                and len(client_id.encode()) > MAX_CLIENT_ID_BYTES
+            ):
+                raise _Bad(
+                    f"client id of {len(client_id.encode())} bytes (at most {MAX_CLIENT_ID_BYTES})"
+                )
         if version >= 2:
             pos = skip_tagged_fields(frame, pos)
     except _Short as exc:

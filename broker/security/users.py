@@ -9,10 +9,13 @@ effect without a restart. Imports only the standard library and `.scram`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from broker.security.scram import MECHANISMS, MIN_ITERATIONS, ScramCredential, make_credential
@@ -77,16 +80,33 @@ class UserStore:
             raise UserStoreError(f"refusing user name {username!r}: no control characters, commas, colons or spaces")
         if not password:
             raise UserStoreError("refusing an empty password")
-        self._refresh()
-        self._users[username] = {m: make_credential(m, password, iterations) for m in mechanisms}
-        self._save()
+        creds = {m: make_credential(m, password, iterations) for m in mechanisms}
+        with self._writing():
+            self._refresh()
+            self._users[username] = creds
+            self._save()
 
     def remove(self, username: str) -> bool:
-        self._refresh()
-        if self._users.pop(username, None) is None:
-            return False
-        self._save()
-        return True
+        with self._writing():
+            self._refresh()
+            if self._users.pop(username, None) is None:
+                return False
+            self._save()
+            return True
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Serialise writers of the file (two `users add` at once would each write back
+        what they read, losing the other's user). Not the data dir's broker lock: the
+        broker only reads this file, and `users add` is meant to run beside it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._stamp = None  # re-read what another writer may have saved meanwhile
+            yield
+        finally:
+            os.close(fd)
 
     def _save(self) -> None:
         doc = {

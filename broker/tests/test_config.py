@@ -60,3 +60,16 @@ def test_unknown_or_bad_settings_are_refused() -> None:
 
 def test_advertised_defaults_to_a_reachable_host() -> None:
     assert BrokerConfig(listen_host="0.0.0.0", listen_port=1234).advertised == ("127.0.0.1", 1234)
+
+
+def test_memory_budgets_from_properties() -> None:
+    c = BrokerConfig()
+    assert (c.queued_max_request_bytes, c.fetch_max_bytes) == (100 << 20, 57671680)  # Kafka's fetch.max.bytes
+    c = apply_properties(BrokerConfig(), {"queued.max.request.bytes": "-1", "fetch.max.bytes": "1048576"})
+    assert (c.queued_max_request_bytes, c.fetch_max_bytes) == (-1, 1 << 20)
+    # Any frame accepted must fit in the pool (Kafka's KafkaConfig rule); an unset pool follows.
+    assert apply_properties(BrokerConfig(), {"socket.request.max.bytes": str(200 << 20)}).queued_max_request_bytes == 200 << 20
+    with pytest.raises(ConfigError, match=r"queued\.max\.request\.bytes"):
+        apply_properties(BrokerConfig(), {"queued.max.request.bytes": "1000"})
+    with pytest.raises(ConfigError, match=r"fetch\.max\.bytes"):
+        apply_properties(BrokerConfig(), {"fetch.max.bytes": "0"})

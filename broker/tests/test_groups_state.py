@@ -805,3 +805,20 @@ def test_fast_offset_value_decoding_agrees_with_the_checked_decoder(data: bytes)
             return "error"
 
     assert outcome(decode_offset_value) == outcome(records_module._decode_offset_value_checked)
+
+
+@pytest.mark.parametrize("instance", [None, "i" * 0x7FFF, "é" * 0x3FFF])
+def test_member_ids_always_fit_an_int16_string(instance: str | None) -> None:
+    # Member ids are "<instance or client id>-<uuid>": a 32,767-byte prefix once made an id
+    # no answer could carry, and the group's JoinGroup/DescribeGroups answers all failed.
+    h = Harness()
+    w, r = h.join("g", instance=instance, v4=False)
+    result = r if r is not None else h.answer(w)
+    h.advance(2 * DELAY)
+    result = result if result is not None else h.answer(w)
+    member_ids = list(h.g.get("g").members)  # type: ignore[union-attr]
+    assert member_ids, result
+    for member_id in member_ids:
+        assert len(member_id.encode()) <= 0x7FFF
+        if instance is not None:
+            assert member_id.startswith(instance[:100])

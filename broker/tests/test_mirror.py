@@ -6,6 +6,7 @@ up, a pinned key that does not match, and equivocation caught by the head probe.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -157,6 +158,249 @@ async def test_probe_catches_equivocation(tmp_path: Path) -> None:
     evil.close()
 
 
+async def _serve_archive(stream: trio.SocketStream, lg: PartitionLog) -> None:
+    from storage.replication.session import Connection
+
+    src = PartitionLogSource(lg)
+    s = Connection(initiator=False, lookup=lambda dk: src)  # a channel per probe/follow
+    try:
+        while True:
+            out = s.data_to_send()
+            if out:
+                await stream.send_all(out)
+            data = await stream.receive_some(1 << 16)
+            if not data:
+                return
+            s.receive_data(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def test_a_longer_fork_is_caught_frozen_and_logged_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A copy of the writer's data dir (same key) that appended other records to a
+    LONGER length than the mirror verified: `follow_forever` freezes the archive, keeps
+    both heads, logs one ERROR and stops (no retrying at INFO forever)."""
+    import shutil
+
+    from broker.mirror import _link_to, follow_forever
+    from storage.follower import EVIDENCE_FILE, check_evidence
+
+    kp = KeyPair.from_seed(bytes([6]) * 32)
+    honest = PartitionLog.open(tmp_path / "honest", kp, fsync=FsyncPolicy.NEVER)
+    for i in range(3):
+        honest.append(build_batch([b"h%d" % i], timestamp_ms=1000))
+    honest.commit()
+    honest.close()
+    shutil.copytree(tmp_path / "honest", tmp_path / "evil")
+    honest = PartitionLog.open(tmp_path / "honest", kp, fsync=FsyncPolicy.NEVER)
+    honest.append(build_batch([b"h3"], timestamp_ms=1000))
+    honest.commit()
+    evil = PartitionLog.open(tmp_path / "evil", kp, fsync=FsyncPolicy.NEVER)
+    for i in range(40):
+        evil.append(build_batch([b"e%d" % i], timestamp_ms=1000))
+        evil.commit()
+    follower = FollowerLog.open_replica(tmp_path / "m", kp.public_key)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    serving = [honest]
+    moved: list[int] = []
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners,
+                           lambda st: _serve_archive(st, serving[0]), listeners)
+        async with _link_to(f"127.0.0.1:{port}") as link:
+            with trio.move_on_after(5):  # live: follows the honest writer until cancelled
+                while follower.high_watermark < 4:
+                    with trio.move_on_after(0.5):
+                        await follow_forever(link, follower, lambda: moved.append(1), "t-0")
+            assert follower.high_watermark == 4
+        serving[0] = evil  # the same address now serves the longer fork
+        caplog.clear()
+        async with _link_to(f"127.0.0.1:{port}") as link:
+            with trio.fail_after(10):
+                await follow_forever(link, follower, lambda: None, "t-0")  # returns: frozen
+            with trio.fail_after(10):
+                await follow_forever(link, follower, lambda: None, "t-0")  # again: quiet
+        nursery.cancel_scope.cancel()
+    assert follower.frozen
+    assert follower.high_watermark == 4  # still serves what it verified
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "EQUIVOCATION" in errors[0], errors
+    assert not [r for r in caplog.records if r.levelno == logging.INFO and "t-0" in r.getMessage()]
+    follower.close()
+    assert (tmp_path / "m" / EVIDENCE_FILE).is_file()
+    assert check_evidence(str(tmp_path / "m"), kp.public_key) is not None
+    honest.close()
+    evil.close()
+
+
+async def test_replication_port_drops_a_peer_that_never_handshakes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replication port is open to anyone: a connection that sends nothing (or half
+    a handshake) is dropped after HANDSHAKE_TIMEOUT_S; one that completes the handshake
+    stays, idle, as long as it likes."""
+    from broker import replication_server
+    from storage.replication.session import Connection
+
+    monkeypatch.setattr(replication_server, "HANDSHAKE_TIMEOUT_S", 0.5)
+    cfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                       replication_listen=("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        port = await _start(nursery, cfg)
+        _, address = await discover("127.0.0.1", port)
+        assert address is not None
+        rhost, rport = address.rsplit(":", 1)
+        mute = await trio.open_tcp_stream(rhost, int(rport))
+        half = await trio.open_tcp_stream(rhost, int(rport))
+        await half.send_all(b"\x20\x00\x00" + bytes(10))  # a Noise message, cut short
+        good = await trio.open_tcp_stream(rhost, int(rport))
+        conn = Connection(initiator=True)
+        with trio.fail_after(5):
+            while not conn.stream.established:
+                out = conn.data_to_send()
+                if out:
+                    await good.send_all(out)
+                data = await good.receive_some(1 << 16)
+                assert data
+                conn.receive_data(data)
+        with trio.fail_after(5):
+            assert await mute.receive_some(100) == b""  # closed by the server
+            assert await half.receive_some(100) == b""
+        with trio.move_on_after(1.5):
+            assert await good.receive_some(100) != b""  # (nothing comes: it stays open)
+        for st in (mute, half, good):
+            await st.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_writer_truncated_below_our_copy_is_no_equivocation(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `never` writer loses its unsynced tail across a reboot and goes on under fork 1
+    (FORMAT.md sec. 8, case 9), shorter than what the mirror verified: legitimate in
+    Hypercore (a truncate), so no evidence and no freeze; the mirror cannot reorg, says
+    so at ERROR once and stops following that archive, serving what it verified."""
+    import storage.log as log_mod
+    from broker.mirror import _link_to, follow_forever
+    from storage.follower import EVIDENCE_FILE
+    from storage.fs import FaultyFileSystem
+
+    kp = KeyPair.from_seed(bytes([7]) * 32)
+    fs = FaultyFileSystem()
+    w = PartitionLog.open(tmp_path / "w", kp, fsync=FsyncPolicy.NEVER, fs=fs)
+    for i in range(2):
+        w.append(build_batch([b"durable%d" % i], timestamp_ms=1000))
+    w.commit(force_sync=True)
+    for i in range(3):
+        w.append(build_batch([b"lost%d" % i], timestamp_ms=1000))
+    w.commit()
+    follower = FollowerLog.open_replica(tmp_path / "m", kp.public_key)
+    server = ReplicationSession.serve(PartitionLogSource(w))
+    client = ReplicationSession.follow(w.key, follower, initiator=True, public_key=kp.public_key)
+    for _ in range(1000):
+        a, b = client.data_to_send(), server.data_to_send()
+        if not a and not b:
+            break
+        if a:
+            server.receive_data(a)
+        if b:
+            client.receive_data(b)
+    assert follower.high_watermark == 5
+    fs.crash("drop")
+    monkeypatch.setattr(log_mod, "BOOT_ID", b"\x42" * 16)  # the machine rebooted
+    w = PartitionLog.open(tmp_path / "w", kp, fsync=FsyncPolicy.NEVER, fs=fs)
+    w.append(build_batch([b"new"], timestamp_ms=1000))
+    w.commit()
+    assert w.fork == 1 and w.head is not None and w.head.length == 3
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, lambda st: _serve_archive(st, w), listeners)
+        for _ in range(2):  # a second attempt (a reconnect) says nothing more
+            async with _link_to(f"127.0.0.1:{port}") as link:
+                with trio.fail_after(10):
+                    await follow_forever(link, follower, lambda: None, "t-0")
+        nursery.cancel_scope.cancel()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "truncated" in errors[0] and "EQUIVOCATION" not in errors[0]
+    assert not follower.frozen and follower.reorg_needed
+    assert not (tmp_path / "m" / EVIDENCE_FILE).exists()
+    assert follower.high_watermark == 5  # still serves what it verified
+    follower.close()
+    w.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+async def test_a_longer_fork_of_the_writers_catalog_stops_the_mirror_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Nodes in process: a copy of the writer's data dir (same node key) comes back at
+    the writer's address with a catalog that went its own way and is LONGER than the
+    mirror's. The mirror freezes its catalog copy (evidence kept), logs one ERROR, stops
+    following that node (no retrying) and keeps serving every topic it verified."""
+    import shutil
+
+    from storage.follower import EVIDENCE_FILE, check_evidence
+    from storage.store import CATALOG_DIR
+
+    wport, rport = _free_port(), _free_port()
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=wport, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", rport))
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as outer:
+
+        async def node(cfg: BrokerConfig, scope: trio.CancelScope,
+                       task_status: trio.TaskStatus[int]) -> None:
+            with scope:
+                async with trio.open_nursery() as n:
+                    task_status.started(await _start(n, cfg))
+
+        first = trio.CancelScope()
+        await outer.start(node, wcfg, first)
+        await _produce(await _client(wport), "a", [b"1"])
+        first.cancel()
+        await trio.sleep(0.3)
+        await trio.to_thread.run_sync(shutil.copytree, tmp_path / "w", tmp_path / "evil")
+        writer = trio.CancelScope()
+        await outer.start(node, wcfg, writer)
+        await _produce(await _client(wport), "b", [b"2"])
+        key, _ = await discover("127.0.0.1", wport)
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}"])
+        mport = await outer.start(node, mcfg, trio.CancelScope())
+        m = await _client(mport)
+        await _wait_hwm(m, "a", 1)
+        await _wait_hwm(m, "b", 1)
+        writer.cancel()
+        await trio.sleep(0.3)
+        ecfg = dataclasses.replace(wcfg, data_dir=tmp_path / "evil")
+        await outer.start(node, ecfg, trio.CancelScope())
+        e = await _client(wport)
+        for t in ("c", "d", "e"):  # its catalog: a, c, d, e (ours: a, b)
+            await _produce(e, t, [b"3"])
+        with trio.fail_after(20):
+            while True:  # polling the log: no event to wait on
+                if "EQUIVOCATION" in caplog.text:
+                    break
+                await trio.sleep(0.1)
+        await trio.sleep(6)  # past the longest reconnect backoff: nothing more is tried
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "EQUIVOCATION" in errors[0], errors
+        assert await _hwm(m, "a") == (0, 1) and await _hwm(m, "b") == (0, 1)
+        assert (await _hwm(m, "c"))[0] == 3  # UNKNOWN_TOPIC_OR_PARTITION: nothing forged
+        cat = tmp_path / "m" / "__mirrors" / key.hex() / CATALOG_DIR
+        assert (cat / EVIDENCE_FILE).is_file()
+        assert check_evidence(str(cat), key) is not None
+        outer.cancel_scope.cancel()
+
+
 async def test_mirror_restarted_while_writer_is_down_serves_its_copy(tmp_path: Path) -> None:
     wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
                         replication_listen=("127.0.0.1", 0))
@@ -291,6 +535,24 @@ async def test_a_peer_answering_non_kafka_bytes_is_a_discovery_error() -> None:
     async with trio.open_nursery() as nursery:
         port = await _echo_server(nursery)
         with pytest.raises(DiscoveryError, match="sent no Kafka response"):
+            await kafka_request("127.0.0.1", port, 3, 1, "metadata", {"topics": None})
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_announcing_a_huge_answer_is_a_discovery_error() -> None:
+    # 2 GiB announced, then bytes for as long as we read: refused at once, not buffered
+    async def liar(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some(1 << 16)
+            await stream.send_all(b"\x7f\xff\xff\xff" + bytes(1 << 16))
+            with contextlib.suppress(trio.BrokenResourceError):
+                while True:
+                    await stream.send_all(bytes(1 << 16))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, liar, 0)
+        port = int(listeners[0].socket.getsockname()[1])
+        with trio.fail_after(3), pytest.raises(DiscoveryError, match="announced"):
             await kafka_request("127.0.0.1", port, 3, 1, "metadata", {"topics": None})
         nursery.cancel_scope.cancel()
 

@@ -29,9 +29,11 @@ def test_whole() -> None:
     assert dec.buffered == 0
 
 
-@pytest.mark.parametrize("prealloc_max", [0, 1 << 20])  # large frames grown, or preallocated
-def test_byte_by_byte(prealloc_max: int) -> None:
-    dec = FrameDecoder(large_frame_size=100, prealloc_max=prealloc_max)  # exercise the large-frame path too
+@pytest.mark.parametrize("grow_chunk", [1, 1000, 1 << 20])
+def test_byte_by_byte(grow_chunk: int) -> None:
+    dec = FrameDecoder(
+        large_frame_size=100, grow_chunk=grow_chunk
+    )  # exercise the large-frame path too
     got = []
     for b in stream():
         dec.receive_data(bytes([b]))
@@ -40,11 +42,11 @@ def test_byte_by_byte(prealloc_max: int) -> None:
     assert dec.buffered == 0
 
 
-@pytest.mark.parametrize("prealloc_max", [0, 1 << 20])
+@pytest.mark.parametrize("grow_chunk", [1, 1000, 1 << 20])
 @pytest.mark.parametrize("chunk", [3, 7, 1000, 65536])
-def test_chunks(chunk: int, prealloc_max: int) -> None:
+def test_chunks(chunk: int, grow_chunk: int) -> None:
     data = stream()
-    dec = FrameDecoder(large_frame_size=64, prealloc_max=prealloc_max)
+    dec = FrameDecoder(large_frame_size=64, grow_chunk=grow_chunk)
     got = []
     for i in range(0, len(data), chunk):
         dec.receive_data(memoryview(data)[i : i + chunk])
@@ -106,21 +108,26 @@ def test_large_frame_is_caller_owned_and_writable() -> None:
     assert bytes(keep) == b"AAAA"
 
 
+@pytest.mark.parametrize("grow_chunk", [7, 1000, 1 << 20])
 @pytest.mark.parametrize("chunk", [5, 4096, 1 << 20])
-def test_recv_into_a_preallocated_large_frame(chunk: int) -> None:
-    """As the server reads: into receive_buffer() while it offers one, else receive_data."""
+def test_recv_into_a_growing_large_frame(chunk: int, grow_chunk: int) -> None:
+    """As the server reads: into receive_buffer() while it offers one, else receive_data,
+    and mixing the two within one frame."""
     data = stream() + frame(b"tail")
-    dec = FrameDecoder(large_frame_size=64)
-    got, i, direct = [], 0, 0
+    dec = FrameDecoder(large_frame_size=64, grow_chunk=grow_chunk)
+    got, i, direct, turn = [], 0, 0, 0
     while i < len(data):
         room = dec.receive_buffer()
-        if room is not None:
+        turn += 1
+        if room is not None and turn % 3:
+            assert len(room) <= grow_chunk
             n = min(chunk, len(room), len(data) - i)
             room[:n] = data[i : i + n]
             del room
             dec.received_into(n)
             direct += n
         else:
+            del room
             n = min(chunk, len(data) - i)
             dec.receive_data(data[i : i + n])
         i += n
@@ -132,17 +139,38 @@ def test_recv_into_a_preallocated_large_frame(chunk: int) -> None:
         dec.received_into(1)  # no frame is being assembled
 
 
-def test_prealloc_is_bounded() -> None:
-    dec = FrameDecoder(prealloc_max=1000)
-    dec.receive_data(struct.pack(">i", 70_000) + b"abc")
+def test_nothing_allocated_ahead_of_the_bytes_beyond_one_chunk() -> None:
+    """A 2 MiB size prefix alone costs nothing; each receive_buffer() offers one chunk."""
+    dec = FrameDecoder(grow_chunk=64 * 1024)
+    dec.receive_data(struct.pack(">i", 2 * 1024 * 1024) + b"abc")
     assert dec.next_frame() is None
-    assert dec.receive_buffer() is None  # above prealloc_max: grown as bytes arrive
-    dec = FrameDecoder(prealloc_max=1 << 20)
-    dec.receive_data(struct.pack(">i", 70_000) + b"abc")
-    assert dec.next_frame() is None
-    room = dec.receive_buffer()
-    assert room is not None and len(room) == 70_000 - 3
+    assert dec.announced == 2 * 1024 * 1024
     assert dec.buffered == 3
+    filled = 3
+    while (room := dec.receive_buffer()) is not None:
+        assert 0 < len(room) <= 64 * 1024  # never the whole frame ahead of its bytes
+        n = len(room)
+        room[:] = b"z" * n
+        del room
+        dec.received_into(n)
+        filled += n
+    frame_ = dec.next_frame()
+    assert frame_ is not None and len(frame_) == filled == 2 * 1024 * 1024
+    assert bytes(frame_[:3]) == b"abc"
+
+
+def test_announced() -> None:
+    dec = FrameDecoder(max_frame_size=1000)
+    assert dec.announced is None
+    dec.receive_data(b"\x00\x00")
+    assert dec.announced is None
+    dec.receive_data(b"\x00\x05ab")
+    assert dec.announced == 5
+    dec.receive_data(b"cde" + struct.pack(">i", 5000))
+    assert dec.next_frame() == b"abcde"
+    assert dec.announced is None  # too large: next_frame refuses it
+    with pytest.raises(FrameTooLarge):
+        dec.next_frame()
 
 
 def test_linear_buffering_many_small_frames() -> None:
@@ -154,3 +182,36 @@ def test_linear_buffering_many_small_frames() -> None:
 
 def test_frame_prefix() -> None:
     assert frame(b"abc") == b"\x00\x00\x00\x03abc"
+
+
+def test_needed() -> None:
+    dec = FrameDecoder(large_frame_size=16)
+    assert dec.needed is None
+    dec.receive_data(b"\x00\x00")
+    assert dec.needed == 2
+    dec.receive_data(b"\x00\x08abc")
+    assert dec.needed == 5
+    dec.receive_data(b"defgh" + struct.pack(">i", 100) + b"x")
+    assert dec.next_frame() == b"abcdefgh"
+    assert dec.next_frame() is None
+    assert dec.needed == 99  # a large frame in progress
+
+
+def test_grow_explicitly_then_read_into_the_room() -> None:
+    dec = FrameDecoder(grow_chunk=64 * 1024)
+    dec.receive_data(struct.pack(">i", 100_000) + b"ab")
+    assert dec.next_frame() is None and dec.receiving_large
+    assert (dec.room, dec.growth) == (0, 64 * 1024)
+    assert dec.grow(1000) == 1000  # at most what was granted
+    assert dec.room == 1000
+    room = dec.receive_buffer()  # the room there: not grown again
+    assert room is not None and len(room) == 1000
+    room[:] = b"c" * 1000
+    del room
+    dec.received_into(1000)
+    assert dec.grow(1 << 20) == 64 * 1024  # at most one chunk
+    assert dec.grow(1 << 20) == 100_000 - 2 - 1000 - 64 * 1024  # never past the frame
+    assert dec.grow(1) == 0
+    dec.receive_data(b"d" * (100_000 - 1002))  # fills the grown room, then done
+    frame_ = dec.next_frame()
+    assert frame_ is not None and len(frame_) == 100_000 and bytes(frame_[:4]) == b"abcc"

@@ -353,3 +353,28 @@ def test_cli_listen_replaces_only_the_plaintext_listener(tmp_path: Path) -> None
     assert config.security_props["listeners"] == "SASL_PLAINTEXT://127.0.0.1:7100"  # --listeners wins
     with pytest.raises(ConfigError):
         build_config(_parser().parse_args(["serve", "--listeners", "SSL://127.0.0.1:7100"]))  # no keystore
+
+
+def test_users_add_waits_for_another_writer_of_the_credential_file(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import threading
+
+    store = UserStore.in_data_dir(tmp_path)
+    store.add("first", "pw1", iterations=4096)
+    fd = os.open(str(store.path) + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another `users add` holds the file
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (UserStore.in_data_dir(tmp_path).add("second", "pw2", iterations=4096), done.set()))
+    worker.start()
+    try:
+        assert not done.wait(0.5)  # it waits instead of writing back a stale copy
+        other = UserStore.in_data_dir(tmp_path)
+        other._refresh()
+        other._users["third"] = other._users["first"]  # what the holder writes meanwhile
+        other._save()
+    finally:
+        os.close(fd)
+    worker.join(10)
+    assert done.is_set()
+    assert UserStore.in_data_dir(tmp_path).names() == ["first", "second", "third"]

@@ -14,6 +14,7 @@ May import only the standard library, `storage.hypercore.{encoding,proofs,errors
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -244,7 +245,8 @@ class Bitfield:
     def read(cls, r: Reader) -> Bitfield:
         start, n = r.uint(), r.array_length()
         raw = r.fixed(4 * n)
-        return cls(start, tuple(int.from_bytes(raw[i : i + 4], "little") for i in range(0, 4 * n, 4)))
+        # in C: a peer's 4 MiB bitfield took 300 ms of the event loop word by word
+        return cls(start, struct.unpack(f"<{n}I", raw))
 
 
 @dataclass(frozen=True)

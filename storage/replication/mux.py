@@ -198,7 +198,9 @@ class Mux:
 
     def reject(self, remote_id: int) -> None:
         self._control(b"\x00\x02" + encode_uint(remote_id))
-        self._remote[remote_id] = None
+        # No tombstone: messages for an id we do not map are ignored anyway, and a peer
+        # opening (and being refused) channel after channel must not grow this map.
+        self._remote.pop(remote_id, None)
         for k, v in list(self._pending_remote.items()):
             if v.remote_id == remote_id:
                 del self._pending_remote[k]
@@ -206,8 +208,8 @@ class Mux:
     def _drop(self, ch: Channel) -> None:
         ch.closed = True
         self._local.pop(ch.local_id, None)
-        if ch.remote_id:
-            self._remote[ch.remote_id] = None
+        if ch.remote_id and self._remote.get(ch.remote_id) is ch:
+            del self._remote[ch.remote_id]
 
     def _pair(self, ch: Channel, remote_id: int, handshake: bytes) -> None:
         ch.remote_id = remote_id
@@ -229,9 +231,14 @@ class Mux:
             raise MessageError(f"bad protomux message: {e}") from e
         return events
 
-    def _decode(self, remote_id: int, r: Reader, events: list[MuxEvent]) -> None:
+    def _decode(self, remote_id: int, r: Reader, events: list[MuxEvent],
+                batched: bool = False) -> None:
         type_ = r.uint()
         if remote_id == 0:
+            if batched and type_ == CONTROL_BATCH:
+                # protomux never nests batches; refusing them bounds the recursion a
+                # few bytes per level would otherwise buy (RecursionError, not a typed error)
+                raise MessageError("a batch inside a batch")
             self._control_in(type_, r, events)
             return
         ch = self._remote.get(remote_id)
@@ -248,7 +255,7 @@ class Mux:
                     remote_id = r.uint()
                     continue
                 item = Reader(r.view(n))
-                self._decode(remote_id, item, events)
+                self._decode(remote_id, item, events, batched=True)
         elif type_ == CONTROL_OPEN:
             remote_id = r.uint()
             try:

@@ -51,6 +51,14 @@ RECEIVE_BUFFER = 1 << 20  # reused receive buffer (grows for a frame larger than
 ABYTES = sodium.crypto_secretstream_xchacha20poly1305_ABYTES  # 17: tag byte + 16-byte MAC
 HEADERBYTES = sodium.crypto_secretstream_xchacha20poly1305_HEADERBYTES  # 24
 ID_HEADER_BYTES = 32 + HEADERBYTES
+# Before the stream is set up only Noise messages (under 100 bytes: no payloads) and the
+# id header come: a bigger frame is refused from its length prefix, before it arrives.
+MAX_SETUP_FRAME = 1024
+# The receive buffer starts small (a connection that sends little costs little: idle
+# peers, the handshake) and doubles while reads fill it, up to RECEIVE_BUFFER; a frame
+# larger than the buffer grows it towards the frame's size as its bytes arrive.
+INITIAL_BUFFER = 2 * MAX_SETUP_FRAME
+MIN_FREE = 1024
 # Largest plaintext a single frame can carry.
 MAX_MESSAGE = MAX_FRAME - ABYTES
 
@@ -82,13 +90,16 @@ class SecretStream:
         self.static = static or Ed25519KeyPair.generate()
         self._noise: NoiseXX | None = NoiseXX(initiator, self.static, ephemeral=ephemeral)
         self._out: list[bytes | bytearray] = []
+        self.unsent = 0  # bytes queued in _out (a driver stops reading past a bound)
         self._push: object | None = None
         self._pull: object | None = None
         self._plain = ffi.new("unsigned char[]", 0)  # reused decryption buffer
         self._gather = bytearray()  # reused plaintext buffer of send_parts
         self._pool: list[bytearray] = []  # frames sent and given back (`recycle`)
-        self._rbuf = bytearray(RECEIVE_BUFFER)  # get_buffer / buffer_updated
+        self._rbuf = bytearray(INITIAL_BUFFER)  # get_buffer / buffer_updated
         self._rfill = 0  # bytes of _rbuf holding input not parsed yet
+        self._offered = 0  # free bytes the last get_buffer offered
+        self._busy = False  # the last read filled them: the peer is sending a lot
         self._tag = ffi.new("unsigned char *")
         self._tx = b""
         self._rx = b""
@@ -97,18 +108,24 @@ class SecretStream:
         self.established = False  # both id headers exchanged: application data may flow
         self.handshake_complete = False
         if initiator:
-            self._out.append(frame(self._noise.write_message()))
+            self._queue(frame(self._noise.write_message()))
 
     # ------------------------------------------------------------------ output
+
+    def _queue(self, f: bytes | bytearray) -> None:
+        self._out.append(f)
+        self.unsent += len(f)
 
     def data_to_send(self) -> bytes:
         out = b"".join(self._out)
         self._out.clear()
+        self.unsent = 0
         return out
 
     def buffers_to_send(self) -> list[bytes | bytearray]:
         """The queued frames as they are (for a vectored write: no join of megabytes)."""
         out, self._out = self._out, []
+        self.unsent = 0
         return out
 
     def send(self, message: bytes | bytearray | memoryview) -> None:
@@ -180,7 +197,7 @@ class SecretStream:
             )
         if rc != 0:
             raise LocalProtocolError("secretstream push failed")
-        self._out.append(out)
+        self._queue(out)
 
     # ------------------------------------------------------------------ input
 
@@ -188,19 +205,27 @@ class SecretStream:
         """Where to read the next bytes from the socket into (``recv_into``); then call
         `buffer_updated` with the count, after releasing the view. One reused buffer: no
         allocation per read, and only the partial frame at its end is ever moved."""
-        free = len(self._rbuf) - self._rfill
-        if free < RECEIVE_BUFFER // 4:
-            # a frame bigger than the buffer is on its way: make room for all of it
-            need = self._rfill + RECEIVE_BUFFER
-            if self._rfill >= 3:
-                r = self._rbuf
-                need = max(need, 3 + (r[0] | r[1] << 8 | r[2] << 16) + RECEIVE_BUFFER // 4)
-            self._rbuf.extend(bytes(need - len(self._rbuf)))
+        buf = self._rbuf
+        size = len(buf)
+        need = self._rfill + MIN_FREE
+        if self._rfill >= 3 and size - self._rfill < size // 4:
+            # Nearly full of a frame bigger than the buffer: grow towards its size, at
+            # most doubling, so memory follows the bytes that arrived (a peer announcing
+            # 16 MiB and sending nothing gets no 16 MiB) at amortized linear copying.
+            frame_end = 3 + (buf[0] | buf[1] << 8 | buf[2] << 16)
+            if frame_end > size:
+                need = max(need, min(frame_end, 2 * size))
+        if self._busy and self._pull is not None:
+            need = max(need, min(2 * size, RECEIVE_BUFFER))  # the last read filled it
+        if need > size:
+            buf.extend(bytes(need - size))
+        self._offered = len(buf) - self._rfill
         return memoryview(self._rbuf)[self._rfill :]
 
     def buffer_updated(self, n: int) -> list[bytes]:
         """`n` bytes were written where `get_buffer` pointed; returns the application
         messages they completed (as `receive_data`)."""
+        self._busy = n >= self._offered
         end = self._rfill + n
         buf = self._rbuf
         view = memoryview(buf)
@@ -209,6 +234,8 @@ class SecretStream:
         try:
             while end - pos >= 3:
                 k = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+                if k > MAX_SETUP_FRAME and self._pull is None:
+                    raise HandshakeError(f"a {k}-byte frame before the stream is set up")
                 if end - pos < 3 + k:
                     break
                 pos += 3 + k
@@ -273,7 +300,7 @@ class SecretStream:
             raise HandshakeError("empty handshake frame")
         noise.read_message(body)
         if not noise.complete:
-            self._out.append(frame(noise.write_message()))
+            self._queue(frame(noise.write_message()))
         if noise.complete:
             self._setup(noise)
 
@@ -287,7 +314,7 @@ class SecretStream:
         state = sodium.crypto_secretstream_xchacha20poly1305_state()
         header = sodium.crypto_secretstream_xchacha20poly1305_init_push(state, self._tx)
         self._push = state
-        self._out.append(frame(stream_id(self.handshake_hash, self.initiator) + bytes(header)))
+        self._queue(frame(stream_id(self.handshake_hash, self.initiator) + bytes(header)))
 
     def _on_id_header(self, body: bytes) -> None:
         if len(body) != ID_HEADER_BYTES:

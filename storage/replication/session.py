@@ -29,7 +29,8 @@ Theory of operation: bytes go in through `receive_data`, bytes to write come out
 source/sink. Which errors close one channel and which the whole connection: see
 `Connection`. Like Hypercore we treat the capability as the proof that the peer knows
 the archive key: the channel id (discovery key) does not reveal it. Not implemented
-(documented gaps): seek requests, reorgs/forks after data was verified, multi-signer
+(documented gaps): seek requests, reorgs (a newer fork that drops verified blocks; one
+that keeps them is followed with `follow(..., fork=)`), multi-signer
 manifests, sparse peers that lack blocks they announced, pushing unrequested blocks
 (``allowPush``) and extensions (accepted and ignored).
 
@@ -207,6 +208,11 @@ class ReplicationChannel:
         return self.role.latest_head if isinstance(self.role, _Follower) else None
 
     @property
+    def latest_proof(self) -> Proof | None:
+        """Follower: the upgrade proof that gave `latest_head` (evidence, with `probe_at`)."""
+        return self.role.latest_proof if isinstance(self.role, _Follower) else None
+
+    @property
     def remote_length(self) -> int | None:
         """Follower: the length the peer announced (None before its first sync)."""
         return self.role.remote_length if isinstance(self.role, _Follower) else None
@@ -331,11 +337,18 @@ class Connection:
 
     def follow(self, key: bytes, sink: ArchiveSink, *, live: bool = False,
                have: Frontier | None = None, public_key: bytes | None = None,
-               window: int = DEFAULT_WINDOW) -> ReplicationChannel:
+               window: int = DEFAULT_WINDOW, probe_at: int | None = None,
+               fork: int = 0) -> ReplicationChannel:
         """Follow archive `key` into `sink`. `have` is a verified tree the sink already
-        holds (resume); `live` keeps following new heads instead of finishing."""
+        holds (resume) on fork `fork` (the peer must be on it: we do not reorg); `live`
+        keeps following new heads instead of finishing.
+        `probe_at` (with no `have`): fetch the peer's signed head by an upgrade proof from
+        0 to `probe_at` blocks plus the nodes that grow it to the peer's head (Hypercore's
+        conflict check, replicator.js ``_checkIfConflict``), so that `latest_proof` shows
+        the peer's tree at that length, bound to its signature."""
         return self._add(ReplicationChannel(
-            self, key, _Follower(key, sink, live, have, public_key, window)))
+            self, key, _Follower(key, sink, live, have, public_key, window, probe_at=probe_at,
+                                fork=fork)))
 
     def serve(self, source: ArchiveSource) -> ReplicationChannel:
         """Serve `source` on a channel we open (the peer may open it first or later)."""
@@ -400,6 +413,14 @@ class Connection:
     def pending(self) -> bool:
         """Requests are queued that the next `buffers_to_send` would answer."""
         return bool(self._ready)
+
+    @property
+    def unsent(self) -> int:
+        """Bytes written by the protocol and not yet taken by `data_to_send` /
+        `buffers_to_send` (answers to the peer's sync/want/open messages pile up here
+        while it does not read: a driver stops reading past a bound)."""
+        self._flush()
+        return self.stream.unsent
 
     def data_to_send(self, budget: int | None = None) -> bytes:
         self._encrypt_outgoing(budget)
@@ -583,12 +604,12 @@ class ReplicationSession(Connection):
     def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,  # type: ignore[override]
                keypair: Ed25519KeyPair | None = None, live: bool = False,
                have: Frontier | None = None, public_key: bytes | None = None,
-               window: int = DEFAULT_WINDOW) -> ReplicationSession:
-        """Follow archive `key` into `sink`. `have` is a verified tree the sink already
-        holds (resume); `live` keeps following new heads instead of finishing."""
+               window: int = DEFAULT_WINDOW, probe_at: int | None = None,
+               fork: int = 0) -> ReplicationSession:
+        """Follow archive `key` into `sink` (see `Connection.follow`)."""
         s = cls(initiator=initiator, keypair=keypair)
         s._ch = Connection.follow(s, key, sink, live=live, have=have, public_key=public_key,
-                                  window=window)
+                                  window=window, probe_at=probe_at, fork=fork)
         return s
 
     def _open(self, ch: ReplicationChannel) -> None:
@@ -667,6 +688,10 @@ class ReplicationSession(Connection):
     @property
     def latest_head(self) -> tuple[int, int, bytes, list[Node]] | None:
         return self._ch.latest_head if self._ch is not None else None
+
+    @property
+    def latest_proof(self) -> Proof | None:
+        return self._ch.latest_proof if self._ch is not None else None
 
     @property
     def remote_length(self) -> int | None:
@@ -896,6 +921,8 @@ class _Follower(_Role):
     upgrading: bool = False
     manifest_requested: bool = False
     latest_head: tuple[int, int, bytes, list[Node]] | None = None
+    latest_proof: Proof | None = None
+    probe_at: int | None = None  # ask for the peer's tree at this length (see follow)
     repairs: list[int] = field(default_factory=list)
     # block answers whose path ends at a node an earlier answer will prove
     stalled: list[tuple[_Pending, int, memoryview, tuple[Node, ...]]] = field(default_factory=list)
@@ -990,9 +1017,13 @@ class _Follower(_Role):
             if not need_manifest and self.next_request == start and len(self.inflight) < self.window:
                 first = BlockRequest(start, 0)
                 self.next_request = start + 1
+            upgrade_length = self.remote_length - start
+            if self.probe_at and start == 0 and self.probe_at < upgrade_length:
+                # the peer's roots at probe_at, then `additional_nodes` up to its head
+                upgrade_length = self.probe_at
             self._request(s, _Pending(rid, start if first else None, True, need_manifest), M.Request(
                 rid, self.fork, block=first,
-                upgrade=UpgradeRequest(start, self.remote_length - start),
+                upgrade=UpgradeRequest(start, upgrade_length),
                 manifest=need_manifest,
             ))
         length = self.trusted.length
@@ -1084,6 +1115,7 @@ class _Follower(_Role):
                 self.known[r.index] = r
             self.heads.append((head.length, self.fork, vp.signature, roots))
             self.latest_head = (head.length, self.fork, vp.signature, roots)
+            self.latest_proof = proof
             self._sync(s)  # tell the peer our new length, as Hypercore does after upgrading
         if p.repair:
             assert proof.block is not None

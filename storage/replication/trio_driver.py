@@ -26,6 +26,7 @@ RECEIVE_SIZE = 1 << 18
 IOV_MAX = 512  # frames per sendmsg (Linux allows 1024)
 SEND_BUDGET = 1 << 20  # bytes of blocks answered per write: the round-robin's turn size
 MAX_QUEUED = 8192  # requests read ahead of the answers before we stop reading
+MAX_UNSENT = 4 << 20  # bytes of replies waiting for the peer to read before we stop reading
 
 
 async def send_frames(stream: trio.abc.Stream, frames: list[bytes | bytearray]) -> None:
@@ -87,10 +88,11 @@ class ConnectionDriver:
     live tail is queued at once and answered in the next round of the round-robin
     (`Connection.buffers_to_send`, `SEND_BUDGET` bytes a round), not after every request
     of a channel catching up; it stops reading while more than `MAX_QUEUED` requests
-    wait for answers (a peer that does not read what we send stops being read: TCP
-    backpressure). `run` returns when the peer closes the stream and raises
-    `RemoteProtocolError` when the connection (not just a channel) fails; either way
-    every `wait` then raises `trio.BrokenResourceError`.
+    wait for answers or more than `MAX_UNSENT` bytes of replies wait to be written (a
+    peer that does not read what we send stops being read: TCP backpressure). `run`
+    returns when the peer closes the stream and raises `RemoteProtocolError` when the
+    connection (not just a channel) fails; either way every `wait` then raises
+    `trio.BrokenResourceError`.
 
     Only the driver's own tasks write to the stream, so a channel task cancelled at any
     point (a topic deleted) never leaves half a frame behind: channel tasks change the
@@ -153,7 +155,7 @@ class ConnectionDriver:
                 if frames:
                     await send_frames(self.stream, frames)
                     conn.recycle(frames)
-                if conn.queued <= MAX_QUEUED:
+                if conn.queued <= MAX_QUEUED and conn.unsent <= MAX_UNSENT:
                     self._drained.set()
                 if not (self._again or conn.pending):
                     return
@@ -175,8 +177,11 @@ class ConnectionDriver:
                 while await receive_into(self.stream, conn):
                     self._changed()
                     self.kick()
-                    while conn.queued > MAX_QUEUED:
+                    # a peer that does not read what we send stops being read: its
+                    # requests and the replies its other messages cause stay bounded
+                    while conn.queued > MAX_QUEUED or conn.unsent > MAX_UNSENT:
                         self._drained = trio.Event()
+                        self.kick()
                         await self._drained.wait()
                 nursery.cancel_scope.cancel()
         finally:

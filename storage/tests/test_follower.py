@@ -65,7 +65,7 @@ def _sync(writer: PartitionLog, follower: FollowerLog, live: bool = False,
     else:
         server = ReplicationSession.serve(src)
     client = ReplicationSession.follow(writer.key, follower, initiator=True, live=live,
-                                       have=follower.verified_tree())
+                                       have=follower.verified_tree(), fork=follower.follow_fork)
     _pump(client, server)
     return server, client
 
@@ -258,8 +258,54 @@ def test_equivocation_other_fork_and_non_prefix(tmp_path: Path) -> None:
     with pytest.raises(Equivocation):
         f.accept_head(eh.length, eh.fork, eh.signature, eh.roots)
     f.close()
+    # the evidence carries our own proof of our tree at the shorter length
+    desc = check_evidence(str(tmp_path / "m"), KP.public_key)
+    assert desc is not None and "at length 4" in desc
     w.close()
     evil.close()
+
+
+def test_verify_command_reports_a_longer_fork(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from storage.cli import verify_command
+    from storage.replication import MemoryArchive
+    from storage.store import CATALOG_DIR, MIRRORS_DIR, Store
+
+    w = Store.open(tmp_path / "w", fsync=FsyncPolicy.NEVER)
+    w.create_topic("t", 1, {})
+    plog = w.log("t", 0)
+    for i in range(4):
+        plog.append(make_batch(2, 20, seed=i))
+    plog.commit()
+    Store.open(tmp_path / "m").close()
+    base = tmp_path / "m" / MIRRORS_DIR / w.node_public_key.hex()
+    cat = FollowerLog.open_replica(base / CATALOG_DIR, w.node_public_key)
+    _sync(w.catalog_log, cat)
+    cat.close()
+    part = FollowerLog.open_replica(base / "t-0", plog.public_key)
+    _sync(plog, part)
+    # the writer's key signs another history, longer than what the mirror holds
+    kp = w.partition_keypair("t", 0)
+    evil = PartitionLog.open(tmp_path / "evil", kp, fsync=FsyncPolicy.NEVER)
+    for i in range(9):
+        evil.append(make_batch(2, 20, seed=200 + i))
+    evil.commit()
+    server = ReplicationSession.serve(PartitionLogSource(evil))
+    client = ReplicationSession.follow(evil.key, MemoryArchive(kp.public_key), initiator=True,
+                                       window=0, public_key=kp.public_key, probe_at=4)
+    _pump(client, server)
+    assert client.latest_head is not None
+    with pytest.raises(Equivocation):
+        part.check_conflict(*client.latest_head, proof=client.latest_proof)
+    part.close()
+    capsys.readouterr()
+    assert verify_command(str(tmp_path / "m"), None) == 1
+    out = capsys.readouterr().out
+    bad = [line for line in out.splitlines() if line.startswith("BAD")]
+    assert len(bad) == 1 and "/t 0" in bad[0] and "equivocation" in bad[0]
+    assert "length 9" in bad[0] and "at length 4" in bad[0] and EVIDENCE_FILE in bad[0]
+    evil.close()
+    w.close()
 
 
 def test_public_key_learned_from_manifest_even_when_empty(tmp_path: Path) -> None:
@@ -352,7 +398,12 @@ def test_interrupted_session_resumes_after_discarding_unsigned_blocks(tmp_path: 
     w.close()
 
 
-def test_a_fork_we_did_not_agree_to_freezes(tmp_path: Path) -> None:
+def test_a_newer_fork_is_a_truncation_not_equivocation(tmp_path: Path) -> None:
+    """Hypercore's truncate bumps the fork id (our writer does it after a power loss):
+    legitimate, so never evidence nor a freeze. A new fork that keeps our tree is
+    followed; one that dropped blocks we hold needs a reorg, which a mirror does not do
+    (ForkChanged, nothing stored). A head of an older fork is stale: ignored."""
+    from storage.follower import ForkChanged
     from storage.hypercore import sign_head
 
     w = _writer(tmp_path / "w", 4)
@@ -360,13 +411,75 @@ def test_a_fork_we_did_not_agree_to_freezes(tmp_path: Path) -> None:
     _sync(w, f)
     head = w.head
     assert head is not None
-    # the same tree, validly signed under fork 1 (what a writer's truncate would bring)
+    # a shorter head on fork 1 (a real truncation), another history
+    evil = _writer(tmp_path / "evil", 2, seed=5)
+    eh = evil.head
+    assert eh is not None
+    with pytest.raises(ForkChanged):
+        f.check_conflict(eh.length, 1, sign_head(KP, w.key, eh.tree_hash, eh.length, 1), eh.roots)
+    # the same length on fork 1 with another tree: a truncate and a re-append
+    with pytest.raises(ForkChanged):
+        other = _writer(tmp_path / "other", 4, seed=6)
+        oh = other.head
+        assert oh is not None
+        f.check_conflict(4, 1, sign_head(KP, w.key, oh.tree_hash, 4, 1), oh.roots)
+    assert f.follow_fork == 0
+    # the same tree, validly signed under fork 1: nothing to undo, followed on fork 1
     sig = sign_head(KP, w.key, head.tree_hash, head.length, 1)
-    with pytest.raises(Equivocation):
-        f.accept_head(head.length, 1, sig, head.roots)
-    assert f.frozen and "fork" in f.frozen
-    assert check_evidence(str(tmp_path / "m"), KP.public_key) is not None
+    assert f.check_conflict(head.length, 1, sig, head.roots) is False
+    assert f.follow_fork == 1
+    # and now fork 0 is the stale one
+    assert f.check_conflict(head.length, 0, head.signature, head.roots) is False
+    assert not f.frozen
+    assert not os.path.exists(tmp_path / "m" / EVIDENCE_FILE)
+    assert f.high_watermark == head.next_offset
     f.close()
+    w.close()
+    evil.close()
+    other.close()
+
+
+def _reboot_writer(path: Path, monkeypatch: pytest.MonkeyPatch) -> PartitionLog:
+    """Writer `path` reopened as after an unclean shutdown across a reboot: recovery
+    re-signs what survived (here everything) under fork + 1 (FORMAT.md sec. 8, case 9)."""
+    import storage.log as log_mod
+
+    monkeypatch.setattr(log_mod, "BOOT_ID", os.urandom(16))
+    w = PartitionLog.open(path, KP, fsync=FsyncPolicy.NEVER)
+    return w
+
+
+def test_a_writer_that_moved_to_a_new_fork_keeping_our_blocks_is_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's recovery after a reboot bumps its fork without dropping what we
+    hold: the mirror checks that (the probe's proof of the new fork's tree at our
+    length), follows the new fork and stores its heads; after a restart of the mirror it
+    resumes on that fork. (Before: `reorgs unsupported` forever, or frozen.)"""
+    w = _writer(tmp_path / "w", 5)  # never closed: an unclean shutdown
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    w2 = _reboot_writer(tmp_path / "w", monkeypatch)
+    assert w2.fork == 1 and w2.head is not None and w2.head.length == 5
+    for i in range(7):
+        w2.append(make_batch(2, 20, ts=3000 + i, seed=500 + i))
+    w2.commit()
+    assert _probe(w2, f) is True  # longer, on fork 1, keeps our 5 blocks
+    assert f.follow_fork == 1
+    _sync(w2, f)
+    assert f.head is not None and (f.head.length, f.head.fork) == (12, 1)
+    assert _all(f) == _all(w2)
+    f.close()
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert f.follow_fork == 1
+    w2.append(make_batch(2, 20, ts=4000, seed=900))
+    w2.commit()
+    assert _probe(w2, f) is True
+    _sync(w2, f)  # resumes on fork 1
+    assert f.head is not None and (f.head.length, f.head.fork) == (13, 1)
+    assert not f.frozen
+    f.close()
+    assert verify_partition(str(tmp_path / "m"), KP.public_key).ok
+    w2.close()
     w.close()
 
 
@@ -435,3 +548,150 @@ def test_storing_an_older_head_keeps_what_a_newer_one_revealed(tmp_path: Path) -
     assert f.high_watermark == w.high_watermark
     f.close()
     w.close()
+
+
+def _forked_copy(tmp_path: Path, ours: int, extra: int) -> tuple[PartitionLog, PartitionLog]:
+    """A writer at `ours` blocks, and a copy of its data dir (same key) taken one block
+    earlier that appended `extra + 1` other records: longer, another history."""
+    import shutil
+
+    w = _writer(tmp_path / "w", ours - 1)
+    w.close()
+    shutil.copytree(tmp_path / "w", tmp_path / "evil")
+    w = PartitionLog.open(tmp_path / "w", KP, fsync=FsyncPolicy.NEVER)
+    w.append(make_batch(3, 40, ts=1000 + ours, seed=ours))
+    w.commit()
+    evil = PartitionLog.open(tmp_path / "evil", KP, fsync=FsyncPolicy.NEVER)
+    for i in range(extra + 1):
+        evil.append(make_batch(2, 30, ts=5000 + i, seed=77_000 + i))
+        if i % 5 == 4:
+            evil.commit()
+    evil.commit()
+    return w, evil
+
+
+def _probe(writer: PartitionLog, f: FollowerLog) -> bool:
+    """What broker.mirror.probe_head does, sans-I/O: the peer's head with the proof of
+    its tree at our length, held against ours."""
+    from storage.replication import MemoryArchive
+
+    ours = f.verified_tree().length
+    server = ReplicationSession.serve(PartitionLogSource(writer))
+    client = ReplicationSession.follow(writer.key, MemoryArchive(KP.public_key), initiator=True,
+                                       window=0, public_key=KP.public_key, probe_at=ours or None)
+    _pump(client, server)
+    head = client.latest_head
+    assert head is not None
+    return f.check_conflict(*head, proof=client.latest_proof if head[0] > ours else None)
+
+
+@pytest.mark.parametrize(("ours", "extra"), [(5, 4), (5, 60), (8, 1), (1, 30)])
+def test_equivocation_by_a_longer_head_freezes_with_evidence(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, ours: int, extra: int) -> None:
+    """A copy of the writer's data dir (same key) that appended other records to a LONGER
+    length than a mirror verified: its tree at our length, shown by the upgrade proof from
+    0 (bound to its signature), is another one. Frozen, both heads and that proof kept,
+    one ERROR, `verify` fails; the evidence survives a restart."""
+    import logging
+
+    w, evil = _forked_copy(tmp_path, ours, extra)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    w.close()
+    assert evil.head is not None and evil.head.length == ours + extra
+    hw = f.high_watermark
+    caplog.set_level(logging.INFO)
+    caplog.clear()
+    with pytest.raises(Equivocation):
+        _probe(evil, f)
+    assert f.frozen
+    assert f.high_watermark == hw  # keeps serving what it verified
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "EQUIVOCATION" in errors[0].getMessage()
+    with pytest.raises(Equivocation):  # takes nothing new
+        _probe(evil, f)
+    f.close()
+    path = str(tmp_path / "m")
+    import json
+
+    with open(os.path.join(path, EVIDENCE_FILE)) as fh:
+        doc = json.load(fh)
+    assert [h["length"] for h in doc["heads"]] == [ours, ours + extra] and doc["proof"]
+    desc = check_evidence(path, KP.public_key)
+    assert desc is not None and f"at length {ours}" in desc and EVIDENCE_FILE in desc
+    assert check_evidence(path, OTHER.public_key) is None
+    again = FollowerLog.open_replica(path, KP.public_key)
+    assert again.frozen
+    again.close()
+    evil.close()
+
+
+def test_a_legitimate_long_catch_up_is_no_equivocation(tmp_path: Path) -> None:
+    """The same check on an honest writer that grew far past us (a tree of other shape
+    at its length, ours as its prefix): no false positive, then a full catch-up."""
+    w = _writer(tmp_path / "w", 5)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    for i in range(1500):
+        w.append(make_batch(1, 10, ts=9000 + i, seed=4000 + i))
+        if i % 97 == 0:
+            w.commit()
+    w.commit()
+    assert _probe(w, f) is True
+    _sync(w, f)
+    assert f.head is not None and f.head.length == 1505
+    assert _probe(w, f) is False  # equal now
+    assert not f.frozen and not os.path.exists(tmp_path / "m" / EVIDENCE_FILE)
+    f.close()
+    assert verify_partition(str(tmp_path / "m"), KP.public_key).ok
+    w.close()
+
+
+def test_a_proof_that_does_not_fit_the_head_is_refused_not_evidence(tmp_path: Path) -> None:
+    """A relay cannot frame the writer: a conflict proof that is not bound to the head
+    it comes with (another head's proof, a lying node) is a bad proof, not evidence."""
+    from dataclasses import replace
+
+    from storage.hypercore import Node
+
+    w, evil = _forked_copy(tmp_path, 5, 5)
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    _sync(w, f)
+    from storage.replication import MemoryArchive
+
+    server = ReplicationSession.serve(PartitionLogSource(evil))
+    client = ReplicationSession.follow(evil.key, MemoryArchive(KP.public_key), initiator=True,
+                                       window=0, public_key=KP.public_key, probe_at=5)
+    _pump(client, server)
+    head, proof = client.latest_head, client.latest_proof
+    assert head is not None and proof is not None and proof.upgrade is not None
+    up = proof.upgrade
+    bad_node = Node(up.nodes[0].index, up.nodes[0].size, bytes(32))
+    for bad in (replace(proof, upgrade=replace(up, nodes=(bad_node, *up.nodes[1:]))),
+                replace(proof, upgrade=replace(up, length=up.length - 1))):
+        with pytest.raises(VerificationFailed):
+            f.check_conflict(*head, proof=bad)
+    assert not f.frozen
+    # two consistent heads written as "evidence" prove nothing
+    import json
+
+    from storage.follower import _head_json
+
+    h5 = f.head
+    _sync(w, f)  # nothing new
+    w.append(make_batch(2, 20, seed=999))
+    w.commit()
+    wh = w.head
+    assert h5 is not None and wh is not None
+    doc = {"reason": "forged", "heads": [
+        _head_json(h5.length, h5.fork, h5.tree_hash, h5.signature, h5.roots),
+        _head_json(wh.length, wh.fork, wh.tree_hash, wh.signature, wh.roots)],
+        "proof": client.latest_proof.encode().hex() if client.latest_proof else ""}
+    (tmp_path / "m" / EVIDENCE_FILE).write_text(json.dumps(doc))
+    assert check_evidence(str(tmp_path / "m"), KP.public_key) is None
+    f.close()
+    again = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert not again.frozen  # as verify says: no evidence, no freeze
+    again.close()
+    w.close()
+    evil.close()

@@ -109,3 +109,51 @@ async def test_python_follows_node_core(n: int, size: int) -> None:
     assert stats.blocks == n == len(sink.blocks) == info["length"]
     assert hashlib.sha256(b"".join(sink.blocks)).hexdigest() == info["sha256"]
     assert sink.heads[-1].length == n
+
+
+async def test_conflict_check_request_answered_by_node_core() -> None:
+    """The probe a mirror sends to hold a longer head against its own (an upgrade from 0
+    to our length, with the additional nodes up to the peer's head: Hypercore's own
+    conflict check) is answered by stock hypercore, and shows its tree at our length."""
+    from storage.follower import _tree_at
+    from storage.hypercore import tree_hash
+    from storage.hypercore.proofs import roots_at
+    from storage.replication import ReplicationSession
+
+    node = _require_node()
+    n, ours = 77, 10
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            proc: trio.Process = await nursery.start(
+                partial(
+                    trio.run_process,
+                    [node, str(PEER), "serve", str(n), "100"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, check=False,
+                )
+            )
+            assert proc.stdout is not None and proc.stdin is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(4096)
+                assert chunk, "node peer exited before listening"
+                line += chunk
+            info = json.loads(line)
+            pk, key = bytes.fromhex(info["publicKey"]), bytes.fromhex(info["key"])
+            sink = MemoryArchive(pk)
+            await follow_archive(await trio.open_tcp_stream("127.0.0.1", info["port"]), key, sink)
+            stream = await trio.open_tcp_stream("127.0.0.1", info["port"])
+            probe = ReplicationSession.follow(key, MemoryArchive(pk), window=0, public_key=pk,
+                                              probe_at=ours)
+            while probe.latest_head is None:
+                out = probe.data_to_send()
+                if out:
+                    await stream.send_all(out)
+                data = await stream.receive_some(1 << 16)
+                assert data, "node peer closed the probe"
+                probe.receive_data(data)
+            await stream.aclose()
+            await proc.stdin.aclose()
+    length, fork, _sig, roots = probe.latest_head
+    assert length == n and probe.latest_proof is not None
+    theirs = _tree_at(probe.latest_proof, pk, key, fork, length, tree_hash(roots), ours)
+    assert theirs == tree_hash(roots_at(lambda i: sink.nodes[i], ours))
