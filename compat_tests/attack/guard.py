@@ -390,9 +390,12 @@ class Guard:
     def _read_back(self, acked: dict[int, int]) -> list[str]:
         problems: list[str] = []
         host, port = self.host, self.port
+        consumer = self._start_stock_consumer(acked)  # reads while we read
         try:
             topics = wire.metadata(host, port)
         except Exception as exc:
+            if consumer is not None:
+                consumer.kill()
             return [f"Metadata after the attack failed: {exc!r}"]
         malformed: list[str] = []
         batches = 0
@@ -421,25 +424,32 @@ class Guard:
         if lost:
             problems.append(f"{len(lost)} acknowledged records missing or different in the "
                             f"strict read-back (first seq/offset: {sorted(lost)[:3]})")  # fmt: skip
-        problems += self._stock_consumer(acked)
+        if consumer is not None:
+            problems += self._stock_consumer(consumer, acked)
         return problems
 
-    def _stock_consumer(self, acked: dict[int, int]) -> list[str]:
+    def _start_stock_consumer(self, acked: dict[int, int]) -> subprocess.Popen[str] | None:
         if not acked:
-            return []
+            return None
         end = max(acked.values()) + 1
-        assert self.broker.env is not None
+        return subprocess.Popen(
+            [sys.executable, "-m", "compat_tests.attack.goodclient", "consume",
+             self.broker.bootstrap, self.good_topic, str(end)],
+            cwd=harness.ROOT, env=self.broker.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+
+    def _stock_consumer(self, proc: subprocess.Popen[str], acked: dict[int, int]) -> list[str]:
+        end = max(acked.values()) + 1
         try:
-            out = subprocess.run(
-                [sys.executable, "-m", "compat_tests.attack.goodclient", "consume",
-                 self.broker.bootstrap, self.good_topic, str(end)],
-                cwd=harness.ROOT, env=self.broker.env, capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+            stdout, stderr = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             return ["the stock consumer hung reading the good topic back"]
         seen: dict[int, str] = {}
         status = ""
-        for line in out.stdout.splitlines():
+        for line in stdout.splitlines():
             parts = line.split(maxsplit=2)
             if parts and parts[0] == "r" and len(parts) == 3:
                 seen[int(parts[1])] = parts[2]
@@ -450,7 +460,7 @@ class Guard:
         lost = [(s, o) for s, o in acked.items() if seen.get(o) != f"good-{s}"]
         if lost:
             return [f"{len(lost)} acknowledged records not read back by the stock consumer "
-                    f"(first seq/offset: {sorted(lost)[:3]}; {out.stderr[-300:]})"]  # fmt: skip
+                    f"(first seq/offset: {sorted(lost)[:3]}; {stderr[-300:]})"]  # fmt: skip
         return []
 
     def _restart(self, acked: dict[int, int]) -> list[str]:

@@ -18,6 +18,8 @@ give the same bytes), then mutated by the class:
     unknown-api     unknown api keys, versions outside the advertised range
     int-extremes    integers set to -1, min, max
     evil-names      names such as "..", "a/b", "", NUL, invalid UTF-8, 300 characters
+    repeated-entries  one array entry (a topic, a partition, a group...) repeated 1,000,
+                    20,000 or 100,000 times (1 MiB at most) in a request that stays valid
 
 `Runner` sends frames on raw sockets from a few threads, each followed on the same
 connection by an ApiVersions v0 probe: the probe's answer (or the connection closing) ends
@@ -58,6 +60,7 @@ CLASSES = (
     "unknown-api",
     "int-extremes",
     "evil-names",
+    "repeated-entries",
 )
 LONG_POLL_APIS = frozenset({1, 11, 14})  # Fetch, JoinGroup, SyncGroup may wait legitimately
 PROBE_ID = 0x7A7A0000
@@ -377,6 +380,56 @@ def _m_evil_names(d: Draft, rng: random.Random) -> None:
         d.replace(s.start, s.content_end, _string_of(s, name))
 
 
+def _arrays(entity: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(path, first element) of every non-empty array in `entity`, nested ones too."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(entity):
+        v = getattr(entity, f.name)
+        if isinstance(v, tuple) and v:
+            out.append(((*path, f.name), v[0]))
+            if dataclasses.is_dataclass(v[0]):
+                out += _arrays(v[0], (*path, f.name, "0"))
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out += _arrays(v, (*path, f.name))
+    return out
+
+
+def _replace_at(entity: Any, path: tuple[str, ...], value: Any) -> Any:
+    import dataclasses
+
+    head, rest = path[0], path[1:]
+    if not rest:
+        return dataclasses.replace(entity, **{head: value})
+    child = getattr(entity, head)
+    if rest[0] == "0":  # into the first element of an array
+        first = _replace_at(child[0], rest[1:], value)
+        return dataclasses.replace(entity, **{head: (first, *child[1:])})
+    return dataclasses.replace(entity, **{head: _replace_at(child, rest, value)})
+
+
+def _m_repeated_entries(d: Draft, rng: random.Random, entity: Any) -> None:
+    """One entry (a topic, a partition, a group, a config name...) repeated thousands of
+    times in a request that stays valid: answers must not grow with it unbounded. The
+    entry is encoded once and its bytes repeated (at most 1 MiB of them)."""
+    arrays = _arrays(entity)
+    if not arrays:
+        return  # nothing to repeat: the request goes as it is
+    path, first = rng.choice(arrays)
+    body, spans = encode_with_spans(_replace_at(entity, path, (first,)))
+    name = type(entity).__name__ + "".join("[0]" if p == "0" else f".{p}" for p in path)
+    span = next((sp for sp in spans if sp.kind == "array" and sp.path == name), None)
+    if span is None:
+        return
+    element = body[span.prefix_end : span.content_end]
+    n = min(rng.choice((1_000, 20_000, 100_000)), max(1, (1 << 20) // max(len(element), 1)))
+    count = uvarint(n + 1) if span.compact else struct.pack(">i", n)
+    d.body = bytearray(body[: span.start] + count + element * n + body[span.content_end :])
+    d.spans = []
+    d.notes.append(f"{name} x{n}")
+
+
 MUTATORS: dict[str, Callable[[Draft, random.Random], None]] = {
     "valid": lambda d, rng: None,
     "truncated": _m_truncated,
@@ -409,6 +462,8 @@ def make_frame(seed: int, cls: str, index: int, ranges: dict[int, tuple[int, int
         d.notes.append(BY_ID_NOTE)
     if cls == "unknown-api":
         _m_unknown_api(d, rng, ranges)
+    elif cls == "repeated-entries":
+        _m_repeated_entries(d, rng, entity)
     else:
         MUTATORS[cls](d, rng)
     ff = FuzzFrame(seed, cls, index, d.api_key, d.version, d.build(index & 0x7FFFFFFF),
