@@ -89,7 +89,7 @@ def _records_target() -> Callable[[bytes], None]:
 
 
 def main(argv: list[str]) -> int:
-    import atheris
+    import atheris  # type: ignore[import-untyped]
 
     if not argv or argv[0] not in TARGETS:
         print(f"usage: atheris_targets {{{','.join(TARGETS)}}} [libFuzzer flags] [corpus dirs]")

@@ -119,11 +119,11 @@ def compress(codec: str, data: bytes) -> bytes:
     if codec == "gzip":
         return gzip(data)
     if codec == "snappy":
-        import snappy
+        import snappy  # type: ignore[import-untyped]
 
         return bytes(snappy.compress(data))
     if codec == "lz4":
-        import lz4.frame
+        import lz4.frame  # type: ignore[import-untyped]
 
         return bytes(lz4.frame.compress(data))
     if codec == "zstd":

@@ -100,9 +100,10 @@ def consume(args: argparse.Namespace) -> int:
             continue
         last = time.monotonic()
         value = msg.value() or b""
-        out.write(f"r {msg.offset()} {value.decode('utf-8', 'replace')}\n")
+        offset = msg.offset() or 0
+        out.write(f"r {offset} {value.decode('utf-8', 'replace')}\n")
         n += 1
-        next_offset = msg.offset() + 1
+        next_offset = offset + 1
     out.write(f"done {n}\n")
     out.flush()
     c.close()

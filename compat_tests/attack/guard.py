@@ -302,7 +302,7 @@ class Guard:
             raise AttackFailed("; ".join(problems) + where)
 
     def _bound_problems(self) -> list[str]:
-        out = []
+        out: list[str] = []
         s = self.sampler
         if s is None:
             return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import random
 import struct
 import uuid
@@ -52,8 +51,14 @@ class FieldInfo:
     field: dataclasses.Field[Any]
 
 
-@functools.cache
+_FIELDS: dict[type[Any], tuple[FieldInfo, ...]] = {}
+
+
 def fields_of(entity_type: type[Any]) -> tuple[FieldInfo, ...]:
+    """The classified fields of a kio entity class (remembered: classifying is slow)."""
+    cached = _FIELDS.get(entity_type)
+    if cached is not None:
+        return cached
     out = []
     for f in dataclasses.fields(entity_type):
         cls = classify_field(f)
@@ -70,7 +75,8 @@ def fields_of(entity_type: type[Any]) -> tuple[FieldInfo, ...]:
                 field=f,
             )
         )
-    return tuple(out)
+    _FIELDS[entity_type] = tuple(out)
+    return _FIELDS[entity_type]
 
 
 def zero_scalar(kafka_type: str) -> Any:
@@ -186,7 +192,7 @@ class Gen:
 
     def number(self, name: str, bits: int) -> int:
         hi = 2 ** (bits - 1) - 1
-        return max(-hi - 1, min(hi, self._number(name)))
+        return int(max(-hi - 1, min(hi, self._number(name))))
 
     def _number(self, name: str) -> int:
         rng = self.rng

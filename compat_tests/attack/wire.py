@@ -218,7 +218,7 @@ def _inflate(codec: int, data: bytes) -> bytes:
                 raise Malformed("gzip stream truncated or past the cap")
             return out
         if codec == 2:
-            import snappy
+            import snappy  # type: ignore[import-untyped]
 
             if data.startswith(b"\x82SNAPPY\x00"):
                 pos, parts = 16, []
@@ -229,7 +229,7 @@ def _inflate(codec: int, data: bytes) -> bytes:
                 return b"".join(parts)
             return _snappy_block(snappy, data)
         if codec == 3:
-            import lz4.frame
+            import lz4.frame  # type: ignore[import-untyped]
 
             ld = lz4.frame.LZ4FrameDecompressor()
             out = ld.decompress(data, max_length=INFLATE_CAP + 1)
