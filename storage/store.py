@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from storage.catalog import TopicRecord, apply_change, decode_changes, encode_change
 from storage.errors import StorageError, TopicExists, UnknownTopic
 from storage.fs import FileSystem, OsFileSystem
+from storage.handles import HandleCache
 from storage.hypercore import KeyPair, archive_key, derive_keypair
 from storage.log import FsyncPolicy, LogConfig, PartitionLog
 
@@ -74,8 +75,12 @@ def load_seed(fs: FileSystem, data_dir: str, create: bool) -> bytes:
 class Store:
     """A node's storage. Use `Store.open`."""
 
-    def __init__(self, data_dir: str, seed: bytes, fsync: FsyncPolicy, fs: FileSystem) -> None:
+    def __init__(self, data_dir: str, seed: bytes, fsync: FsyncPolicy, fs: FileSystem,
+                 handles: HandleCache | None = None) -> None:
         self.data_dir = data_dir
+        # The budget of open partition files (None: unbounded, tests and tools); the
+        # catalog stays open outside it.
+        self.handles = handles
         self.fsync = fsync
         self.fs = fs
         self._seed = seed
@@ -88,11 +93,11 @@ class Store:
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], *, fsync: FsyncPolicy = FsyncPolicy.INTERVAL,
-             fs: FileSystem | None = None) -> Store:
+             fs: FileSystem | None = None, handles: HandleCache | None = None) -> Store:
         fs = fs or OsFileSystem()
         d = os.fspath(data_dir)
         fs.makedirs(d)
-        self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs)
+        self = cls(d, load_seed(fs, d, create=True), FsyncPolicy(fsync), fs, handles)
         self._catalog = PartitionLog.open(os.path.join(d, CATALOG_DIR), self._catalog_keys,
                                           fsync=FsyncPolicy.ALWAYS, fs=fs)
         for batch in self._catalog_batches():
@@ -221,8 +226,57 @@ class Store:
             config=config or log_config_from(rec.configs),
             fs=self.fs,
         )
+        if self.handles is not None:
+            lg.attach_handles(self.handles)
         self._logs[(topic, partition)] = lg
         return lg
+
+    def prepare_partitions(self, name: str, topic_id: uuid.UUID, partitions: int,
+                           config: LogConfig) -> list[PartitionLog]:
+        """Any thread: make the archives of topic `name` before the catalog records it
+        (the slow part of creating a topic: a directory, files and fsyncs per partition).
+        Each log is parked once made, so thousands of them hold no descriptor. Then
+        `create_topic(..., topic_id)` and `adopt` on the owner thread; `discard` on
+        failure. The caller makes sure nobody else creates `name` meanwhile."""
+        if not _TOPIC_RE.match(name) or name in (".", ".."):
+            raise StorageError(f"illegal topic name {name!r}")
+        if name in self._topics:
+            raise TopicExists(name)
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(partitions):
+                path = partition_dir(self.data_dir, name, p)
+                if os.path.isdir(path):  # left by a creation that crashed: not in the catalog
+                    self._remove_dir(path)
+                lg = PartitionLog.open(path, self._partition_keypair(topic_id, p),
+                                       fsync=self.fsync, config=config, fs=self.fs)
+                logs.append(lg)
+                lg.park()
+        except BaseException:
+            self.discard(name, logs)
+            raise
+        return logs
+
+    def adopt(self, name: str, logs: list[PartitionLog]) -> None:
+        """Owner thread, after `create_topic`: serve the logs `prepare_partitions` made."""
+        for p, lg in enumerate(logs):
+            if self.handles is not None:
+                lg.attach_handles(self.handles)
+            self._logs[(name, p)] = lg
+
+    def discard(self, name: str, logs: list[PartitionLog]) -> None:
+        """Close and remove prepared archives the catalog never recorded."""
+        for p, lg in enumerate(logs):
+            try:
+                lg.close()
+            except (OSError, StorageError) as exc:
+                log.warning("closing prepared partition %s-%d: %s", name, p, exc)
+            path = partition_dir(self.data_dir, name, p)
+            try:
+                if os.path.isdir(path):
+                    self._remove_dir(path)
+            except OSError as exc:  # an orphan: removed at the next start
+                log.warning("removing prepared partition %s-%d: %s", name, p, exc)
 
     @property
     def node_keypair(self) -> KeyPair:
