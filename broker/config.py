@@ -177,6 +177,11 @@ class BrokerConfig:
     delete_topic_enable: bool = True
     socket_request_max_bytes: int = 100 * 1024 * 1024
     max_connections: int = 10_000
+    # KIP-578's max.broker.partitions: partitions this broker holds at most (each costs
+    # memory for its index and producer state, and time at every restart; open files are
+    # on a budget whatever the number, storage/handles.py). CreateTopics past it answers
+    # POLICY_VIOLATION.
+    max_broker_partitions: int = 100_000
     shutdown_grace_s: float = 10.0
     log_retention_check_ms: int = 300_000
     # Mirrors (broker/mirror.py, broker/replication_server.py): where this node serves its
@@ -261,6 +266,7 @@ class BrokerConfig:
             ("auto.create.topics.enable", str(self.auto_create_topics).lower(), ConfigType.BOOLEAN, "Create unknown topics on Metadata and Produce."),
             ("delete.topic.enable", str(self.delete_topic_enable).lower(), ConfigType.BOOLEAN, "Allow DeleteTopics."),
             ("socket.request.max.bytes", str(self.socket_request_max_bytes), ConfigType.INT, "Largest request frame accepted."),
+            ("max.broker.partitions", str(self.max_broker_partitions), ConfigType.INT, "Partitions this broker holds at most (KIP-578)."),
         ]
         if self.rack is not None:
             values.append(("broker.rack", self.rack, ConfigType.STRING, "This broker's rack (KIP-392: consumers in it may fetch from it)."))
@@ -391,6 +397,10 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["socket_request_max_bytes"] = int(value)
             elif key == "max.connections":
                 changes["max_connections"] = int(value)
+            elif key == "max.broker.partitions":
+                changes["max_broker_partitions"] = int(value)
+                if int(value) <= 0:
+                    raise ConfigError("max.broker.partitions must be positive")
             elif key == "hyperkafka.replication.listen":
                 changes["replication_listen"] = parse_host_port(value)
             elif key == "hyperkafka.cluster.brokers":

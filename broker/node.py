@@ -43,6 +43,7 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord
 from storage.errors import StorageError
+from storage.handles import FdBudget, HandleCache
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -80,6 +81,9 @@ INVALID_CONFIG = 40
 NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
+POLICY_VIOLATION = 44
+# As Kafka 4.0's controller (KAFKA-17870): one CreateTopics may not create more.
+MAX_PARTITIONS_PER_REQUEST = 10_000
 
 
 def check_topic_name(name: str) -> None:
@@ -192,6 +196,8 @@ class Node:
         self._pid_file = Path(config.data_dir) / "producer-ids"
         self._next_pid, self._pid_limit = 0, 0
         self._closed = False
+        self._creating: dict[str, int] = {}  # topic -> partitions, made in a worker thread
+        self.fd_budget: FdBudget | None = None  # set by `open` (storage/handles.py)
         # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
@@ -211,8 +217,70 @@ class Node:
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Node:
-        store = Store.open(config.data_dir, fsync=config.fsync)
-        return cls(config, store)
+        # Descriptors on a budget (storage/handles.py): partition files are opened on
+        # demand within their share, so partitions are not bounded by RLIMIT_NOFILE.
+        budget = FdBudget.of_process(config.max_connections)
+        log.info("open-file budget: %s", budget.describe())
+        store = Store.open(config.data_dir, fsync=config.fsync,
+                           handles=HandleCache(budget.partition_files))
+        node = cls(config, store)
+        node.fd_budget = budget
+        return node
+
+    def partition_count(self) -> int:
+        """Partitions this node holds (written and mirrored) plus those being created."""
+        return sum(len(t.partitions) for t in self.topics.values()) + sum(self._creating.values())
+
+    def check_partition_limit(self, more: int) -> None:
+        """Refuse partitions past max.broker.partitions (KIP-578's name): each costs
+        memory for its index and producer state and time at every restart."""
+        limit = self.config.max_broker_partitions
+        have = self.partition_count()
+        if have + more > limit:
+            raise TopicError(POLICY_VIOLATION,
+                             f"Creating {more} partition(s) would exceed this broker's limit of {limit} "
+                             f"partitions (max.broker.partitions); it holds {have}.")
+
+    async def create_topic_off_loop(
+        self,
+        name: str,
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str | None] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> Topic | None:
+        """`create_topic` for CreateTopics: the archives (a directory, files and fsyncs per
+        partition) are made in a worker thread, so thousands of partitions do not stall
+        the event loop; the catalog records the topic once they all exist."""
+        self.create_topic(name, partitions, replication_factor, configs, validate_only=True)
+        if name in self._creating:
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' is being created.")
+        if partitions == -1:
+            partitions = self.config.num_partitions
+        self.check_partition_limit(partitions)
+        if validate_only:
+            return None
+        overrides = validate_topic_configs(configs or {})
+        tid = uuid.uuid4()
+        self._creating[name] = partitions
+        try:
+            prepared = await trio.to_thread.run_sync(
+                self.store.prepare_partitions, name, tid, partitions, self.config.log_config(overrides))
+            # (not cancellable: the thread finished, and no checkpoint comes before the
+            # catalog records the topic or the archives are discarded)
+            try:
+                topic = self.create_topic(name, partitions, replication_factor, configs,
+                                          topic_id=tid, prepared=prepared)
+            except BaseException:
+                if self.store.topics().get(name) is None:
+                    self.store.discard(name, prepared)
+                raise
+        except (StorageError, OSError) as exc:
+            raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot create topic '{name}': {exc}") from None
+        finally:
+            del self._creating[name]
+        return topic
 
     # -- topics -------------------------------------------------------------------
 
@@ -290,9 +358,11 @@ class Node:
         configs: Mapping[str, str | None] | None = None,
         *,
         validate_only: bool = False,
+        topic_id: uuid.UUID | None = None,
+        prepared: list[PartitionLog] | None = None,
     ) -> Topic | None:
         check_topic_name(name)
-        if name in self.topics:
+        if name in self.topics or (prepared is None and name in self._creating):
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         if partitions == -1:
             partitions = self.config.num_partitions
@@ -334,7 +404,11 @@ class Node:
             raise TopicError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return None
-        record = self.store.create_topic(name, partitions, overrides)
+        if prepared is None and name not in INTERNAL_TOPICS:
+            self.check_partition_limit(partitions)
+        record = self.store.create_topic(name, partitions, overrides, topic_id)
+        if prepared is not None:
+            self.store.adopt(name, prepared)
         log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
         return self._attach(record)
 
@@ -503,10 +577,20 @@ class Node:
         else:
             dirty = list(self._dirty.values())
         self._dirty.clear()
+        # The logs a round writes keep their files open (pinned) until it published them,
+        # and open partition files are on a budget (storage/handles.py): a round over more
+        # partitions than the budget holds runs in slices that fit it.
+        handles = self.store.handles
+        step = handles.pin_slice() if handles is not None else max(1, len(dirty))
+        for i in range(0, len(dirty), step):
+            await self._commit_slice(dirty[i : i + step])
+
+    async def _commit_slice(self, dirty: list[Partition]) -> None:
         # Every partition of the round stays locked until its head is published, so
         # retention and deletion never see the files while the worker writes them.
         # Nothing else holds two partition locks, so taking several cannot deadlock.
         locked: list[trio.Lock] = []
+        pinned: list[PartitionLog] = []
         try:
             work: list[_Share] = []
             for p in dirty:
@@ -516,6 +600,15 @@ class Node:
                     p.queued.clear()
                     p.notify()  # anyone still waiting on a queued batch learns it failed
                     continue
+                if p.queued:
+                    try:
+                        p.log.pin()  # the worker thread writes it: its files stay open
+                    except StorageError as exc:
+                        self.fail_partition(p, f"cannot open its files: {exc}")
+                        p.queued.clear()
+                        p.notify()
+                        continue
+                    pinned.append(p.log)
                 queued, p.queued = p.queued, []
                 if queued:
                     # Written, then prepared, by `_write`: the loop does not touch this
@@ -557,6 +650,8 @@ class Node:
                     if self.cluster is not None:
                         self.cluster.published(p.log.key, signed_blocks(p.log))
         finally:
+            for plog in pinned:
+                plog.unpin()
             for lock in locked:
                 lock.release()
         for share in work:

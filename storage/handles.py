@@ -86,16 +86,20 @@ class FdBudget:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
                 soft = hard
             except (ValueError, OSError) as exc:
-                log.warning("could not raise the open-file limit from %s to %d: %s", soft, hard, exc)
+                log.warning(
+                    "could not raise the open-file limit from %s to %d: %s", soft, hard, exc
+                )
         if soft == resource.RLIM_INFINITY:
             soft = hard
         return cls.split(int(soft), max_connections)
 
     def describe(self) -> str:
-        return (f"{self.limit} file descriptors: {self.sockets} for sockets, "
-                f"{self.partition_files} for partition files (about "
-                f"{self.partition_files // FDS_PER_PARTITION} partitions open at once), "
-                f"{MISC_RESERVE} spare")
+        return (
+            f"{self.limit} file descriptors: {self.sockets} for sockets, "
+            f"{self.partition_files} for partition files (about "
+            f"{self.partition_files // FDS_PER_PARTITION} partitions open at once), "
+            f"{MISC_RESERVE} spare"
+        )
 
 
 def _nr_open() -> int:
@@ -151,6 +155,7 @@ class HandleCache:
         while True:
             with self._lock:
                 if self.total + need <= self.budget:
+                    self._overrun_logged = False
                     return
                 victim = None
                 # Busy logs at the cold end move to the hot end, so a long run of them
@@ -165,15 +170,23 @@ class HandleCache:
                     self.overruns += 1
                     if not self._overrun_logged:
                         self._overrun_logged = True
-                        log.warning("partition files: %d descriptors open with %d more needed, "
-                                    "over the budget of %d (every open partition is busy)",
-                                    self.total, need, self.budget)
+                        log.warning(
+                            "partition files: %d descriptors open with %d more needed, "
+                            "over the budget of %d (every open partition is busy)",
+                            self.total,
+                            need,
+                            self.budget,
+                        )
                     return
             victim.park()  # calls forget()
             self.parks += 1
-            self._overrun_logged = False
 
     def statistics(self) -> dict[str, int]:
         with self._lock:
-            return {"budget": self.budget, "open_fds": self.total, "open_logs": len(self._open),
-                    "parks": self.parks, "overruns": self.overruns}
+            return {
+                "budget": self.budget,
+                "open_fds": self.total,
+                "open_logs": len(self._open),
+                "parks": self.parks,
+                "overruns": self.overruns,
+            }

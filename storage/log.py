@@ -1828,10 +1828,11 @@ class PartitionLog:
 
     def parkable(self) -> bool:
         """Nothing refers to this log's descriptors but the log: no commit job, no
-        background fsync, no appended batch waiting for one (`_pending` names its
-        descriptors), no pin."""
+        background fsync running (a finished one is reaped by the next commit as usual:
+        it holds only its outcome), no appended batch waiting for a job (`_pending` names
+        its descriptors), no pin."""
         return (self._head_fd >= 0 and not self._closed and self._pins == 0 and self._job is None
-                and self._sync is None and not self._pending)
+                and (self._sync is None or self._sync.done()) and not self._pending)
 
     @property
     def parked(self) -> bool:

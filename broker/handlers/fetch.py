@@ -27,6 +27,7 @@ of max_wait_ms, for the node's next group commit, then reads again.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import trio
@@ -37,7 +38,9 @@ from broker.node import Node
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
-from storage.errors import CorruptBatch, OffsetOutOfRange
+from storage.errors import CorruptBatch, OffsetOutOfRange, StorageError
+
+log = logging.getLogger("hyperkafka.fetch")
 
 
 def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = frozenset(),
@@ -94,7 +97,10 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 where = plog.read(p.fetch_offset, max(limit, 1))
                 data: bytes | FileSlice
                 if sendfile and where.size >= SENDFILE_MIN_BYTES:
-                    data = FileSlice(where.fd, where.position, where.size)
+                    try:
+                        data = FileSlice(where.fd, where.position, where.size)
+                    except OSError:  # no descriptor to spare for the dup (EMFILE): copy
+                        data = where.read()
                 else:
                     data = where.read()
             except OffsetOutOfRange:
@@ -114,6 +120,10 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 continue
             except CorruptBatch:
                 # The stored batch does not match its signed leaf: never serve it.
+                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
+                continue
+            except StorageError as exc:  # its files could not be opened again (storage/handles.py)
+                log.warning("fetch from %s-%d: %s", t.topic, p.partition, exc)
                 entry["error_code"] = errors.KAFKA_STORAGE_ERROR
                 continue
             entry["records"] = data

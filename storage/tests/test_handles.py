@@ -170,7 +170,7 @@ def test_budget_split():
 
 
 def test_budget_raises_the_soft_limit_to_the_hard_limit():
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 512:
         pytest.skip(f"hard open-file limit {hard} is too low to test raising")
     code = (
