@@ -1509,6 +1509,10 @@ class PartitionLog:
         self._head = head
         self._published_length = head.length
         self.high_watermark = head.next_offset
+        handles = self._handles
+        if handles is not None and handles.total > handles.budget:
+            # logs that were busy when others opened are idle now: back within budget
+            handles.make_room(0, keep=self)
         return head
 
     def abandon(self, job: CommitJob) -> None:
@@ -1819,6 +1823,13 @@ class PartitionLog:
         if self._head_fd >= 0:
             handles.touch(self)
             handles.make_room(0, keep=self)
+
+    def detach_handles(self) -> None:
+        """Take this log off its budget (shutdown closes many logs from several threads,
+        where none may park another)."""
+        if self._handles is not None:
+            self._handles.forget(self)
+            self._handles = None
 
     def open_fds(self) -> int:
         """Descriptors this log holds now."""

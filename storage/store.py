@@ -14,6 +14,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from storage.catalog import TopicRecord, apply_change, decode_changes, encode_change
 from storage.errors import StorageError, TopicExists, UnknownTopic
@@ -29,6 +30,7 @@ CATALOG_DIR = "__catalog"
 CATALOG_NAME = b"hyperkafka/catalog"
 MIRRORS_DIR = "__mirrors"  # other nodes' archives this node mirrors (FORMAT.md section 10)
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+CLOSE_THREADS = 16  # logs closed at once at shutdown (each holds its four files meanwhile)
 
 
 def partition_key_name(topic_id: uuid.UUID, partition: int) -> bytes:
@@ -295,13 +297,30 @@ class Store:
         return dict(self._logs)
 
     def close(self) -> None:
-        """Commit pending data and close every file."""
+        """Commit pending data and close every file. Partition logs close in parallel:
+        each close waits for a few fsyncs, which the filesystem completes together when
+        they come at once (10,000 partitions took 30 s to close one after the other,
+        almost all of it waiting for fdatasync)."""
+        logs = list(self._logs.values())
         errors: list[BaseException] = []
-        for lg in list(self._logs.values()) + ([self._catalog] if self._catalog else []):
+
+        def close_one(lg: PartitionLog) -> None:
             try:
                 lg.close()
             except BaseException as exc:  # close the rest, then report
                 errors.append(exc)
+
+        if len(logs) > 1:
+            # worker threads reopen parked logs: none may park another meanwhile
+            for lg in logs:
+                lg.detach_handles()
+            with ThreadPoolExecutor(CLOSE_THREADS, thread_name_prefix="hk-close") as pool:
+                list(pool.map(close_one, logs))
+        else:
+            for lg in logs:
+                close_one(lg)
+        if self._catalog is not None:
+            close_one(self._catalog)
         self._logs.clear()
         self._catalog = None
         if errors:

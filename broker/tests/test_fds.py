@@ -254,3 +254,103 @@ async def test_creating_thousands_of_partitions_does_not_stall_the_loop(tmp_path
         assert took > 0.5 and max(gaps, default=took) < took / 4, (took, gaps[-3:])
     finally:
         node.close()
+
+
+async def test_a_mirror_of_more_partitions_than_its_file_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.mirror import discover
+
+    monkeypatch.setattr(
+        node_module.FdBudget,
+        "of_process",
+        classmethod(lambda cls, max_connections: FdBudget(256, 96, 24)),
+    )
+    n = 30
+    before = open_fds()
+    wcfg = BrokerConfig(
+        data_dir=tmp_path / "w",
+        listen_port=0,
+        shutdown_grace_s=2,
+        replication_listen=("127.0.0.1", 0),
+    )
+    async with trio.open_nursery() as nursery:
+        wport = (await nursery.start(run, wcfg))[0].socket.getsockname()[1]
+        writer = Broker(wcfg, wport)
+        assert (await create_topics(writer, topic_spec("m", n))).topics[0].error_code == 0
+        w = await writer.connect()
+        r = await w.call(
+            "produce",
+            9,
+            {
+                "acks": -1,
+                "timeout": 30_000,
+                "topic_data": [
+                    {
+                        "name": "m",
+                        "partition_data": [
+                            {"index": i, "records": batch([f"v{i}".encode()])} for i in range(n)
+                        ],
+                    }
+                ],
+            },
+        )
+        assert all(p.error_code == 0 for p in r.responses[0].partition_responses)
+        key, _ = await discover("127.0.0.1", wport)
+        mcfg = BrokerConfig(
+            data_dir=tmp_path / "m",
+            listen_port=0,
+            shutdown_grace_s=2,
+            auto_create_topics=False,
+            mirrors=[f"127.0.0.1:{wport}@{key.hex()}"],
+        )
+        mport = (await nursery.start(run, mcfg))[0].socket.getsockname()[1]
+        m = await Broker(mcfg, mport).connect()
+        with trio.fail_after(60):
+            for i in range(n):
+                while True:
+                    lo = await m.call(
+                        "list_offsets",
+                        1,
+                        {
+                            "replica_id": -1,
+                            "topics": [
+                                {
+                                    "name": "m",
+                                    "partitions": [{"partition_index": i, "timestamp": -1}],
+                                }
+                            ],
+                        },
+                    )
+                    p = lo.topics[0].partitions[0]
+                    if p.error_code == 0 and p.offset == 1:
+                        break
+                    await trio.sleep(0.05)
+        r = await m.call(
+            "fetch",
+            4,
+            {
+                "replica_id": -1,
+                "max_wait": 0,
+                "min_bytes": 0,
+                "max_bytes": 1 << 24,
+                "isolation_level": 0,
+                "topics": [
+                    {
+                        "topic": "m",
+                        "partitions": [
+                            {"partition": i, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                            for i in range(n)
+                        ],
+                    }
+                ],
+            },
+        )
+        parts = r.responses[0].partitions
+        assert all(
+            p.error_code == 0 and f"v{p.partition_index}".encode() in bytes(p.records)
+            for p in parts
+        )
+        # writer and mirror: two budgets of 24, plus sockets (clients, the replication link)
+        assert open_fds() - before <= 2 * 24 + 40
+        nursery.cancel_scope.cancel()
