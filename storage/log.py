@@ -1684,7 +1684,6 @@ class PartitionLog:
         self._close_doomed()
         if self._job is not None or self.damage is not None or self._poisoned is not None:
             return 0
-        self._ensure_open()
         cfg = self.config
         total = sum(s.log_size for s in self._segments)
         drop = 0
@@ -1709,7 +1708,6 @@ class PartitionLog:
         self._close_doomed()
         if self._job is not None or self.damage is not None or self._poisoned is not None:
             return 0
-        self._ensure_open()
         drop = 0
         for seg in self._segments[:-1]:
             end = seg.next_offset()
@@ -1734,6 +1732,9 @@ class PartitionLog:
     def _drop_first_segments(self, drop: int) -> int:
         if not drop:
             return 0
+        # (what to drop is decided from memory: a parked log opens its files only when
+        # retention has something to do, not on every check)
+        self._ensure_open()
         dropped = self._segments[:drop]
         keep = self._segments[drop:]
         # The tree file's nodes for these leaves can no longer be rebuilt: make them durable

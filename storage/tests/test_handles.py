@@ -182,3 +182,19 @@ def test_budget_raises_the_soft_limit_to_the_hard_limit():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["512", "512"]
+
+
+def test_a_retention_check_with_nothing_to_drop_leaves_a_parked_log_parked(tmp_path):
+    cache = HandleCache(4)
+    a = PartitionLog.open(tmp_path / "a", KEYPAIR, fsync=FsyncPolicy.ALWAYS)
+    a.attach_handles(cache)
+    a.append(make_batch(1))
+    a.commit()
+    b = PartitionLog.open(tmp_path / "b", KEYPAIR)
+    b.attach_handles(cache)
+    assert a.parked
+    assert a.apply_retention(now_ms=2_000) == 0
+    assert a.drop_segments_below(0) == 0
+    assert a.parked and not b.parked
+    a.close()
+    b.close()
