@@ -197,6 +197,10 @@ class Node:
         self._next_pid, self._pid_limit = 0, 0
         self._closed = False
         self._creating: dict[str, int] = {}  # topic -> partitions, made in a worker thread
+        # One topic's archives are made at a time: each holds a few descriptors while it is
+        # made, outside the partition-file budget, and concurrent creations only contend
+        # for the same disk.
+        self._create_limiter = trio.CapacityLimiter(1)
         self.fd_budget: FdBudget | None = None  # set by `open` (storage/handles.py)
         # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
         self.offsets_topic_in_use = False
@@ -266,7 +270,8 @@ class Node:
         self._creating[name] = partitions
         try:
             prepared = await trio.to_thread.run_sync(
-                self.store.prepare_partitions, name, tid, partitions, self.config.log_config(overrides))
+                self.store.prepare_partitions, name, tid, partitions, self.config.log_config(overrides),
+                limiter=self._create_limiter)
             # (not cancellable: the thread finished, and no checkpoint comes before the
             # catalog records the topic or the archives are discarded)
             try:

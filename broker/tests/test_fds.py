@@ -354,3 +354,29 @@ async def test_a_mirror_of_more_partitions_than_its_file_budget(
         # writer and mirror: two budgets of 24, plus sockets (clients, the replication link)
         assert open_fds() - before <= 2 * 24 + 40
         nursery.cancel_scope.cancel()
+
+
+async def test_concurrent_creations_count_against_the_limit(tmp_path: Path) -> None:
+    node = Node.open(
+        BrokerConfig(data_dir=tmp_path / "data", listen_port=0, max_broker_partitions=100)
+    )
+    codes: list[tuple[str, int]] = []
+
+    async def create(name: str) -> None:
+        try:
+            await node.create_topic_off_loop(name, 60)
+            codes.append((name, 0))
+        except node_module.TopicError as exc:
+            codes.append((name, exc.code))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create, "one")
+            nursery.start_soon(create, "two")
+            nursery.start_soon(create, "one")  # the same name while it is being made
+        # one made; the other past max.broker.partitions (POLICY_VIOLATION); the same name
+        # again: TOPIC_ALREADY_EXISTS, never an internal error
+        assert sorted(c for _, c in codes) == [0, 36, 44], codes
+        assert node.partition_count() == 60 + 1  # and the offsets topic
+    finally:
+        node.close()
