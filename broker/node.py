@@ -215,6 +215,9 @@ class Node:
                                    session_timeout_ms=config.session_timeout_ms,
                                    rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
             self.cluster_id = self.cluster.cluster_id
+        # every partition recovered in worker threads first (storage/store.py: preopen)
+        store.preopen([(r.name, i, config.log_config(r.configs))
+                       for r in store.topics().values() for i in range(r.partitions)])
         for record in store.topics().values():
             self._attach(record)
         self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)

@@ -31,6 +31,7 @@ CATALOG_NAME = b"hyperkafka/catalog"
 MIRRORS_DIR = "__mirrors"  # other nodes' archives this node mirrors (FORMAT.md section 10)
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 CLOSE_THREADS = 16  # logs closed at once at shutdown (each holds its four files meanwhile)
+PREOPEN_THREADS = 8  # logs recovered at once at start (idem)
 
 
 def partition_key_name(topic_id: uuid.UUID, partition: int) -> bytes:
@@ -232,6 +233,43 @@ class Store:
             lg.attach_handles(self.handles)
         self._logs[(topic, partition)] = lg
         return lg
+
+    def preopen(self, wanted: list[tuple[str, int, LogConfig]]) -> int:
+        """Open (recover) these partitions' logs in worker threads, each parked once open,
+        so that `log()` finds them ready. A restart recovers every partition; one after
+        the other, 100,000 of them took minutes, mostly waiting for directory listings
+        and reads, and checking head signatures, which all release the GIL. A partition
+        whose open fails here is left to `log()`, which opens it again and raises there.
+        Returns how many were opened. Owner thread, before anything else uses the store."""
+        todo = [(t, p, c) for t, p, c in wanted if (t, p) not in self._logs]
+        if len(todo) < 2 * PREOPEN_THREADS:
+            return 0
+
+        def open_one(item: tuple[str, int, LogConfig]) -> PartitionLog | None:
+            topic, partition, config = item
+            try:
+                rec = self._record(topic, partition)
+                lg = PartitionLog.open(
+                    partition_dir(self.data_dir, topic, partition),
+                    self._partition_keypair(rec.topic_id, partition),
+                    fsync=self.fsync, config=config, fs=self.fs,
+                )
+            except Exception:  # opened again by log(), which reports it
+                return None
+            if lg.parkable():
+                lg.park()
+            return lg
+
+        opened = 0
+        with ThreadPoolExecutor(PREOPEN_THREADS, thread_name_prefix="hk-recover") as pool:
+            for (topic, partition, _), lg in zip(todo, pool.map(open_one, todo), strict=True):
+                if lg is None:
+                    continue
+                if self.handles is not None:
+                    lg.attach_handles(self.handles)
+                self._logs[(topic, partition)] = lg
+                opened += 1
+        return opened
 
     def prepare_partitions(self, name: str, topic_id: uuid.UUID, partitions: int,
                            config: LogConfig) -> list[PartitionLog]:

@@ -198,3 +198,24 @@ def test_a_retention_check_with_nothing_to_drop_leaves_a_parked_log_parked(tmp_p
     assert a.parked and not b.parked
     a.close()
     b.close()
+
+
+def test_preopen_recovers_every_partition_parked(tmp_path):
+    store = Store.open(tmp_path, fsync=FsyncPolicy.ALWAYS)
+    store.create_topic("t", 40, {})
+    for p in range(40):
+        lg = store.log("t", p)
+        lg.append(make_batch(1, seed=p))
+        lg.commit()
+    store.close()
+    cache = HandleCache(12)
+    store = Store.open(tmp_path, handles=cache)
+    before = len(os.listdir("/proc/self/fd"))
+    assert store.preopen([("t", p, LogConfig()) for p in range(40)]) == 40
+    assert len(os.listdir("/proc/self/fd")) == before  # all parked
+    assert all(store.log("t", p).high_watermark == 1 for p in range(40))
+    assert all(
+        len(store.log("t", p).read_bytes(0, 1 << 20)) == len(make_batch(1)) for p in range(40)
+    )
+    assert len(os.listdir("/proc/self/fd")) - before <= cache.budget
+    store.close()
