@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from broker import node as node_module
 from broker.config import BrokerConfig
@@ -372,6 +373,8 @@ async def test_concurrent_creations_count_against_the_limit(tmp_path: Path) -> N
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(create, "one")
+            await trio.testing.wait_all_tasks_blocked()  # "one" is being made in a thread
+            assert "one" in node._creating
             nursery.start_soon(create, "two")
             nursery.start_soon(create, "one")  # the same name while it is being made
         # one made; the other past max.broker.partitions (POLICY_VIOLATION); the same name
