@@ -72,6 +72,7 @@ class TopicError(Exception):
 
 # Kafka error codes used by the node (the handlers map the rest).
 UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
 INVALID_TOPIC_EXCEPTION = 17
 TOPIC_ALREADY_EXISTS = 36
@@ -260,9 +261,9 @@ class Node:
         """`create_topic` for CreateTopics: the archives (a directory, files and fsyncs per
         partition) are made in a worker thread, so thousands of partitions do not stall
         the event loop; the catalog records the topic once they all exist."""
-        self.create_topic(name, partitions, replication_factor, configs, validate_only=True)
         if name in self._creating:
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' is being created.")
+        self.create_topic(name, partitions, replication_factor, configs, validate_only=True)
         if partitions == -1:
             partitions = self.config.num_partitions
         self.check_partition_limit(partitions)
@@ -370,8 +371,12 @@ class Node:
         prepared: list[PartitionLog] | None = None,
     ) -> Topic | None:
         check_topic_name(name)
-        if name in self.topics or (prepared is None and name in self._creating):
+        if name in self.topics:
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        if prepared is None and name in self._creating:
+            # auto-creation (Metadata, Produce) of a topic CreateTopics is making: it
+            # shows up shortly, as a Kafka topic whose leaders are not elected yet
+            raise TopicError(LEADER_NOT_AVAILABLE, f"Topic '{name}' is being created.")
         if partitions == -1:
             partitions = self.config.num_partitions
         if partitions <= 0:

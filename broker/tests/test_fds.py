@@ -375,6 +375,9 @@ async def test_concurrent_creations_count_against_the_limit(tmp_path: Path) -> N
             nursery.start_soon(create, "one")
             await trio.testing.wait_all_tasks_blocked()  # "one" is being made in a thread
             assert "one" in node._creating
+            with pytest.raises(node_module.TopicError) as info:
+                node.topic_for_write("one")  # a produce's auto-creation meanwhile
+            assert info.value.code == 5  # LEADER_NOT_AVAILABLE: retriable, shows up shortly
             nursery.start_soon(create, "two")
             nursery.start_soon(create, "one")  # the same name while it is being made
         # one made; the other past max.broker.partitions (POLICY_VIOLATION); the same name
@@ -383,3 +386,48 @@ async def test_concurrent_creations_count_against_the_limit(tmp_path: Path) -> N
         assert node.partition_count() == 60 + 1  # and the offsets topic
     finally:
         node.close()
+
+
+async def test_a_fetch_without_a_descriptor_to_spare_copies_instead(
+    small_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import broker.handlers.fetch as fetch_handler
+
+    def no_descriptor(fd: int, position: int, size: int) -> Any:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(fetch_handler, "FileSlice", no_descriptor)
+    assert (await create_topics(small_broker, topic_spec("big", 1))).topics[0].error_code == 0
+    c = await small_broker.connect()
+    data = batch([b"x" * 200_000])  # above SENDFILE_MIN_BYTES: would go by sendfile
+    r = await c.call(
+        "produce",
+        9,
+        {
+            "acks": -1,
+            "timeout": 5000,
+            "topic_data": [{"name": "big", "partition_data": [{"index": 0, "records": data}]}],
+        },
+    )
+    assert r.responses[0].partition_responses[0].error_code == 0
+    r = await c.call(
+        "fetch",
+        4,
+        {
+            "replica_id": -1,
+            "max_wait": 0,
+            "min_bytes": 0,
+            "max_bytes": 1 << 24,
+            "isolation_level": 0,
+            "topics": [
+                {
+                    "topic": "big",
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 24}
+                    ],
+                }
+            ],
+        },
+    )
+    p = r.responses[0].partitions[0]
+    assert p.error_code == 0 and len(bytes(p.records)) == len(data)
