@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import logging
 import math
@@ -83,6 +84,7 @@ NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
 POLICY_VIOLATION = 44
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 # As Kafka 4.0's controller (KAFKA-17870): one CreateTopics may not create more.
 MAX_PARTITIONS_PER_REQUEST = 10_000
 
@@ -617,6 +619,12 @@ class Node:
                     try:
                         p.log.pin()  # the worker thread writes it: its files stay open
                     except StorageError as exc:
+                        cause = exc.__cause__
+                        if isinstance(cause, OSError) and cause.errno in _OUT_OF_DESCRIPTORS:
+                            # the process is out of descriptors for now: the queue stays,
+                            # and the next round (at the latest the tick) tries again
+                            log.warning("partition %s-%d: %s; writing it later", p.topic.name, p.index, exc)
+                            continue
                         self.fail_partition(p, f"cannot open its files: {exc}")
                         p.queued.clear()
                         p.notify()

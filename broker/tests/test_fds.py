@@ -431,3 +431,31 @@ async def test_a_fetch_without_a_descriptor_to_spare_copies_instead(
     )
     p = r.responses[0].partitions[0]
     assert p.error_code == 0 and len(bytes(p.records)) == len(data)
+
+
+async def test_a_round_out_of_descriptors_writes_the_partition_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage.errors import StorageError
+
+    node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+    try:
+        topic = await node.create_topic_off_loop("t", 1)
+        assert topic is not None
+        p = topic.partitions[0]
+        assert p.log.parked  # made in a thread, parked until used
+        real = p.log._unpark
+
+        def exhausted() -> None:
+            raise StorageError("cannot reopen") from OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(p.log, "_unpark", exhausted)
+        _, last = p.admit(bytearray(batch([b"v"])), 0)
+        node.mark_dirty(p, wake=False)
+        await node.commit_round()
+        assert p.failed is None and p.queued  # not offline: kept for a later round
+        monkeypatch.setattr(p.log, "_unpark", real)
+        await node.commit_round(every_partition=True)  # the tick
+        assert p.failed is None and not p.queued and p.log.high_watermark == last + 1
+    finally:
+        node.close()
