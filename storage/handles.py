@@ -12,16 +12,20 @@ files makes room by closing the files of the least recently used idle logs
 (`PartitionLog.park`), and reopens its own.
 
 Rules (the threading of storage/log.py):
-- Only the owner thread (the broker's event loop) opens or parks a log: `make_room` runs
-  there. `touch` (mark as recently used) may run from any thread; the cache's own state is
-  under a lock.
+- Only the owner thread (the broker's event loop) reopens or parks a log that is on the
+  budget: `make_room` runs there. A log not on it yet may be opened, and parked, in any
+  thread (topic creation and restart do so). `touch` (mark as recently used) may run
+  from any thread; the cache's own state is under a lock.
 - A log is parked only when nothing refers to its descriptors: no commit job in flight,
-  no background fsync running, no pin (`PartitionLog.pin`: a commit round that writes it
+  no background fsync running, no appended batch waiting for a job, no pin (`PartitionLog.pin`: a commit round that writes it
   from a worker thread). A Fetch that sends a file range by sendfile owns a dup of the
   descriptor (broker/sendfile.py), so parking never pulls a file from under a send.
 - Pinned and busy logs may take the cache past its budget (a commit round pins its logs
-  in slices of `pin_slice()` partitions, so this stays small); `make_room` then closes
-  idle logs as soon as they are idle again.
+  in slices of `pin_slice()` partitions, so this stays small); the next `make_room`, or
+  the next publish of a head while over budget, parks those that are idle again.
+- Shutdown takes every log off the budget (`PartitionLog.detach_handles`) and closes
+  them from several threads; a restart recovers them from several threads, each parked
+  once recovered (storage/store.py).
 
 Imports only the standard library.
 """
