@@ -190,6 +190,11 @@ class BrokerConfig:
     # few hundred bytes, so pipelining producers never meet it; Kafka itself holds one.
     max_unsent_bytes_per_connection: int = 1024 * 1024
     max_connections: int = 10_000
+    # KIP-578's max.broker.partitions: partitions this broker holds at most (each costs
+    # memory for its index and producer state, and time at every restart; open files are
+    # on a budget whatever the number, storage/handles.py). CreateTopics past it answers
+    # POLICY_VIOLATION.
+    max_broker_partitions: int = 100_000
     shutdown_grace_s: float = 10.0
     log_retention_check_ms: int = 300_000
     # Mirrors (broker/mirror.py, broker/replication_server.py): where this node serves its
@@ -279,6 +284,7 @@ class BrokerConfig:
             ("fetch.max.bytes", str(self.fetch_max_bytes), ConfigType.INT, "Most record bytes in one Fetch answer, whatever the client asks."),
             ("hyperkafka.connection.max.unsent.bytes", str(self.max_unsent_bytes_per_connection), ConfigType.LONG,
              "Answer bytes a connection may leave unread before the broker stops reading its requests."),
+            ("max.broker.partitions", str(self.max_broker_partitions), ConfigType.INT, "Partitions this broker holds at most (KIP-578)."),
         ]
         if self.rack is not None:
             values.append(("broker.rack", self.rack, ConfigType.STRING, "This broker's rack (KIP-392: consumers in it may fetch from it)."))
@@ -415,6 +421,10 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["max_unsent_bytes_per_connection"] = _at_least(key, value, 1)
             elif key == "max.connections":
                 changes["max_connections"] = int(value)
+            elif key == "max.broker.partitions":
+                changes["max_broker_partitions"] = int(value)
+                if int(value) <= 0:
+                    raise ConfigError("max.broker.partitions must be positive")
             elif key == "hyperkafka.replication.listen":
                 changes["replication_listen"] = parse_host_port(value)
             elif key == "hyperkafka.cluster.brokers":

@@ -608,6 +608,9 @@ class NodeMirror:
                 raise VerificationFailed(f"{rec.name}-{p}: signer key does not match the catalog's archive key")
             logs.append(FollowerLog.open_replica(self._partition_dir(rec.name, p), pk,
                                                  config=self.node.config.log_config(rec.configs)))
+        if self.node.store.handles is not None:  # their files on the node's budget too
+            for lg in logs:
+                lg.attach_handles(self.node.store.handles)
         plogs: list[PartitionLog] = list(logs)
         topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
         self.attached[rec.name] = (rec, logs)

@@ -44,6 +44,7 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord
 from storage.errors import RecoveryFailed, StorageError, TopicExists
+from storage.handles import FdBudget, HandleCache
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -76,6 +77,7 @@ class TopicError(Exception):
 
 # Kafka error codes used by the node (the handlers map the rest).
 UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
 INVALID_TOPIC_EXCEPTION = 17
 TOPIC_ALREADY_EXISTS = 36
@@ -85,6 +87,10 @@ INVALID_CONFIG = 40
 NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
+POLICY_VIOLATION = 44
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# As Kafka 4.0's controller (KAFKA-17870): one CreateTopics may not create more.
+MAX_PARTITIONS_PER_REQUEST = 10_000
 
 
 def check_topic_name(name: str) -> None:
@@ -207,6 +213,12 @@ class Node:
         self._deleting: set[str] = set()
         # Partitions a full disk took offline, which `retry_offline` reopens.
         self._offline: dict[int, Partition] = {}
+        self._creating: dict[str, int] = {}  # topic -> partitions, made in a worker thread
+        # One topic's archives are made at a time: each holds a few descriptors while it is
+        # made, outside the partition-file budget, and concurrent creations only contend
+        # for the same disk.
+        self._create_limiter = trio.CapacityLimiter(1)
+        self.fd_budget: FdBudget | None = None  # set by `open` (storage/handles.py)
         # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
@@ -220,14 +232,80 @@ class Node:
                                    session_timeout_ms=config.session_timeout_ms,
                                    rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
             self.cluster_id = self.cluster.cluster_id
+        # every partition recovered in worker threads first (storage/store.py: preopen)
+        store.preopen([(r.name, i, config.log_config(r.configs))
+                       for r in store.topics().values() for i in range(r.partitions)])
         for record in store.topics().values():
             self._attach(record)
         self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Node:
-        store = Store.open(config.data_dir, fsync=config.fsync)
-        return cls(config, store)
+        # Descriptors on a budget (storage/handles.py): partition files are opened on
+        # demand within their share, so partitions are not bounded by RLIMIT_NOFILE.
+        budget = FdBudget.of_process(config.max_connections)
+        log.info("open-file budget: %s", budget.describe())
+        store = Store.open(config.data_dir, fsync=config.fsync,
+                           handles=HandleCache(budget.partition_files))
+        node = cls(config, store)
+        node.fd_budget = budget
+        return node
+
+    def partition_count(self) -> int:
+        """Partitions this node holds (written and mirrored) plus those being created."""
+        return sum(len(t.partitions) for t in self.topics.values()) + sum(self._creating.values())
+
+    def check_partition_limit(self, more: int) -> None:
+        """Refuse partitions past max.broker.partitions (KIP-578's name): each costs
+        memory for its index and producer state and time at every restart."""
+        limit = self.config.max_broker_partitions
+        have = self.partition_count()
+        if have + more > limit:
+            raise TopicError(POLICY_VIOLATION,
+                             f"Creating {more} partition(s) would exceed this broker's limit of {limit} "
+                             f"partitions (max.broker.partitions); it holds {have}.")
+
+    async def create_topic_off_loop(
+        self,
+        name: str,
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str | None] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> Topic | None:
+        """`create_topic` for CreateTopics: the archives (a directory, files and fsyncs per
+        partition) are made in a worker thread, so thousands of partitions do not stall
+        the event loop; the catalog records the topic once they all exist."""
+        if name in self._creating:
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' is being created.")
+        self.create_topic(name, partitions, replication_factor, configs, validate_only=True)
+        if partitions == -1:
+            partitions = self.config.num_partitions
+        self.check_partition_limit(partitions)
+        if validate_only:
+            return None
+        overrides = validate_topic_configs(configs or {})
+        tid = uuid.uuid4()
+        self._creating[name] = partitions
+        try:
+            prepared = await trio.to_thread.run_sync(
+                self.store.prepare_partitions, name, tid, partitions, self.config.log_config(overrides),
+                limiter=self._create_limiter)
+            # (not cancellable: the thread finished, and no checkpoint comes before the
+            # catalog records the topic or the archives are discarded)
+            try:
+                topic = self.create_topic(name, partitions, replication_factor, configs,
+                                          topic_id=tid, prepared=prepared)
+            except BaseException:
+                if self.store.topics().get(name) is None:
+                    self.store.discard(name, prepared)
+                raise
+        except (StorageError, OSError) as exc:
+            raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot create topic '{name}': {exc}") from None
+        finally:
+            del self._creating[name]
+        return topic
 
     # -- topics -------------------------------------------------------------------
 
@@ -310,12 +388,18 @@ class Node:
         configs: Mapping[str, str | None] | None = None,
         *,
         validate_only: bool = False,
+        topic_id: uuid.UUID | None = None,
+        prepared: list[PartitionLog] | None = None,
     ) -> Topic | None:
         check_topic_name(name)
         if name in self.topics:
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         if name in self._deleting:  # as Kafka's "marked for deletion": retry once it is gone
             raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' is marked for deletion.")
+        if prepared is None and name in self._creating:
+            # auto-creation (Metadata, Produce) of a topic CreateTopics is making: it
+            # shows up shortly, as a Kafka topic whose leaders are not elected yet
+            raise TopicError(LEADER_NOT_AVAILABLE, f"Topic '{name}' is being created.")
         if partitions == -1:
             partitions = self.config.num_partitions
         if partitions <= 0:
@@ -356,16 +440,22 @@ class Node:
             raise TopicError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return None
+        if prepared is None and name not in INTERNAL_TOPICS:
+            self.check_partition_limit(partitions)
         # The partitions first, the catalog last (Store.prepare_partitions): a disk that
         # cannot take them answers KAFKA_STORAGE_ERROR and keeps nothing of the topic.
-        topic_id = uuid.uuid4()
+        # CreateTopics made them in a worker thread (`create_topic_off_loop`, which
+        # discards them if this fails); auto-creation makes them here.
+        own = prepared is None
         try:
-            prepared = self.store.prepare_partitions(name, topic_id, partitions,
-                                                     self.config.log_config(overrides))
+            if prepared is None:
+                topic_id = uuid.uuid4()
+                prepared = self.store.prepare_partitions(name, topic_id, partitions,
+                                                         self.config.log_config(overrides))
             try:
                 record = self.store.create_topic(name, partitions, overrides, topic_id)
             except BaseException:
-                if self.store.topics().get(name) is None:
+                if own and self.store.topics().get(name) is None:
                     self.store.discard(name, prepared)
                 raise
         except TopicExists:
@@ -557,10 +647,20 @@ class Node:
         else:
             dirty = list(self._dirty.values())
         self._dirty.clear()
+        # The logs a round writes keep their files open (pinned) until it published them,
+        # and open partition files are on a budget (storage/handles.py): a round over more
+        # partitions than the budget holds runs in slices that fit it.
+        handles = self.store.handles
+        step = handles.pin_slice() if handles is not None else max(1, len(dirty))
+        for i in range(0, len(dirty), step):
+            await self._commit_slice(dirty[i : i + step])
+
+    async def _commit_slice(self, dirty: list[Partition]) -> None:
         # Every partition of the round stays locked until its head is published, so
         # retention and deletion never see the files while the worker writes them.
         # Nothing else holds two partition locks, so taking several cannot deadlock.
         locked: list[trio.Lock] = []
+        pinned: list[PartitionLog] = []
         try:
             work: list[_Share] = []
             for p in dirty:
@@ -570,6 +670,21 @@ class Node:
                     p.queued.clear()
                     p.notify()  # anyone still waiting on a queued batch learns it failed
                     continue
+                if p.queued:
+                    try:
+                        p.log.pin()  # the worker thread writes it: its files stay open
+                    except StorageError as exc:
+                        cause = exc.__cause__
+                        if isinstance(cause, OSError) and cause.errno in _OUT_OF_DESCRIPTORS:
+                            # the process is out of descriptors for now: the queue stays,
+                            # and the next round (at the latest the tick) tries again
+                            log.warning("partition %s-%d: %s; writing it later", p.topic.name, p.index, exc)
+                            continue
+                        self.fail_partition(p, f"cannot open its files: {exc}")
+                        p.queued.clear()
+                        p.notify()
+                        continue
+                    pinned.append(p.log)
                 queued, p.queued = p.queued, []
                 if queued:
                     # Written, then prepared, by `_write`: the loop does not touch this
@@ -611,6 +726,8 @@ class Node:
                     if self.cluster is not None:
                         self.cluster.published(p.log.key, signed_blocks(p.log))
         finally:
+            for plog in pinned:
+                plog.unpin()
             for lock in locked:
                 lock.release()
         for share in work:

@@ -31,6 +31,7 @@ published), then the node commits and closes its files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import math
@@ -120,6 +121,33 @@ def _never() -> bool:
 
 _trace = False  # every request and response at DEBUG (--log-level DEBUG); set by run()
 
+# accept(2) failing for want of resources (descriptors, kernel memory): the process is
+# overloaded, not broken. As trio's serve_listeners: wait a little and accept again.
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_S = 0.1
+
+
+async def accept_or_wait(listener: trio.abc.Listener[Any], name: str) -> Any:
+    """The next connection of `listener`. While accept fails with one of
+    ACCEPT_CAPACITY_ERRNOS, sleep ACCEPT_RETRY_S and try again (one warning per burst, and
+    one line when it is over); any other error propagates."""
+    failed = 0
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                raise
+            if not failed:
+                log.warning("accept on %s failed: %s (%s); accepting more slowly until it passes",
+                            name, errno.errorcode.get(exc.errno or 0, exc.errno), exc.strerror)
+            failed += 1
+            await trio.sleep(ACCEPT_RETRY_S)
+            continue
+        if failed:
+            log.warning("accept on %s works again after %d failed attempts", name, failed)
+        return stream
+
 
 class Server:
     def __init__(self, node: Node) -> None:
@@ -127,6 +155,13 @@ class Server:
         self.config: BrokerConfig = node.config
         self.connections = 0
         self.security = Security(node.config)
+        budget = node.fd_budget
+        if budget is not None and budget.sockets < self.security.limiter.total:
+            # past the sockets' share of RLIMIT_NOFILE a connection is refused at once
+            # rather than failing accept (storage/handles.py)
+            log.info("max.connections lowered from %d to %d: the open-file limit is %d",
+                     self.security.limiter.total, budget.sockets, budget.limit)
+            self.security.limiter.total = budget.sockets
         self._refusal_logged = -1e9
         self._draining = trio.Event()
         self.stopped = trio.Event()
@@ -199,7 +234,7 @@ class Server:
     async def _accept_loop(self, listener: trio.SocketListener, spec: Listener, connections: trio.Nursery) -> None:
         limiter = self.security.limiter
         while True:
-            stream = await listener.accept()
+            stream = await accept_or_wait(listener, spec.name)
             try:
                 host, port = stream.socket.getpeername()[:2]
             except OSError:

@@ -234,6 +234,7 @@ class FollowerLog(PartitionLog):
         keep = self._published_length
         if self._next_leaf <= keep or self._job is not None:
             return
+        self._ensure_open()
         fs = self.fs
         while len(self._segments) > 1 and self._segments[-1].first_leaf >= keep:
             seg = self._segments.pop()
@@ -528,6 +529,7 @@ class FollowerLog(PartitionLog):
         against our signed head. The next read authenticates it again."""
         if not self._min_index <= index < self._published_length:
             raise KeyError(index)
+        self._ensure_open()
         seg, k = self._locate_leaf(index)
         size = seg.size_of(k)
         if len(value) != size:

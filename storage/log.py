@@ -11,6 +11,8 @@ bytes and tree nodes, and descriptors that stay open while a job is in flight) p
 head file, which nothing else writes while a job is in flight.
 An INTERVAL writer's periodic fsync runs in a `BackgroundSync` thread that only calls
 fsync on descriptors, which stay open until it was joined (close, retention, forced sync).
+Open files are on a budget (storage/handles.py): an idle log may be parked (every
+descriptor closed, the in-memory index kept) and reopens its files on its next use.
 A job hashes a large span's leaves with helper threads (`hash_leaves`, a pool shared by
 every log), which only read the job's view of that span and are done before the job goes on.
 
@@ -45,6 +47,7 @@ from storage.errors import (
     StorageError,
 )
 from storage.fs import FileSystem, OsFileSystem
+from storage.handles import HandleCache
 from storage.hypercore import (
     Frontier,
     KeyPair,
@@ -741,6 +744,10 @@ class PartitionLog:
         self._head_fd = -1
         self._tree_fd = -1
         self._closed = False
+        # File budget (storage/handles.py): parked = every descriptor closed until next use.
+        self._handles: HandleCache | None = None
+        self._parked = False
+        self._pins = 0
         # The head on disk says "clean shutdown": the first commit must fsync a head without
         # that flag before publishing, or a power loss would hide that we signed anything.
         self._disk_clean = False
@@ -799,6 +806,7 @@ class PartitionLog:
         here: replication peers verify every block against the signed head."""
         if index < self._min_index or index >= self._next_leaf or not self._segments:
             raise KeyError(index)
+        self._ensure_open()
         seg, k = self._locate_leaf(index)
         if not 0 <= k < seg.count:
             raise KeyError(index)
@@ -1334,6 +1342,7 @@ class PartitionLog:
 
     def node(self, index: int) -> Node | None:
         """A stored tree node (for proofs); None if never written."""
+        self._ensure_open()
         return self._read_node(index)
 
     # ------------------------------------------------------------------ append
@@ -1368,6 +1377,7 @@ class PartitionLog:
     def _store(self, batch: bytes | bytearray | memoryview, size: int, base: int, delta: int,
                max_ts: int) -> tuple[int, int]:
         """Write a checked batch whose base offset is `base` (= log_end_offset) as is."""
+        self._ensure_open()
         segs = self._segments
         seg = segs[-1] if segs else None
         if (seg is None or not seg.bases or seg.log_size + size > self._segment_limit
@@ -1411,6 +1421,10 @@ class PartitionLog:
             if not (too_big or too_old) and seg.log_size + size < (1 << 32):
                 return seg
         # roll: the previous segment's buffered index entries go out with the next commit
+        if self._handles is not None and not self._pins:
+            # (a pinned log may be written by a worker thread, which never parks others:
+            # its two new descriptors wait for the owner thread's next make_room)
+            self._handles.make_room(2, keep=self)
         seg = self._open_segment_files(self.log_end_offset)
         seg.first_leaf = self._next_leaf
         self.fs.pwrite_all(seg.idx_fd, encode_index_header(seg.base_offset, seg.first_leaf), 0)
@@ -1418,6 +1432,8 @@ class PartitionLog:
         self._segments.append(seg)
         self._seg_bases.append(seg.base_offset)
         self._new_segments = True
+        if self._handles is not None:
+            self._handles.touch(self)  # counts the two new descriptors
         return seg
 
     # ------------------------------------------------------------------ commit
@@ -1446,6 +1462,7 @@ class PartitionLog:
 
     def _prepare(self, force_sync: bool, background: bool) -> CommitJob | None:
         self._check_writable()
+        self._ensure_open()
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
         synced = self._reap_sync(wait=force_sync or not background)
@@ -1552,6 +1569,10 @@ class PartitionLog:
         self._head = head
         self._published_length = head.length
         self.high_watermark = head.next_offset
+        handles = self._handles
+        if handles is not None and handles.total > handles.budget:
+            # logs that were busy when others opened are idle now: back within budget
+            handles.make_room(0, keep=self)
         return head
 
     def abandon(self, job: CommitJob) -> None:
@@ -1593,6 +1614,7 @@ class PartitionLog:
             if self._bad_offset is not None and offset >= self._bad_offset and offset < self.high_watermark:
                 raise CorruptBatch("stored batch fails authentication", self._bad_offset)
             return FileRange(-1, 0, 0, offset, offset)
+        self._ensure_open()
         seg, i = self._find(offset)
         end_i = bisect.bisect_left(seg.bases, hwm, i)
         start = seg.positions[i]
@@ -1708,6 +1730,8 @@ class PartitionLog:
             if seg.count and seg.next_offset() <= start_offset:
                 continue
             k = max(0, bisect.bisect_right(seg.bases, start_offset) - 1)
+            if k < seg.count:
+                self._ensure_open()  # a log parked between two segments opens again
             for kk in range(k, seg.count):
                 yield self.fs.pread_exact(seg.log_fd, B.HEADER_SIZE, seg.positions[kk])
 
@@ -1768,6 +1792,9 @@ class PartitionLog:
     def _drop_first_segments(self, drop: int) -> int:
         if not drop:
             return 0
+        # (what to drop is decided from memory: a parked log opens its files only when
+        # retention has something to do, not on every check)
+        self._ensure_open()
         dropped = self._segments[:drop]
         keep = self._segments[drop:]
         # The tree file's nodes for these leaves can no longer be rebuilt: make them durable
@@ -1807,6 +1834,7 @@ class PartitionLog:
             return
         try:
             if self.damage is None and self._poisoned is None and self._job is None:
+                self._ensure_open()  # a parked log writes its clean head too
                 self.commit(force_sync=True)
                 if self._head is not None:
                     for seg in self._segments:
@@ -1850,6 +1878,121 @@ class PartitionLog:
             if fd >= 0:
                 self.fs.close(fd)
         self._head_fd = self._tree_fd = -1
+        self._parked = False
+        if self._handles is not None:
+            self._handles.forget(self)
+
+    # ------------------------------------------------------------------ file budget
+
+    def attach_handles(self, handles: HandleCache) -> None:
+        """Put this (open) log's files on `handles`' budget: from now on it may be parked
+        when idle, and it parks others, least recently used first, when it reopens."""
+        self._handles = handles
+        if self._head_fd >= 0:
+            handles.touch(self)
+            handles.make_room(0, keep=self)
+
+    def detach_handles(self) -> None:
+        """Take this log off its budget (shutdown closes many logs from several threads,
+        where none may park another)."""
+        if self._handles is not None:
+            self._handles.forget(self)
+            self._handles = None
+
+    def open_fds(self) -> int:
+        """Descriptors this log holds now."""
+        if self._head_fd < 0:
+            return 0
+        return 2 + 2 * (len(self._segments) + len(self._doomed))
+
+    def parkable(self) -> bool:
+        """Nothing refers to this log's descriptors but the log: no commit job, no
+        background fsync running (a finished one is reaped by the next commit as usual:
+        it holds only its outcome), no appended batch waiting for a job (`_pending` names
+        its descriptors), no pin."""
+        return (self._head_fd >= 0 and not self._closed and self._pins == 0 and self._job is None
+                and (self._sync is None or self._sync.done()) and not self._pending)
+
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def park(self) -> None:
+        """Close every descriptor, keep everything in memory; the next use reopens them.
+        Owner thread, only when `parkable()`.
+
+        Data written through a descriptor closed here and not yet fsynced (`synced_log`,
+        `idx_dirty`, the tree under `always`) is still made durable by the next fsync on
+        the descriptor that the next use opens: on Linux dirty pages belong to the file
+        (its inode's page cache), not to the descriptor that wrote them, and fsync/
+        fdatasync on any descriptor of the file writes them all back. A writeback error
+        that happened while no descriptor was open is reported to the next fsync (Linux
+        4.16 and later report an error no one has seen yet to a later opener), so the
+        fsyncgate rule (a failed fsync poisons the log) still holds."""
+        if not self.parkable():
+            raise StorageError(f"{self.path}: log is in use and cannot be parked")
+        fs = self.fs
+        for seg in self._segments + self._doomed:
+            for fd in (seg.log_fd, seg.idx_fd):
+                if fd >= 0:
+                    fs.close(fd)
+            seg.log_fd = seg.idx_fd = -1
+        # FileRanges of dropped segments were consumed synchronously (a sendfile owns a
+        # dup, broker/sendfile.py): nothing reads the doomed descriptors any more.
+        self._doomed = []
+        for fd in (self._head_fd, self._tree_fd):
+            if fd >= 0:
+                fs.close(fd)
+        self._head_fd = self._tree_fd = -1
+        self._parked = True
+        if self._handles is not None:
+            self._handles.forget(self)
+
+    def _ensure_open(self) -> None:
+        """Reopen a parked log's files (owner thread), and mark the log recently used."""
+        if self._parked:
+            self._unpark()
+        if self._handles is not None:
+            self._handles.touch(self)
+
+    def _unpark(self) -> None:
+        if self._closed:
+            raise StorageError("log is closed")
+        if self._handles is not None:
+            self._handles.make_room(2 + 2 * len(self._segments), keep=self)
+        fs = self.fs
+        # O_RDWR without O_CREAT: a file that vanished while parked is an error, never a
+        # fresh empty file served as if it held the data.
+        opened: list[int] = []
+        try:
+            head_fd = fs.open(os.path.join(self.path, "head"), os.O_RDWR)
+            opened.append(head_fd)
+            tree_fd = fs.open(os.path.join(self.path, "tree"), os.O_RDWR)
+            opened.append(tree_fd)
+            fds: list[tuple[int, int]] = []
+            for seg in self._segments:
+                log_fd = fs.open(seg.log_path, os.O_RDWR)
+                opened.append(log_fd)
+                idx_fd = fs.open(seg.idx_path, os.O_RDWR)
+                opened.append(idx_fd)
+                fds.append((log_fd, idx_fd))
+        except OSError as exc:
+            for fd in opened:
+                fs.close(fd)
+            raise StorageError(f"{self.path}: cannot reopen the archive's files: {exc}") from exc
+        self._head_fd, self._tree_fd = head_fd, tree_fd
+        for seg, (log_fd, idx_fd) in zip(self._segments, fds, strict=True):
+            seg.log_fd, seg.idx_fd = log_fd, idx_fd
+        self._parked = False
+
+    def pin(self) -> None:
+        """Owner thread: open the files and keep them open until `unpin` (a worker thread
+        is about to write this log)."""
+        self._ensure_open()
+        self._pins += 1
+
+    def unpin(self) -> None:
+        self._pins -= 1
 
 
 def _os_error_in(exc: BaseException) -> OSError | None:

@@ -51,7 +51,7 @@ from broker.node import Node
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
-from storage.errors import CorruptBatch, OffsetOutOfRange
+from storage.errors import CorruptBatch, OffsetOutOfRange, StorageError
 
 log = logging.getLogger("hyperkafka.fetch")
 
@@ -131,7 +131,10 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                     continue
                 data: bytes | FileSlice
                 if sendfile and where.size >= SENDFILE_MIN_BYTES:
-                    data = FileSlice(where.fd, where.position, where.size)
+                    try:
+                        data = FileSlice(where.fd, where.position, where.size)
+                    except OSError:  # no descriptor to spare for the dup (EMFILE): copy
+                        data = where.read()
                 elif memory is None or memory.take(where.size, anyway=total == 0):
                     data = where.read()
                 else:
@@ -155,6 +158,10 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 continue
             except CorruptBatch:
                 # The stored batch does not match its signed leaf: never serve it.
+                entry["error_code"] = errors.KAFKA_STORAGE_ERROR
+                continue
+            except StorageError as exc:  # its files could not be opened again (storage/handles.py)
+                log.warning("fetch from %s-%d: %s", name, p.partition, exc)
                 entry["error_code"] = errors.KAFKA_STORAGE_ERROR
                 continue
             except OSError as exc:  # the disk failed to read it (EIO): this partition only

@@ -188,7 +188,9 @@ async def _offset_fetch(c: RawClient, codes: list[tuple[str, int]]) -> None:
 ALLOWED = {
     "create": {0, 36},  # TOPIC_ALREADY_EXISTS (also while the name is being deleted)
     "delete": {0, 3},  # UNKNOWN_TOPIC_OR_PARTITION
-    "produce": {0, 3, 6},  # the topic went away under the produce (NOT_LEADER: retry)
+    # the topic went away under the produce (NOT_LEADER: retry), or CreateTopics is still
+    # making it off the loop when the produce would auto-create it (LEADER_NOT_AVAILABLE)
+    "produce": {0, 3, 5, 6},
     "fetch": {0, 3, 6},
     "metadata": {0, 3, 5},  # 5: LEADER_NOT_AVAILABLE while auto-created
     "commit": {0, 3},
