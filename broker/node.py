@@ -244,9 +244,10 @@ class Node:
         # Descriptors on a budget (storage/handles.py): partition files are opened on
         # demand within their share, so partitions are not bounded by RLIMIT_NOFILE.
         budget = FdBudget.of_process(config.max_connections)
-        log.info("open-file budget: %s", budget.describe())
         store = Store.open(config.data_dir, fsync=config.fsync,
                            handles=HandleCache(budget.partition_files))
+        # (after the data dir's lock: a refused second broker says one line, the lock's)
+        log.info("open-file budget: %s", budget.describe())
         node = cls(config, store)
         node.fd_budget = budget
         return node
