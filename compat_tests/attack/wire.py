@@ -138,12 +138,14 @@ def metadata(host: str, port: int, topics: list[str] | None = None) -> dict[str,
     }
 
 
-def high_watermarks(host: str, port: int, topic: str, partitions: list[int]) -> dict[int, int]:
-    """ListOffsets v5 latest: partition -> offset (-1 when the broker refused)."""
+def list_offsets(
+    host: str, port: int, topic: str, partitions: list[int], timestamp: int
+) -> dict[int, int]:
+    """ListOffsets v5 (-1 latest, -2 earliest): partition -> offset (-1 when refused)."""
     resp = call(
         host, port, 2, 5,
         {"replica_id": -1, "topics": [{"name": topic, "partitions": [
-            {"partition_index": p, "current_leader_epoch": -1, "timestamp": -1}
+            {"partition_index": p, "current_leader_epoch": -1, "timestamp": timestamp}
             for p in partitions]}]},
     )  # fmt: skip
     out = {}
@@ -151,6 +153,11 @@ def high_watermarks(host: str, port: int, topic: str, partitions: list[int]) -> 
         for p in t.partitions:
             out[int(p.partition_index)] = int(p.offset) if int(p.error_code.value) == 0 else -1
     return out
+
+
+def high_watermarks(host: str, port: int, topic: str, partitions: list[int]) -> dict[int, int]:
+    """ListOffsets latest: partition -> offset (-1 when the broker refused)."""
+    return list_offsets(host, port, topic, partitions, -1)
 
 
 def produce(conn: Conn, topic: str, partition: int, records: bytes, version: int = 9,
@@ -342,11 +349,12 @@ class ReadBack:
 
 def read_partition(host: str, port: int, topic: str, partition: int,
                    timeout: float = 120.0) -> ReadBack:  # fmt: skip
-    """Fetch `topic`/`partition` from offset 0 to its high watermark (Fetch v11), decoding
+    """Fetch `topic`/`partition` from its log start to its high watermark (Fetch v11), decoding
     every batch with `strict_decode` and the broker's `iter_records`."""
     hw = high_watermarks(host, port, topic, [partition])[partition]
     out = ReadBack([], 0, [], hw)
-    offset = 0
+    # From the log start: retention and compaction (__consumer_offsets) move it past 0.
+    offset = max(0, list_offsets(host, port, topic, [partition], -2)[partition])
     with Conn(host, port, timeout) as c:
         while offset < hw:
             req = make(request_schema(1, 11), {
@@ -359,12 +367,16 @@ def read_partition(host: str, port: int, topic: str, partition: int,
             resp = c.call(1, 11, req, timeout)
             p = resp.responses[0].partitions[0]
             if int(p.error_code.value) != 0:
-                out.malformed.append(f"offset {offset}: Fetch error {p.error_code}")
+                out.malformed.append(
+                    f"{topic}/{partition} offset {offset}: Fetch error {p.error_code}"
+                )
                 break
             blob = bytes(p.records or b"")
             got = list(split_stored(blob)) if blob else []
             if not got:
-                out.malformed.append(f"offset {offset}: Fetch returned no whole batch below {hw}")
+                out.malformed.append(
+                    f"{topic}/{partition} offset {offset}: Fetch returned no whole batch below {hw}"
+                )
                 break
             for b in got:
                 (base,) = struct.unpack_from(">q", b)
