@@ -53,6 +53,8 @@ SINGLE_SUBJECT: dict[str, str] = {
     "*vs Apache Kafka": "the Apache Kafka broker as a differential oracle",
     "hostile-*": "the broker's defences against raw bytes: no client library",
     "attack-*": "the attack suite (compat_tests/attack): raw bytes beside a good producer",
+    "decode-bounds-*": "the codec's bounds walk against lying frames, on a raw socket",
+    "memory-*": "the broker's memory budget against raw-socket floods",
     "stalled-connections": "the broker's defences against raw bytes: no client library",
     "apiversions-unknown-version": "the broker's ApiVersions fallback, on a raw socket",
     "sigterm-exit-0": "the broker's own exit status",
