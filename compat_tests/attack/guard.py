@@ -241,6 +241,13 @@ class Guard:
         return self.broker.proc.pid
 
     def __enter__(self) -> Guard:
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()  # a failed start must not leave a broker or a producer behind
+            raise
+
+    def _start(self) -> Guard:
         self.broker.start()
         self.sampler = Sampler(self.pid)
         self.sampler.start()
