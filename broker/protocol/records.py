@@ -411,7 +411,9 @@ def iter_records(
                 if hkey is None:
                     raise CorruptRecordBatch("null header key")
                 hval, p = _read_varbytes(rec, p)
-                headers.append((bytes(hkey).decode("utf-8"), hval))
+                # As Kafka's DefaultRecord (Utils.utf8): a key that is not UTF-8 is read
+                # with replacement characters, not refused, so what Produce stores reads back.
+                headers.append((bytes(hkey).decode("utf-8", "replace"), hval))
             if p != length:
                 raise CorruptRecordBatch("record has trailing bytes")
             pos = stop

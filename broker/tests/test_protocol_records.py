@@ -78,6 +78,19 @@ def test_header_fields() -> None:
     assert R.validate_batch(batch) == h
 
 
+def test_header_key_not_utf8_reads_with_replacement() -> None:
+    """Kafka's reader decodes a header key with replacement characters; ours must read back
+    any batch Kafka (and our Produce) accepts, not fail on it."""
+    body = b"\x00" + b"\x00" + b"\x00" + b"\x02k" + b"\x02v" + b"\x02" + b"\x04\xff\xfe" + b"\x02h"
+    records = bytes([len(body) * 2]) + body  # zig-zag varint length
+    head = struct.pack(">hiqqqhii", 0, 0, 1000, 1000, -1, -1, -1, 1)
+    rest = struct.pack(">ibI", 0, 2, crc32c.crc32c(head + records)) + head + records
+    batch = struct.pack(">qi", 0, len(rest)) + rest
+    (record,) = R.decode_records(batch)
+    assert record.headers == (("\ufffd\ufffd", b"h"),)
+    R.validate_batch(batch)
+
+
 @pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
 def test_codecs_via_kafka_python(codec: int) -> None:
     batch = build(codec)
