@@ -70,6 +70,10 @@ log = logging.getLogger("hyperkafka.server")
 
 API_VERSIONS = 18
 RECEIVE_SIZE = 256 * 1024
+# After an answer that ends the connection (a failed SASL authentication), the longest
+# the broker waits for the client to close first (`_linger`).
+CLOSE_LINGER_S = 2.0
+LINGER_CHUNK = 4096
 PRODUCE, FETCH = 0, 1
 UNKNOWN_SERVER_ERROR = -1
 
@@ -281,6 +285,8 @@ class Server:
             finally:
                 budget.close()
                 self._budgets.discard(budget)
+            if session.close_after_reply and not self._draining.is_set():
+                await _linger(stream)
         except* trio.TooSlowError:
             log.info("closing connection from %s on %s: TLS handshake not finished in time", peer, spec.name)
         except* ProtocolError as group:
@@ -607,6 +613,21 @@ def _release(tickets: list[Ticket]) -> None:
     for ticket in tickets:
         ticket.release()
     tickets.clear()
+
+
+async def _linger(stream: trio.abc.Stream) -> None:
+    """After a final answer, wait (at most CLOSE_LINGER_S) for the client to close first,
+    discarding whatever it still sends.
+
+    Closing right after the answer can cost the client that answer: kafka-python 3.0
+    drops the bytes that reach it in the same read as the end of stream, which is what a
+    client slow to read (a loaded machine) finds; and a close with bytes still unread in
+    the kernel is a reset, which discards what was not yet transmitted. The answer is
+    out; sending our FIN now (send_eof) would bring back the first case.
+    """
+    with trio.move_on_after(CLOSE_LINGER_S):
+        while await stream.receive_some(LINGER_CHUNK):  # dropped: a small chunk, outside the pool
+            pass
 
 
 def _fetch_bytes(description: Any) -> int:

@@ -1,7 +1,7 @@
 """broker.security through the in-process server on real sockets, with raw requests:
 SASL handshakes (v0 bare tokens and v1 SaslAuthenticate), the gate before
 authentication, per-listener Metadata endpoints, authorization errors, re-authentication,
-idle and slow-request timeouts, and produce quotas."""
+idle and slow-request timeouts, produce quotas, and how a refused connection ends."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from broker.config import BrokerConfig
 from broker.protocol.framing import frame
 from broker.security.scram import ScramClient
 from broker.security.users import UserStore
-from broker.server import run
+from broker.server import CLOSE_LINGER_S, run
 from broker.tests.conftest import RawClient
 from broker.tests.test_server import batch, produce
 
@@ -109,7 +109,53 @@ async def test_bad_credentials_answer_58_then_close(secured: Secured, mechanism:
     else:
         r = await authenticate(c, mechanism, user, password)
     assert r.error_code == 58 and "Authentication failed" in (r.error_message or "")  # type: ignore[attr-defined]
-    assert await c.closed()
+    assert await refused_then_closed(c)
+
+
+async def refused_then_closed(c: RawClient) -> bool:
+    """After an answer that ends the connection the broker waits for the client to close
+    (every real client does on a refusal); then it closes too, at once."""
+    await c.stream.send_eof()
+    return await c.closed()
+
+
+async def _after_answer(c: RawClient, within: float) -> str:
+    """What follows an answer: "open" (nothing within `within` s), "eof" or "reset"."""
+    with trio.move_on_after(within):
+        try:
+            while await c.stream.receive_some(1 << 16):
+                pass  # what a refused client still sends, the broker never answers
+        except (trio.BrokenResourceError, ConnectionError):
+            return "reset"
+        return "eof"
+    return "open"
+
+
+async def test_refusal_reaches_a_client_slow_to_read(secured: Secured) -> None:
+    # kafka-python 3.0 drops what arrives in the same read as the end of stream; a client
+    # on a loaded machine, late to read, found the refusal and the broker's close together
+    # and reported "socket disconnected" instead of the failed authentication.
+    c = await secured.connect("SASL_PLAINTEXT")
+    await c.call("sasl_handshake", 1, {"mechanism": "PLAIN"})
+    sent = await c.send("sasl_authenticate", 2, {"auth_bytes": b"\0writer\0nope"})
+    await trio.sleep(0.5)  # late to read
+    assert (await c.receive(sent)).error_code == 58
+    assert await _after_answer(c, 0.3) == "open"  # the answer came alone
+    assert await refused_then_closed(c)
+
+
+async def test_refused_client_that_stays_is_closed_cleanly_later(secured: Secured) -> None:
+    c = await secured.connect("SASL_PLAINTEXT")
+    await c.call("sasl_handshake", 1, {"mechanism": "PLAIN"})
+    r = await c.call("sasl_authenticate", 2, {"auth_bytes": b"\0writer\0nope"})
+    assert r.error_code == 58
+    start = trio.current_time()
+    # Bytes the broker never reads would turn its close into a reset, which can discard
+    # an answer not yet transmitted; it reads and drops them while it waits.
+    await c.send("api_versions", 0, {})
+    with trio.fail_after(CLOSE_LINGER_S + 5):
+        assert await _after_answer(c, CLOSE_LINGER_S + 4) == "eof"
+    assert trio.current_time() - start >= CLOSE_LINGER_S * 0.9
 
 
 async def test_sasl_handshake_v0_bare_tokens(secured: Secured) -> None:
@@ -133,7 +179,7 @@ async def test_unsupported_mechanism_and_plaintext_handshake(secured: Secured) -
     c = await secured.connect("SASL_PLAINTEXT")
     r = await c.call("sasl_handshake", 1, {"mechanism": "GSSAPI"})
     assert r.error_code == 33 and "PLAIN" in r.mechanisms
-    assert await c.closed()
+    assert await refused_then_closed(c)
     p = await secured.connect("PLAINTEXT")
     assert (await p.call("sasl_handshake", 1, {"mechanism": "PLAIN"})).error_code == 34
 
@@ -171,7 +217,7 @@ async def test_reauthentication_refused_by_default(secured: Secured) -> None:
     r = await authenticate(c, "PLAIN", "writer", "w-pw")
     assert r.session_lifetime.total_seconds() == 0  # type: ignore[attr-defined]
     assert (await c.call("sasl_handshake", 1, {"mechanism": "PLAIN"})).error_code == 34
-    assert await c.closed()
+    assert await refused_then_closed(c)
 
 
 @pytest.mark.parametrize("secured", [{"connections.max.reauth.ms": "1500"}], indirect=True)
