@@ -257,8 +257,13 @@ class _Sink:
                 if aj is None:
                     continue
                 try:
-                    await trio.to_thread.run_sync(self.log.run_accept, aj)
-                finally:  # the thread always finishes (not abandoned on cancel): publish or forget
+                    # Shielded: trio delivers a pending cancel (shutdown, the channel's end)
+                    # before it starts the worker thread, which left the prepared head
+                    # unstored and its revealed blocks taken back. Once started, the thread
+                    # is waited for anyway (not abandoned on cancel): a few fsyncs.
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self.log.run_accept, aj)
+                finally:  # publish, or forget a failed run (StorageError: poisoned)
                     self.log.finish_accept(aj)
                 self.on_head()
 

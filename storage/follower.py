@@ -164,6 +164,7 @@ class AcceptJob:
     job: CommitJob
     length: int
     tree_hash: bytes
+    ran: bool = False  # run_accept started (a caller cancelled before it may never run it)
 
 
 class FollowerLog(PartitionLog):
@@ -334,8 +335,7 @@ class FollowerLog(PartitionLog):
         if job is None:
             return False
         self.run_accept(job)
-        self.finish_accept(job)
-        return True
+        return self.finish_accept(job)
 
     def prepare_accept(self, length: int, fork: int, signature: bytes,
                        roots: Sequence[Node]) -> AcceptJob | None:
@@ -380,6 +380,7 @@ class FollowerLog(PartitionLog):
         """Any thread: fold the verified leaf hashes of the covered blocks into the tree,
         check it is the signed one, write index, tree nodes and the head slot, fsync."""
         job = aj.job
+        aj.ran = True
         try:
             job._hash_pending()  # folds the verified leaf hashes into the tree
             if job.frontier.length != aj.length or job.frontier.tree_hash() != aj.tree_hash:
@@ -390,18 +391,31 @@ class FollowerLog(PartitionLog):
             self._poisoned = exc
             raise
 
-    def finish_accept(self, aj: AcceptJob) -> None:
-        """Owner thread, after run_accept: publish (the high watermark moves), or forget a
-        job whose run failed (the log is poisoned then)."""
+    def finish_accept(self, aj: AcceptJob) -> bool:
+        """Owner thread, after run_accept: publish (the high watermark moves; True). A job
+        whose run failed is forgotten and StorageError raised (the log is poisoned then).
+        A job never run (its caller was cancelled before the worker started; callers
+        finish jobs in a `finally`) is forgotten without an error, so the caller's own
+        exception goes on: nothing was written, the log is back at its last stored head
+        and the blocks after it are fetched again (as after `discard_unsigned`); False."""
         if not aj.job.done:
             self.abandon(aj.job)
+            if not aj.ran:
+                # prepare_accept handed the covered blocks to the job (and may have folded
+                # their leaves into our frontier already): back to the last stored head
+                self._head_seq = aj.job.seq - 1  # that slot was never written
+                self._drop_unsigned_tail()
             head = self._head
             self.high_watermark = head.next_offset if head is not None else self.log_start_offset
-            raise StorageError(f"{self.path}: head at length {aj.length} was not stored")
+            if not aj.ran:
+                return False
+            why = aj.job.error or self._poisoned
+            raise StorageError(f"{self.path}: head at length {aj.length} was not stored") from why
         revealed = self.high_watermark
         self.publish(aj.job)
         # a newer head may have been revealed meanwhile: never move readers back
         self.high_watermark = max(self.high_watermark, revealed)
+        return True
 
     def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node],
                        proof: Proof | None = None) -> bool:

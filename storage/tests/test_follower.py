@@ -550,6 +550,41 @@ def test_storing_an_older_head_keeps_what_a_newer_one_revealed(tmp_path: Path) -
     w.close()
 
 
+def test_an_accept_job_never_run_leaves_the_log_at_its_last_head(tmp_path: Path) -> None:
+    """A caller cancelled between prepare_accept and run_accept (trio checks for a cancel
+    before it starts the worker thread) finishes the job unrun: no error over the
+    caller's own, nothing poisoned, the log back at its last stored head (the prepared
+    job had taken the covered blocks and folded their leaves into the frontier); the
+    blocks are fetched again and their head stored."""
+    w = _writer(tmp_path / "w", 3)
+    old = w.head
+    assert old is not None
+    for i in range(3, 6):
+        w.append(make_batch(2, 30, ts=5000 + i, seed=900 + i))
+    w.commit()
+    new = w.head
+    assert new is not None
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    for i in range(6):
+        f.append_block(i, w.block(i), _leaf(w, i).hash)
+    assert f.accept_head(3, 0, old.signature, old.roots)
+    assert f.reveal(6)
+    aj = f.prepare_accept(6, 0, new.signature, new.roots)
+    assert aj is not None
+    assert f.finish_accept(aj) is False  # never ran: no StorageError
+    assert f.head is not None and f.head.length == 3 and f.length == 3
+    assert f.high_watermark == f.log_end_offset == old.next_offset
+    _sync(w, f)  # fetched again
+    assert f.head is not None and f.head.length == 6
+    assert f.high_watermark == w.high_watermark and _all(f) == _all(w)
+    f.close()
+    assert verify_partition(str(tmp_path / "m"), KP.public_key).ok
+    f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
+    assert f.length == 6 and _all(f) == _all(w)
+    f.close()
+    w.close()
+
+
 def _forked_copy(tmp_path: Path, ours: int, extra: int) -> tuple[PartitionLog, PartitionLog]:
     """A writer at `ours` blocks, and a copy of its data dir (same key) taken one block
     earlier that appended `extra + 1` other records: longer, another history."""
