@@ -60,6 +60,7 @@ __all__ = [
     "parse_batch_header",
     "set_base_offset",
     "set_log_append_time",
+    "set_max_timestamp",
     "set_partition_leader_epoch",
     "split_batches",
     "validate_batch",
@@ -256,46 +257,44 @@ def set_log_append_time(batch: bytearray | memoryview, timestamp_ms: int) -> Non
     _U32.pack_into(view, CRC_OFFSET, compute_crc(view))
 
 
+def set_max_timestamp(batch: bytearray | memoryview, timestamp_ms: int) -> None:
+    """Write a CreateTime batch's maxTimestamp (the largest of its records'); recompute
+    the CRC. Kafka's LogValidator does so whatever the producer wrote."""
+    view = _writable(batch)
+    _I64.pack_into(view, MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    _U32.pack_into(view, CRC_OFFSET, compute_crc(view))
+
+
 # ----------------------------------------------------------------- decompression
 
 
 def decompress(codec: int, data: Buf, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
     """Decompress a batch's records section. Raises `UnsupportedCompression` for an
     unknown codec, `CorruptRecordBatch` for bad data, `RecordBatchTooLarge` past `max_size`.
+
+    Inflates as a stream and stops at `max_size` + 1 bytes, so a bomb costs at most that.
+    One payload is one or more whole frames (gzip members, lz4 or zstd frames) and
+    nothing else: empty, truncated, or followed by bytes that are no frame is corrupt.
     """
+    if codec == Compression.NONE:
+        return bytes(data)
+    raw = bytes(data)
+    if not raw:
+        if 0 < codec <= Compression.ZSTD:
+            raise CorruptRecordBatch(f"empty {Compression(codec).name} payload")
+        raise UnsupportedCompression(f"unknown compression codec {codec}")
     try:
-        if codec == Compression.NONE:
-            out = bytes(data)
-        elif codec == Compression.GZIP:
-            d = zlib.decompressobj(wbits=47)  # 32+15: gzip or zlib header, auto-detected
-            out = d.decompress(data, max_size + 1)
-            if not d.eof and len(out) <= max_size:
-                raise CorruptRecordBatch("gzip data is truncated")
+        if codec == Compression.GZIP:
+            # 32+15: each member gzip or zlib, auto-detected (some clients wrote zlib)
+            out = _frames(raw, max_size, lambda: zlib.decompressobj(wbits=47), "gzip")
         elif codec == Compression.SNAPPY:
-            out = _snappy(bytes(data), max_size)
+            out = _snappy(raw, max_size)
         elif codec == Compression.LZ4:
             import lz4.frame  # type: ignore[import-untyped]
 
-            ld = lz4.frame.LZ4FrameDecompressor()
-            out = ld.decompress(bytes(data), max_length=max_size + 1)
-            if not ld.eof and len(out) <= max_size:
-                raise CorruptRecordBatch("lz4 frame is truncated")
+            out = _frames(raw, max_size, lz4.frame.LZ4FrameDecompressor, "lz4")
         elif codec == Compression.ZSTD:
-            import zstandard
-
-            # A stream reader bounds the output; decompressobj() would inflate a bomb whole.
-            chunks = []
-            total = 0
-            with zstandard.ZstdDecompressor().stream_reader(
-                bytes(data), read_across_frames=True
-            ) as reader:
-                while total <= max_size:
-                    chunk = reader.read(min(1 << 20, max_size + 1 - total))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    total += len(chunk)
-            out = b"".join(chunks)
+            out = _zstd(raw, max_size)
         else:
             raise UnsupportedCompression(f"unknown compression codec {codec}")
     except (UnsupportedCompression, RecordBatchTooLarge, CorruptRecordBatch):
@@ -305,6 +304,45 @@ def decompress(codec: int, data: Buf, max_size: int = DEFAULT_MAX_DECOMPRESSED) 
     if len(out) > max_size:
         raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
     return out
+
+
+def _frames(raw: bytes, max_size: int, new: Any, name: str) -> bytes:
+    """Inflate consecutive gzip members or lz4 frames, at most `max_size` + 1 bytes."""
+    out = bytearray()
+    rest = raw
+    while rest:
+        d = new()
+        if name == "gzip":
+            out += d.decompress(rest, max_size + 1 - len(out))
+        else:
+            out += d.decompress(rest, max_length=max_size + 1 - len(out))
+        if len(out) > max_size:
+            raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
+        if not d.eof:
+            raise CorruptRecordBatch(f"{name} data is truncated")
+        rest = d.unused_data
+    return bytes(out)
+
+
+def _zstd(raw: bytes, max_size: int) -> bytes:
+    """Inflate consecutive zstd frames; input goes in 256-byte steps so that one step
+    inflates a few MiB at most (a zstd block of 128 KiB can take 4 bytes)."""
+    import zstandard
+
+    out = bytearray()
+    rest = raw
+    while rest:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        pos = 0
+        while pos < len(rest) and not d.eof:
+            out += d.decompress(rest[pos : pos + 256])
+            pos += 256
+            if len(out) > max_size:
+                raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
+        if not d.eof:
+            raise CorruptRecordBatch("zstd data is truncated")
+        rest = d.unused_data + rest[pos:]
+    return bytes(out)
 
 
 def _snappy(data: bytes, max_size: int) -> bytes:

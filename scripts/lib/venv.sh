@@ -1,6 +1,7 @@
 # Sourced by scripts/*: make sure .venv exists and holds this checkout, with the
 # extras named in HK_EXTRAS (e.g. "test,compat"). Reinstalls only when pyproject.toml
-# or the extras change, so a second run starts at once.
+# or the extras or the native core's sources (storage/native, built by setuptools-rust)
+# change, so a second run starts at once.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="$ROOT/.venv"
@@ -11,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.hyperkafka-installed"
-want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) [$extras]"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT"/storage/native/Cargo.* "$ROOT"/storage/native/src/*.rs 2>/dev/null | sha256sum | cut -d' ' -f1) [$extras]"
 have="$(cat "$stamp" 2>/dev/null || true)"
 case "$have" in
     *"$want"*) ;;
