@@ -272,7 +272,7 @@ def decompress(codec: int, data: Buf, max_size: int = DEFAULT_MAX_DECOMPRESSED) 
     """Decompress a batch's records section. Raises `UnsupportedCompression` for an
     unknown codec, `CorruptRecordBatch` for bad data, `RecordBatchTooLarge` past `max_size`.
 
-    Inflates as a stream and stops at `max_size` + 1 bytes, so a bomb costs at most that.
+    Inflates as a stream and stops at `max_size` + 2 bytes, so a bomb costs at most that.
     One payload is one or more whole frames (gzip members, lz4 or zstd frames) and
     nothing else: empty, truncated, or followed by bytes that are no frame is corrupt.
     """
@@ -307,15 +307,16 @@ def decompress(codec: int, data: Buf, max_size: int = DEFAULT_MAX_DECOMPRESSED) 
 
 
 def _frames(raw: bytes, max_size: int, new: Any, name: str) -> bytes:
-    """Inflate consecutive gzip members or lz4 frames, at most `max_size` + 1 bytes."""
+    """Inflate consecutive gzip members or lz4 frames, at most `max_size` + 2 bytes (the
+    native core reads as far, so both see a decoder error just past the cap alike)."""
     out = bytearray()
     rest = raw
     while rest:
         d = new()
         if name == "gzip":
-            out += d.decompress(rest, max_size + 1 - len(out))
+            out += d.decompress(rest, max_size + 2 - len(out))
         else:
-            out += d.decompress(rest, max_length=max_size + 1 - len(out))
+            out += d.decompress(rest, max_length=max_size + 2 - len(out))
         if len(out) > max_size:
             raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
         if not d.eof:
@@ -325,24 +326,29 @@ def _frames(raw: bytes, max_size: int, new: Any, name: str) -> bytes:
 
 
 def _zstd(raw: bytes, max_size: int) -> bytes:
-    """Inflate consecutive zstd frames; input goes in 256-byte steps so that one step
-    inflates a few MiB at most (a zstd block of 128 KiB can take 4 bytes)."""
+    """Inflate consecutive zstd frames, at most `max_size` + 2 bytes, then make sure the
+    payload was whole frames (the stream reader takes a truncated frame silently)."""
     import zstandard
 
-    out = bytearray()
+    chunks = []
+    total = 0
+    with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as reader:
+        while total <= max_size:
+            chunk = reader.read(min(1 << 20, max_size + 2 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    if total > max_size:
+        raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
     rest = raw
-    while rest:
+    while rest:  # inflates at most what was just read, known to be under the cap
         d = zstandard.ZstdDecompressor().decompressobj()
-        pos = 0
-        while pos < len(rest) and not d.eof:
-            out += d.decompress(rest[pos : pos + 256])
-            pos += 256
-            if len(out) > max_size:
-                raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
+        d.decompress(rest)
         if not d.eof:
             raise CorruptRecordBatch("zstd data is truncated")
-        rest = d.unused_data + rest[pos:]
-    return bytes(out)
+        rest = d.unused_data
+    return b"".join(chunks)
 
 
 def _snappy(data: bytes, max_size: int) -> bytes:

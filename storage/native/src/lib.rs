@@ -135,14 +135,24 @@ impl<R: Read> Stream<R> {
             return Ok(false);
         }
         loop {
-            match self.inner.read(&mut self.buf) {
+            // Inflate at most two bytes past the cap and call it too large only then (or
+            // at the end): exactly what the Python twin's bounded reads see, so a decoder
+            // error near the cap gets the same verdict on both paths.
+            let want = (self.cap + 2).saturating_sub(self.total).min(WINDOW as u64) as usize;
+            if want == 0 {
+                return Err(StreamError::TooLarge);
+            }
+            match self.inner.read(&mut self.buf[..want]) {
                 Ok(0) => {
                     self.done = true;
+                    if self.total > self.cap {
+                        return Err(StreamError::TooLarge);
+                    }
                     return Ok(false);
                 }
                 Ok(n) => {
                     self.total += n as u64;
-                    if self.total > self.cap {
+                    if self.total > self.cap + 1 {
                         return Err(StreamError::TooLarge);
                     }
                     self.pos = 0;
@@ -151,6 +161,11 @@ impl<R: Read> Stream<R> {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if e.get_ref().is_some_and(|x| x.is::<OverCap>()) => return Err(StreamError::TooLarge),
+                // A payload cut short is judged once its output is known, as in Python
+                // (size first, then "truncated"); bad data is corrupt at once.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && self.total > self.cap => {
+                    return Err(StreamError::TooLarge)
+                }
                 Err(e) => return Err(StreamError::Corrupt(e.to_string())),
             }
         }
@@ -351,6 +366,26 @@ fn lz4_frames_whole(data: &[u8]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// lz4_flex's frame decoder, plus what the structural walk found: a frame cut short is
+/// reported where the decoder would have ended.
+struct Lz4<'a> {
+    inner: lz4_flex::frame::FrameDecoder<&'a [u8]>,
+    shape: Option<String>,
+}
+
+impl Read for Lz4<'_> {
+    fn read(&mut self, dst: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(dst)?;
+        if n == 0 && !dst.is_empty() {
+            if let Some(m) = self.shape.take() {
+                let kind = if m.contains("truncated") { std::io::ErrorKind::UnexpectedEof } else { std::io::ErrorKind::InvalidData };
+                return Err(std::io::Error::new(kind, m));
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// A record's fields, read within its stated length.
@@ -595,10 +630,11 @@ fn check(batch: &[u8], cap: u64, ts: Option<(i64, i64)>) -> Result<i64, Verdict>
     match codec {
         1 => walk(&mut Stream::new(Deflate::new(body), cap), &b, ts, name, cap),
         2 => walk(&mut Stream::new(Snappy::new(body, cap), cap), &b, ts, name, cap),
-        3 => match lz4_frames_whole(body) {
-            Ok(()) => walk(&mut Stream::new(lz4_flex::frame::FrameDecoder::new(body), cap), &b, ts, name, cap),
-            Err(m) => Err(verdict(CORRUPT_MESSAGE, -1, format!("cannot decompress (LZ4): {m}"))),
-        },
+        3 => {
+            let shape = lz4_frames_whole(body).err();
+            let reader = Lz4 { inner: lz4_flex::frame::FrameDecoder::new(body), shape };
+            walk(&mut Stream::new(reader, cap), &b, ts, name, cap)
+        }
         4 => match zstd::stream::read::Decoder::with_buffer(body) {
             Ok(d) => walk(&mut Stream::new(d, cap), &b, ts, name, cap),
             Err(e) => Err(verdict(CORRUPT_MESSAGE, -1, format!("cannot decompress (ZSTD): {e}"))),
