@@ -3,7 +3,7 @@
 Per partition, in this order and without yielding to the event loop (so checks and the
 admission are atomic per partition): topic lookup (auto-create), batch checks (one v2
 batch, CRC-32C, record count vs lastOffsetDelta, size, codec vs version), every record
-checked as Kafka's LogValidator does (broker/protocol/record_validation.py, natively
+checked as Kafka's LogValidator does (broker/validation.py, natively
 where built: lengths, offset deltas, headers, timestamps, inflated size; refusals name
 the first bad record in record_errors), the idempotence verdict, LogAppendTime stamping, then `Partition.admit`, which gives the
 batch its offsets and queues it for the next commit round (node.py). The handler never
@@ -30,12 +30,12 @@ from broker.handlers import errors
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
-from broker.protocol.record_validation import TimestampRange, inflate_limit, validate_records
 from broker.protocol.errors import ProtocolError, RecordBatchError
 from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
 from broker.security.authz import Operation
 from broker.security.session import authorize, authorize_idempotent_write
 from broker.shape import field_of
+from broker.validation import TimestampRange, crc32c, inflate_limit, validate_records
 
 log = logging.getLogger("hyperkafka.produce")
 
@@ -110,9 +110,8 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
             f"The batch of {len(data)} bytes is larger than max.message.bytes ({topic.max_message_bytes})",
         )
     try:
-        # Records are not decoded: the batch is stored and served as the client built it,
-        # and consumers check its CRC; per-record Python work would cap the write path.
-        batch = records.validate_batch(data, decode=False)
+        # Header, length and CRC-32C here; the records below, natively.
+        batch = records.validate_batch(data, decode=False, crc=crc32c)
     except RecordBatchError as exc:
         return _PartitionResult(exc.error_code, str(exc))
     if batch.is_control:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -179,12 +179,13 @@ def compute_crc(batch: Buf) -> int:
     return int(_crc32c.crc32c(memoryview(batch)[CRC_START:]))
 
 
-def verify_crc(batch: Buf) -> None:
-    """Raise `CorruptRecordBatch` unless the stored CRC matches. `batch` is one whole batch."""
+def verify_crc(batch: Buf, crc: Callable[[Buf], int] | None = None) -> None:
+    """Raise `CorruptRecordBatch` unless the stored CRC matches. `batch` is one whole batch;
+    `crc` computes CRC-32C (the crc32c package's unless given)."""
     if len(batch) < BATCH_HEADER_SIZE:
         raise CorruptRecordBatch("record batch header cut short")
     stored = _U32.unpack_from(batch, CRC_OFFSET)[0]
-    actual = compute_crc(batch)
+    actual = compute_crc(batch) if crc is None else crc(memoryview(batch)[CRC_START:])
     if stored != actual:
         raise CorruptRecordBatch(f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}")
 
@@ -499,6 +500,7 @@ def validate_batch(
     check_crc: bool = True,
     decode: bool = True,
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+    crc: Callable[[Buf], int] | None = None,
 ) -> BatchHeader:
     """The Produce-side checks of one whole batch; returns its header.
 
@@ -511,7 +513,7 @@ def validate_batch(
     if header.size != len(batch):
         raise CorruptRecordBatch(f"batch is {len(batch)} bytes but its header says {header.size}")
     if check_crc:
-        verify_crc(batch)
+        verify_crc(batch, crc)
     if header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
         raise InvalidRecordBatch(
             f"lastOffsetDelta {header.last_offset_delta} does not match "

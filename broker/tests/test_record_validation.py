@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from kafka.codec import snappy_encode
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from broker.protocol import record_validation as RV
+from broker import validation as RV
 from broker.protocol import records as R
 from broker.protocol.errors import (
     CORRUPT_MESSAGE,

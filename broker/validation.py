@@ -34,7 +34,8 @@ the records:
 
 The native path releases the GIL and never holds more than a small window of inflated
 bytes; the Python path holds at most the cap. Imports `records`, `errors` and, if it was
-built, `storage._native`; no I/O.
+built, `storage._native`; no I/O. It lives outside `broker.protocol`, which imports no
+storage: the native core is built once for both sides (leaf hashes are storage's).
 """
 
 from __future__ import annotations
@@ -42,15 +43,17 @@ from __future__ import annotations
 import os
 from typing import Final, NamedTuple
 
-from ._wire import Buf
-from .errors import (
+import crc32c as _crc32c
+
+from broker.protocol._wire import Buf
+from broker.protocol.errors import (
     CorruptRecordBatch,
     InvalidRecordBatch,
     InvalidRecordTimestamp,
     RecordBatchError,
     RecordBatchTooLarge,
 )
-from .records import BATCH_HEADER_SIZE, BatchHeader, Compression, decompress
+from broker.protocol.records import BATCH_HEADER_SIZE, BatchHeader, Compression, decompress
 
 try:
     from storage import _native
@@ -61,6 +64,7 @@ __all__ = [
     "INFLATE_LIMIT_FACTOR",
     "NATIVE",
     "TimestampRange",
+    "crc32c",
     "inflate_limit",
     "validate_records",
     "validate_records_native",
@@ -95,6 +99,13 @@ class TimestampRange(NamedTuple):
     @classmethod
     def around(cls, now_ms: int, before_max_ms: int, after_max_ms: int) -> TimestampRange:
         return cls(max(now_ms - before_max_ms, _I64_MIN), min(now_ms + after_max_ms, _I64_MAX))
+
+
+def crc32c(data: Buf) -> int:
+    """CRC-32C, natively where built (about twice the crc32c package's speed here)."""
+    if NATIVE:
+        return int(_native.crc32c(data))
+    return int(_crc32c.crc32c(data))
 
 
 def inflate_limit(max_message_bytes: int) -> int:
