@@ -102,7 +102,8 @@ class TimestampRange(NamedTuple):
 
 
 def crc32c(data: Buf) -> int:
-    """CRC-32C, natively where built (about twice the crc32c package's speed here)."""
+    """CRC-32C, natively where built (as fast as the crc32c package here; one less
+    dependency of the hot path on a separate C extension)."""
     if NATIVE:
         return int(_native.crc32c(data))
     return int(_crc32c.crc32c(data))
