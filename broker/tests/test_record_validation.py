@@ -267,12 +267,20 @@ def test_inflate_limit_is_64_times_max_message_bytes() -> None:
 
 @needs_native
 def test_native_crc32c_and_leaf_hashes() -> None:
+    import hashlib
+
     from storage import _native
-    from storage.hypercore.tree import leaf_hash
+    from storage.hypercore.tree import leaf_hash, leaf_hashes
+
+    def reference(b: bytes) -> bytes:  # hypercore-crypto data(): 0x00, u64le length, block
+        return hashlib.blake2b(b"\x00" + len(b).to_bytes(8, "little") + b, digest_size=32).digest()
 
     assert _native.crc32c(b"123456789") == 0xE3069283
-    blocks = [b"", b"a", b"x" * 127, b"y" * 128, bytes(range(256)) * 50] * 3
-    assert _native.leaf_hashes(blocks) == [leaf_hash(b) for b in blocks]
+    blocks = [b"", b"a", b"x" * 127, b"y" * 128, bytes(range(256)) * 50, b"z" * 70_000] * 3
+    want = [reference(b) for b in blocks]
+    assert _native.leaf_hashes(blocks) == want
+    assert leaf_hashes(blocks) == want
+    assert [leaf_hash(memoryview(b)) for b in blocks] == want
 
 
 # ----------------------------------------------------------------- both paths agree
