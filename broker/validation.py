@@ -144,7 +144,7 @@ def validate_records_native(
     )
     if code == _OK:
         return int(max_ts)
-    raise _CLASSES[code](message, None if index < 0 else index)
+    raise _CLASSES[code](message or f"refused with code {code}", None if index < 0 else index)
 
 
 # ----------------------------------------------------------------- the Python twin
@@ -265,8 +265,7 @@ def validate_records_python(
         i, ts = late
         assert timestamps is not None
         raise InvalidRecordTimestamp(
-            f"record {i}: timestamp {ts} is out of range "
-            f"[{timestamps.low}, {timestamps.high}]",
+            f"record {i}: timestamp {ts} is out of range [{timestamps.low}, {timestamps.high}]",
             i,
         )
     return max_ts

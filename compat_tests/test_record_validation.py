@@ -44,7 +44,14 @@ def _end_offset(c: RawClient, topic: str) -> int:
         {
             "replica_id": -1,
             "isolation_level": 0,
-            "topics": [{"name": topic, "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}]}],
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}
+                    ],
+                }
+            ],
         },
     )
     p = r.topics[0].partitions[0]
@@ -57,7 +64,9 @@ def test_lying_batches_are_refused_and_stock_clients_see_only_good_records(broke
 
     topic = f"lies-{uuid.uuid4().hex[:8]}"
     create_topic(broker, topic)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", enable_idempotence=True, linger_ms=0)
+    producer = KafkaProducer(
+        bootstrap_servers=broker.bootstrap, acks="all", enable_idempotence=True, linger_ms=0
+    )
     sent: list[bytes] = []
 
     def send(n: int) -> None:

@@ -26,19 +26,28 @@ CASES = [
     ("count 2^31-1, one record", lying(record(0), 2**31 - 1), 87, 1),
     ("offset deltas repeat", lying(record(0) + record(0), 2), 87, 1),
     ("length past the end", lying(record(0) + b"\x7f\x00", 2), 87, 1),
-    ("a batch nested in zstd", lying(zstandard.ZstdCompressor().compress(batch([b"a", b"b"])), 2, codec=4), 87, 0),
+    (
+        "a batch nested in zstd",
+        lying(zstandard.ZstdCompressor().compress(batch([b"a", b"b"])), 2, codec=4),
+        87,
+        0,
+    ),
     ("null header key", lying(record(0, headers=[(None, b"x")]), 1), 87, 0),
     ("timestamp a day ahead", lying(record(0, ts_delta=86_400_000), 1), 32, 0),
 ]
 
 
 @pytest.mark.parametrize(("name", "data", "code", "index"), CASES, ids=[c[0] for c in CASES])
-async def test_lying_batches_are_refused_and_not_stored(broker: Broker, name: str, data: bytes, code: int, index: int) -> None:
+async def test_lying_batches_are_refused_and_not_stored(
+    broker: Broker, name: str, data: bytes, code: int, index: int
+) -> None:
     await create(broker, "lies")
     c = await broker.connect()
     r = await produce(c, "lies", data, version=9)
     assert r.error_code == code, (name, r)
-    assert [(e.batch_index, e.batch_index_error_message) for e in r.record_errors] == [(index, r.error_message)]
+    assert [(e.batch_index, e.batch_index_error_message) for e in r.record_errors] == [
+        (index, r.error_message)
+    ]
     assert f"record {index}" in r.error_message
     ok = await produce(c, "lies", batch([b"good"]))
     assert ok.error_code == 0 and ok.base_offset == 0  # the refused batch took no offsets

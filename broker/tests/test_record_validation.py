@@ -83,7 +83,15 @@ def batch(
     """A v2 batch around `section` (already compressed if `codec`), with a good CRC."""
     lod = count - 1 if last_offset_delta is None else last_offset_delta
     head = struct.pack(
-        ">hiqqqhii", attributes | codec, lod, base_ts, NOW if max_ts is None else max_ts, -1, -1, -1, count
+        ">hiqqqhii",
+        attributes | codec,
+        lod,
+        base_ts,
+        NOW if max_ts is None else max_ts,
+        -1,
+        -1,
+        -1,
+        count,
     )
     body = head + section
     crc = crc32c.crc32c(body)
@@ -91,13 +99,17 @@ def batch(
 
 
 def good(n: int = 3, codec: int = 0, compress: Callable[[bytes], bytes] | None = None) -> bytes:
-    section = b"".join(record(i, ts_delta=i, headers=[(b"h", b"x")] if i % 2 else None) for i in range(n))
+    section = b"".join(
+        record(i, ts_delta=i, headers=[(b"h", b"x")] if i % 2 else None) for i in range(n)
+    )
     if compress is not None:
         section = compress(section)
     return batch(section, n, codec=codec, max_ts=NOW + n - 1)
 
 
-def verdict(fn: Callable[..., int], data: bytes, cap: int = CAP, ts: RV.TimestampRange | None = WIDE) -> tuple[object, ...]:
+def verdict(
+    fn: Callable[..., int], data: bytes, cap: int = CAP, ts: RV.TimestampRange | None = WIDE
+) -> tuple[object, ...]:
     header = R.parse_batch_header(data)
     try:
         return ("ok", fn(data, header, max_inflated=cap, timestamps=ts))
@@ -105,7 +117,9 @@ def verdict(fn: Callable[..., int], data: bytes, cap: int = CAP, ts: RV.Timestam
         return (exc.error_code, exc.record_index)
 
 
-def every_path(data: bytes, cap: int = CAP, ts: RV.TimestampRange | None = WIDE) -> tuple[object, ...]:
+def every_path(
+    data: bytes, cap: int = CAP, ts: RV.TimestampRange | None = WIDE
+) -> tuple[object, ...]:
     """The verdict, after checking that both paths agree on it."""
     verdicts = {verdict(fn, data, cap, ts) for fn in PATHS}
     assert len(verdicts) == 1, verdicts
@@ -149,7 +163,13 @@ def test_kafka_python_batches_pass(codec: int) -> None:
         producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
     )  # fmt: skip
     for i in range(20):
-        b.append(i, timestamp=NOW + i, key=None if i % 3 else b"k", value=b"v" * i, headers=[("h", b"1")] * (i % 2))
+        b.append(
+            i,
+            timestamp=NOW + i,
+            key=None if i % 3 else b"k",
+            value=b"v" * i,
+            headers=[("h", b"1")] * (i % 2),
+        )
     assert every_path(bytes(b.build())) == ("ok", NOW + 19)
 
 
@@ -187,7 +207,13 @@ def test_offset_deltas_must_run_0_to_n_minus_1(deltas: list[int]) -> None:
         record(1, headers=[(None, b"x")]),  # null header key
         record(1, key=b"")[:1] + b"\x00" + zz(2) + zz(1) + zz(-5) + zz(-1) + zz(0),  # key length -5
         record(1)[:1] + b"\x00\x00" + zz(1) + zz(-1) + zz(-1) + zz(-1),  # negative header count
-        record(1)[:1] + b"\x00\x00" + zz(1) + zz(100) + b"x" + zz(-1) + zz(0),  # key past the record
+        record(1)[:1]
+        + b"\x00\x00"
+        + zz(1)
+        + zz(100)
+        + b"x"
+        + zz(-1)
+        + zz(0),  # key past the record
         b"\x0c\x00" + b"\xff" * 10 + b"\x00",  # timestamp delta longer than a varlong
     ],
 )
@@ -233,10 +259,15 @@ def test_a_gigabyte_bomb_costs_the_native_path_no_memory() -> None:
 
 
 @pytest.mark.parametrize(("codec", "compress"), CODECS)
-def test_truncated_and_padded_compressed_data_is_corrupt(codec: int, compress: Callable[[bytes], bytes]) -> None:
+def test_truncated_and_padded_compressed_data_is_corrupt(
+    codec: int, compress: Callable[[bytes], bytes]
+) -> None:
     section = compress(b"".join(record(i) for i in range(50)))
     assert every_path(batch(section[:-3], 50, codec=codec))[0] in (CORRUPT_MESSAGE, INVALID_RECORD)
-    assert every_path(batch(section + b"\x07garbage", 50, codec=codec))[0] in (CORRUPT_MESSAGE, INVALID_RECORD)
+    assert every_path(batch(section + b"\x07garbage", 50, codec=codec))[0] in (
+        CORRUPT_MESSAGE,
+        INVALID_RECORD,
+    )
     assert every_path(batch(b"", 50, codec=codec)) == (CORRUPT_MESSAGE, None)
 
 
@@ -257,7 +288,10 @@ def test_no_timestamp_is_not_out_of_range() -> None:
 def test_timestamps_wrap_as_java_longs() -> None:
     """base + delta wraps to -2^63 + 9 (Kafka adds longs): within [-2^63, NOW]."""
     section = record(0, ts_delta=2**63 - 1)
-    assert every_path(batch(section, 1, base_ts=10), ts=RV.TimestampRange(-(2**63), NOW)) == ("ok", -1)
+    assert every_path(batch(section, 1, base_ts=10), ts=RV.TimestampRange(-(2**63), NOW)) == (
+        "ok",
+        -1,
+    )
 
 
 def test_inflate_limit_is_64_times_max_message_bytes() -> None:
@@ -290,7 +324,12 @@ _FIELDS = st.tuples(
     st.one_of(st.integers(-5, 5), st.integers(-(2**63), 2**63 - 1)),  # timestamp delta
     st.one_of(st.none(), st.binary(max_size=8)),
     st.one_of(st.none(), st.binary(max_size=40)),
-    st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=4)), st.one_of(st.none(), st.binary(max_size=4))), max_size=2),
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.binary(max_size=4)), st.one_of(st.none(), st.binary(max_size=4))
+        ),
+        max_size=2,
+    ),
     st.binary(max_size=2),  # bytes left over inside the record
 )
 
@@ -339,5 +378,7 @@ def hostile_batches(draw: st.DrawFn) -> bytes:
     st.sampled_from([64, 300, CAP]),
     st.one_of(st.none(), st.just(WIDE), st.just(RV.TimestampRange.around(NOW, 3, 3))),
 )
-def test_native_and_python_give_the_same_verdicts(data: bytes, cap: int, ts: RV.TimestampRange | None) -> None:
+def test_native_and_python_give_the_same_verdicts(
+    data: bytes, cap: int, ts: RV.TimestampRange | None
+) -> None:
     every_path(data, cap, ts)

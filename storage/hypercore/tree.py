@@ -26,9 +26,9 @@ from storage.hypercore.errors import InvalidTree
 try:
     from storage._native import leaf_hashes as _native_leaf_hashes
 except ImportError:  # built without a Rust toolchain: hashlib serves
-    _native_leaf_hashes = None
+    _native_leaf_hashes = None  # type: ignore[assignment]
 if os.environ.get("HYPERKAFKA_NO_NATIVE") == "1":
-    _native_leaf_hashes = None
+    _native_leaf_hashes = None  # type: ignore[assignment]
 _NATIVE_MIN = 4096  # below this hashlib is as fast (call overhead dominates)
 
 # Type prefixes make leaf, parent and root hashes disjoint (second-preimage defence).
