@@ -52,6 +52,7 @@ from broker.protocol.errors import (
     InvalidRecordTimestamp,
     RecordBatchError,
     RecordBatchTooLarge,
+    UnsupportedCompression,
 )
 from broker.protocol.records import BATCH_HEADER_SIZE, BatchHeader, Compression, decompress
 
@@ -83,10 +84,12 @@ _OK: Final = 0
 _CORRUPT: Final = 2
 _INVALID_TIMESTAMP: Final = 32
 _INVALID_RECORD: Final = 87
+_UNSUPPORTED_COMPRESSION: Final = 76
 _CLASSES: Final[dict[int, type[RecordBatchError]]] = {
     _CORRUPT: CorruptRecordBatch,
     _INVALID_TIMESTAMP: InvalidRecordTimestamp,
     _INVALID_RECORD: InvalidRecordBatch,
+    _UNSUPPORTED_COMPRESSION: UnsupportedCompression,
 }
 
 

@@ -502,12 +502,14 @@ def validate_batch(
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
     crc: Callable[[Buf], int] | None = None,
 ) -> BatchHeader:
-    """The Produce-side checks of one whole batch; returns its header.
+    """The batch-level checks of one whole batch; returns its header.
 
     Magic 2, length, CRC-32C (`CorruptRecordBatch`), lastOffsetDelta + 1 == recordsCount
     and, with `decode`, that every record parses and offset deltas run 0..count-1
-    (`InvalidRecordBatch`, as Kafka's LogValidator). Control batches and codec/version
-    rules are the handler's business (it knows the request version).
+    (`InvalidRecordBatch`). Produce uses `decode=False` and then checks every record by
+    Kafka's LogValidator rules in `broker/validation.py` (natively where built); `decode`
+    is the looser walk of `iter_records`. Control batches and codec/version rules are the
+    handler's business (it knows the request version).
     """
     header = parse_batch_header(batch)
     if header.size != len(batch):

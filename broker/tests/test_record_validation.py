@@ -294,6 +294,10 @@ def test_timestamps_wrap_as_java_longs() -> None:
     )
 
 
+def test_unknown_codec_is_unsupported_compression() -> None:
+    assert every_path(batch(b"\x00" * 10, 1, codec=6)) == (76, None)
+
+
 def test_inflate_limit_is_64_times_max_message_bytes() -> None:
     assert RV.INFLATE_LIMIT_FACTOR == 64
     assert RV.inflate_limit(1048588) == 64 * 1048588
