@@ -355,10 +355,11 @@ fn lz4_frames_whole(data: &[u8]) -> Result<(), String> {
         take(&mut pos, header_len)?;
         loop {
             let at = take(&mut pos, 4)?;
-            let size = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) & 0x7fff_ffff;
-            if size == 0 {
-                break;
+            let raw = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+            if raw == 0 {
+                break; // the end mark (an uncompressed block of 0 bytes is not one)
             }
+            let size = raw & 0x7fff_ffff;
             take(&mut pos, size as usize + if flg & 0x10 != 0 { 4 } else { 0 })?;
         }
         if flg & 0x04 != 0 {
