@@ -2,8 +2,10 @@
 
 Per partition, in this order and without yielding to the event loop (so checks and the
 admission are atomic per partition): topic lookup (auto-create), batch checks (one v2
-batch, CRC-32C, record count vs lastOffsetDelta, size, codec vs version, timestamps), the
-idempotence verdict, LogAppendTime stamping, then `Partition.admit`, which gives the
+batch, CRC-32C, record count vs lastOffsetDelta, size, codec vs version), every record
+checked as Kafka's LogValidator does (broker/validation.py, natively
+where built: lengths, offset deltas, headers, timestamps, inflated size; refusals name
+the first bad record in record_errors), the idempotence verdict, LogAppendTime stamping, then `Partition.admit`, which gives the
 batch its offsets and queues it for the next commit round (node.py). The handler never
 awaits, so the connection's reader goes on to the next request at once. The response
 waits (in `Deferred`, answered in request order) until a commit round has written the
@@ -33,6 +35,7 @@ from broker.protocol.fastpath import ProducePartitionResult, encode_produce_resp
 from broker.security.authz import Operation
 from broker.security.session import authorize, authorize_idempotent_write
 from broker.shape import field_of
+from broker.validation import TimestampRange, crc32c, inflate_limit, validate_records
 
 log = logging.getLogger("hyperkafka.produce")
 
@@ -59,11 +62,12 @@ class CloseConnection(ProtocolError):
 
 
 class _PartitionResult:
-    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "wait_for")
+    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "record_index", "wait_for")
 
-    def __init__(self, error: int = errors.NONE, message: str | None = None) -> None:
+    def __init__(self, error: int = errors.NONE, message: str | None = None, record_index: int | None = None) -> None:
         self.error = error
         self.message = message
+        self.record_index = record_index  # the first bad record of a refused batch (record_errors)
         self.base_offset = -1
         self.log_append_time = -1
         self.log_start_offset = -1  # reported for every partition that exists (KIP-360)
@@ -106,9 +110,8 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
             f"The batch of {len(data)} bytes is larger than max.message.bytes ({topic.max_message_bytes})",
         )
     try:
-        # Records are not decoded: the batch is stored and served as the client built it,
-        # and consumers check its CRC; per-record Python work would cap the write path.
-        batch = records.validate_batch(data, decode=False)
+        # Header, length and CRC-32C here; the records below, natively.
+        batch = records.validate_batch(data, decode=False, crc=crc32c)
     except RecordBatchError as exc:
         return _PartitionResult(exc.error_code, str(exc))
     if batch.is_control:
@@ -123,12 +126,14 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         return _PartitionResult(errors.INVALID_RECORD, "An idempotent batch needs a base sequence")
 
     now = ms_now()
-    if (
-        not topic.log_append_time
-        and not batch.is_log_append_time
-        and (batch.max_timestamp - now > topic.timestamp_after_max_ms or now - batch.base_timestamp > topic.timestamp_before_max_ms)
-    ):
-        return _PartitionResult(errors.INVALID_TIMESTAMP, "Timestamp is out of the range the topic accepts")
+    bounds = None
+    if not topic.log_append_time:
+        bounds = TimestampRange.around(now, topic.timestamp_before_max_ms, topic.timestamp_after_max_ms)
+    try:
+        # Every record, before anything is signed: one native pass with the GIL released.
+        max_timestamp = validate_records(data, batch, max_inflated=inflate_limit(topic.max_message_bytes), timestamps=bounds)
+    except RecordBatchError as exc:
+        return _PartitionResult(exc.error_code, str(exc), exc.record_index)
 
     outcome = None
     if batch.producer_id >= 0:
@@ -153,6 +158,10 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     if topic.log_append_time:
         records.set_log_append_time(buf, now)
         result.log_append_time = now
+    elif not batch.is_log_append_time and max_timestamp != batch.max_timestamp:
+        # As Kafka's LogValidator: maxTimestamp is the records' own, whatever the producer
+        # wrote (the time index, retention and ListOffsets trust it).
+        records.set_max_timestamp(buf, max_timestamp)
     base, last = partition.admit(buf, batch.last_offset_delta)
     if outcome is not None:
         partition.producers.record(
@@ -162,7 +171,7 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
             last_sequence(batch.base_sequence, batch.last_offset_delta),
             base,
             last,
-            now if topic.log_append_time else batch.max_timestamp,
+            now if topic.log_append_time else max_timestamp,
         )
     ctx.node.mark_dirty(partition, wake=False)  # the reader runs the round after the chunk
     result.base_offset, result.partition, result.wait_for = base, partition, last
@@ -262,6 +271,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     r.log_append_time if ok else -1,
                     r.log_start_offset,
                     r.message,
+                    () if r.record_index is None else ((r.record_index, r.message),),
                 )
             )
         topics = list(by_topic.items())

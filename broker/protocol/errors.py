@@ -28,6 +28,7 @@ __all__ = [
     "FrameTooLarge",
     "InvalidFrame",
     "InvalidRecordBatch",
+    "InvalidRecordTimestamp",
     "MalformedRequest",
     "ProtocolError",
     "RecordBatchError",
@@ -96,12 +97,21 @@ MESSAGE_TOO_LARGE = 10
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 UNSUPPORTED_COMPRESSION_TYPE = 76
 INVALID_RECORD = 87
+INVALID_TIMESTAMP = 32
 
 
 class RecordBatchError(Exception):
-    """A record batch is refused; `error_code` is the Kafka code for the partition."""
+    """A record batch is refused; `error_code` is the Kafka code for the partition.
+
+    `record_index` is the index inside the batch of the first bad record (what Produce
+    v8+ answers as record_errors' batch_index), None when the batch as a whole is bad.
+    """
 
     error_code: int = CORRUPT_MESSAGE
+
+    def __init__(self, message: str, record_index: int | None = None) -> None:
+        super().__init__(message)
+        self.record_index = record_index
 
 
 class CorruptRecordBatch(RecordBatchError):
@@ -114,6 +124,12 @@ class InvalidRecordBatch(RecordBatchError):
     """The batch parses but breaks a rule (count, offset deltas): INVALID_RECORD (87)."""
 
     error_code = INVALID_RECORD
+
+
+class InvalidRecordTimestamp(RecordBatchError):
+    """A CreateTime record outside the topic's message.timestamp.{before,after}.max.ms."""
+
+    error_code = INVALID_TIMESTAMP
 
 
 class UnsupportedMagic(RecordBatchError):

@@ -366,7 +366,8 @@ def _array_len(out: bytearray, items: Any, flexible: bool) -> None:
 
 
 class ProducePartitionResult(NamedTuple):
-    """One partition of a Produce response (record_errors are always empty here)."""
+    """One partition of a Produce response. `record_errors` (v8+) are (batch_index,
+    message) pairs: the index inside the batch of a record that made it refused."""
 
     partition: int
     error_code: int
@@ -374,9 +375,22 @@ class ProducePartitionResult(NamedTuple):
     log_append_time: int  # -1: CreateTime
     log_start_offset: int
     error_message: str | None
+    record_errors: tuple[tuple[int, str | None], ...] = ()
 
 
 _PRODUCE_PART = struct.Struct(">ihqq")
+
+
+def _nullable_string(out: bytearray, text: str | None, flexible: bool) -> None:
+    if text is None:
+        out += b"\x00" if flexible else b"\xff\xff"
+    else:
+        raw = text.encode()
+        if len(raw) > MAX_STRING_BYTES:
+            # A message may quote a topic name or a record: keep the answer encodable.
+            raw = raw[:MAX_STRING_BYTES].decode(errors="ignore").encode()
+        out += write_uvarint(len(raw) + 1) if flexible else I16.pack(len(raw))
+        out += raw
 
 
 def encode_produce_response(
@@ -386,8 +400,8 @@ def encode_produce_response(
     throttle_ms: int = 0,
 ) -> bytes:
     """A framed Produce v3-v11 response (size, header, body), byte-identical to kio's
-    encoding of the same values with no record errors, no current-leader hint and no
-    node endpoints (the tagged fields a single broker never sets)."""
+    encoding of the same values with no current-leader hint and no node endpoints (the
+    tagged fields a single broker never sets)."""
     if version not in PRODUCE_VERSIONS:
         raise ValueError(f"fast path has no Produce v{version}")
     flexible = version >= 9
@@ -406,17 +420,14 @@ def encode_produce_response(
             if version >= 5:
                 out += _I64.pack(p.log_start_offset)
             if version >= 8:
-                out += b"\x01" if flexible else b"\x00\x00\x00\x00"  # record_errors: []
-                message = p.error_message
-                if message is None:
-                    out += b"\x00" if flexible else b"\xff\xff"
-                else:
-                    raw = message.encode()
-                    if len(raw) > MAX_STRING_BYTES:
-                        # A message may quote a topic name: keep the answer encodable.
-                        raw = raw[:MAX_STRING_BYTES].decode(errors="ignore").encode()
-                    out += write_uvarint(len(raw) + 1) if flexible else I16.pack(len(raw))
-                    out += raw
+                errs = p.record_errors
+                out += write_uvarint(len(errs) + 1) if flexible else I32.pack(len(errs))
+                for batch_index, text in errs:
+                    out += I32.pack(batch_index)
+                    _nullable_string(out, text, flexible)
+                    if flexible:
+                        out += b"\x00"
+                _nullable_string(out, p.error_message, flexible)
             if flexible:
                 out += b"\x00"
         if flexible:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -60,6 +60,7 @@ __all__ = [
     "parse_batch_header",
     "set_base_offset",
     "set_log_append_time",
+    "set_max_timestamp",
     "set_partition_leader_epoch",
     "split_batches",
     "validate_batch",
@@ -178,12 +179,13 @@ def compute_crc(batch: Buf) -> int:
     return int(_crc32c.crc32c(memoryview(batch)[CRC_START:]))
 
 
-def verify_crc(batch: Buf) -> None:
-    """Raise `CorruptRecordBatch` unless the stored CRC matches. `batch` is one whole batch."""
+def verify_crc(batch: Buf, crc: Callable[[Buf], int] | None = None) -> None:
+    """Raise `CorruptRecordBatch` unless the stored CRC matches. `batch` is one whole batch;
+    `crc` computes CRC-32C (the crc32c package's unless given)."""
     if len(batch) < BATCH_HEADER_SIZE:
         raise CorruptRecordBatch("record batch header cut short")
     stored = _U32.unpack_from(batch, CRC_OFFSET)[0]
-    actual = compute_crc(batch)
+    actual = compute_crc(batch) if crc is None else crc(memoryview(batch)[CRC_START:])
     if stored != actual:
         raise CorruptRecordBatch(f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}")
 
@@ -256,46 +258,44 @@ def set_log_append_time(batch: bytearray | memoryview, timestamp_ms: int) -> Non
     _U32.pack_into(view, CRC_OFFSET, compute_crc(view))
 
 
+def set_max_timestamp(batch: bytearray | memoryview, timestamp_ms: int) -> None:
+    """Write a CreateTime batch's maxTimestamp (the largest of its records'); recompute
+    the CRC. Kafka's LogValidator does so whatever the producer wrote."""
+    view = _writable(batch)
+    _I64.pack_into(view, MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    _U32.pack_into(view, CRC_OFFSET, compute_crc(view))
+
+
 # ----------------------------------------------------------------- decompression
 
 
 def decompress(codec: int, data: Buf, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
     """Decompress a batch's records section. Raises `UnsupportedCompression` for an
     unknown codec, `CorruptRecordBatch` for bad data, `RecordBatchTooLarge` past `max_size`.
+
+    Inflates as a stream and stops at `max_size` + 2 bytes, so a bomb costs at most that.
+    One payload is one or more whole frames (gzip members, lz4 or zstd frames) and
+    nothing else: empty, truncated, or followed by bytes that are no frame is corrupt.
     """
+    if codec == Compression.NONE:
+        return bytes(data)
+    raw = bytes(data)
+    if not raw:
+        if 0 < codec <= Compression.ZSTD:
+            raise CorruptRecordBatch(f"empty {Compression(codec).name} payload")
+        raise UnsupportedCompression(f"unknown compression codec {codec}")
     try:
-        if codec == Compression.NONE:
-            out = bytes(data)
-        elif codec == Compression.GZIP:
-            d = zlib.decompressobj(wbits=47)  # 32+15: gzip or zlib header, auto-detected
-            out = d.decompress(data, max_size + 1)
-            if not d.eof and len(out) <= max_size:
-                raise CorruptRecordBatch("gzip data is truncated")
+        if codec == Compression.GZIP:
+            # 32+15: each member gzip or zlib, auto-detected (some clients wrote zlib)
+            out = _frames(raw, max_size, lambda: zlib.decompressobj(wbits=47), "gzip")
         elif codec == Compression.SNAPPY:
-            out = _snappy(bytes(data), max_size)
+            out = _snappy(raw, max_size)
         elif codec == Compression.LZ4:
             import lz4.frame  # type: ignore[import-untyped]
 
-            ld = lz4.frame.LZ4FrameDecompressor()
-            out = ld.decompress(bytes(data), max_length=max_size + 1)
-            if not ld.eof and len(out) <= max_size:
-                raise CorruptRecordBatch("lz4 frame is truncated")
+            out = _frames(raw, max_size, lz4.frame.LZ4FrameDecompressor, "lz4")
         elif codec == Compression.ZSTD:
-            import zstandard
-
-            # A stream reader bounds the output; decompressobj() would inflate a bomb whole.
-            chunks = []
-            total = 0
-            with zstandard.ZstdDecompressor().stream_reader(
-                bytes(data), read_across_frames=True
-            ) as reader:
-                while total <= max_size:
-                    chunk = reader.read(min(1 << 20, max_size + 1 - total))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    total += len(chunk)
-            out = b"".join(chunks)
+            out = _zstd(raw, max_size)
         else:
             raise UnsupportedCompression(f"unknown compression codec {codec}")
     except (UnsupportedCompression, RecordBatchTooLarge, CorruptRecordBatch):
@@ -305,6 +305,51 @@ def decompress(codec: int, data: Buf, max_size: int = DEFAULT_MAX_DECOMPRESSED) 
     if len(out) > max_size:
         raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
     return out
+
+
+def _frames(raw: bytes, max_size: int, new: Any, name: str) -> bytes:
+    """Inflate consecutive gzip members or lz4 frames, at most `max_size` + 2 bytes (the
+    native core reads as far, so both see a decoder error just past the cap alike)."""
+    out = bytearray()
+    rest = raw
+    while rest:
+        d = new()
+        if name == "gzip":
+            out += d.decompress(rest, max_size + 2 - len(out))
+        else:
+            out += d.decompress(rest, max_length=max_size + 2 - len(out))
+        if len(out) > max_size:
+            raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
+        if not d.eof:
+            raise CorruptRecordBatch(f"{name} data is truncated")
+        rest = d.unused_data
+    return bytes(out)
+
+
+def _zstd(raw: bytes, max_size: int) -> bytes:
+    """Inflate consecutive zstd frames, at most `max_size` + 2 bytes, then make sure the
+    payload was whole frames (the stream reader takes a truncated frame silently)."""
+    import zstandard
+
+    chunks = []
+    total = 0
+    with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as reader:
+        while total <= max_size:
+            chunk = reader.read(min(1 << 20, max_size + 2 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    if total > max_size:
+        raise RecordBatchTooLarge(f"decompressed records exceed {max_size} bytes")
+    rest = raw
+    while rest:  # inflates at most what was just read, known to be under the cap
+        d = zstandard.ZstdDecompressor().decompressobj()
+        d.decompress(rest)
+        if not d.eof:
+            raise CorruptRecordBatch("zstd data is truncated")
+        rest = d.unused_data
+    return b"".join(chunks)
 
 
 def _snappy(data: bytes, max_size: int) -> bytes:
@@ -457,19 +502,22 @@ def validate_batch(
     check_crc: bool = True,
     decode: bool = True,
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+    crc: Callable[[Buf], int] | None = None,
 ) -> BatchHeader:
-    """The Produce-side checks of one whole batch; returns its header.
+    """The batch-level checks of one whole batch; returns its header.
 
     Magic 2, length, CRC-32C (`CorruptRecordBatch`), lastOffsetDelta + 1 == recordsCount
     and, with `decode`, that every record parses and offset deltas run 0..count-1
-    (`InvalidRecordBatch`, as Kafka's LogValidator). Control batches and codec/version
-    rules are the handler's business (it knows the request version).
+    (`InvalidRecordBatch`). Produce uses `decode=False` and then checks every record by
+    Kafka's LogValidator rules in `broker/validation.py` (natively where built); `decode`
+    is the looser walk of `iter_records`. Control batches and codec/version rules are the
+    handler's business (it knows the request version).
     """
     header = parse_batch_header(batch)
     if header.size != len(batch):
         raise CorruptRecordBatch(f"batch is {len(batch)} bytes but its header says {header.size}")
     if check_crc:
-        verify_crc(batch)
+        verify_crc(batch, crc)
     if header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
         raise InvalidRecordBatch(
             f"lastOffsetDelta {header.last_offset_delta} does not match "

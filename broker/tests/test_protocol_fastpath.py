@@ -75,6 +75,7 @@ _PART = st.builds(
     st.one_of(st.just(-1), st.integers(0, 2**45)),
     _I64,
     st.one_of(st.none(), st.text(max_size=40)),
+    st.lists(st.tuples(_I32, st.one_of(st.none(), st.text(max_size=20))), max_size=3).map(tuple),
 )
 
 
@@ -85,7 +86,11 @@ def test_produce_response_fast_equals_kio(data: st.DataObject) -> None:
     throttle = data.draw(st.integers(0, 2**31 - 1))
     description = {
         "responses": [
-            {"name": name, "partition_responses": [{**p._asdict(), "index": p.partition, "record_errors": []} for p in parts]}
+            {"name": name, "partition_responses": [{
+                        **p._asdict(),
+                        "index": p.partition,
+                        "record_errors": [{"batch_index": i, "batch_index_error_message": m} for i, m in p.record_errors],
+                    } for p in parts]}
             for name, parts in topics
         ],
         "throttle_time": throttle,

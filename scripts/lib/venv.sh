@@ -1,6 +1,7 @@
 # Sourced by scripts/*: make sure .venv exists and holds this checkout, with the
 # extras named in HK_EXTRAS (e.g. "test,compat"). Reinstalls only when pyproject.toml
-# or the extras change, so a second run starts at once.
+# or the extras or the native core's sources (storage/native, built by setuptools-rust)
+# change, so a second run starts at once.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="$ROOT/.venv"
@@ -10,8 +11,18 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "creating $VENV" >&2
     "$PY" -m venv "$VENV"
 fi
+# The native core (storage/native) builds with cargo; rustup installs it in ~/.cargo/bin,
+# which a non-login shell may not have on PATH. Without cargo the install still succeeds
+# (the extension is optional) and the pure-Python twin serves; under CI=true a unit test
+# fails instead, so CI proves the native core was built.
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "no cargo on PATH: storage._native (Rust) will not be built; install Rust with rustup" >&2
+fi
 stamp="$VENV/.hyperkafka-installed"
-want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) [$extras]"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT"/storage/native/Cargo.* "$ROOT"/storage/native/src/*.rs 2>/dev/null | sha256sum | cut -d' ' -f1) [$extras]"
 have="$(cat "$stamp" 2>/dev/null || true)"
 case "$have" in
     *"$want"*) ;;

@@ -4,19 +4,32 @@ Owns: `Node`, `leaf_hash`, `parent_hash`, `tree_hash` (byte-identical to npm
 `hypercore-crypto` ``data``/``parent``/``tree``) and `Frontier`, the <= 64 peaks that
 are all an appender needs to keep. BLAKE2b-256 comes from `hashlib` because it is C,
 releases the GIL on large inputs and beats libsodium's generichash through PyNaCl on
-small ones (the append hot path hashes one leaf and ~one parent per block).
+small ones (the append hot path hashes one leaf and ~one parent per block). Leaves of
+4 KiB and more go to the native core where it was built (blake2b_simd, GIL released:
+about 1.1 GB/s against hashlib's 0.5-0.9 here), and `leaf_hashes` hashes many leaves at
+once in SIMD lanes (about 2.4 GB/s on one core).
 
-May import only the standard library and `storage.hypercore.{flat_tree,errors}`.
+May import only the standard library, `storage._native` (optional) and
+`storage.hypercore.{flat_tree,errors}`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 from typing import NamedTuple
 
 from storage.hypercore import flat_tree
 from storage.hypercore.errors import InvalidTree
+
+try:
+    from storage._native import leaf_hashes as _native_leaf_hashes
+except ImportError:  # built without a Rust toolchain: hashlib serves
+    _native_leaf_hashes = None  # type: ignore[assignment]
+if os.environ.get("HYPERKAFKA_NO_NATIVE") == "1":
+    _native_leaf_hashes = None  # type: ignore[assignment]
+_NATIVE_MIN = 4096  # below this hashlib is as fast (call overhead dominates)
 
 # Type prefixes make leaf, parent and root hashes disjoint (second-preimage defence).
 _LEAF = b"\x00"
@@ -36,9 +49,18 @@ class Node(NamedTuple):
 def leaf_hash(data: bytes | bytearray | memoryview) -> bytes:
     """BLAKE2b-256(0x00 ‖ u64le(len) ‖ data), hypercore-crypto ``data()``."""
     n = data.nbytes if isinstance(data, memoryview) else len(data)
+    if n >= _NATIVE_MIN and _native_leaf_hashes is not None:
+        return bytes(_native_leaf_hashes([data])[0])
     h = blake2b(_LEAF + n.to_bytes(8, "little"), digest_size=32)
     h.update(data)
     return h.digest()
+
+
+def leaf_hashes(blocks: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
+    """`leaf_hash` of each block; natively, several blocks side by side, where built."""
+    if _native_leaf_hashes is not None:
+        return [bytes(h) for h in _native_leaf_hashes(list(blocks))]
+    return [leaf_hash(b) for b in blocks]
 
 
 def parent_hash(left: Node, right: Node) -> bytes:
