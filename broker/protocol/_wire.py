@@ -131,3 +131,15 @@ def skip_tagged_fields(buf: Buf, pos: int) -> int:
         if pos > len(buf):
             raise _Short("tagged field")
     return pos
+
+
+# The encoded size of each fixed-size kio field kind, and the kinds that carry a length
+# prefix: what a walk over a request body (bounds, tags) needs to know of every field.
+FIXED_SIZE = {
+    "int8": 1, "uint8": 1, "bool": 1,
+    "int16": 2, "uint16": 2, "error_code": 2,
+    "int32": 4, "uint32": 4, "timedelta_i32": 4,
+    "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
+    "uuid": 16,
+}  # fmt: skip
+LENGTHED_KINDS = frozenset({"string", "bytes", "records"})

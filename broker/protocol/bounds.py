@@ -34,19 +34,21 @@ from collections.abc import Callable
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin
 
-from ._wire import I16, I32, MAX_STRING_BYTES, Buf, _Bad, _Short, read_uvarint
+from ._wire import (
+    FIXED_SIZE,
+    I16,
+    I32,
+    LENGTHED_KINDS,
+    MAX_STRING_BYTES,
+    Buf,
+    _Bad,
+    _Short,
+    read_uvarint,
+)
 from .errors import MalformedRequest
 
 __all__ = ["MAX_ELEMENTS", "MAX_STRING_BYTES", "check_request_body", "min_size", "walker"]
 
-_FIXED_SIZE = {
-    "int8": 1, "uint8": 1, "bool": 1,
-    "int16": 2, "uint16": 2, "error_code": 2,
-    "int32": 4, "uint32": 4, "timedelta_i32": 4,
-    "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
-    "uuid": 16,
-}  # fmt: skip
-_LENGTHED = {"string", "bytes", "records"}
 
 Walk = Callable[[Buf, int, int], int]
 
@@ -88,7 +90,7 @@ def _fields(cls: Any) -> list[_Field]:
             kind, entity = "entity", tp
         else:
             kind, entity = str(f.metadata["kafka_type"]), None
-            if kind not in _FIXED_SIZE and kind not in _LENGTHED:
+            if kind not in FIXED_SIZE and kind not in LENGTHED_KINDS:
                 raise TypeError(f"{cls.__name__}.{f.name}: unknown kafka_type {kind!r}")
         out.append(
             _Field(f.name, kind, entity, is_array, nullable, None if tag is None else int(tag))
@@ -117,8 +119,8 @@ def _min_value_size(f: _Field, flexible: bool) -> int:
 def _min_element_size(f: _Field, flexible: bool, *, nullable: bool = False) -> int:
     if f.kind == "entity":
         return 1 if nullable else min_size(f.entity)
-    if f.kind in _FIXED_SIZE:
-        return _FIXED_SIZE[f.kind]
+    if f.kind in FIXED_SIZE:
+        return FIXED_SIZE[f.kind]
     if flexible:
         return 1
     return 2 if f.kind == "string" else 4
@@ -185,8 +187,8 @@ class _Gen:
             if f.tag is not None:
                 tagged[f.tag] = self._tag_fn(cls, f, flexible)
                 continue
-            if not f.is_array and f.kind in _FIXED_SIZE:
-                fixed += _FIXED_SIZE[f.kind]  # a run of fixed fields is one jump
+            if not f.is_array and f.kind in FIXED_SIZE:
+                fixed += FIXED_SIZE[f.kind]  # a run of fixed fields is one jump
                 continue
             if fixed:
                 body.append(f"p += {fixed}")
@@ -206,8 +208,8 @@ class _Gen:
 
     def _tag_fn(self, cls: Any, f: _Field, flexible: bool) -> str:
         body = (
-            [f"p += {_FIXED_SIZE[f.kind]}"]
-            if not f.is_array and f.kind in _FIXED_SIZE
+            [f"p += {FIXED_SIZE[f.kind]}"]
+            if not f.is_array and f.kind in FIXED_SIZE
             else self._field(cls, f, flexible)
         )
         name = f"_t{len(self.lines)}_{cls.__name__}_{f.name}"
@@ -249,8 +251,8 @@ class _Gen:
                 "if t > _MAXE:",
                 f"    raise _Bad('more than ' + str(_MAXE) + ' array elements (at {what})')",
             ]
-            if f.kind in _FIXED_SIZE:
-                lines.append(f"p += n * {_FIXED_SIZE[f.kind]}")
+            if f.kind in FIXED_SIZE:
+                lines.append(f"p += n * {FIXED_SIZE[f.kind]}")
             else:
                 lines.append("for _ in range(n):")
                 lines += ["    " + line for line in self._element(cls, f, flexible, what)]
@@ -266,8 +268,8 @@ class _Gen:
                 return inline
             # A nullable struct: an int8 marker, negative for null (Kafka's readByte() < 0).
             return ["n = b[p]", "p += 1", "if n < 0x80:"] + ["    " + line for line in inline]
-        if f.kind in _FIXED_SIZE:
-            return [f"p += {_FIXED_SIZE[f.kind]}"]
+        if f.kind in FIXED_SIZE:
+            return [f"p += {FIXED_SIZE[f.kind]}"]
         lines = self._length(flexible, wide=f.kind != "string") + self._null_check(
             what, nullable, flexible
         )

@@ -18,16 +18,7 @@ from functools import cache
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin
 
-from ._wire import Buf, _Bad, _Short, read_uvarint, write_uvarint
-
-_FIXED_SIZE = {
-    "int8": 1, "uint8": 1, "bool": 1,
-    "int16": 2, "uint16": 2, "error_code": 2,
-    "int32": 4, "uint32": 4, "timedelta_i32": 4,
-    "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
-    "uuid": 16,
-}  # fmt: skip
-_VARIABLE = {"string", "bytes", "records"}
+from ._wire import FIXED_SIZE, LENGTHED_KINDS, Buf, _Bad, _Short, read_uvarint, write_uvarint
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -76,9 +67,9 @@ class _Walker:
         return value
 
     def _value(self, kind: str) -> None:
-        if kind in _FIXED_SIZE:
-            self._copy_to(self.pos + _FIXED_SIZE[kind])
-        elif kind in _VARIABLE:
+        if kind in FIXED_SIZE:
+            self._copy_to(self.pos + FIXED_SIZE[kind])
+        elif kind in LENGTHED_KINDS:
             n = self._uvarint()  # compact: length + 1, 0 for null
             self._copy_to(self.pos + max(n - 1, 0))
         else:
