@@ -182,7 +182,7 @@ def _sweep(s: Session, c: RawClient) -> None:
         _record(
             s, c, f"sweep-produce-v{v}", "produce", v, _produce_body(TOPIC_S, 0, script_batch(v))
         )
-    _record(s, c, "sweep-produce-v3-acks0-then-metadata", "produce", 3,
+    _record(s, c, "sweep-produce-v3-acks1-other-topic", "produce", 3,
             _produce_body(TOPIC_S5, 1, script_batch(), acks=1))  # fmt: skip
     _record(s, c, "sweep-fetch-v4", "fetch", 4, _fetch_body([(TOPIC_S, 0, 0), (TOPIC_S5, 1, 0)]))
     _record(
