@@ -459,7 +459,8 @@ class KafkaOracle:
     """A real Apache Kafka single node (KRaft, combined broker+controller) on loopback.
 
     `workdir` holds server.properties, the log dir and the JVM's output (`kafka.log`).
-    `overrides` are added to (or replace) the generated server.properties lines.
+    `overrides` are added to (or replace) the generated server.properties lines;
+    `format_args` are added to `kafka-storage format` (e.g. `--add-scram` credentials).
     """
 
     def __init__(
@@ -470,8 +471,10 @@ class KafkaOracle:
         node_id: int = 1,
         heap: str = "-Xmx512m",
         overrides: Mapping[str, str] | None = None,
+        format_args: Sequence[str] = (),
     ) -> None:
         self.tools = tools
+        self.format_args = tuple(format_args)
         self.workdir = workdir
         self.node_id = node_id
         self.heap = heap
@@ -523,7 +526,14 @@ class KafkaOracle:
         try:
             self.tools.run(
                 STORAGE_TOOL,
-                ["format", "-t", self.cluster_id, "-c", str(self.properties_path)],
+                [
+                    "format",
+                    "-t",
+                    self.cluster_id,
+                    "-c",
+                    str(self.properties_path),
+                    *self.format_args,
+                ],
                 timeout=timeout,
             )
         except JavaToolsError as exc:

@@ -48,9 +48,12 @@ T0 = 1_700_000_000_000  # base timestamp of every scripted batch (ms)
 CLIENT_ID = "hk-oracle"
 
 API_NAMES = {
-    0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 18: "ApiVersions",
-    19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId", 23: "OffsetForLeaderEpoch",
-    32: "DescribeConfigs", 60: "DescribeCluster",
+    0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
+    9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup",
+    14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups", 17: "SaslHandshake",
+    18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
+    23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 36: "SaslAuthenticate",
+    42: "DeleteGroups", 47: "OffsetDelete", 60: "DescribeCluster",
 }  # fmt: skip
 
 # Config values that legitimately differ between the two brokers: they describe the
@@ -108,10 +111,17 @@ class RawClient:
         return next(self._ids)
 
     def call(self, api: str, version: int, body: dict[str, Any]) -> Any:
+        return self.receive(self.send(api, version, body))
+
+    def send(self, api: str, version: int, body: dict[str, Any]) -> RequestHeader:
+        """Send a request without waiting for its answer (`receive` reads it)."""
         cls = request_class(api, version)
         header = RequestHeader(cls.__api_key__, version, self.next_id(), CLIENT_ID)
         self.sock.sendall(encode_request(header, shape(cls, body)))
-        got, response = decode_response(self.read_frame(), header.api_key, version)
+        return header
+
+    def receive(self, header: RequestHeader) -> Any:
+        got, response = decode_response(self.read_frame(), header.api_key, header.api_version)
         if got != header.correlation_id:
             raise OracleProtocolError(f"correlation id {got} != {header.correlation_id}")
         return response
@@ -409,7 +419,9 @@ TOPIC_B = "hk-oracle-b"  # broker defaults (-1/-1), a config
 TOPIC_C = "hk-oracle-c"  # 3 partitions, LogAppendTime
 MISSING = "hk-oracle-missing"
 AUTO_V1 = "hk-oracle-auto-v1"  # named in a Metadata v1 request: auto-created
-RETRIABLE = frozenset({14, 15, 51})  # COORDINATOR_LOAD_IN_PROGRESS/NOT_AVAILABLE, CONCURRENT_TXNS
+RETRIABLE = frozenset(
+    {14, 15, 16, 51}
+)  # COORDINATOR_LOAD_IN_PROGRESS/NOT_AVAILABLE, NOT_COORDINATOR, CONCURRENT_TXNS
 
 
 def _produce_body(topic: str, partition: int, batch: bytes, acks: int = -1) -> dict[str, Any]:
@@ -551,7 +563,11 @@ def _script_topics_and_data(s: Session, c: RawClient) -> None:
     _record(s, c, "create-topics-v7-exists-and-validate-only", "create_topics", 7, again)
 
     # --- metadata with topics
-    md_all = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    md_all = {
+        "topics": None,
+        "allow_auto_topic_creation": False,
+        "include_topic_authorized_operations": False,
+    }
     _record(s, c, "metadata-v12-all", "metadata", 12, md_all)
     named = {
         "topics": [{"name": TOPIC_A}, {"name": TOPIC_C}, {"name": MISSING}],
@@ -561,29 +577,59 @@ def _script_topics_and_data(s: Session, c: RawClient) -> None:
     raw = _record(s, c, "metadata-v12-named", "metadata", 12, named)
     s.learned["topic_ids"] = {t["name"]: t["topic_id"] for t in raw["topics"]}
     # Metadata v0-v3 always ask for auto-creation; the broker's default allows it.
-    _record(s, c, "metadata-v1-auto-create", "metadata", 1, {"topics": [{"name": TOPIC_A}, {"name": AUTO_V1}]})
+    _record(
+        s,
+        c,
+        "metadata-v1-auto-create",
+        "metadata",
+        1,
+        {"topics": [{"name": TOPIC_A}, {"name": AUTO_V1}]},
+    )
     _wait("auto-created topic ready", lambda: _topics_ready(c, [AUTO_V1]))
     _record(s, c, "metadata-v1-after-auto-create", "metadata", 1, {"topics": [{"name": AUTO_V1}]})
 
     # --- produce
     _record(s, c, "produce-v9-a0", "produce", 9, _produce_body(TOPIC_A, 0, script_batch()))
     _record(s, c, "produce-v9-a0-again", "produce", 9, _produce_body(TOPIC_A, 0, script_batch()))
-    _record(s, c, "produce-v9-c1-log-append-time", "produce", 9, _produce_body(TOPIC_C, 1, script_batch()))
-    _record(s, c, "produce-v9-unknown-partition", "produce", 9, _produce_body(TOPIC_A, 7, script_batch()))
-    _record(s, c, "produce-v9-acks1", "produce", 9, _produce_body(TOPIC_C, 2, script_batch(), acks=1))
+    _record(
+        s,
+        c,
+        "produce-v9-c1-log-append-time",
+        "produce",
+        9,
+        _produce_body(TOPIC_C, 1, script_batch()),
+    )
+    _record(
+        s,
+        c,
+        "produce-v9-unknown-partition",
+        "produce",
+        9,
+        _produce_body(TOPIC_A, 7, script_batch()),
+    )
+    _record(
+        s, c, "produce-v9-acks1", "produce", 9, _produce_body(TOPIC_C, 2, script_batch(), acks=1)
+    )
     bad_crc = bytearray(script_batch())
     bad_crc[-1] ^= 0xFF
     _record(s, c, "produce-v9-bad-crc", "produce", 9, _produce_body(TOPIC_C, 0, bytes(bad_crc)))
 
     # --- idempotent produce
-    init = {"transactional_id": None, "transaction_timeout": 60_000, "producer_id": -1, "producer_epoch": -1}
+    init = {
+        "transactional_id": None,
+        "transaction_timeout": 60_000,
+        "producer_id": -1,
+        "producer_epoch": -1,
+    }
     raw = _record(s, c, "init-producer-id-v4", "init_producer_id", 4, init, retry_top_level=True)
     pid, epoch = raw["producer_id"], raw["producer_epoch"]
     idem = script_batch(100, producer_id=pid, producer_epoch=epoch, base_sequence=0)
     _record(s, c, "produce-v9-idempotent", "produce", 9, _produce_body(TOPIC_A, 0, idem))
     _record(s, c, "produce-v9-idempotent-duplicate", "produce", 9, _produce_body(TOPIC_A, 0, idem))
     gap = script_batch(200, producer_id=pid, producer_epoch=epoch, base_sequence=10)
-    _record(s, c, "produce-v9-idempotent-sequence-gap", "produce", 9, _produce_body(TOPIC_A, 0, gap))
+    _record(
+        s, c, "produce-v9-idempotent-sequence-gap", "produce", 9, _produce_body(TOPIC_A, 0, gap)
+    )
 
     # --- fetch
     _record(s, c, "fetch-v12-a0-from-0", "fetch", 12, _fetch_body([(TOPIC_A, 0, 0)]))
@@ -593,7 +639,9 @@ def _script_topics_and_data(s: Session, c: RawClient) -> None:
     _record(s, c, "fetch-v12-c-all", "fetch", 12,
             _fetch_body([(TOPIC_C, 0, 0), (TOPIC_C, 1, 0), (TOPIC_C, 2, 0)]))  # fmt: skip
     _record(s, c, "fetch-v12-unknown", "fetch", 12, _fetch_body([(TOPIC_A, 9, 0), (MISSING, 0, 0)]))
-    _record(s, c, "fetch-v12-read-committed", "fetch", 12, _fetch_body([(TOPIC_A, 0, 0)], isolation=1))
+    _record(
+        s, c, "fetch-v12-read-committed", "fetch", 12, _fetch_body([(TOPIC_A, 0, 0)], isolation=1)
+    )
 
     # --- list offsets
     for label, ts in (
@@ -601,7 +649,14 @@ def _script_topics_and_data(s: Session, c: RawClient) -> None:
         ("by-time-before-all", T0 - 5), ("by-time-idempotent-batch", T0 + 105),
         ("by-time-after-all", T0 + 1_000_000),
     ):  # fmt: skip
-        _record(s, c, f"list-offsets-v7-{label}", "list_offsets", 7, _list_offsets_body([(TOPIC_A, 0, ts)]))
+        _record(
+            s,
+            c,
+            f"list-offsets-v7-{label}",
+            "list_offsets",
+            7,
+            _list_offsets_body([(TOPIC_A, 0, ts)]),
+        )
     _record(s, c, "list-offsets-v7-read-committed", "list_offsets", 7,
             _list_offsets_body([(TOPIC_A, 0, -1), (TOPIC_C, 1, -1)], isolation=1))  # fmt: skip
     _record(s, c, "list-offsets-v7-unknown", "list_offsets", 7,
@@ -641,8 +696,13 @@ def _script_topics_and_data(s: Session, c: RawClient) -> None:
     def oe(parts: list[tuple[str, int, int, int]]) -> dict[str, Any]:
         topics: dict[str, list[dict[str, Any]]] = {}
         for t, p, cur, ep in parts:
-            topics.setdefault(t, []).append({"partition": p, "current_leader_epoch": cur, "leader_epoch": ep})
-        return {"replica_id": -1, "topics": [{"topic": t, "partitions": p} for t, p in topics.items()]}
+            topics.setdefault(t, []).append(
+                {"partition": p, "current_leader_epoch": cur, "leader_epoch": ep}
+            )
+        return {
+            "replica_id": -1,
+            "topics": [{"topic": t, "partitions": p} for t, p in topics.items()],
+        }
 
     _record(s, c, "offset-for-leader-epoch-v4", "offset_for_leader_epoch", 4,
             oe([(TOPIC_A, 0, 0, 0), (TOPIC_C, 1, -1, 0), (TOPIC_C, 2, 0, 3), (TOPIC_C, 0, 5, 0)]))  # fmt: skip
@@ -667,7 +727,8 @@ def _script_topics_and_data(s: Session, c: RawClient) -> None:
 # ---------------------------------------------------------------------------- diffing
 
 _KEYS = ("api_key", "name", "topic", "resource_name", "partition_index", "partition",
-         "index", "node_id", "broker_id", "batch_index", "base_offset")  # fmt: skip
+         "index", "node_id", "broker_id", "batch_index", "base_offset", "group_id", "key",
+         "member_id")  # fmt: skip
 
 
 def _key_of(*lists: list[Any]) -> str | None:
@@ -742,8 +803,32 @@ def diff(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
         yield path, a, b
 
 
+MEMBER_ID_FIELDS = ("member_id", "leader")
+
+
+def relabel_members(exchanges: list[Exchange]) -> list[Exchange]:
+    """Member ids (client id + "-" + a random UUID on both brokers) replaced by
+    `<member-N>`, N counting distinct ids in order of first appearance: what is compared
+    is which member is which (the leader, who got what), not the random part."""
+    labels: dict[str, str] = {}
+
+    def walk(data: Any) -> Any:
+        if isinstance(data, dict):
+            return {
+                k: (labels.setdefault(v, f"<member-{len(labels) + 1}>")
+                    if k in MEMBER_ID_FIELDS and isinstance(v, str) and v else walk(v))
+                for k, v in data.items()
+            }  # fmt: skip
+        if isinstance(data, list):
+            return [walk(v) for v in data]
+        return data
+
+    return [dataclasses.replace(e, response=walk(e.response)) for e in exchanges]
+
+
 def compare(kafka: list[Exchange], ours: list[Exchange]) -> list[Difference]:
     out: list[Difference] = []
+    kafka, ours = relabel_members(kafka), relabel_members(ours)
     ours_by_step = {e.step: e for e in ours}
     for e in kafka:
         o = ours_by_step.get(e.step)
@@ -768,9 +853,11 @@ class Finding:
     path: str
     reason: str
     line: int
+    absent_in: str | None = None  # "kafka" or "hyperkafka": only where that side has none
 
     def matches(self, d: Difference) -> bool:
-        """Same api (or `*`), version in range, path glob matches.
+        """Same api (or `*`), version in range, path glob matches, and the side named by
+        `where X=<absent>` (if any) has no value there.
 
         A path written `step:path` matches only the differences of that script step
         (the step names are those of `run_script`; `*` works in them too).
@@ -778,6 +865,10 @@ class Finding:
         if self.api not in ("*", d.api):
             return False
         if not _version_matches(self.versions, d.version):
+            return False
+        if self.absent_in == "kafka" and d.oracle != ABSENT:
+            return False
+        if self.absent_in == "hyperkafka" and d.hyperkafka != ABSENT:
             return False
         subject = f"{d.step}:{d.path}" if ":" in self.path else d.path
         return _glob(self.path).fullmatch(subject) is not None
@@ -798,8 +889,14 @@ def _version_matches(spec: str, version: int) -> bool:
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
-    """`*` matches anything (dots and brackets included); everything else is literal."""
-    return re.compile(".*".join(re.escape(p) for p in pattern.split("*")))
+    """`[*]` matches one array key (one element, not what is below it); any other `*`
+    matches anything (dots and brackets included); everything else is literal."""
+    parts = []
+    for i, piece in enumerate(pattern.split("[*]")):
+        if i:
+            parts.append(r"\[[^\]]*\]")
+        parts.append(".*".join(re.escape(p) for p in piece.split("*")))
+    return re.compile("".join(parts))
 
 
 _SECTIONS = {"## accepted differences": "accepted", "## hyperkafka bugs": "bug"}
@@ -809,7 +906,8 @@ def load_findings(path: Path = FINDINGS_PATH) -> list[Finding]:
     """The rows of the two tables in FINDINGS.md: `| api | version | field path | reason |`.
 
     Rows belong to the table under "## Accepted differences" or "## hyperkafka bugs"; a
-    path cell may be wrapped in backticks and may use `*` as a wildcard.
+    path cell may be wrapped in backticks, may use `*` as a wildcard (`[*]`: one array
+    key), and may end with `where kafka=<absent>` or `where hyperkafka=<absent>`.
     """
     findings: list[Finding] = []
     table: str | None = None
@@ -823,9 +921,12 @@ def load_findings(path: Path = FINDINGS_PATH) -> list[Finding]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 4 or cells[0].lower() == "api" or set(cells[0]) <= set("-: "):
             continue
-        api, versions, fpath = cells[0], cells[1], cells[2].strip("`")
+        api, versions, fpath = cells[0], cells[1], cells[2]
+        absent_in = None
+        if m := re.fullmatch(r"(.*?)\s+where\s+(kafka|hyperkafka)=<absent>", fpath):
+            fpath, absent_in = m.group(1), m.group(2)
         reason = " | ".join(cells[3:])
-        findings.append(Finding(table, api, versions, fpath, reason, n))
+        findings.append(Finding(table, api, versions, fpath.strip("`"), reason, n, absent_in))
     return findings
 
 

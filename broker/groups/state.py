@@ -61,10 +61,6 @@ NO_GENERATION = -1
 UNKNOWN_MEMBER = ""
 NEW_MEMBER_JOIN_TIMEOUT_MS = 5 * 60 * 1000
 CONSUMER_PROTOCOL = "consumer"
-# ConsumerProtocolAssignment v0 with no partitions and null user data: what a member
-# the leader left out (or gave empty bytes) receives, because clients such as franz-go
-# cannot decode an empty assignment.
-EMPTY_CONSUMER_ASSIGNMENT = struct.pack(">hii", 0, 0, -1)
 
 
 class State(enum.Enum):
@@ -872,19 +868,13 @@ class Groups:
             member.sync_waiter = waiter
             group.pending_sync.discard(member_id)
             if group.is_leader(member_id):
-                full = {m: self._decodable(group, assignments.get(m, b"")) for m in group.members}
+                full = {m: assignments.get(m, b"") for m in group.members}
                 self.effects.append(StoreGroup(group_id, group.generation_id, full))
             return None
         # Stable: hand out the current assignment again.
         group.pending_sync.discard(member_id)
         group._schedule_heartbeat(member, now)
         return SyncResult(codes.NONE, member.assignment, group.protocol_type, group.protocol_name)
-
-    @staticmethod
-    def _decodable(group: Group, assignment: bytes) -> bytes:
-        if not assignment and group.protocol_type == CONSUMER_PROTOCOL:
-            return EMPTY_CONSUMER_ASSIGNMENT
-        return assignment
 
     def group_stored(self, now: int, group_id: str, generation_id: int, assignment: Mapping[str, bytes] | None, error: int) -> None:
         """The driver persisted a `StoreGroup`; hand out the assignment (or the error)."""
@@ -1111,7 +1101,6 @@ def parse_subscription_topics(metadata: bytes) -> list[str]:
 
 __all__ = [
     "CONSUMER_PROTOCOL",
-    "EMPTY_CONSUMER_ASSIGNMENT",
     "NO_GENERATION",
     "UNKNOWN_MEMBER",
     "CommittedOffset",

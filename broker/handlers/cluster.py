@@ -11,8 +11,8 @@ from broker.api import Reply, RequestContext, advertised, api
 from broker.cluster import NO_LEADER
 from broker.handlers import errors
 from broker.node import Node, Partition, Topic, TopicError, check_topic_name
-from broker.security.authz import Operation
-from broker.security.session import authorize
+from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
+from broker.security.session import authorize, authorized_operations, cluster_operations
 from broker.shape import field_of
 
 log = logging.getLogger("hyperkafka.metadata")
@@ -170,13 +170,23 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                     continue
             assert topic is not None
             topics.append(describe_topic(node, topic))
-    return {
+    answer: dict[str, Any] = {
         "throttle_time": 0,
         "brokers": brokers(node, ctx),
         "cluster_id": node.cluster_id,
         "controller_id": controller_id(node),
         "topics": topics,
     }
+    # v8+: asked for, as Kafka: the bits for every topic the principal may describe
+    # (unknown ones included), and the cluster's (v8-v10).
+    if field_of(req, "include_topic_authorized_operations", False):
+        for t in topics:
+            if t["error_code"] != errors.TOPIC_AUTHORIZATION_FAILED and t.get("name") is not None:
+                ops = authorized_operations(ctx, t["name"], Resource.TOPIC)
+                t["topic_authorized_operations"] = OPEN_OPERATIONS[Resource.TOPIC] if ops is None else ops
+    if field_of(req, "include_cluster_authorized_operations", False):
+        answer["cluster_authorized_operations"] = cluster_operations(ctx)
+    return answer
 
 
 @api(60, "DescribeCluster", (0, 1))
@@ -192,5 +202,8 @@ async def describe_cluster(ctx: RequestContext, req: Any) -> Reply:
         "cluster_id": ctx.node.cluster_id,
         "controller_id": controller_id(ctx.node),
         "brokers": brokers(ctx.node, ctx),
+        "cluster_authorized_operations": (
+            cluster_operations(ctx) if field_of(req, "include_cluster_authorized_operations", False) else -(2**31)
+        ),
     }
 

@@ -36,15 +36,15 @@ from broker.api import Deferred, Reply, RequestContext, api
 from broker.groups import codes
 from broker.groups.coordinator import CommitEntry, GroupCoordinator, Waiter
 from broker.groups.state import JoinResult, SyncResult
-from broker.security.authz import Operation, Resource
+from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
 from broker.security.session import authorize, authorize_group, authorized_operations
 from broker.shape import field_of
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 INT32_MIN = -(2**31)
-# READ | DELETE | DESCRIBE (AclOperation codes 3, 6, 8): everything a group allows when
-# there is no authorizer.
-GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+# Everything a group allows when there is no authorizer, as Kafka reports it (READ,
+# DELETE, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS).
+GROUP_OPERATIONS = OPEN_OPERATIONS[Resource.GROUP]
 GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED = 30, 29
 
 
@@ -248,6 +248,11 @@ async def offset_commit(ctx: RequestContext, req: Any) -> Reply:
     else:
         readable = {t.name: authorize(ctx, Operation.READ, t.name) for t in req.topics}
         refused = {i: TOPIC_AUTHORIZATION_FAILED for i, e in enumerate(entries) if not readable[e.topic]}
+        # As Kafka's KafkaApis: a topic it does not know is refused before the group is
+        # asked, so its partitions get UNKNOWN_TOPIC_OR_PARTITION whatever the group says.
+        for i, e in enumerate(entries):
+            if i not in refused and ctx.node.topics.get(e.topic) is None:
+                refused[i] = codes.UNKNOWN_TOPIC_OR_PARTITION
 
     retention = field_of(req, "retention_time", -1)  # v2-v4 only
     retention_ms = -1 if retention is None else _ms(retention)

@@ -47,6 +47,13 @@ _OPERATIONS = {
     Resource.TOPIC: frozenset(Operation),
     Resource.GROUP: frozenset({Operation.READ, Operation.DESCRIBE, Operation.DELETE}),
 }
+# What Kafka reports in authorized_operations where everything is allowed (no authorizer):
+# every AclOperation Kafka defines for the resource type (topics: READ, WRITE, CREATE,
+# DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS; groups: READ, DELETE,
+# DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS; the cluster: CREATE to IDEMPOTENT_WRITE).
+# An open node allows them all, served here or not, so it says the same.
+OPEN_OPERATIONS = {Resource.TOPIC: 3576, Resource.GROUP: 3400}
+OPEN_CLUSTER_OPERATIONS = 8096
 _OPEN_BY_DEFAULT = frozenset({Operation.READ})  # DESCRIBE follows from READ (below)
 _NEEDS_AUTHENTICATION = {
     Resource.TOPIC: frozenset({Operation.WRITE, Operation.CREATE, Operation.DELETE}),
@@ -147,6 +154,8 @@ class Authorizer:
 
     def operations(self, principal: str, name: str, resource: Resource) -> int:
         """Kafka's authorized_operations bit field for this principal on `name`."""
+        if not self.secured:
+            return OPEN_OPERATIONS[resource]
         return sum(1 << ACL_OPERATION_CODES[op] for op in _OPERATIONS[resource] if self.allowed(principal, op, name, resource))
 
     def _decide(self, principal: str, operation: Operation, name: str, resource: Resource) -> bool:

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.protocol.errors import ProtocolError
-from broker.security.authz import ANONYMOUS, Authorizer, Operation, Resource
+from broker.security.authz import (
+    ANONYMOUS,
+    OPEN_CLUSTER_OPERATIONS,
+    Authorizer,
+    Operation,
+    Resource,
+)
 from broker.security.limits import ByteRateQuota, ConnectionLimiter
 from broker.security.sasl import SaslServer
 from broker.security.settings import Listener, SecuritySettings
@@ -184,6 +190,22 @@ def authorize(ctx: RequestContext, operation: Operation, topic: str, *, resource
 
 def authorize_group(ctx: RequestContext, operation: Operation, group: str, *, quiet: bool = False) -> bool:
     return authorize(ctx, operation, group, resource=Resource.GROUP, quiet=quiet)
+
+
+def cluster_operations(ctx: RequestContext) -> int:
+    """Kafka's authorized_operations bits on the cluster: all of them on an open node (or
+    without a session); else DESCRIBE (Metadata and DescribeCluster are open to all), with
+    IDEMPOTENT_WRITE for a principal that may write somewhere, and all for a super user."""
+    session: Session | None = getattr(ctx, "session", None)
+    authorizer = None if session is None else session.security.authorizer
+    if session is None or authorizer is None or not authorizer.secured:
+        return OPEN_CLUSTER_OPERATIONS
+    if session.principal in authorizer.super_users and session.principal != ANONYMOUS:
+        return OPEN_CLUSTER_OPERATIONS
+    bits = 1 << 8  # DESCRIBE
+    if authorizer.may_write_somewhere(session.principal):
+        bits |= 1 << 12  # IDEMPOTENT_WRITE
+    return bits
 
 
 def authorized_operations(ctx: RequestContext, name: str, resource: Resource) -> int | None:

@@ -16,7 +16,6 @@ import trio
 
 from broker.config import BrokerConfig
 from broker.groups import codes
-from broker.groups.state import EMPTY_CONSUMER_ASSIGNMENT
 from broker.server import run
 from broker.tests.conftest import Broker, RawClient
 
@@ -132,7 +131,7 @@ async def test_two_members_join_sync_heartbeat_commit_fetch_leave(broker: Broker
         sl = await leader.call("sync_group", 5, {"group_id": "g1", "generation_id": 2, "member_id": lr.member_id, "group_instance_id": None, "protocol_type": "consumer", "protocol_name": "range", "assignments": [{"member_id": lr.member_id, "assignment": b"leader-bytes"}]})
         sf = await follower.receive(sent_f)
         assert (sl.error_code, sl.assignment, sl.protocol_name) == (0, b"leader-bytes", "range")
-        assert (sf.error_code, sf.assignment) == (0, EMPTY_CONSUMER_ASSIGNMENT)  # left out, still decodable
+        assert (sf.error_code, sf.assignment) == (0, b"")  # left out: empty, as Kafka
         for conn, member in ((a, ra2.member_id), (b, rb.member_id)):
             hb = await conn.call("heartbeat", 0, {"group_id": "g1", "generation_id": 2, "member_id": member})
             assert hb.error_code == 0
@@ -170,7 +169,7 @@ async def test_two_members_join_sync_heartbeat_commit_fetch_leave(broker: Broker
         d = await admin.call("describe_groups", 5, {"groups": ["g1", "missing"], "include_authorized_operations": False})
         g1, missing = d.groups
         assert (g1.group_state, g1.protocol_type, g1.protocol_data) == ("Stable", "consumer", "range")
-        assert sorted(m.member_assignment for m in g1.members) == sorted([b"leader-bytes", EMPTY_CONSUMER_ASSIGNMENT])
+        assert sorted(m.member_assignment for m in g1.members) == sorted([b"leader-bytes", b""])
         assert (missing.error_code, missing.group_state) == (0, "Dead")
         lg = await admin.call("list_groups", 5, {"states_filter": [], "types_filter": []})
         assert ("g1", "consumer", "Stable", "classic") in [(g.group_id, g.protocol_type, g.group_state, g.group_type) for g in lg.groups]
@@ -208,7 +207,7 @@ async def test_old_versions_join_without_member_id_required_and_single_leave(bro
                                            "protocols": [{"name": "range", "metadata": subscription("t")}]})
         assert r.error_code == 0 and r.generation_id == 1 and r.protocol_name == "range"
         s = await c.call("sync_group", 0, {"group_id": "old", "generation_id": 1, "member_id": r.member_id, "assignments": []})
-        assert s.error_code == 0 and s.assignment == EMPTY_CONSUMER_ASSIGNMENT
+        assert s.error_code == 0 and s.assignment == b""
         lv = await c.call("leave_group", 0, {"group_id": "old", "member_id": r.member_id})
         assert lv.error_code == 0
         lv = await c.call("leave_group", 1, {"group_id": "old", "member_id": r.member_id})
