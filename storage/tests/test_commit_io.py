@@ -9,7 +9,7 @@ import pytest
 from storage_testutil import KEYPAIR, batch_of_size, tree_hash_of
 
 from storage import FsyncPolicy, LogConfig, PartitionLog
-from storage import log as log_mod
+from storage import hashing
 from storage.fs import MAP_MIN, FaultyFileSystem, OsFileSystem
 from storage.hypercore import leaf_hash
 
@@ -69,7 +69,7 @@ def _hash_all(view, items, helpers):
         assert all(len(leaf) == 32 for leaf in leaves[lo:hi])
         got.extend(leaves[lo:hi])
 
-    log_mod.hash_leaves(view, items, consume, helpers)
+    hashing.hash_leaves(view, items, consume, helpers)
     return got
 
 
@@ -90,7 +90,7 @@ def test_hash_leaves_matches_one_by_one(sizes, helpers):
 def test_hash_leaves_reports_a_hashing_failure(monkeypatch, helpers):
     items, total = _items([16384] * 100)
     calls = []
-    real = log_mod.compute_leaf
+    real = hashing.compute_leaf
 
     def flaky(data, size):
         calls.append(size)
@@ -98,24 +98,24 @@ def test_hash_leaves_reports_a_hashing_failure(monkeypatch, helpers):
             raise OSError("boom")
         return real(data, size)
 
-    monkeypatch.setattr(log_mod, "compute_leaf", flaky)
+    monkeypatch.setattr(hashing, "compute_leaf", flaky)
     with pytest.raises(OSError, match="boom"):
         _hash_all(memoryview(bytes(total)), items, helpers)
 
 
 def test_idle_helpers_follow_the_load(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(log_mod, "LEAF_HELPERS", 1)
+    monkeypatch.setattr(hashing, "LEAF_HELPERS", 1)
     for load, want in ((0.2, 1), (1.2, 0), (7.5, 0)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        assert log_mod.idle_helpers() == want
+        assert hashing.idle_helpers() == want
 
 
 @pytest.mark.parametrize("helpers", [0, 1])
 @pytest.mark.parametrize("fs_cls", [OsFileSystem, FaultyFileSystem])
 def test_large_commits_across_segments_sign_the_tree_of_what_was_written(tmp_path, fs_cls,
                                                                          helpers, monkeypatch):
-    monkeypatch.setattr(log_mod, "idle_helpers", lambda: helpers)
+    monkeypatch.setattr(hashing, "idle_helpers", lambda: helpers)
     # 3 MiB of 16 KiB batches per commit (parallel hashing of a mapped span), rolling a
     # segment every 1 MiB so one job reads back spans of several segments
     lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.INTERVAL,
