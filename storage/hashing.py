@@ -2,9 +2,11 @@
 
 Owns `compute_leaf` (one Hypercore leaf hash, no concatenation of a large batch) and
 `hash_leaves`, which hashes a run of batches for a commit job, sharing a large run with
-helper threads on idle cores (hashlib's BLAKE2b releases the GIL above 2 KiB).
+helper threads on idle cores (hashlib's BLAKE2b releases the GIL above 2 KiB), and
+`hash_many`, the native path: every leaf of a whole commit round in one call of the Rust
+core, several leaves side by side in SIMD lanes, the GIL released for all of it.
 
-May import the standard library only.
+May import the standard library and `storage.hypercore.tree`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,22 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from hashlib import blake2b
+
+from storage.hypercore.tree import NATIVE_LEAVES, leaf_hashes
+
+__all__ = [
+    "HASH_CHUNK",
+    "INLINE_HASH_BELOW",
+    "LEAF_HELPERS",
+    "LEAF_PREFIX",
+    "NATIVE_LEAVES",
+    "PARALLEL_HASH_MIN",
+    "compute_leaf",
+    "hash_leaves",
+    "hash_many",
+    "idle_helpers",
+    "leaf_hashes",
+]
 
 LEAF_PREFIX = b"\x00"
 INLINE_HASH_BELOW = 4096  # mean batch size under which prepare_commit hashes inline
@@ -59,15 +77,21 @@ def _helpers() -> ThreadPoolExecutor:
         return _leaf_pool
 
 
-def _hash_range(view: memoryview, items: Sequence[tuple[int, int]], leaves: list[bytes],
-                lo: int, hi: int) -> None:
+def _hash_range(
+    view: memoryview, items: Sequence[tuple[int, int]], leaves: list[bytes], lo: int, hi: int
+) -> None:
     for t in range(lo, hi):
         o, size = items[t]
         leaves[t] = compute_leaf(view[o : o + size], size)
 
 
-def _hash_chunks(view: memoryview, items: Sequence[tuple[int, int]], leaves: list[bytes],
-                 chunks: Iterator[int], step: int) -> None:
+def _hash_chunks(
+    view: memoryview,
+    items: Sequence[tuple[int, int]],
+    leaves: list[bytes],
+    chunks: Iterator[int],
+    step: int,
+) -> None:
     """Hash the chunks of `items` claimed from the shared iterator `chunks` (next() is
     atomic under the GIL) into `leaves`."""
     n = len(items)
@@ -75,9 +99,12 @@ def _hash_chunks(view: memoryview, items: Sequence[tuple[int, int]], leaves: lis
         _hash_range(view, items, leaves, lo, min(lo + step, n))
 
 
-def hash_leaves(view: memoryview, items: Sequence[tuple[int, int]],
-                consume: Callable[[list[bytes], int, int], None],
-                helpers: int | None = None) -> None:
+def hash_leaves(
+    view: memoryview,
+    items: Sequence[tuple[int, int]],
+    consume: Callable[[list[bytes], int, int], None],
+    helpers: int | None = None,
+) -> None:
     """Leaf hashes of the batches at `items` ((offset in view, size) each), handed to
     `consume(leaves, lo, hi)` on this thread, in order, as ranges of them are ready.
 
@@ -121,3 +148,11 @@ def hash_leaves(view: memoryview, items: Sequence[tuple[int, int]],
             f.result()
     if done < n:
         consume(leaves, done, n)
+
+
+def hash_many(blocks: Sequence[memoryview]) -> list[bytes]:
+    """The leaf hash of each block: natively in one call (many lanes at once, GIL released)
+    where the core was built (`NATIVE_LEAVES`), else one by one with hashlib."""
+    if NATIVE_LEAVES:
+        return leaf_hashes(blocks)
+    return [compute_leaf(b, b.nbytes) for b in blocks]

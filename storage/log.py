@@ -23,6 +23,7 @@ May import the standard library, crc32c, `storage.hypercore`, `storage.fs`,
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import logging
 import os
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 
@@ -51,6 +52,7 @@ from storage.hashing import (
     INLINE_HASH_BELOW,
     compute_leaf,
     hash_leaves,
+    hash_many,
 )
 from storage.hypercore import (
     Frontier,
@@ -62,6 +64,7 @@ from storage.hypercore import (
     tree_hash,
     verify_head,
 )
+from storage.hypercore.tree import NATIVE_LEAVES
 
 log = logging.getLogger(__name__)
 
@@ -531,8 +534,53 @@ class CommitJob:
             lg._poisoned = exc
             raise StorageError(f"commit failed: {exc}") from exc
 
+    def waits_for_fsync(self) -> bool:
+        """Whether `run` waits for an fsync. An `interval` job that starts the periodic sync
+        hands its fsyncs to a `BackgroundSync` thread and does not wait, unless it also
+        syncs the head."""
+        if self.sync_head:
+            return True
+        return not self.background and bool(self.sync_fds or self.sync_dir or self.sync_derived)
+
+    def needs_leaves(self) -> bool:
+        """Whether `run` would hash batches (`hash_jobs` may do it for many jobs at once)."""
+        return bool(self.pending) and self.leaves is None
+
+    def _groups(self) -> list[list[PendingBatch]]:
+        """The pending batches by segment: the new batches of one segment are contiguous in
+        its .log and its .bidx, so they are read back as one span and indexed as one run."""
+        pending = self.pending
+        out = []
+        i, n = 0, len(pending)
+        while i < n:
+            log_fd, k0 = pending[i][0], pending[i][2]
+            j = i + 1
+            while j < n and pending[j][0] == log_fd:
+                j += 1
+            if pending[j - 1][2] - k0 != j - i - 1:
+                raise StorageError("appended batches are not contiguous in their segment")
+            out.append(pending[i:j])
+            i = j
+        return out
+
+    def _read_back(self, stack: contextlib.ExitStack, views: list[memoryview]) -> None:
+        """Append to `views` a view of each pending batch as the page cache holds it (a map
+        of the whole span, see FileSystem.read_view), valid until `stack` closes: what we
+        hash is exactly what we will serve. The caller releases the views first."""
+        fs = self.log.fs
+        for group in self._groups():
+            span_start = group[0][5]
+            span_len = group[-1][5] + group[-1][6] - span_start
+            span = stack.enter_context(fs.read_view(group[0][0], span_len, span_start))
+            if len(span) != span_len:
+                raise StorageError("segment shorter than what was appended")
+            for p in group:
+                o = p[5] - span_start
+                views.append(span[o : o + p[6]])
+
     def _hash_pending(self) -> None:
-        """Leaf hashes (BLAKE2b releases the GIL above 2 KiB, so this overlaps the owner
+        """Leaf hashes (natively: every batch of the job in one call with the GIL released;
+        else hashlib, which releases the GIL above 2 KiB: either way this overlaps the owner
         thread's appends), frontier, and the index entries, one pwrite per run of entries."""
         fr = self.frontier
         nodes = self.nodes
@@ -546,23 +594,16 @@ class CommitJob:
         pack_entry = _ENTRY.pack
         pack_u32 = _U32.pack
         crc = crc32c.crc32c
-        verified = self.leaves  # a follower's leaf hashes, computed while verifying
-        if verified is not None and len(verified) != len(pending):
-            raise StorageError("verified leaf hashes do not match the pending batches")
-        i, n = 0, len(pending)
-        while i < n:
-            # The new batches of one segment are contiguous in its .log and its .bidx: read
-            # them back as one span (a view of the page cache, see FileSystem.read_view) and
-            # write their entries as one run. What we hash is exactly what we will serve.
-            log_fd, idx_fd, k0 = pending[i][:3]
-            j = i + 1
-            while j < n and pending[j][0] == log_fd:
-                j += 1
-            group = pending[i:j]
-            if group[-1][2] - k0 != len(group) - 1:
-                raise StorageError("appended batches are not contiguous in their segment")
-            span_start = group[0][5]
-            span_len = group[-1][5] + group[-1][6] - span_start
+        if self.leaves is None and NATIVE_LEAVES:
+            hash_jobs([self], strict=True)
+        # a follower's leaf hashes (computed while verifying), or this round's (`hash_jobs`)
+        given = self.leaves
+        if given is not None and len(given) != len(pending):
+            raise StorageError("given leaf hashes do not match the pending batches")
+        i = 0
+        for group in self._groups():
+            j = i + len(group)
+            k0 = group[0][2]
             entries = bytearray()
 
             def fold(leaves: list[bytes], lo: int, hi: int, group: list[PendingBatch] = group,
@@ -575,17 +616,56 @@ class CommitJob:
                     entries.extend(body)
                     entries.extend(pack_u32(crc(body)))
 
-            if verified is not None:
-                fold(verified[i:j], 0, len(group))
+            if given is not None:
+                fold(given[i:j], 0, len(group))
             else:
-                with fs.read_view(log_fd, span_len, span_start) as span:
+                span_start = group[0][5]
+                span_len = group[-1][5] + group[-1][6] - span_start
+                with fs.read_view(group[0][0], span_len, span_start) as span:
                     if len(span) != span_len:
                         raise StorageError("segment shorter than what was appended")
                     hash_leaves(span, [(p[5] - span_start, p[6]) for p in group], fold)
-            self.index_writes.append((idx_fd, IDX_HEADER_SIZE + k0 * ENTRY_SIZE, bytes(entries)))
+            self.index_writes.append((group[0][1], IDX_HEADER_SIZE + k0 * ENTRY_SIZE,
+                                      bytes(entries)))
             i = j
         self.pending = []
         self.leaves = None
+
+
+def hash_jobs(jobs: Sequence[CommitJob], *, strict: bool = False) -> None:
+    """Hash the pending batches of every job in `jobs` (one commit round, any number of
+    partitions) in one call of the native core: leaves are independent, so the more
+    there are, the more SIMD lanes are busy (about twice one stream's speed with four),
+    and the GIL is released for the whole of the hashing. Each job then folds its leaves
+    in `run`. Without the native core this does nothing (each job hashes its own, with
+    helper threads). A job whose batches cannot be read back is left to fail in its own
+    `run` (only its log is poisoned), unless `strict`. Runs where the jobs run."""
+    if not NATIVE_LEAVES:
+        return
+    todo: list[tuple[CommitJob, int, int]] = []
+    views: list[memoryview] = []
+    with contextlib.ExitStack() as stack:
+        try:
+            for job in jobs:
+                if not job.needs_leaves():
+                    continue
+                lo = len(views)
+                try:
+                    job._read_back(stack, views)
+                except (OSError, StorageError):
+                    if strict:
+                        raise
+                    for v in views[lo:]:
+                        v.release()
+                    del views[lo:]
+                    continue
+                todo.append((job, lo, len(views)))
+            leaves = hash_many(views) if views else []
+        finally:
+            for v in views:  # before the maps close (read_view's rule)
+                v.release()
+    for job, lo, hi in todo:
+        job.leaves = leaves[lo:hi]
 
 
 # ---------------------------------------------------------------------------- the log
@@ -1446,9 +1526,11 @@ class PartitionLog:
             self._pending_leaves = []
         self._disk_clean = False
         self._job = job
-        if job.pending and pending_bytes < INLINE_HASH_BELOW * len(job.pending):
-            # Small batches: BLAKE2b keeps the GIL below 2 KiB, so a worker thread would only
-            # fight the loop thread for it (convoy); hash here, the job keeps the I/O.
+        if (not NATIVE_LEAVES and job.pending
+                and pending_bytes < INLINE_HASH_BELOW * len(job.pending)):
+            # Small batches: hashlib's BLAKE2b keeps the GIL below 2 KiB, so a worker thread
+            # would only fight the loop thread for it (convoy); hash here, the job keeps the
+            # I/O. (The native core releases the GIL whatever the size: the job hashes.)
             job._hash_pending()
         return job
 
