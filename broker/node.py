@@ -42,7 +42,7 @@ from broker.cluster import Cluster, signed_blocks
 from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
-from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord
+from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
 from storage.errors import RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget, HandleCache
 
@@ -855,14 +855,9 @@ class _Share:
     error: BaseException | None = None
 
     def job_syncs(self) -> bool:
-        """Whether running the job waits for an fsync. An `interval` job that starts the
-        periodic sync hands its fsyncs to a `BackgroundSync` thread and does not wait,
-        unless it also syncs the head."""
-        job = self.job
-        assert job is not None
-        if job.sync_head:
-            return True
-        return not job.background and bool(job.sync_fds or job.sync_dir or job.sync_derived)
+        """Whether running the job waits for an fsync."""
+        assert self.job is not None
+        return self.job.waits_for_fsync()
 
 
 async def _acquire(lock: trio.Lock) -> None:
@@ -902,7 +897,9 @@ def _write(work: list[_Share]) -> None:
 
 
 def _run(work: list[_Share]) -> None:
-    """Run the prepared commit jobs (hash, index, tree, sign, head, fsync when due)."""
+    """Run the prepared commit jobs (hash, index, tree, sign, head, fsync when due); the
+    leaves of every partition's new batches are hashed first, all in one native call."""
+    hash_jobs([s.job for s in work if s.job is not None and s.error is None])
     for share in work:
         if share.job is not None and share.error is None:
             try:

@@ -2,11 +2,11 @@
 
 Synchronous and Trio-free; never imports `broker` or protocol types. Layout and crash
 semantics: storage/FORMAT.md. Public API: `Store`, `PartitionLog`, `FsyncPolicy`,
-`LogConfig`, `TopicRecord`, `FileRange`, `CommitJob`, `Head`; errors in `storage.errors`.
+`LogConfig`, `TopicRecord`, `FileRange`, `CommitJob`, `hash_jobs`, `Head`; errors in `storage.errors`.
 """
 
 from storage.catalog import TopicRecord
-from storage.log import CommitJob, FileRange, FsyncPolicy, Head, LogConfig, PartitionLog
+from storage.log import CommitJob, FileRange, FsyncPolicy, Head, LogConfig, PartitionLog, hash_jobs
 from storage.store import Store
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "PartitionLog",
     "Store",
     "TopicRecord",
+    "hash_jobs",
 ]

@@ -7,7 +7,10 @@ Measures, on this machine's disk:
     runs it in a worker thread (fsync + sign + head write) and publishes it when done;
   * read MB/s: whole log through `read()` + pread, first pass after reopen (includes the
     one-time authentication of old batches) and a second pass (page cache, nothing checked);
-  * reopen time of a 1 GiB partition after a clean close and after a process crash.
+  * reopen time of a 1 GiB partition after a clean close and after a process crash;
+  * leaf hashing GB/s on one core (the thread's CPU time): 16 KiB and 1 MiB blocks, many
+    at once as a commit round hashes them (`storage.hashing.hash_many`), and one by one
+    with hashlib for comparison.
 
 Each append run also reports the CPU seconds per GB of the whole process and the load
 average: on a shared machine MB/s follows the load, CPU-s/GB much less.
@@ -28,6 +31,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from storage.batch import build_batch
+from storage.hashing import NATIVE_LEAVES, compute_leaf, hash_many
 from storage.hypercore import derive_keypair
 from storage.log import CommitJob, FsyncPolicy, LogConfig, PartitionLog
 
@@ -118,6 +122,28 @@ def append_run(path: str, policy: FsyncPolicy, batch_size: int, total_bytes: int
     }
 
 
+def leaf_hash_run(block_bytes: int, total_bytes: int = 256 * MiB, repeats: int = 5) -> dict[str, float]:
+    """GB/s of leaf hashing per core: thread CPU time, so other load on the machine does
+    not count (the wall clock is reported beside it); the median of `repeats` passes."""
+    blocks = [memoryview(b) for b in make_batches(block_bytes, max(1, (32 * MiB) // block_bytes))]
+    rounds = max(1, total_bytes // (repeats * len(blocks) * block_bytes))
+    gb = rounds * len(blocks) * block_bytes / 1e9
+    out: dict[str, float] = {"block_bytes": block_bytes}
+    one_by_one = lambda bs: [compute_leaf(b, b.nbytes) for b in bs]  # noqa: E731
+    for name, fn in (("many", hash_many), ("hashlib", one_by_one)):
+        fn(blocks)  # warm
+        cpu, wall = [], []
+        for _ in range(repeats):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            for _ in range(rounds):
+                fn(blocks)
+            cpu.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - t0)
+        out[f"{name}_GB_per_cpu_s"] = gb / sorted(cpu)[repeats // 2]
+        out[f"{name}_GB_per_s_wall"] = gb / sorted(wall)[repeats // 2]
+    return out
+
+
 def _cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -205,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.warm_mib:
             warm_page_cache(base, args.warm_mib)
         results["warmed_page_cache_mib"] = args.warm_mib
+        hashing = []
+        for size in (16 * 1024, MiB):
+            h = leaf_hash_run(size, (args.mb * MiB) // 2)
+            hashing.append(h)
+            print(f"leaf hashing {size:>8} B blocks: many at once {h['many_GB_per_cpu_s']:.2f} GB/s "
+                  f"per core ({'native' if NATIVE_LEAVES else 'no native core: hashlib'}), "
+                  f"one by one (hashlib) {h['hashlib_GB_per_cpu_s']:.2f} GB/s per core", flush=True)
+        results["leaf_hashing"] = hashing
         for size in (1024, 16 * 1024, MiB):
             for policy in FsyncPolicy:
                 total = args.mb * MiB if size > 1024 else min(args.mb, 64) * MiB

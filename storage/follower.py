@@ -41,6 +41,7 @@ from typing import Any, NoReturn, cast
 from storage import batch as B
 from storage.errors import StorageError
 from storage.fs import FileSystem, OsFileSystem
+from storage.hashing import compute_leaf
 from storage.hypercore import (
     Frontier,
     HypercoreError,
@@ -60,7 +61,6 @@ from storage.log import (
     Head,
     LogConfig,
     PartitionLog,
-    compute_leaf,
     encode_entry,
 )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from storage import batch as B
 from storage.errors import ArchiveDamaged
 from storage.fs import FileSystem, OsFileSystem
+from storage.hashing import compute_leaf
 from storage.hypercore import Frontier, Node, archive_key, flat_tree, parent_node
 from storage.log import (
     ENTRY_SIZE,
@@ -22,7 +23,6 @@ from storage.log import (
     NODE_SIZE,
     Head,
     check_head,
-    compute_leaf,
     decode_index_header,
     entry_ok,
     read_head_slots,

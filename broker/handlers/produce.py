@@ -35,7 +35,7 @@ from broker.protocol.fastpath import ProducePartitionResult, encode_produce_resp
 from broker.security.authz import Operation
 from broker.security.session import authorize, authorize_idempotent_write
 from broker.shape import field_of
-from broker.validation import TimestampRange, crc32c, inflate_limit, validate_records
+from broker.validation import TimestampRange, check_batch, inflate_limit
 
 log = logging.getLogger("hyperkafka.produce")
 
@@ -109,11 +109,17 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
             errors.MESSAGE_TOO_LARGE,
             f"The batch of {len(data)} bytes is larger than max.message.bytes ({topic.max_message_bytes})",
         )
+    now = ms_now()
+    bounds = None
+    if not topic.log_append_time:
+        bounds = TimestampRange.around(now, topic.timestamp_before_max_ms, topic.timestamp_after_max_ms)
     try:
-        # Header, length and CRC-32C here; the records below, natively.
-        batch = records.validate_batch(data, decode=False, crc=crc32c)
+        # Header, length, CRC-32C and every record in one native pass (GIL released); the
+        # records' verdict is raised below, after the header-only checks, as Kafka orders them.
+        checked = check_batch(data, max_inflated=inflate_limit(topic.max_message_bytes), timestamps=bounds)
     except RecordBatchError as exc:
         return _PartitionResult(exc.error_code, str(exc))
+    batch = checked.header
     if batch.is_control:
         return _PartitionResult(errors.INVALID_RECORD, "Clients may not write control batches")
     if batch.is_transactional:
@@ -125,13 +131,9 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         return _PartitionResult(errors.INVALID_RECORD, "An idempotent batch needs a base sequence")
 
-    now = ms_now()
-    bounds = None
-    if not topic.log_append_time:
-        bounds = TimestampRange.around(now, topic.timestamp_before_max_ms, topic.timestamp_after_max_ms)
     try:
-        # Every record, before anything is signed: one native pass with the GIL released.
-        max_timestamp = validate_records(data, batch, max_inflated=inflate_limit(topic.max_message_bytes), timestamps=bounds)
+        # Every record, before anything is signed.
+        max_timestamp = checked.records()
     except RecordBatchError as exc:
         return _PartitionResult(exc.error_code, str(exc), exc.record_index)
 

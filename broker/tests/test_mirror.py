@@ -280,7 +280,6 @@ async def test_a_writer_truncated_below_our_copy_is_no_equivocation(
     (FORMAT.md sec. 8, case 9), shorter than what the mirror verified: legitimate in
     Hypercore (a truncate), so no evidence and no freeze; the mirror cannot reorg, says
     so at ERROR once and stops following that archive, serving what it verified."""
-    import storage.log as log_mod
     from broker.mirror import _link_to, follow_forever
     from storage.follower import EVIDENCE_FILE
     from storage.fs import FaultyFileSystem
@@ -307,7 +306,7 @@ async def test_a_writer_truncated_below_our_copy_is_no_equivocation(
             client.receive_data(b)
     assert follower.high_watermark == 5
     fs.crash("drop")
-    monkeypatch.setattr(log_mod, "BOOT_ID", b"\x42" * 16)  # the machine rebooted
+    monkeypatch.setattr("storage.format.BOOT_ID", b"\x42" * 16)  # the machine rebooted
     w = PartitionLog.open(tmp_path / "w", kp, fsync=FsyncPolicy.NEVER, fs=fs)
     w.append(build_batch([b"new"], timestamp_ms=1000))
     w.commit()

@@ -398,3 +398,136 @@ def test_native_and_python_give_the_same_verdicts(
     data: bytes, cap: int, ts: RV.TimestampRange | None
 ) -> None:
     every_path(data, cap, ts)
+
+
+# ----------------------------------------------------------------- one pass per batch
+
+
+def check_verdict(
+    fn: Callable[..., RV.CheckedBatch], data: bytes, cap: int, ts: RV.TimestampRange | None
+) -> tuple[object, ...]:
+    """What Produce learns from `check_batch`: a batch error, or the header and the
+    records' verdict (code, record index) or max timestamp."""
+    try:
+        checked = fn(data, max_inflated=cap, timestamps=ts)
+    except RecordBatchError as exc:
+        return ("batch", exc.error_code, str(exc))
+    try:
+        return ("records", checked.header, checked.records())
+    except RecordBatchError as exc:
+        return ("records", checked.header, exc.error_code, exc.record_index)
+
+
+@st.composite
+def damaged_batches(draw: st.DrawFn) -> bytes:
+    """`hostile_batches`, and then the batch header lies too: CRC, count, length, cut."""
+    data = bytearray(draw(hostile_batches()))
+    what = draw(st.integers(0, 6))
+    if what == 1:  # a stale CRC
+        data[17 + draw(st.integers(0, 3))] ^= draw(st.integers(1, 255))
+    elif what == 2:  # lastOffsetDelta and recordsCount disagree (and the CRC holds)
+        struct.pack_into(">i", data, 23, draw(st.integers(-2, 8)))
+        struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+    elif what == 3:  # both lie
+        struct.pack_into(">i", data, 23, draw(st.integers(-2, 8)))
+    elif what == 4:  # cut anywhere, or grown
+        data = data[: draw(st.integers(0, len(data)))] + draw(st.binary(max_size=3))
+    elif what == 5:  # a batch length that is not its size
+        struct.pack_into(">i", data, 8, draw(st.integers(-5, len(data) + 5)))
+    return bytes(data)
+
+
+@needs_native
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    damaged_batches(),
+    st.sampled_from([64, 300, CAP]),
+    st.one_of(st.none(), st.just(WIDE), st.just(RV.TimestampRange.around(NOW, 3, 3))),
+)
+def test_check_batch_native_and_python_agree(
+    data: bytes, cap: int, ts: RV.TimestampRange | None
+) -> None:
+    native = check_verdict(RV.check_batch_native, data, cap, ts)
+    python = check_verdict(RV.check_batch_python, data, cap, ts)
+    if native != python:  # only the damaged stream right at the cap may differ (above)
+        assert native[:2] == python[:2] and native[0] == "records"
+        assert {native[2:], python[2:]} == _AT_THE_CAP
+    # and the whole verdict is validate_batch's, then validate_records'
+    try:
+        header = R.validate_batch(data, decode=False)
+    except RecordBatchError as exc:
+        assert python == ("batch", exc.error_code, str(exc))
+    else:
+        assert python[:2] == ("records", header)
+        v = verdict(RV.validate_records_python, data, cap, ts)
+        assert python[2:] == ((v[1],) if v[0] == "ok" else v)
+
+
+def test_check_batch_refuses_a_stale_crc_before_the_records() -> None:
+    bad_records = bytearray(batch(record(0) + record(5), 2))
+    bad_records[20] ^= 1  # the CRC's last byte
+    for fn in [RV.check_batch_python] + ([RV.check_batch_native] if NATIVE else []):
+        with pytest.raises(RecordBatchError, match="CRC mismatch") as exc:
+            fn(bytes(bad_records), max_inflated=CAP, timestamps=WIDE)
+        assert exc.value.error_code == CORRUPT_MESSAGE
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=3000), max_size=40), st.integers(0, 3))
+def test_native_leaf_hashes_are_hypercores(blocks: list[bytes], grow: int) -> None:
+    """Many at once (lanes of unequal lengths), byte-identical to hashlib one by one."""
+    import hashlib
+
+    from storage import _native
+
+    blocks = [b * (1 + grow * (i % 3)) for i, b in enumerate(blocks)]
+    want = [
+        hashlib.blake2b(b"\x00" + len(b).to_bytes(8, "little") + b, digest_size=32).digest()
+        for b in blocks
+    ]
+    assert _native.leaf_hashes([memoryview(b) for b in blocks]) == want
+
+
+def _runs_beside(call: Callable[[], object]) -> int:
+    """How often another Python thread got to run during `call()` (away from its ends)."""
+    import threading
+    import time
+
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        while not stamps:
+            time.sleep(0.001)
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+    finally:
+        stop.set()
+        t.join()
+    margin = (t1 - t0) / 4
+    assert t1 - t0 > 0.01, "the call was too short to tell"
+    return sum(1 for s in stamps if t0 + margin < s < t1 - margin)
+
+
+@needs_native
+def test_native_calls_release_the_gil_for_all_their_work() -> None:
+    """A thread that only runs Python runs in the middle of long native calls. (Were the
+    GIL held, it could not run at all between the call's start and end.)"""
+    from storage import _native
+
+    big = [bytes(64 << 20)] * 4  # 256 MiB of leaves
+    assert _runs_beside(lambda: _native.leaf_hashes(big)) > 0
+    # a zstd stream of 256 MiB of zeros: record 0 is bad at once, the stream is then
+    # inflated to its end (a stream error would win) under the GIL-free walk
+    bomb = batch(zstandard.ZstdCompressor().compress(bytes(256 << 20)), 1, codec=4)
+    code = _native.check_batch(bomb, 1 << 30, False, 0, 0)[1]
+    assert code == INVALID_RECORD
+    assert _runs_beside(lambda: _native.check_batch(bomb, 1 << 30, False, 0, 0)) > 0

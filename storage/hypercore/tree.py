@@ -30,6 +30,8 @@ except ImportError:  # built without a Rust toolchain: hashlib serves
 if os.environ.get("HYPERKAFKA_NO_NATIVE") == "1":
     _native_leaf_hashes = None  # type: ignore[assignment]
 _NATIVE_MIN = 4096  # below this hashlib is as fast (call overhead dominates)
+# Whether `leaf_hashes` runs natively (many leaves side by side, the GIL released).
+NATIVE_LEAVES = _native_leaf_hashes is not None
 
 # Type prefixes make leaf, parent and root hashes disjoint (second-preimage defence).
 _LEAF = b"\x00"

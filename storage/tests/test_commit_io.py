@@ -8,7 +8,7 @@ import os
 import pytest
 from storage_testutil import KEYPAIR, batch_of_size, tree_hash_of
 
-from storage import FsyncPolicy, LogConfig, PartitionLog
+from storage import FsyncPolicy, LogConfig, PartitionLog, hashing
 from storage import log as log_mod
 from storage.fs import MAP_MIN, FaultyFileSystem, OsFileSystem
 from storage.hypercore import leaf_hash
@@ -69,7 +69,7 @@ def _hash_all(view, items, helpers):
         assert all(len(leaf) == 32 for leaf in leaves[lo:hi])
         got.extend(leaves[lo:hi])
 
-    log_mod.hash_leaves(view, items, consume, helpers)
+    hashing.hash_leaves(view, items, consume, helpers)
     return got
 
 
@@ -90,7 +90,7 @@ def test_hash_leaves_matches_one_by_one(sizes, helpers):
 def test_hash_leaves_reports_a_hashing_failure(monkeypatch, helpers):
     items, total = _items([16384] * 100)
     calls = []
-    real = log_mod.compute_leaf
+    real = hashing.compute_leaf
 
     def flaky(data, size):
         calls.append(size)
@@ -98,24 +98,24 @@ def test_hash_leaves_reports_a_hashing_failure(monkeypatch, helpers):
             raise OSError("boom")
         return real(data, size)
 
-    monkeypatch.setattr(log_mod, "compute_leaf", flaky)
+    monkeypatch.setattr(hashing, "compute_leaf", flaky)
     with pytest.raises(OSError, match="boom"):
         _hash_all(memoryview(bytes(total)), items, helpers)
 
 
 def test_idle_helpers_follow_the_load(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(log_mod, "LEAF_HELPERS", 1)
+    monkeypatch.setattr(hashing, "LEAF_HELPERS", 1)
     for load, want in ((0.2, 1), (1.2, 0), (7.5, 0)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        assert log_mod.idle_helpers() == want
+        assert hashing.idle_helpers() == want
 
 
 @pytest.mark.parametrize("helpers", [0, 1])
 @pytest.mark.parametrize("fs_cls", [OsFileSystem, FaultyFileSystem])
 def test_large_commits_across_segments_sign_the_tree_of_what_was_written(tmp_path, fs_cls,
                                                                          helpers, monkeypatch):
-    monkeypatch.setattr(log_mod, "idle_helpers", lambda: helpers)
+    monkeypatch.setattr(hashing, "idle_helpers", lambda: helpers)
     # 3 MiB of 16 KiB batches per commit (parallel hashing of a mapped span), rolling a
     # segment every 1 MiB so one job reads back spans of several segments
     lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.INTERVAL,
@@ -135,3 +135,72 @@ def test_large_commits_across_segments_sign_the_tree_of_what_was_written(tmp_pat
     assert lg.head is not None and lg.head.tree_hash == tree_hash_of(written)
     assert len(lg._segments) > 3
     lg.close()
+
+
+needs_native = pytest.mark.skipif(not hashing.NATIVE_LEAVES, reason="storage._native not built")
+
+
+def _count_native_calls(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = hashing.leaf_hashes
+
+    def counting(blocks):
+        calls.append(len(blocks))
+        return real(blocks)
+
+    monkeypatch.setattr(hashing, "leaf_hashes", counting)
+    return calls
+
+
+@needs_native
+def test_one_native_call_hashes_every_job_of_a_round(tmp_path, monkeypatch):
+    """hash_jobs: the leaves of three partitions' jobs (one of them over two segments) in
+    one call, and each job signs the tree of exactly what it wrote."""
+    logs = [PartitionLog.open(tmp_path / str(i), KEYPAIR, fsync=FsyncPolicy.NEVER,
+                              config=LogConfig(segment_bytes=40_000)) for i in range(3)]
+    written: list[list[bytes]] = [[], [], []]
+    for i, lg in enumerate(logs):
+        for n in range(2 + 2 * i):
+            b = batch_of_size(5000 + 7000 * i + n)
+            lg.append(b)
+            written[i].append(bytes(b))
+    assert len(logs[2]._segments) >= 2  # its job reads back spans of several segments
+    calls = _count_native_calls(monkeypatch)
+    jobs = [lg.prepare_commit(force_sync=True) for lg in logs]
+    assert all(j is not None and j.needs_leaves() for j in jobs)
+    log_mod.hash_jobs(jobs)
+    assert calls == [sum(len(w) for w in written)]
+    for job, w in zip(jobs, written, strict=True):
+        assert job.leaves == [leaf_hash(b) for b in w]
+        assert not job.waits_for_fsync() or job.sync_fds
+        job.run()
+    assert calls == [sum(len(w) for w in written)]  # run() hashed nothing again
+    for lg, job, w in zip(logs, jobs, written, strict=True):
+        assert lg.publish(job).tree_hash == tree_hash_of(w)
+        lg.close()
+
+
+@needs_native
+def test_a_job_that_cannot_read_back_fails_alone(tmp_path, monkeypatch):
+    fs = FaultyFileSystem()
+    logs = [PartitionLog.open(tmp_path / str(i), KEYPAIR, fsync=FsyncPolicy.NEVER, fs=fs)
+            for i in range(2)]
+    for lg in logs:
+        lg.append(batch_of_size(9000))
+    jobs = [lg.prepare_commit(force_sync=True) for lg in logs]
+    bad_fd = jobs[0].pending[0][0]
+    real = fs.read_view
+
+    def read_view(fd, size, offset):
+        if fd == bad_fd:
+            raise OSError(5, "injected read error")
+        return real(fd, size, offset)
+
+    monkeypatch.setattr(fs, "read_view", read_view)
+    log_mod.hash_jobs(jobs)
+    assert jobs[0].leaves is None and jobs[1].leaves is not None
+    with pytest.raises(log_mod.StorageError):
+        jobs[0].run()
+    jobs[1].run()
+    logs[1].publish(jobs[1])
+    logs[1].close()

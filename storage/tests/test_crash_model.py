@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_testutil import KEYPAIR, split_batches, tree_hash_of
 
-import storage.log as log_mod
+import storage.format as fmt_mod
 from storage import FsyncPolicy, LogConfig, PartitionLog
 from storage.batch import build_batch
 from storage.fs import FaultyFileSystem
@@ -50,8 +50,8 @@ def served(lg):
 )
 def test_crash_recovery_matches_model(policy, segment_bytes, flush_ms, ops, seed):
     boot = [bytes([1]) * 16]
-    orig_boot = log_mod.BOOT_ID
-    log_mod.BOOT_ID = boot[0]
+    orig_boot = fmt_mod.BOOT_ID
+    fmt_mod.BOOT_ID = boot[0]
     try:
         with tempfile.TemporaryDirectory() as d:
             fs = FaultyFileSystem(seed)
@@ -92,7 +92,7 @@ def test_crash_recovery_matches_model(policy, segment_bytes, flush_ms, ops, seed
                     fs.crash(mode)
                     if power_loss or reboot:
                         boot[0] = bytes([boot[0][0] + 1]) * 16
-                        log_mod.BOOT_ID = boot[0]
+                        fmt_mod.BOOT_ID = boot[0]
                     lg = reopen()
                     assert lg.damage is None
                     got = served(lg)
@@ -123,4 +123,4 @@ def test_crash_recovery_matches_model(policy, segment_bytes, flush_ms, ops, seed
             assert served(lg) == written
             lg.close()
     finally:
-        log_mod.BOOT_ID = orig_boot
+        fmt_mod.BOOT_ID = orig_boot

@@ -442,9 +442,8 @@ def test_a_newer_fork_is_a_truncation_not_equivocation(tmp_path: Path) -> None:
 def _reboot_writer(path: Path, monkeypatch: pytest.MonkeyPatch) -> PartitionLog:
     """Writer `path` reopened as after an unclean shutdown across a reboot: recovery
     re-signs what survived (here everything) under fork + 1 (FORMAT.md sec. 8, case 9)."""
-    import storage.log as log_mod
 
-    monkeypatch.setattr(log_mod, "BOOT_ID", os.urandom(16))
+    monkeypatch.setattr("storage.format.BOOT_ID", os.urandom(16))
     w = PartitionLog.open(path, KP, fsync=FsyncPolicy.NEVER)
     return w
 

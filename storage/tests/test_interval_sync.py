@@ -13,6 +13,7 @@ import os
 import pytest
 from storage_testutil import KEYPAIR, make_batch, split_batches, tree_hash_of
 
+import storage.format as fmt_mod
 import storage.log as log_mod
 from storage import FsyncPolicy, LogConfig, PartitionLog
 from storage.errors import StorageError
@@ -70,7 +71,7 @@ def test_sync_runs_beside_commits_and_the_next_head_records_it(tmp_path):
     # least what the first sync covered, under a new fork, byte for byte a prefix
     job2.sync.wait()
     fs.crash("drop")
-    log_mod.BOOT_ID, saved = b"\x77" * 16, log_mod.BOOT_ID
+    fmt_mod.BOOT_ID, saved = b"\x77" * 16, fmt_mod.BOOT_ID
     try:
         lg = open_log(tmp_path, fs)
         got = served(lg)
@@ -79,7 +80,7 @@ def test_sync_runs_beside_commits_and_the_next_head_records_it(tmp_path):
         lg.close()
         assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
     finally:
-        log_mod.BOOT_ID = saved
+        fmt_mod.BOOT_ID = saved
 
 
 def test_power_loss_before_the_background_sync_ran(tmp_path, monkeypatch):
@@ -92,7 +93,7 @@ def test_power_loss_before_the_background_sync_ran(tmp_path, monkeypatch):
     _, head = driven_commit(lg)
     assert head.length == 7
     fs.crash("drop")
-    monkeypatch.setattr(log_mod, "BOOT_ID", b"\x78" * 16)
+    monkeypatch.setattr("storage.format.BOOT_ID", b"\x78" * 16)
     lg = open_log(tmp_path, fs)
     got = served(lg)
     assert got[:4] == acked and got == (acked + more)[: len(got)]

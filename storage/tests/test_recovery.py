@@ -51,7 +51,7 @@ def assert_consistent(lg, expected):
 @pytest.mark.parametrize("mode", ["drop", "tear"])
 def test_always_keeps_every_acknowledged_batch_after_power_loss(tmp_path, monkeypatch, mode):
     for seed in range(8):
-        monkeypatch.setattr(log_mod, "BOOT_ID", bytes([seed]) * 16)
+        monkeypatch.setattr("storage.format.BOOT_ID", bytes([seed]) * 16)
         d = tmp_path / f"{mode}{seed}"
         fs = FaultyFileSystem(seed)
         lg = open_log(d, fs)
@@ -59,7 +59,7 @@ def test_always_keeps_every_acknowledged_batch_after_power_loss(tmp_path, monkey
         lg.commit()
         unacked = fill(lg, 5, start=10)  # written, never committed
         fs.crash(mode)
-        monkeypatch.setattr(log_mod, "BOOT_ID", bytes([seed + 100]) * 16)  # power loss
+        monkeypatch.setattr("storage.format.BOOT_ID", bytes([seed + 100]) * 16)  # power loss
         lg = open_log(d, fs)
         got = all_bytes(lg)
         assert got[:10] == acked
@@ -194,7 +194,7 @@ def test_power_loss_of_relaxed_writer_truncates_with_fork(tmp_path, monkeypatch,
     lg.commit()  # signed and published from page cache only
     assert lg.high_watermark == 14
     fs.crash("drop")
-    monkeypatch.setattr(log_mod, "BOOT_ID", b"\x42" * 16)  # the machine rebooted
+    monkeypatch.setattr("storage.format.BOOT_ID", b"\x42" * 16)  # the machine rebooted
     with caplog.at_level(logging.WARNING):
         lg = open_log(tmp_path, fs, policy)
     assert "fork 0 -> 1" in caplog.text
@@ -231,7 +231,7 @@ def test_reopen_after_reboot_with_always_rechecks_only_past_the_derived_checkpoi
     batches += fill(lg, 4, start=4)
     lg.commit()  # .log and head synced, .bidx and tree not
     fs.crash("drop")
-    monkeypatch.setattr(log_mod, "BOOT_ID", b"\x43" * 16)
+    monkeypatch.setattr("storage.format.BOOT_ID", b"\x43" * 16)
     lg = open_log(tmp_path, fs, FsyncPolicy.ALWAYS)
     assert lg.fork == 0 and lg.damage is None
     assert_consistent(lg, batches)

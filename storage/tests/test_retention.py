@@ -7,7 +7,7 @@ import os
 import pytest
 from storage_testutil import KEYPAIR, batch_of_size, split_batches, tree_hash_of
 
-from storage import FsyncPolicy, LogConfig, PartitionLog
+from storage import FsyncPolicy, LogConfig, PartitionLog, recovery
 from storage.errors import OffsetOutOfRange
 from storage.hypercore import Frontier, leaf_hash
 from storage.verify import verify_partition
@@ -100,7 +100,7 @@ def test_frontier_of_min_index_from_tree_file(tmp_path):
     f = Frontier()
     for b in batches[: lg.head.min_index]:
         f.append(leaf_hash(b), len(b))
-    assert lg._stored_roots(lg.head.min_index).tree_hash() == f.tree_hash()
+    assert recovery.stored_roots(lg, lg.head.min_index).tree_hash() == f.tree_hash()
     lg.close()
 
 

@@ -8,9 +8,20 @@
 //!   code 0 is accepted, 2 CORRUPT_MESSAGE, 32 INVALID_TIMESTAMP, 87 INVALID_RECORD.
 //!   Compressed records are inflated as a stream through a small window, so a bomb
 //!   costs CPU up to the cap and no memory.
+//! * `check_batch(batch, max_inflated, check_ts, low, high)`: the per-byte work of one
+//!   produced batch in one call: CRC-32C of bytes 21.. (the caller compares it with the
+//!   stored one in its own order of checks), then `validate_records`' walk. Returns
+//!   `(crc, code, record_index, message, max_ts)`.
 //! * `crc32c(buffer)`: CRC-32C (hardware instructions where the CPU has them).
 //! * `leaf_hashes(buffers)`: Hypercore leaf hashes, BLAKE2b-256(0x00 ‖ u64le(len) ‖
 //!   block), several blocks at once in SIMD lanes (blake2b_simd's `many`).
+//!
+//! Every function takes its buffers (and checks them) with the GIL, then does all of its
+//! per-byte work inside one `allow_threads` closure, which touches no Python object: the
+//! GIL is released for the whole of the hashing, checksumming, inflating and walking
+//! (broker/tests/test_record_validation.py runs a thread during a long call to show it).
+//! The leaf hash is not part of `check_batch`: it covers the base offset the log writes
+//! into the batch after the check, and the commit round hashes all its batches at once.
 //!
 //! Nothing here panics on input bytes: every read is bounds-checked, every length is
 //! compared with what remains before it is used, and nothing is allocated from a length
@@ -781,6 +792,29 @@ fn validate_records(
     })
 }
 
+/// One produced batch: CRC-32C of bytes 21.. and the records' verdict, in one call with the
+/// GIL released; returns (crc, code, record index, message, max ts).
+#[pyfunction]
+fn check_batch(
+    py: Python<'_>,
+    batch: PyBuffer<u8>,
+    max_inflated: u64,
+    check_ts: bool,
+    low: i64,
+    high: i64,
+) -> PyResult<(u32, i32, i64, Option<String>, i64)> {
+    let data = contiguous(&batch)?;
+    let ts = if check_ts { Some((low, high)) } else { None };
+    let (crc, result) = py.allow_threads(|| {
+        let crc = data.get(21..).map_or(0, ::crc32c::crc32c);
+        (crc, check(data, max_inflated, ts))
+    });
+    Ok(match result {
+        Ok(max_ts) => (crc, OK, -1, None, max_ts),
+        Err(v) => (crc, v.code, v.index, Some(v.message), NO_TIMESTAMP),
+    })
+}
+
 /// CRC-32C of a buffer.
 #[pyfunction(name = "crc32c")]
 fn crc32c_of(py: Python<'_>, data: PyBuffer<u8>) -> PyResult<u32> {
@@ -823,6 +857,7 @@ fn hash_leaves(blocks: &[&[u8]]) -> Vec<[u8; 32]> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate_records, m)?)?;
+    m.add_function(wrap_pyfunction!(check_batch, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c_of, m)?)?;
     m.add_function(wrap_pyfunction!(leaf_hashes, m)?)?;
     m.add("INFLATE_WINDOW", WINDOW)?;
