@@ -6,7 +6,8 @@ Otherwise, as root, Debian's docker.io is installed when dockerd is missing and 
 dockerd is started: its socket, exec root and pidfile in a temp dir, its data root in
 HK_DOCKER_DATA (default compat_tests/.tools/docker, git-ignored) so that the base image
 and the build cache survive between runs. That dockerd is stopped (SIGTERM to its pid; it
-stops its own containerd) and its temp dir removed when the context ends.
+stops its own containerd), its temp dir removed and the bridge docker0 it made deleted
+when the context ends (its iptables chains stay, as after any dockerd).
 
 Also `compose_command()`: `docker compose` (v2) where it works, else `docker-compose`
 (Debian's 1.x, installed as root when missing).
@@ -32,7 +33,7 @@ class EngineUnavailable(Exception):
     """No Docker engine answers and none can be started here (not root, no apt)."""
 
 
-def _answers(env: dict[str, str]) -> bool:
+def engine_answers(env: dict[str, str]) -> bool:
     if shutil.which("docker", path=env.get("PATH")) is None:
         return False
     proc = subprocess.run(["docker", "version"], env=env, capture_output=True, timeout=30)
@@ -54,7 +55,7 @@ def apt_install(*packages: str) -> None:
 @contextlib.contextmanager
 def docker_engine() -> Iterator[dict[str, str]]:
     env = dict(os.environ)
-    if _answers(env):
+    if engine_answers(env):
         yield env
         return
     if os.geteuid() != 0:
@@ -63,6 +64,9 @@ def docker_engine() -> Iterator[dict[str, str]]:
         apt_install("docker.io")
     data = Path(os.environ.get("HK_DOCKER_DATA", ROOT / "compat_tests" / ".tools" / "docker"))
     data.mkdir(parents=True, exist_ok=True)
+    # dockerd makes the bridge docker0 and leaves it behind when it stops: remove it then,
+    # unless it was there before (another engine's).
+    had_bridge = Path("/sys/class/net/docker0").exists()
     run = Path(tempfile.mkdtemp(prefix="hk-dockerd-"))
     env["DOCKER_HOST"] = f"unix://{run}/docker.sock"
     with (run / "dockerd.log").open("wb") as log:
@@ -84,7 +88,7 @@ def docker_engine() -> Iterator[dict[str, str]]:
         )
     try:
         deadline = time.monotonic() + 90
-        while not _answers(env):
+        while not engine_answers(env):
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = (run / "dockerd.log").read_text(errors="replace")[-3000:]
                 raise EngineUnavailable(f"dockerd did not start:\n{tail}")
@@ -98,6 +102,8 @@ def docker_engine() -> Iterator[dict[str, str]]:
             proc.kill()
             proc.wait()
         shutil.rmtree(run, ignore_errors=True)
+        if not had_bridge and Path("/sys/class/net/docker0").exists():
+            subprocess.run(["ip", "link", "delete", "docker0"], capture_output=True)
 
 
 def compose_command(env: dict[str, str]) -> list[str]:
