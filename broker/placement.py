@@ -28,6 +28,7 @@ from broker.cluster.etcd import EtcdError
 from broker.cluster.membership import Placement
 from broker.node import (
     INTERNAL_TOPICS,
+    INVALID_REPLICA_ASSIGNMENT,
     NOT_CONTROLLER,
     TOPIC_ALREADY_EXISTS,
     Node,
@@ -59,10 +60,12 @@ async def create_placed(
     configs: Mapping[str, str | None] | None = None,
     *,
     validate_only: bool = False,
+    writer: int | None = None,
 ) -> Topic | None:
     """Create a topic in cluster mode (this broker must be the controller): the topic when
     this broker writes it, None when another does (it makes it when it sees the record;
-    Metadata says LEADER_NOT_AVAILABLE until then, as Kafka's does for a new topic)."""
+    Metadata says LEADER_NOT_AVAILABLE until then, as Kafka's does for a new topic).
+    `writer`: the broker a replica assignment names first (Kafka's preferred leader)."""
     cluster = node.cluster
     assert cluster is not None
     await node.create_topic_off_loop(
@@ -78,7 +81,10 @@ async def create_placed(
         )
     if partitions == -1:
         partitions = node.config.num_partitions
-    writer = choose_writer(node)
+    if writer is None:
+        writer = choose_writer(node)
+    elif not cluster.alive(writer):
+        raise TopicError(INVALID_REPLICA_ASSIGNMENT, f"Broker {writer} is not registered now.")
     placement = Placement(
         name,
         writer,

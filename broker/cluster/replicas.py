@@ -177,9 +177,9 @@ class Cluster:
 
     @property
     def brokers(self) -> dict[int, ClusterBroker]:
-        """The registered brokers (their etcd leases are alive), this one included."""
+        """The brokers of the cluster, alive or not (`alive` tells), this one included."""
         m = self.membership
-        out = {i: ClusterBroker(b.node_id, b.host, b.port) for i, b in m.members.items()}
+        out = {i: ClusterBroker(b.node_id, b.host, b.port) for i, b in {**m.known, **m.members}.items()}
         if self.me not in out:
             out[self.me] = ClusterBroker(self.me, m.me.host, m.me.port)
         return out

@@ -76,13 +76,19 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
             if node.cluster is not None and any(not set(a.broker_ids) <= set(node.cluster.brokers) for a in t.assignments):
                 entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only brokers {sorted(node.cluster.brokers)} exist")
                 continue
+            if node.cluster is not None and len({a.broker_ids[0] if a.broker_ids else -1 for a in t.assignments}) != 1:
+                entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT,
+                             error_message="Every partition of a topic has the same writer here: name the same first broker for each")
+                continue
             if node.cluster is None and any(list(a.broker_ids) != [node.config.node_id] for a in t.assignments):
                 entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only broker {node.config.node_id} exists")
                 continue
         try:
             configs = {c.name: c.value for c in t.configs}
             if node.cluster is not None:  # the controller places it in etcd (broker/placement.py)
-                topic = await create_placed(node, t.name, partitions, replication, configs, validate_only=req.validate_only)
+                writer = t.assignments[0].broker_ids[0] if t.assignments else None  # Kafka's preferred leader
+                topic = await create_placed(node, t.name, partitions, replication, configs,
+                                            validate_only=req.validate_only, writer=writer)
             else:
                 topic = await node.create_topic_off_loop(t.name, partitions, replication, configs,
                                                          validate_only=req.validate_only)
