@@ -842,7 +842,7 @@ class Node:
                 from broker.placement import follow_placements  # imports this module
 
                 await nursery.start(self.cluster.membership.run)
-                nursery.start_soon(follow_placements, self)
+                nursery.start_soon(follow_placements, self, self.cluster)
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
             nursery.start_soon(self.offline_retry_loop)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 import trio
 
+from broker.cluster import Cluster
 from broker.cluster.etcd import EtcdError
 from broker.cluster.membership import Placement
 from broker.node import (
@@ -39,12 +40,10 @@ from broker.node import (
 log = logging.getLogger("hyperkafka.cluster")
 
 
-def choose_writer(node: Node) -> int:
+def choose_writer(cluster: Cluster) -> int:
     """The live broker to write a new topic: the rack that writes the fewest topics, then
     the broker there that writes the fewest, then the lowest id (as Kafka's rack-aware
     replica placement spreads leaders over racks first, then brokers)."""
-    cluster = node.cluster
-    assert cluster is not None
     live = cluster.live_ids()
     racks = cluster.racks
     per_broker = Counter(p.writer for p in cluster.membership.placements.values())
@@ -54,6 +53,7 @@ def choose_writer(node: Node) -> int:
 
 async def create_placed(
     node: Node,
+    cluster: Cluster,
     name: str,
     partitions: int = -1,
     replication_factor: int = -1,
@@ -66,8 +66,6 @@ async def create_placed(
     this broker writes it, None when another does (it makes it when it sees the record;
     Metadata says LEADER_NOT_AVAILABLE until then, as Kafka's does for a new topic).
     `writer`: the broker a replica assignment names first (Kafka's preferred leader)."""
-    cluster = node.cluster
-    assert cluster is not None
     await node.create_topic_off_loop(
         name, partitions, replication_factor, configs, validate_only=True
     )
@@ -82,7 +80,7 @@ async def create_placed(
     if partitions == -1:
         partitions = node.config.num_partitions
     if writer is None:
-        writer = choose_writer(node)
+        writer = choose_writer(cluster)
     elif not cluster.alive(writer):
         raise TopicError(INVALID_REPLICA_ASSIGNMENT, f"Broker {writer} is not registered now.")
     placement = Placement(
@@ -113,11 +111,9 @@ async def create_placed(
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
 
 
-async def follow_placements(node: Node) -> None:
+async def follow_placements(node: Node, cluster: Cluster) -> None:
     """The writer side of placement: whenever etcd places a topic on this broker that is
     not here, create it here (also after a crash between the record and the archives)."""
-    cluster = node.cluster
-    assert cluster is not None
     membership = cluster.membership
     await membership.ready.wait()
     me = node.config.node_id
