@@ -61,23 +61,60 @@ def _ask(b: Broker, api_key: int, version: int, schema: str, body: dict[str, obj
 
 
 def _metadata(b: Broker, topics: list[str] | None = None, create: bool = False) -> Any:
-    return _ask(b, 3, 9, "metadata", {
-        "topics": None if topics is None else [{"name": t} for t in topics],
-        "allow_auto_topic_creation": create, "include_cluster_authorized_operations": False,
-        "include_topic_authorized_operations": False})
+    return _ask(
+        b,
+        3,
+        9,
+        "metadata",
+        {
+            "topics": None if topics is None else [{"name": t} for t in topics],
+            "allow_auto_topic_creation": create,
+            "include_cluster_authorized_operations": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
 
 
 def _commit(b: Broker, offset: int) -> int:
-    r = _ask(b, 8, 8, "offset_commit", {
-        "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-        "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": offset,
-                                                 "committed_leader_epoch": -1, "committed_metadata": None}]}]})
+    r = _ask(
+        b,
+        8,
+        8,
+        "offset_commit",
+        {
+            "group_id": "g",
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": "t",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": offset,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": None,
+                        }
+                    ],
+                }
+            ],
+        },
+    )
     return int(r.topics[0].partitions[0].error_code)
 
 
 def _committed(b: Broker) -> tuple[int, int]:
-    r = _ask(b, 9, 8, "offset_fetch", {"groups": [{"group_id": "g", "topics": [
-        {"name": "t", "partition_indexes": [0]}]}], "require_stable": False})
+    r = _ask(
+        b,
+        9,
+        8,
+        "offset_fetch",
+        {
+            "groups": [{"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0]}]}],
+            "require_stable": False,
+        },
+    )
     g = r.groups[0]
     return int(g.error_code), (int(g.topics[0].partitions[0].committed_offset) if g.topics else -1)
 
@@ -102,12 +139,21 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.matrix("cluster: a paused controller is fenced by etcd (no second coordinator, no second writer)", client="raw")
+@pytest.mark.matrix(
+    "cluster: a paused controller is fenced by etcd (no second coordinator, no second writer)",
+    client="raw",
+)
 def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
     harness.require(etcd_binary() is not None, ETCD_MISSING)
     etcd = EtcdServer(workdir / "etcd")
-    b1 = harness.new_broker(workdir / "broker-1", extra=("--config", str(_properties(workdir / "b1.properties", 1, etcd))))
-    b2 = harness.new_broker(workdir / "broker-2", extra=("--config", str(_properties(workdir / "b2.properties", 2, etcd))))
+    b1 = harness.new_broker(
+        workdir / "broker-1",
+        extra=("--config", str(_properties(workdir / "b1.properties", 1, etcd))),
+    )
+    b2 = harness.new_broker(
+        workdir / "broker-2",
+        extra=("--config", str(_properties(workdir / "b2.properties", 2, etcd))),
+    )
     stopped: list[int] = []
     try:
         etcd.start()
@@ -115,9 +161,25 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
         _wait("broker 1 elected controller", lambda: _metadata(b1).controller_id == 1)
         b2.start()
         _wait("broker 2 registered", lambda: [b.node_id for b in _metadata(b1).brokers] == [1, 2])
-        r = _ask(b1, 19, 5, "create_topics", {"topics": [
-            {"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
-            "timeout": 5000, "validate_only": False})
+        r = _ask(
+            b1,
+            19,
+            5,
+            "create_topics",
+            {
+                "topics": [
+                    {
+                        "name": "t",
+                        "num_partitions": 1,
+                        "replication_factor": 2,
+                        "assignments": [],
+                        "configs": [],
+                    }
+                ],
+                "timeout": 5000,
+                "validate_only": False,
+            },
+        )
         assert r.topics[0].error_code == 0
         assert _wait("a commit on broker 1", lambda: _commit(b1, 5) == 0)
         time.sleep(1)  # broker 2's copy of broker 1's offsets archive follows it live
@@ -126,8 +188,13 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
         os.kill(b1.proc.pid, signal.SIGSTOP)
         stopped.append(b1.proc.pid)
         paused = time.monotonic()
-        _wait("broker 2 elected controller", lambda: (md := _metadata(b2)).controller_id == 2
-              and [b.node_id for b in md.brokers] == [2], timeout=SESSION_MS / 1000 + 20)
+        _wait(
+            "broker 2 elected controller",
+            lambda: (
+                (md := _metadata(b2)).controller_id == 2 and [b.node_id for b in md.brokers] == [2]
+            ),
+            timeout=SESSION_MS / 1000 + 20,
+        )
         failover_s = time.monotonic() - paused
         assert _wait("broker 2 takes the groups over", lambda: _committed(b2) == (0, 5))
         assert _commit(b2, 7) == 0  # acknowledged by the new coordinator
@@ -145,21 +212,49 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
             th.start()
         answers["commit"] = _commit(b1, 3)  # older than 7: must never be acknowledged
         answers["fetch"] = _committed(b1)
-        answers["create"] = int(_ask(b1, 19, 5, "create_topics", {"topics": [
-            {"name": "x", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}],
-            "timeout": 5000, "validate_only": False}).topics[0].error_code)
+        answers["create"] = int(
+            _ask(
+                b1,
+                19,
+                5,
+                "create_topics",
+                {
+                    "topics": [
+                        {
+                            "name": "x",
+                            "num_partitions": 1,
+                            "replication_factor": 1,
+                            "assignments": [],
+                            "configs": [],
+                        }
+                    ],
+                    "timeout": 5000,
+                    "validate_only": False,
+                },
+            )
+            .topics[0]
+            .error_code
+        )
         auto(b1, "auto1")
         for th in threads:
             th.join(30)
-        print(f"\n  broker 2 elected {failover_s:.2f}s after broker 1 was paused (session {SESSION_MS} ms); "
-              f"broker 1 resumed answered {answers}", file=sys.stderr)
+        print(
+            f"\n  broker 2 elected {failover_s:.2f}s after broker 1 was paused (session {SESSION_MS} ms); "
+            f"broker 1 resumed answered {answers}",
+            file=sys.stderr,
+        )
         assert answers["commit"] in (16, 14), answers  # NOT_COORDINATOR (or still loading): never 0
         assert answers["fetch"][0] in (16, 14), answers  # never its stale offset
         assert answers["create"] == 41, answers  # NOT_CONTROLLER
 
-        _wait("broker 1 registered again", lambda: [b.node_id for b in _metadata(b2).brokers] == [1, 2])
+        _wait(
+            "broker 1 registered again",
+            lambda: [b.node_id for b in _metadata(b2).brokers] == [1, 2],
+        )
         for b in (b1, b2):
-            assert _wait(f"{b.bootstrap} names broker 2 coordinator", lambda b=b: _coordinator(b) == (0, 2))
+            assert _wait(
+                f"{b.bootstrap} names broker 2 coordinator", lambda b=b: _coordinator(b) == (0, 2)
+            )
         assert _committed(b2) == (0, 7)  # never moved backwards
         assert _committed(b1)[0] == 16
 
@@ -175,8 +270,15 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
 
         leader = _wait("one leader of the auto-created topic in both brokers' Metadata", one_leader)
         assert b1.data_dir is not None and b2.data_dir is not None
-        own = [i for i, b in ((1, b1), (2, b2)) if b.data_dir is not None and (b.data_dir / "auto-0").is_dir()]
-        assert own == [leader], (own, leader)  # one writer: the only broker with its own archive of it
+        own = [
+            i
+            for i, b in ((1, b1), (2, b2))
+            if b.data_dir is not None and (b.data_dir / "auto-0").is_dir()
+        ]
+        assert own == [leader], (
+            own,
+            leader,
+        )  # one writer: the only broker with its own archive of it
     except BaseException:
         for b in (b1, b2):
             print(f"--- {b.bootstrap}\n{b.log_tail(40)}", file=sys.stderr)
