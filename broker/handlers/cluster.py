@@ -8,9 +8,10 @@ import uuid
 from typing import Any
 
 from broker.api import Reply, RequestContext, advertised, api
-from broker.cluster import NO_LEADER
+from broker.cluster import NO_LEADER, Cluster
 from broker.handlers import errors
 from broker.node import Node, Partition, Topic, TopicError, check_topic_name
+from broker.placement import create_placed
 from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
 from broker.security.session import authorize, authorized_operations, cluster_operations
 from broker.shape import field_of
@@ -99,16 +100,16 @@ def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
     }
 
 
-async def _create_on_controller(node: Node, name: str) -> None:
+async def _create_on_controller(cluster: Cluster, name: str) -> None:
     """Cluster mode, auto-creation asked of a broker that is not the controller: ask the
     controller (Kafka forwards it there too, KIP-590); the topic reaches this broker
     through its mirror of the controller, meanwhile the client hears LEADER_NOT_AVAILABLE
     and asks again."""
     from broker.mirror import kafka_request  # the client side of the mirror machinery
 
-    cluster = node.cluster
-    assert cluster is not None
-    controller = cluster.brokers[cluster.controller_id]
+    controller = cluster.brokers.get(cluster.controller_id)
+    if controller is None:  # none elected right now: the client asks again
+        return
     try:
         await kafka_request(controller.host, controller.port, 19, 4, "create_topics", {
             "topics": [{"name": name, "num_partitions": -1, "replication_factor": -1,
@@ -155,10 +156,19 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, "unknown topic")
                     if not authorize(ctx, Operation.CREATE, name):
                         raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "not authorized to create")
-                    if node.cluster is not None and not node.cluster.is_controller:
-                        await _create_on_controller(node, name)
+                    cluster = node.cluster
+                    if cluster is None:
+                        topic = node.create_topic(name)
+                    elif name in cluster.membership.placements:
+                        # placed in etcd, not here yet (its writer makes it, our mirror attaches it)
+                        raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed, not created yet")
+                    elif not cluster.is_controller:
+                        await _create_on_controller(cluster, name)
                         raise TopicError(errors.LEADER_NOT_AVAILABLE, "created on the controller")
-                    topic = node.create_topic(name)
+                    else:
+                        topic = await create_placed(node, cluster, name)
+                        if topic is None:
+                            raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed on another broker")
                 except TopicError as exc:
                     code = exc.code
                     if code == errors.TOPIC_ALREADY_EXISTS or (node.cluster is not None and code == errors.NOT_CONTROLLER):
