@@ -54,11 +54,11 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
 
 
 def test_unknown_names_still_fail_and_say_where_from(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown broker config 'log.retention.mss'"):
+    with pytest.raises(ConfigError, match=r"unknown broker config 'log\.retention\.mss'"):
         apply_properties(BrokerConfig(), {"log.retention.mss": "1"})
-    with pytest.raises(ConfigError, match="KAFKA_NUM_PARTITION\\b"):
+    with pytest.raises(ConfigError, match=r"KAFKA_NUM_PARTITION\b"):
         build_config(_parser().parse_args(["serve"]), environ={"KAFKA_NUM_PARTITION": "3"})
-    with pytest.raises(ConfigError, match="zookeeper.connect"):  # Kafka 4 has no ZooKeeper either
+    with pytest.raises(ConfigError, match=r"zookeeper\.connect"):  # Kafka 4 has no ZooKeeper either
         apply_properties(BrokerConfig(), {"zookeeper.connect": "localhost:2181"})
 
 
