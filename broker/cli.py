@@ -1,15 +1,18 @@
 """The `hyperkafka` command: `serve`, `keys`, `verify`, `users`.
 
-Flags override the properties file given with --config, which overrides defaults.
+Flags override KAFKA_* environment variables, which override the properties file given
+with --config, which overrides defaults.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn, cast
 
 from broker.config import (
     BrokerConfig,
@@ -18,12 +21,21 @@ from broker.config import (
     parse_host_port,
     read_properties,
 )
+from broker.config_sources import env_name, settings_from_env
 from storage import FsyncPolicy
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line starting `hyperkafka:` (its subcommands too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"hyperkafka: {message} (see: {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hyperkafka", description="A Kafka-compatible broker of signed, Hypercore-compatible archives.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="hyperkafka", description="A Kafka-compatible broker of signed, Hypercore-compatible archives.")
+    # (its subcommands are _Parser too; typed as argparse names them for broker.security.cli)
+    sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command", required=True))
 
     serve = sub.add_parser("serve", help="run a broker")
     serve.add_argument("--data-dir", type=Path, help="where archives live (default ./hyperkafka-data)")
@@ -53,10 +65,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_config(args: argparse.Namespace) -> BrokerConfig:
+def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> BrokerConfig:
+    """Defaults, then the --config file, then KAFKA_* variables of the environment (one
+    setting each, broker/config_sources.py), then the flags: each wins over the ones before."""
     config = BrokerConfig()
-    if args.config:
-        config = apply_properties(config, read_properties(args.config))
+    props = read_properties(args.config) if args.config else {}
+    from_env = settings_from_env(os.environ if environ is None else environ)
+    props.update(from_env)
+    if props:
+        try:
+            config = apply_properties(config, props)
+        except ConfigError as exc:
+            named = [k for k in from_env if k in str(exc)]
+            if named:  # say where a bad setting came from when it was not the file
+                raise ConfigError(f"{exc} (from the environment: {env_name(max(named, key=len))})") from None
+            raise
     if args.data_dir:
         config.data_dir = args.data_dir
     if args.listen:
@@ -126,6 +149,9 @@ def _skip_test_only_imports() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("keys", "verify") and not args.data_dir.is_dir():
+        print(f"hyperkafka: no data dir at {args.data_dir} (the --data-dir of a broker)", file=sys.stderr)
+        return 2
     if args.command == "keys":
         from storage.cli import keys_command
 
@@ -149,6 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError) as exc:
         print(f"hyperkafka: {exc}", file=sys.stderr)
         return 2
+    from broker.preflight import AddressInUse, check_addresses_free
+
+    try:
+        check_addresses_free(config)
+    except AddressInUse as exc:  # before the data dir is made or touched
+        print(f"hyperkafka: cannot start: {exc}", file=sys.stderr)
+        return 1
 
     _skip_test_only_imports()
     import trio
@@ -166,5 +199,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except* OSError as group:  # cannot bind, data dir unusable: say so in one line
         failed = True
         for error in _leaves(group):
-            logging.getLogger("hyperkafka").error("cannot start: %s", error)
+            print(f"hyperkafka: cannot start: {error}", file=sys.stderr)
     return 1 if failed else 0

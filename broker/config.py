@@ -377,9 +377,12 @@ _BOOL = {"true": True, "false": False}
 
 
 def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerConfig:
-    """Fold a server.properties mapping into `config`; unknown names are an error."""
+    """Fold a server.properties mapping into `config`; unknown names are an error, and
+    Kafka's own names that do not apply here are dropped with a warning (config_sources)."""
+    from broker.config_sources import set_aside_kafka_only
     from broker.security.settings import is_security_key
 
+    props = set_aside_kafka_only(props)
     broker_synonyms = {d.broker_synonym for d in TOPIC_CONFIGS.values() if d.broker_synonym}
     changes: dict[str, object] = {}
     for key, value in props.items():

@@ -186,7 +186,7 @@ class Server:
         async with trio.open_nursery() as connections:
             opened: list[tuple[Listener, trio.SocketListener]] = []
             for spec in self.security.listeners:
-                for sock in await trio.open_tcp_listeners(spec.port, host=spec.host):
+                for sock in await trio.open_tcp_listeners(spec.port, host=spec.host or None):  # Kafka's "PLAINTEXT://:9092": every interface
                     opened.append((spec, sock))
                 if spec.port == 0:  # tell clients the port the system picked
                     spec.port = opened[-1][1].socket.getsockname()[1]

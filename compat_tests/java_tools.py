@@ -6,6 +6,7 @@ Owns:
   and consumer, `kafka-consumer-groups`, the producer/consumer performance tools,
   `GetOffsetShell`), each run as `java -cp <lib>/* CLASS ...` in a child process with a
   timeout, returning a `ToolResult` or raising a typed `JavaToolsError`;
+- `KAFKA_TOOLS` and `main`: the tools by their usual names, for `scripts/kafka-tools`;
 - `KafkaOracle`: a real Apache Kafka KRaft single node (broker and controller in one JVM)
   formatted and started from the same jars on loopback ports, for differential tests.
 
@@ -51,6 +52,39 @@ CONSUMER_PERFORMANCE = "org.apache.kafka.tools.ConsumerPerformance"
 GET_OFFSET_SHELL = "org.apache.kafka.tools.GetOffsetShell"
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
+
+# Every tool `scripts/kafka-tools NAME` runs, by the name of its bin/NAME.sh script in the
+# Kafka 4.x distribution, with the main class that script runs. A test checks each class
+# is in the pinned jars.
+KAFKA_TOOLS: dict[str, str] = {
+    "kafka-acls": "org.apache.kafka.tools.AclCommand",
+    "kafka-broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
+    "kafka-client-metrics": "org.apache.kafka.tools.ClientMetricsCommand",
+    "kafka-cluster": "org.apache.kafka.tools.ClusterTool",
+    "kafka-configs": "kafka.admin.ConfigCommand",
+    "kafka-console-consumer": CONSOLE_CONSUMER,
+    "kafka-console-producer": CONSOLE_PRODUCER,
+    "kafka-console-share-consumer": "org.apache.kafka.tools.consumer.ConsoleShareConsumer",
+    "kafka-consumer-groups": CONSUMER_GROUP_COMMAND,
+    "kafka-consumer-perf-test": CONSUMER_PERFORMANCE,
+    "kafka-delegation-tokens": "org.apache.kafka.tools.DelegationTokenCommand",
+    "kafka-delete-records": "org.apache.kafka.tools.DeleteRecordsCommand",
+    "kafka-e2e-latency": "org.apache.kafka.tools.EndToEndLatency",
+    "kafka-features": "org.apache.kafka.tools.FeatureCommand",
+    "kafka-get-offsets": GET_OFFSET_SHELL,
+    "kafka-groups": "org.apache.kafka.tools.GroupsCommand",
+    "kafka-leader-election": "org.apache.kafka.tools.LeaderElectionCommand",
+    "kafka-log-dirs": "org.apache.kafka.tools.LogDirsCommand",
+    "kafka-metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
+    "kafka-producer-perf-test": PRODUCER_PERFORMANCE,
+    "kafka-reassign-partitions": "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+    "kafka-share-groups": "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
+    "kafka-streams-groups": "org.apache.kafka.tools.streams.StreamsGroupCommand",
+    "kafka-topics": TOPIC_COMMAND,
+    "kafka-transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "kafka-verifiable-consumer": "org.apache.kafka.tools.VerifiableConsumer",
+    "kafka-verifiable-producer": "org.apache.kafka.tools.VerifiableProducer",
+}
 
 # A formatter that prints nothing: the console consumer then only reports its count.
 NOOP_FORMATTER = "org.apache.kafka.tools.consumer.NoOpMessageFormatter"
@@ -249,7 +283,9 @@ class JavaTools:
 
     # -- kafka-topics -------------------------------------------------------------------
 
-    def topics(self, bootstrap: str, *args: str, timeout: float = 60.0, check: bool = True) -> ToolResult:
+    def topics(
+        self, bootstrap: str, *args: str, timeout: float = 60.0, check: bool = True
+    ) -> ToolResult:
         """`kafka-topics.sh --bootstrap-server B ARGS...` (e.g. "--create", "--topic", "t")."""
         return self.run(
             TOPIC_COMMAND, ["--bootstrap-server", bootstrap, *args], timeout=timeout, check=check
@@ -616,3 +652,59 @@ class KafkaOracle:
             self.stop()
         else:
             self.kill()
+
+
+# ---------------------------------------------------------------------------- scripts/kafka-tools
+
+SETUP_SCRIPT = JAVA_DIR / "setup.sh"
+
+
+def tool_class(name: str) -> str | None:
+    """The main class of a tool named as its script is (`kafka-topics` or `kafka-topics.sh`)."""
+    return KAFKA_TOOLS.get(name.removesuffix(".sh"))
+
+
+def main(argv: Sequence[str]) -> int:
+    """`scripts/kafka-tools NAME ARGS...`: fetch the pinned jars on first use, then become
+    the tool (exec, so stdin, signals and the exit status are the tool's own)."""
+    import sys
+
+    def fail(message: str) -> int:
+        print(f"hyperkafka: {message}", file=sys.stderr)
+        return 2
+
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(
+            "usage: scripts/kafka-tools NAME [ARGS...]   (Apache Kafka's own tools)\n\n"
+            + "\n".join(KAFKA_TOOLS)
+        )
+        return 0 if argv else 2
+    main_class = tool_class(argv[0])
+    if main_class is None:
+        return fail(f"no Kafka tool named {argv[0]!r}; scripts/kafka-tools --help lists them")
+    if java_binary() is None:
+        return fail(
+            "the Kafka tools need java: install a JDK 17+ (e.g. apt-get install openjdk-17-jdk-headless)"
+        )
+    lib = java_lib()
+    if lib is None:
+        if shutil.which("mvn") is None:
+            return fail("fetching the Kafka tools needs Maven (e.g. apt-get install maven)")
+        # setup.sh says what it fetches on stderr-bound lines; keep the tool's stdout clean.
+        done = subprocess.run(["bash", str(SETUP_SCRIPT)], stdout=sys.stderr, check=False)
+        lib = java_lib()
+        if done.returncode != 0 or lib is None:
+            return fail(
+                f"could not fetch the Kafka jars ({SETUP_SCRIPT.relative_to(ROOT)} exited {done.returncode})"
+            )
+    tools = JavaTools(lib)
+    argv_java = tools.command(main_class, argv[1:], jvm=tools.fast_start)
+    sys.stdout.flush()
+    os.execv(argv_java[0], argv_java)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

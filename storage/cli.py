@@ -42,7 +42,7 @@ def keys_command(data_dir: str) -> int:
     try:
         seed, node_pk, topics = _catalog(data_dir)
     except Exception as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"hyperkafka: {exc}", file=sys.stderr)
         return 2
     print(f"node\t{node_pk.hex()}")
     print(f"catalog\t{archive_key(node_pk).hex()}")

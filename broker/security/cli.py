@@ -42,6 +42,11 @@ def users_command(args: argparse.Namespace) -> int:
             return 0
         if args.password_stdin:
             password = sys.stdin.readline().rstrip("\r\n")
+        elif not sys.stdin.isatty():
+            # getpass would fall back to reading an echoed line, or die at end of input.
+            print(f"hyperkafka: no terminal to ask for {args.name}'s password: give it on stdin with --password-stdin",
+                  file=sys.stderr)
+            return 2
         else:
             password = getpass.getpass(f"password for {args.name}: ")
             if getpass.getpass("again: ") != password:

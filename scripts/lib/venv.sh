@@ -7,6 +7,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="$ROOT/.venv"
 PY="${PYTHON:-python3}"
 extras="${HK_EXTRAS:-}"
+# HK_NO_INSTALL=1: use .venv as it is, never (re)install. compat_tests/test_docs.py runs the
+# docs' commands in copies of the checkout that share this checkout's .venv: an install
+# from a copy would point the .venv at it.
+if [ -n "${HK_NO_INSTALL:-}" ]; then
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "hyperkafka: HK_NO_INSTALL is set but $VENV does not exist" >&2
+        exit 2
+    fi
+    return 0
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     echo "creating $VENV" >&2
     "$PY" -m venv "$VENV"
@@ -22,8 +32,15 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "no cargo on PATH: storage._native (Rust) will not be built; install Rust with rustup" >&2
 fi
 stamp="$VENV/.hyperkafka-installed"
-want="$(cat "$ROOT/pyproject.toml" "$ROOT"/storage/native/Cargo.* "$ROOT"/storage/native/src/*.rs 2>/dev/null | sha256sum | cut -d' ' -f1) [$extras]"
+sources="$(cat "$ROOT/pyproject.toml" "$ROOT"/storage/native/Cargo.* "$ROOT"/storage/native/src/*.rs 2>/dev/null | sha256sum | cut -d' ' -f1)"
+want="$sources [$extras]"
 have="$(cat "$stamp" 2>/dev/null || true)"
+# An install of these sources with extras also serves a script that needs none (scripts/serve
+# after scripts/test): no reinstall.
+if [ -z "$extras" ] && printf '%s\n' "$have" | grep -q "^$sources \["; then
+    have="$have
+$want"
+fi
 case "$have" in
     *"$want"*) ;;
     *)
