@@ -205,16 +205,7 @@ def test_group_members_split_a_topic(broker: Broker, workdir: Path, client: str,
 @pytest.mark.parametrize("client", GROUP_CLIENTS)
 def test_killed_member_partitions_move_to_survivors(broker: Broker, workdir: Path, client: str, request: pytest.FixtureRequest) -> None:
     _require(client)
-    # Known flake, not understood yet: in about one full compat run in three, survivors
-    # stop reading some reassigned partitions after the rebalance (seen for every client,
-    # never when the test runs alone). A second attempt on a fresh topic and group must
-    # pass, and the first failure is printed and recorded in the results, not hidden.
-    try:
-        _killed_member_scenario(broker, workdir / "attempt-1", client, request)
-    except AssertionError as first:
-        print(f"\nFLAKE group-sigkill {client}: first attempt failed, retrying once:\n{first}", file=sys.stderr)
-        _record_extra(request, first_attempt_failed=str(first).splitlines()[0])
-        _killed_member_scenario(broker, workdir / "attempt-2", client, request)
+    _killed_member_scenario(broker, workdir, client, request)
 
 
 def _killed_member_scenario(broker: Broker, workdir: Path, client: str, request: pytest.FixtureRequest) -> None:
