@@ -126,9 +126,10 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
     if requested is None or (ctx.api_version == 0 and not requested):
         # Kafka leaves out the topics the principal may not DESCRIBE.
         topics = [describe_topic(node, t) for t in node.visible_topics() if authorize(ctx, Operation.DESCRIBE, t.name, quiet=True)]
-    elif ctx.api_version < 12 and any(e.name is None or field_of(e, "topic_id", _ZERO_UUID) != _ZERO_UUID for e in requested):
+    elif ctx.api_version < 12 and any(e.name is None or field_of(e, "topic_id", None) not in (None, _ZERO_UUID) for e in requested):
         # v10-11 carry topic ids, but only v12+ may use them (an answer's name is not
         # nullable before v12): Kafka refuses the request, each topic INVALID_REQUEST.
+        # (kio decodes the zero id, "none", as None.)
         return _invalid_metadata_request(requested)
     else:
         # v4+ lets the client forbid auto-creation; earlier versions always allow it.
