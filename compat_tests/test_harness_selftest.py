@@ -173,3 +173,22 @@ def test_broker_log_check_reads_each_line_once(tmp_path: Path) -> None:
         f.write(" of an internal error\n")
     assert len(broker_logs.read_new([log])) == 1
     assert broker_logs.read_new([log]) == []
+
+
+def test_group_wait_fails_at_once_when_a_member_stops_on_its_own(tmp_path: Path) -> None:
+    """The SIGKILL group test's "known flake": group workers stop by themselves after their
+    --timeout; when a slow run outlived it, the survivors closed (status 0) and the test
+    waited its full 90 s for records nobody read any more, then blamed the rebalance.
+    wait_for must name the member that stopped instead."""
+    import time
+
+    from compat_tests.test_groups import Member, wait_for
+
+    out = tmp_path / "m.jsonl"
+    out.write_text('{"ev": "assigned", "parts": [0, 1], "t": 0}\n{"ev": "closed", "n": 0}\n')
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"m-1 stopped on its own while waiting for every record"):
+        wait_for("every record", lambda: False, 30, [Member("m-1", proc, out)])
+    assert time.monotonic() - started < 5
