@@ -23,7 +23,8 @@ N = int(os.environ.get("HK_COMPAT_RECORDS", "20000"))
 # How each client's worker is told acks=all: a flag for the Python and Go workers; kcat
 # (clients.py: -X acks=all) and the kafkajs worker (acks: -1) always produce with it.
 ACKS_ALL: dict[str, tuple[str, ...]] = {
-    name: ("--acks", "all") for name in ("kafka-python", "confluent", "aiokafka", "franz-go", "sarama")
+    name: ("--acks", "all")
+    for name in ("kafka-python", "confluent", "aiokafka", "franz-go", "sarama")
 }
 
 

@@ -120,7 +120,10 @@ async def test_metadata_v10_v11_by_topic_id_is_an_invalid_request(
                 "include_topic_authorized_operations": False,
             },
         )
-    assert [(t.error_code, t.name, t.topic_id) for t in r.topics] == [(42, "", some_id), (42, "t", some_id)]
+    assert [(t.error_code, t.name, t.topic_id) for t in r.topics] == [
+        (42, "", some_id),
+        (42, "t", some_id),
+    ]
     assert r.brokers == ()
     # By name with the zero id (what every client sends there): answered as usual.
     r = await c.call(
@@ -132,7 +135,9 @@ async def test_metadata_v10_v11_by_topic_id_is_an_invalid_request(
             "include_topic_authorized_operations": False,
         },
     )
-    assert [(t.error_code, t.name) for t in r.topics] == [(3, "by-name")]  # UNKNOWN_TOPIC_OR_PARTITION
+    assert [(t.error_code, t.name) for t in r.topics] == [
+        (3, "by-name")
+    ]  # UNKNOWN_TOPIC_OR_PARTITION
     assert r.brokers
     assert not [rec for rec in caplog.records if "internal error" in rec.getMessage()]
     assert (await c.call("api_versions", 0, {})).error_code == 0
