@@ -258,7 +258,7 @@ GO_TLS_ALERT = {"no client certificate": "remote error: tls: certificate require
 @pytest.mark.matrix("security refusal: {case}")
 @pytest.mark.parametrize(
     "client,case",
-    [(c, case) for c in ("kcat-old", "kcat-new", "confluent", "kafka-python", "aiokafka", "franz-go", "sarama") for case in ("wrong password", "unknown user")]
+    [(c, case) for c in ("kcat-old", "kcat-new", "confluent", "kafka-python", "aiokafka", "kafkajs", "franz-go", "sarama") for case in ("wrong password", "unknown user")]
     + [("java-tools", "wrong password")],
 )
 def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: str, tmp_path: Path) -> None:
@@ -274,6 +274,13 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
     elif client in client_matrix.GO_CLIENTS:
         text = go_refused(client, s, topic, tmp_path)
         assert GO_AUTH_FAILED[client] in text, text[-2000:]
+    elif client == "kafkajs":
+        worker = client_matrix.CLIENTS[client]
+        worker.require()
+        with pytest.raises(AssertionError) as refused:
+            worker.produce(Broker(*harness.parse_host_port(s["bootstrap"])), topic, [Record(None, b"x", ())], tmp_path,
+                           timeout=60, extra=("--spec", json.dumps(s)))
+        assert "SASL SCRAM SHA256 authentication failed" in str(refused.value), str(refused.value)[-2000:]
     else:
         r = py_client(client, "produce", s, topic, 1, timeout=4)
         assert not r["ok"], r
