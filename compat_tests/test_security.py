@@ -295,6 +295,7 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
 @pytest.mark.parametrize(
     "client,case",
     [("confluent", "no client certificate"), ("confluent", "foreign client certificate"), ("kafka-python", "no client certificate")]
+    + [("aiokafka", "no client certificate"), ("kafkajs", "no client certificate")]
     + [(c, case) for c in ("franz-go", "sarama") for case in ("no client certificate", "foreign client certificate")],
 )
 def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: SecureBroker, client: str, case: str, tmp_path: Path) -> None:
@@ -306,11 +307,20 @@ def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: Sec
         # its certificate; the reason reaches it as the broker's TLS alert.
         text = go_refused(client, s, "sec-mtls-refused", tmp_path)
         assert GO_TLS_ALERT[case] in text, text[-2000:]
+    elif client == "kafkajs":
+        worker = client_matrix.CLIENTS[client]
+        worker.require()
+        with pytest.raises(AssertionError) as refused:
+            worker.produce(Broker(*harness.parse_host_port(s["bootstrap"])), "sec-mtls-refused", [Record(None, b"x", ())],
+                           tmp_path, timeout=60, extra=("--spec", json.dumps(s)))
+        # kafkajs (node's OpenSSL) reads the broker's TLS alert, as the Go clients do.
+        assert "alert certificate required" in str(refused.value), str(refused.value)[-2000:]
     else:
         r = py_client(client, "produce", s, "sec-mtls-refused", 1, timeout=4)
         assert not r["ok"], r
-        # The handshake fails, so the client never learns more than a broken transport.
-        assert r["error"] in ("_SSL", "_TRANSPORT", "_ALL_BROKERS_DOWN", "SSLError", "SSL"), r
+        # The handshake fails, so the client never learns more than a broken transport
+        # (aiokafka: "Unable to bootstrap").
+        assert r["error"] in ("_SSL", "_TRANSPORT", "_ALL_BROKERS_DOWN", "SSLError", "SSL", "KafkaConnectionError"), r
     assert "on MTLS failed: [SSL:" in secure.broker.log_tail(300)
     writer_still_works(secure)
 
