@@ -327,14 +327,21 @@ def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: Sec
 
 @pytest.mark.timeout(120)
 @pytest.mark.matrix("security refusal: read-only principal produces")
-@pytest.mark.parametrize("client", ["kcat-new", "confluent", "kafka-python", "java-tools"])
+@pytest.mark.parametrize("client", ["kcat-old", "kcat-new", "confluent", "kafka-python", "aiokafka", "kafkajs", "java-tools"])
 def test_read_only_principal_cannot_produce(secure: SecureBroker, client: str, tmp_path: Path) -> None:
     topic = "sec-shared"
     r = py_client("confluent", "produce", {**spec(secure, "SASL_SSL", "SCRAM-SHA-512"), "tag": topic}, topic, 1)
     assert r["ok"], r
     s = spec(secure, "SASL_PLAINTEXT", "SCRAM-SHA-512", user="reader")
-    if client == "kcat-new":
-        out = kcat("new").run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=5000"], input=b"x\n", timeout=60, check=False)
+    if client == "kafkajs":
+        worker = client_matrix.CLIENTS[client]
+        worker.require()
+        with pytest.raises(AssertionError) as refused:
+            worker.produce(Broker(*harness.parse_host_port(s["bootstrap"])), topic, [Record(None, b"x", ())], tmp_path,
+                           timeout=60, extra=("--spec", json.dumps(s)))
+        assert "KafkaJSProtocolError: Not authorized to access topics" in str(refused.value), str(refused.value)[-2000:]
+    elif client.startswith("kcat"):
+        out = kcat(client.split("-")[1]).run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=5000"], input=b"x\n", timeout=60, check=False)
         err = out.stderr.decode()
         assert "Topic authorization failed" in err or "TOPIC_AUTHORIZATION_FAILED" in err, err[-1500:]
     elif client == "java-tools":
