@@ -119,6 +119,22 @@ async def _create_on_controller(node: Node, name: str) -> None:
         log.info("auto-creating %s on controller %d failed: %s", name, controller.node_id, exc)
 
 
+def _invalid_metadata_request(requested: Any) -> Reply:
+    """MetadataRequest.getErrorResponse: no brokers, every requested topic INVALID_REQUEST
+    (a null name as "", which is what the answer can carry)."""
+    return {
+        "throttle_time": 0,
+        "brokers": [],
+        "cluster_id": None,
+        "controller_id": -1,
+        "topics": [
+            {"error_code": errors.INVALID_REQUEST, "name": e.name or "", "topic_id": field_of(e, "topic_id", _ZERO_UUID),
+             "is_internal": False, "partitions": []}
+            for e in requested
+        ],
+    }
+
+
 @api(3, "Metadata", (0, 12))
 async def metadata(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
@@ -181,22 +197,6 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
         "cluster_id": node.cluster_id,
         "controller_id": controller_id(node),
         "topics": topics,
-    }
-
-
-def _invalid_metadata_request(requested: Any) -> Reply:
-    """MetadataRequest.getErrorResponse: no brokers, every requested topic INVALID_REQUEST
-    (a null name as "", which is what the answer can carry)."""
-    return {
-        "throttle_time": 0,
-        "brokers": [],
-        "cluster_id": None,
-        "controller_id": -1,
-        "topics": [
-            {"error_code": errors.INVALID_REQUEST, "name": e.name or "", "topic_id": field_of(e, "topic_id", _ZERO_UUID),
-             "is_internal": False, "partitions": []}
-            for e in requested
-        ],
     }
 
 
