@@ -6,14 +6,19 @@ Owns:
   127.0.0.1:<free port>` (or HK_COMPAT_BROKER_CMD, a template with {port} and {data_dir}),
   awaited until it answers ApiVersions, and stopped with SIGTERM at the end (exit 0 required).
 - `fresh_broker` (function): a broker of its own for tests that stop and restart it.
-- a per-test timeout (`@pytest.mark.timeout(seconds)`, default 300) enforced with SIGALRM:
-  the tests themselves are synchronous and every client runs in a child process.
+- a per-test timeout: pytest-timeout's `@pytest.mark.timeout(seconds)` (setup and teardown
+  included), DEFAULT_TIMEOUT for a test that names none (the unit tests' default in
+  pyproject.toml is shorter). Its SIGALRM method suits these tests: they are synchronous
+  and every client runs in a child process.
 - the broker's log tail attached to every failed test that used a broker.
+- `broker_log_check` (autouse): a test fails (at teardown) when a broker logged an internal
+  error or a traceback while it ran, unless `@pytest.mark.broker_log_allows(pattern, ...)`
+  names it (compat_tests/broker_logs.py); the session broker's own shutdown is checked too.
 - a JSON results file (HK_COMPAT_RESULTS, default compat_tests/.tools/results.json) with one
   entry per test: client, scenario, outcome, seconds, and every matrix cell the collected
   tests fill (also with --collect-only); `python -m compat_tests.matrix` prints it.
 
-Imports the standard library, pytest and compat_tests.harness only.
+Imports the standard library, pytest, compat_tests.harness and compat_tests.broker_logs only.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -30,14 +34,18 @@ from typing import Any
 
 import pytest
 
-from compat_tests import harness
+from compat_tests import broker_logs, harness
 from compat_tests.harness import Broker, BrokerError
 
 DEFAULT_TIMEOUT = 300
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "timeout(seconds): fail the test after this long")
+    config.addinivalue_line(
+        "markers",
+        "broker_log_allows(*patterns): this test provokes broker internal errors on purpose; "
+        "the log records matching one of these regular expressions do not fail it",
+    )
     config.addinivalue_line(
         "markers",
         "matrix(scenario, client=None): the cell this test fills in the client x scenario "
@@ -103,6 +111,13 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         if status != 0:
             row.update(outcome="failed", message=f"exit status {status} after SIGTERM")
             raise BrokerError(f"broker exited {status} after SIGTERM (expected 0)\n" + b.log_tail())
+        late = broker_logs.read_new([b.log_path]) if b.log_path is not None else []
+        if late:
+            row.update(outcome="failed", message=late[0].first_line()[:300])
+            raise BrokerError(
+                "the session broker logged internal errors after the last test:\n"
+                + broker_logs.report(late)
+            )
         row.update(outcome="passed")
         if request.session.testsfailed == 0 and not os.environ.get("HK_COMPAT_KEEP"):
             shutil.rmtree(workdir, ignore_errors=True)
@@ -138,38 +153,28 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-# ---------------------------------------------------------------------------- timeouts
-
-
-class TimeLimitExceeded(Exception):
-    """A test ran past its timeout marker."""
-
-
-def _timeout_of(item: pytest.Item) -> int:
-    m = item.get_closest_marker("timeout")
-    return int(m.args[0]) if m and m.args else DEFAULT_TIMEOUT
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    seconds = _timeout_of(item)
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise TimeLimitExceeded(f"{item.nodeid} exceeded its {seconds}s timeout")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        return (yield)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+@pytest.fixture(autouse=True)
+def broker_log_check(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if a broker logged an internal error while it ran (set up before, and
+    so torn down after, the test's own brokers: their logs are complete by then)."""
+    # What was logged between tests (the session broker starting) is checked here.
+    before = broker_logs.read_new()
+    if before:
+        pytest.fail("before this test, " + broker_logs.report(before), pytrace=False)
+    yield
+    allowed = [p for m in request.node.iter_markers("broker_log_allows") for p in m.args]
+    found = broker_logs.unexpected(broker_logs.read_new(), allowed)
+    if found:
+        pytest.fail(broker_logs.report(found), pytrace=False)
 
 
 # ---------------------------------------------------------------------------- reporting
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
     cells = config.stash[_CELLS]
     if any("broker" in getattr(item, "fixturenames", ()) for item in items):
         cells["(session)"] = ("broker", "sigterm-exit-0")  # the `broker` fixture's own row

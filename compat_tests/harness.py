@@ -2,8 +2,8 @@
 
 Owns: starting and stopping the broker under test (our own `python -m broker serve`, or a
 command template for a stand-in broker), telling when it answers, its log tail, and finding
-the external clients (two kcats, node + kafkajs, the Go driver hkgo). It may import only the standard library:
-it must work before anything else in the project does.
+the external clients (two kcats, node + kafkajs, the Go driver hkgo). It may import only the standard library
+and compat_tests.broker_logs: it must work before anything else in the project does.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from compat_tests import broker_logs
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPAT_DIR = ROOT / "compat_tests"
@@ -213,12 +215,14 @@ def new_broker(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    log_path = workdir / "broker.log"
+    broker_logs.watch(log_path)  # conftest fails the test if this broker logs an internal error
     return Broker(
         host="127.0.0.1",
         port=port,
         data_dir=data_dir,
         argv=[*broker_argv(data_dir, port), *extra],
-        log_path=workdir / "broker.log",
+        log_path=log_path,
         env=env,
     )
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from compat_tests import broker_logs
 from compat_tests.harness import ROOT, api_versions_v0_probe, free_port, new_broker
 
 
@@ -91,13 +92,16 @@ def test_the_default_data_dir_is_locked_too(workdir: Path) -> None:
     """Two `hyperkafka serve` with no --data-dir in one directory: ./hyperkafka-data."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     port = free_port()
-    first = subprocess.Popen(
-        [sys.executable, "-m", "broker", "serve", "--listen", f"127.0.0.1:{port}"],
-        cwd=workdir,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log_path = workdir / "first.log"
+    broker_logs.watch(log_path)  # its internal errors fail the test, as for every broker
+    with log_path.open("wb") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "broker", "serve", "--listen", f"127.0.0.1:{port}"],
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while not api_versions_v0_probe("127.0.0.1", port, timeout=1.0):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from compat_tests import harness, java_tools, matrix
+from compat_tests import broker_logs, harness, java_tools, matrix
 from compat_tests.clients import CLIENTS, KCAT_KEY_DELIM, KCAT_MSG_DELIM, parse_kcat_format
 from compat_tests.records import Profile, Record, assert_same, from_json, generate, to_json
 
@@ -132,3 +132,63 @@ def test_kraft_cluster_ids_never_look_like_an_option(monkeypatch: pytest.MonkeyP
     got = java_tools.random_cluster_id()
     assert got == "AQEBAQEBAQEBAQEBAQEBAQ"
     assert len(got) == 22 and not got.startswith("-")
+
+
+_LOG = """\
+2026-12-03 16:00:00,001 INFO hyperkafka: listening on 127.0.0.1:9092
+2026-12-03 16:00:01,002 ERROR broker.server: internal error on a connection from ('127.0.0.1', 5); closing it
+  + Exception Group Traceback (most recent call last):
+  |   File "broker/server.py", line 280, in _serve
+  | KeyError: 'x'
+2026-12-03 16:00:02,003 WARNING broker.node: disk nearly full
+2026-12-03 16:00:03,004 ERROR broker.groups.coordinator: offset expiry failed
+Traceback (most recent call last):
+  File "broker/groups/coordinator.py", line 590, in _expire
+ValueError: boom
+2026-12-03 16:00:04,005 INFO hyperkafka: stopped
+"""
+
+
+def test_broker_log_check_finds_internal_errors_and_tracebacks(tmp_path: Path) -> None:
+    found = broker_logs.incidents_in(_LOG)
+    assert [i.first_line()[24:] for i in found] == [
+        "ERROR broker.server: internal error on a connection from ('127.0.0.1', 5); closing it",
+        "ERROR broker.groups.coordinator: offset expiry failed",
+    ]
+    assert "KeyError: 'x'" in found[0].text and "ValueError: boom" in found[1].text
+    assert broker_logs.unexpected(found, ["ValueError: boom"]) == [found[0]]
+    assert broker_logs.unexpected(found, ["KeyError", "expiry"]) == []
+    assert broker_logs.incidents_in("Traceback (most recent call last):\n  File x\nOSError\n")
+
+
+def test_broker_log_check_reads_each_line_once(tmp_path: Path) -> None:
+    log = tmp_path / "broker.log"
+    log.write_text(_LOG)  # written before the broker was watched: an earlier broker's
+    broker_logs.watch(log)
+    assert broker_logs.read_new([log]) == []
+    with log.open("a") as f:
+        f.write(_LOG.splitlines(keepends=True)[1] + "2026-12-03 16:00:05,000 ERROR half a line")
+    assert [i.text for i in broker_logs.read_new([log])] == [_LOG.splitlines()[1]]
+    with log.open("a") as f:
+        f.write(" of an internal error\n")
+    assert len(broker_logs.read_new([log])) == 1
+    assert broker_logs.read_new([log]) == []
+
+
+def test_group_wait_fails_at_once_when_a_member_stops_on_its_own(tmp_path: Path) -> None:
+    """The SIGKILL group test's "known flake": group workers stop by themselves after their
+    --timeout; when a slow run outlived it, the survivors closed (status 0) and the test
+    waited its full 90 s for records nobody read any more, then blamed the rebalance.
+    wait_for must name the member that stopped instead."""
+    import time
+
+    from compat_tests.test_groups import Member, wait_for
+
+    out = tmp_path / "m.jsonl"
+    out.write_text('{"ev": "assigned", "parts": [0, 1], "t": 0}\n{"ev": "closed", "n": 0}\n')
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"m-1 stopped on its own while waiting for every record"):
+        wait_for("every record", lambda: False, 30, [Member("m-1", proc, out)])
+    assert time.monotonic() - started < 5

@@ -196,6 +196,49 @@ def test_console_producer_read_by_kafka_python(java: JavaTools, hk: Broker, tmp_
     assert [r.offset for r in got] == list(range(len(want))) and hwm == len(want)
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.matrix("auto-create", client="java-tools")
+def test_console_producer_auto_creates_topic(java: JavaTools, hk: Broker) -> None:
+    """The Java producer's Metadata request creates a topic nobody created (Kafka's
+    auto.create.topics.enable, hyperkafka's default too)."""
+    b = hk.bootstrap
+    topic = "jt-auto-created"
+    data = keyed_lines(500, seed=53)
+    java.console_producer(b, topic, data, reader_props={"parse.key": "true", "key.separator": "\t"})
+    assert java.end_offsets(b, topic) == {0: 500}, _explain(hk)
+    res = java.console_consumer(
+        b, topic, partition=0, offset="earliest", max_messages=500, timeout_ms=30_000,
+        formatter_props={"print.key": "true", "key.separator": "\t"},
+    )  # fmt: skip
+    assert res.stdout == data, res.stderr_tail() + _explain(hk)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.matrix("restart-acks-all", client="java-tools")
+def test_console_records_survive_a_restart(java: JavaTools, tmp_path: Path) -> None:
+    """acks=-1 console records are all there after SIGTERM and a restart, and the offsets
+    go on where they stopped (a broker of its own: the module's keeps running)."""
+    b = new_broker(tmp_path)
+    b.start()
+    try:
+        topic = "jt-restart"
+        first, more = keyed_lines(2000, seed=59), keyed_lines(300, seed=61)
+        props = {"parse.key": "true", "key.separator": "\t"}
+        java.console_producer(b.bootstrap, topic, first, reader_props=props, acks="-1")
+        assert b.stop() == 0, b.log_tail()
+        b.start()
+        java.console_producer(b.bootstrap, topic, more, reader_props=props, acks="-1")
+        assert java.end_offsets(b.bootstrap, topic) == {0: 2300}, b.log_tail()
+        res = java.console_consumer(
+            b.bootstrap, topic, partition=0, offset="earliest", max_messages=2300, timeout_ms=30_000,
+            formatter_props={"print.key": "true", "key.separator": "\t"},
+        )  # fmt: skip
+        assert res.stdout == first + more, res.stderr_tail() + b.log_tail()
+        assert b.stop() == 0, b.log_tail()
+    finally:
+        b.kill()
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.matrix("console 10k keyed lines (group)", client="java-tools")
 def test_console_roundtrip_group_mode(java: JavaTools, hk: Broker) -> None:

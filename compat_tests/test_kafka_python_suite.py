@@ -18,7 +18,8 @@ refuses), points KAFKA_ROOT at an empty dir, and runs exactly the node ids liste
 compat_tests/kafka_python_allowlist.txt against a broker of its own (started with the
 group session floor of kafka-python's test broker config: its group tests use 3 s
 sessions). Every listed test must pass. KAFKA_VERSION=4.0.0: hyperkafka models a Kafka 4
-broker, and the suite picks its expectations by that version.
+broker, and the suite picks its expectations by that version. A second test checks that
+the allow-list and the per-test table of FINDINGS.md are the sdist's whole collected list.
 
 Imports the standard library, pytest and compat_tests.harness.
 """
@@ -26,6 +27,7 @@ Imports the standard library, pytest and compat_tests.harness.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -49,6 +51,7 @@ def _installed_version() -> str:
 VERSION = _installed_version()  # the sdist of the very release the other tests run
 SDIST = harness.TOOLS_DIR / f"kafka_python-{VERSION}.tar.gz"
 ALLOWLIST = harness.COMPAT_DIR / "kafka_python_allowlist.txt"
+FINDINGS = harness.COMPAT_DIR / "FINDINGS.md"
 SUITE_TIMEOUT = 240
 
 # Our stand-in for the test/service.py the sdist does not ship: only the external-broker
@@ -80,6 +83,13 @@ class SpawnedService:
 BROKER_PROPERTIES = {"group.min.session.timeout.ms": "1000", "group.initial.rebalance.delay.ms": "0"}
 
 
+def broker_properties(port: int) -> dict[str, str]:
+    """BROKER_PROPERTIES and, as in the server.properties of the suite's own broker,
+    advertised.listeners (test_describe_configs_broker_resource_returns_configs expects it
+    to come from the file: STATIC_BROKER_CONFIG)."""
+    return {**BROKER_PROPERTIES, "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}"}
+
+
 def allowlist() -> list[str]:
     out = []
     for line in ALLOWLIST.read_text().splitlines():
@@ -93,8 +103,26 @@ def allowlist() -> list[str]:
 def kp_broker(tmp_path: Path) -> Iterator[Broker]:
     if harness.external_broker() is not None:
         pytest.skip("kafka-python's suite runs against a broker the harness starts with its config")
-    with harness.configured_broker(tmp_path / "kp", BROKER_PROPERTIES, what="kafka-python's suite") as b:
+    port = harness.free_port()
+    with harness.configured_broker(tmp_path / "kp", broker_properties(port), port=port, what="kafka-python's suite") as b:
         yield b
+
+
+def findings_rows() -> dict[str, str]:
+    """Node id -> cause, from the per-test table of FINDINGS.md's kafka-python section."""
+    text = FINDINGS.read_text()
+    start = text.find("## kafka-python's own test suite")
+    assert start >= 0, "FINDINGS.md has no \"kafka-python's own test suite\" section"
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end > 0 else len(text)]
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `(test_\w+\.py::[^`]+)` \| ([^|]+) \|", section, re.MULTILINE)}
+
+
+def suite_env(root: Path, kafka_root: Path, bootstrap: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the sdist's own tree, not ours, is what its tests import
+    env.update(KAFKA_URI=f"kafka://{bootstrap}", KAFKA_VERSION="4.0.0", KAFKA_ROOT=str(kafka_root), PYTHONPATH=str(root))
+    return env
 
 
 def unpack(into: Path) -> Path:
@@ -116,18 +144,12 @@ def test_kafka_python_allowlisted_tests_pass(kp_broker: Broker, tmp_path: Path, 
     names = allowlist()
     kafka_root = tmp_path / "no-kafka-distribution"
     kafka_root.mkdir()
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # the sdist's own tree, not ours, is what its tests import
-    env.update(
-        KAFKA_URI=f"kafka://{kp_broker.host}:{kp_broker.port}",
-        KAFKA_VERSION="4.0.0",
-        KAFKA_ROOT=str(kafka_root),
-        PYTHONPATH=str(root),
-    )
+    env = suite_env(root, kafka_root, kp_broker.bootstrap)
     report = tmp_path / "junit.xml"
     argv = [sys.executable, "-m", "pytest", *[f"test/integration/{n}" for n in names]]
-    # -o addopts=: the sdist's own options need pytest-timeout, which this venv does not have.
-    argv += ["-c", "pyproject.toml", "-o", "addopts=", "-o", "log_level=WARNING", "-p", "no:cacheprovider"]
+    # The sdist's own addopts (--timeout=300 --timeout-method=thread) use pytest-timeout,
+    # which our test extra installs.
+    argv += ["-c", "pyproject.toml", "-o", "log_level=WARNING", "-p", "no:cacheprovider"]
     argv += ["-q", f"--junitxml={report}"]
     log = tmp_path / "kafka-python-suite.log"
     started = time.monotonic()
@@ -151,3 +173,24 @@ def test_kafka_python_allowlisted_tests_pass(kp_broker: Broker, tmp_path: Path, 
             f"kafka-python suite: {len(bad)} allow-listed test(s) did not pass: {bad} (exit {proc.returncode})\n"
             f"log tail ({log}):\n" + "\n".join(text.splitlines()[-60:])
         )
+
+
+@pytest.mark.timeout(120)
+def test_kafka_python_allowlist_and_findings_cover_the_suite(tmp_path: Path) -> None:
+    """The allow-list and FINDINGS.md's table are the sdist's whole list of integration
+    tests (as collected with KAFKA_VERSION=4.0.0), no name in both: a renamed, removed or
+    new upstream test shows up here."""
+    root = unpack(tmp_path / "sdist")
+    kafka_root = tmp_path / "no-kafka-distribution"
+    kafka_root.mkdir()
+    env = suite_env(root, kafka_root, f"127.0.0.1:{harness.free_port()}")
+    argv = [sys.executable, "-m", "pytest", "test/integration", "--collect-only", "-q", "-c", "pyproject.toml", "-p", "no:cacheprovider"]
+    out = subprocess.run(argv, cwd=root, env=env, capture_output=True, timeout=90, check=False)
+    prefix = "test/integration/"
+    collected = {line[len(prefix) :] for line in out.stdout.decode().splitlines() if line.startswith(prefix)}
+    assert collected, f"nothing collected: {out.stdout.decode()[-2000:]}{out.stderr.decode()[-2000:]}"
+    names, rows = allowlist(), findings_rows()
+    assert len(set(names)) == len(names), "duplicate names in the allow-list"
+    assert not (set(names) & set(rows)), f"both allow-listed and in FINDINGS.md: {sorted(set(names) & set(rows))}"
+    assert not (set(names) | set(rows)) - collected, f"not in the sdist's suite: {sorted((set(names) | set(rows)) - collected)}"
+    assert not collected - set(names) - set(rows), f"neither allow-listed nor in FINDINGS.md: {sorted(collected - set(names) - set(rows))}"

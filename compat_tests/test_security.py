@@ -244,6 +244,10 @@ def go_refused(client: str, s: dict[str, Any], topic: str, tmp_path: Path) -> st
 
 # What each Go client says when the broker refuses its SASL credentials: franz-go names the
 # Kafka error; sarama wraps the broker's answer in its own sentence.
+# ... and what the Python clients raise (confluent: librdkafka's error code name). aiokafka
+# 0.14 reports a refused SASL handshake while bootstrapping only as "Unable to bootstrap"
+# (KafkaConnectionError); the broker's log, checked below, says why.
+AUTH_FAILED_PY = {"confluent": "_AUTHENTICATION", "kafka-python": "SaslAuthenticationFailedError", "aiokafka": "KafkaConnectionError"}
 GO_AUTH_FAILED = {"franz-go": "SASL_AUTHENTICATION_FAILED", "sarama": "SASL Authentication failed"}
 # ... and the TLS alert the broker sends when it refuses the client's certificate.
 GO_TLS_ALERT = {"no client certificate": "remote error: tls: certificate required",
@@ -254,14 +258,14 @@ GO_TLS_ALERT = {"no client certificate": "remote error: tls: certificate require
 @pytest.mark.matrix("security refusal: {case}")
 @pytest.mark.parametrize(
     "client,case",
-    [(c, case) for c in ("kcat-new", "confluent", "kafka-python", "franz-go", "sarama") for case in ("wrong password", "unknown user")]
+    [(c, case) for c in ("kcat-old", "kcat-new", "confluent", "kafka-python", "aiokafka", "kafkajs", "franz-go", "sarama") for case in ("wrong password", "unknown user")]
     + [("java-tools", "wrong password")],
 )
 def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: str, tmp_path: Path) -> None:
     s = spec(secure, "SASL_PLAINTEXT", "SCRAM-SHA-256", user="writer" if case == "wrong password" else "mallory", password="not-the-password")
     topic = "sec-refused"
-    if client == "kcat-new":
-        out = kcat("new").run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=4000"], input=b"x\n", timeout=60, check=False)
+    if client.startswith("kcat"):
+        out = kcat(client.split("-")[1]).run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=4000"], input=b"x\n", timeout=60, check=False)
         err = out.stderr.decode()
         assert out.returncode != 0 and "Authentication failed" in err, err[-1500:]
     elif client == "java-tools":
@@ -270,10 +274,17 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
     elif client in client_matrix.GO_CLIENTS:
         text = go_refused(client, s, topic, tmp_path)
         assert GO_AUTH_FAILED[client] in text, text[-2000:]
+    elif client == "kafkajs":
+        worker = client_matrix.CLIENTS[client]
+        worker.require()
+        with pytest.raises(AssertionError) as refused:
+            worker.produce(Broker(*harness.parse_host_port(s["bootstrap"])), topic, [Record(None, b"x", ())], tmp_path,
+                           timeout=60, extra=("--spec", json.dumps(s)))
+        assert "SASL SCRAM SHA256 authentication failed" in str(refused.value), str(refused.value)[-2000:]
     else:
         r = py_client(client, "produce", s, topic, 1, timeout=4)
         assert not r["ok"], r
-        assert r["error"] == ("_AUTHENTICATION" if client == "confluent" else "SaslAuthenticationFailedError"), r
+        assert r["error"] == AUTH_FAILED_PY[client], r
     log = secure.broker.log_tail(400)
     assert "authentication failed" in log.lower()
     writer_still_works(secure)
@@ -284,6 +295,7 @@ def test_bad_credentials_are_refused(secure: SecureBroker, client: str, case: st
 @pytest.mark.parametrize(
     "client,case",
     [("confluent", "no client certificate"), ("confluent", "foreign client certificate"), ("kafka-python", "no client certificate")]
+    + [("aiokafka", "no client certificate"), ("kafkajs", "no client certificate")]
     + [(c, case) for c in ("franz-go", "sarama") for case in ("no client certificate", "foreign client certificate")],
 )
 def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: SecureBroker, client: str, case: str, tmp_path: Path) -> None:
@@ -295,25 +307,41 @@ def test_mtls_listener_refuses_clients_without_a_trusted_certificate(secure: Sec
         # its certificate; the reason reaches it as the broker's TLS alert.
         text = go_refused(client, s, "sec-mtls-refused", tmp_path)
         assert GO_TLS_ALERT[case] in text, text[-2000:]
+    elif client == "kafkajs":
+        worker = client_matrix.CLIENTS[client]
+        worker.require()
+        with pytest.raises(AssertionError) as refused:
+            worker.produce(Broker(*harness.parse_host_port(s["bootstrap"])), "sec-mtls-refused", [Record(None, b"x", ())],
+                           tmp_path, timeout=60, extra=("--spec", json.dumps(s)))
+        # kafkajs (node's OpenSSL) reads the broker's TLS alert, as the Go clients do.
+        assert "alert certificate required" in str(refused.value), str(refused.value)[-2000:]
     else:
         r = py_client(client, "produce", s, "sec-mtls-refused", 1, timeout=4)
         assert not r["ok"], r
-        # The handshake fails, so the client never learns more than a broken transport.
-        assert r["error"] in ("_SSL", "_TRANSPORT", "_ALL_BROKERS_DOWN", "SSLError", "SSL"), r
+        # The handshake fails, so the client never learns more than a broken transport
+        # (aiokafka: "Unable to bootstrap").
+        assert r["error"] in ("_SSL", "_TRANSPORT", "_ALL_BROKERS_DOWN", "SSLError", "SSL", "KafkaConnectionError"), r
     assert "on MTLS failed: [SSL:" in secure.broker.log_tail(300)
     writer_still_works(secure)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.matrix("security refusal: read-only principal produces")
-@pytest.mark.parametrize("client", ["kcat-new", "confluent", "kafka-python", "java-tools"])
+@pytest.mark.parametrize("client", ["kcat-old", "kcat-new", "confluent", "kafka-python", "aiokafka", "kafkajs", "java-tools"])
 def test_read_only_principal_cannot_produce(secure: SecureBroker, client: str, tmp_path: Path) -> None:
     topic = "sec-shared"
     r = py_client("confluent", "produce", {**spec(secure, "SASL_SSL", "SCRAM-SHA-512"), "tag": topic}, topic, 1)
     assert r["ok"], r
     s = spec(secure, "SASL_PLAINTEXT", "SCRAM-SHA-512", user="reader")
-    if client == "kcat-new":
-        out = kcat("new").run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=5000"], input=b"x\n", timeout=60, check=False)
+    if client == "kafkajs":
+        worker = client_matrix.CLIENTS[client]
+        worker.require()
+        with pytest.raises(AssertionError) as refused:
+            worker.produce(Broker(*harness.parse_host_port(s["bootstrap"])), topic, [Record(None, b"x", ())], tmp_path,
+                           timeout=60, extra=("--spec", json.dumps(s)))
+        assert "KafkaJSProtocolError: Not authorized to access topics" in str(refused.value), str(refused.value)[-2000:]
+    elif client.startswith("kcat"):
+        out = kcat(client.split("-")[1]).run(["-P", "-t", topic, *kcat_args(s), "-X", "message.timeout.ms=5000"], input=b"x\n", timeout=60, check=False)
         err = out.stderr.decode()
         assert "Topic authorization failed" in err or "TOPIC_AUTHORIZATION_FAILED" in err, err[-1500:]
     elif client == "java-tools":

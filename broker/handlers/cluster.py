@@ -120,6 +120,22 @@ async def _create_on_controller(cluster: Cluster, name: str) -> None:
         log.info("auto-creating %s on controller %d failed: %s", name, controller.node_id, exc)
 
 
+def _invalid_metadata_request(requested: Any) -> Reply:
+    """MetadataRequest.getErrorResponse: no brokers, every requested topic INVALID_REQUEST
+    (a null name as "", which is what the answer can carry)."""
+    return {
+        "throttle_time": 0,
+        "brokers": [],
+        "cluster_id": None,
+        "controller_id": -1,
+        "topics": [
+            {"error_code": errors.INVALID_REQUEST, "name": e.name or "", "topic_id": field_of(e, "topic_id", _ZERO_UUID),
+             "is_internal": False, "partitions": []}
+            for e in requested
+        ],
+    }
+
+
 @api(3, "Metadata", (0, 12))
 async def metadata(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
@@ -127,6 +143,11 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
     if requested is None or (ctx.api_version == 0 and not requested):
         # Kafka leaves out the topics the principal may not DESCRIBE.
         topics = [describe_topic(node, t) for t in node.visible_topics() if authorize(ctx, Operation.DESCRIBE, t.name, quiet=True)]
+    elif ctx.api_version < 12 and any(e.name is None or field_of(e, "topic_id", None) not in (None, _ZERO_UUID) for e in requested):
+        # v10-11 carry topic ids, but only v12+ may use them (an answer's name is not
+        # nullable before v12): Kafka refuses the request, each topic INVALID_REQUEST.
+        # (kio decodes the zero id, "none", as None.)
+        return _invalid_metadata_request(requested)
     else:
         # v4+ lets the client forbid auto-creation; earlier versions always allow it.
         allow_create = field_of(req, "allow_auto_topic_creation", True) and node.config.auto_create_topics
