@@ -81,7 +81,7 @@ def two_writers(sends: Iterable[Event]) -> list[str]:
 
 
 def lost_commits(probe: Iterable[Event], final: int | None) -> list[str]:
-    """Probe history; `final` is the group's committed offset read after the heal."""
+    """One probe group's history; `final` is its committed offset read after the heal."""
     events = list(probe)
     commits = sorted((e for e in events if e["op"] == "pcommit" and e["error"] == NONE), key=lambda e: e["t1"])
     fetches = sorted((e for e in events if e["op"] == "pfetch" and e["error"] == NONE), key=lambda e: e["t0"])
@@ -119,6 +119,7 @@ def group_commits_kept(commits: Iterable[Event], final: Mapping[int, int | None]
 
 
 def two_coordinators(probe: Iterable[Event]) -> list[str]:
+    """The broadcast probe group's history."""
     accepted: dict[int, set[int]] = defaultdict(set)
     for e in probe:
         if e["op"] == "pcommit" and e["error"] == NONE:

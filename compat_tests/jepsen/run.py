@@ -67,6 +67,10 @@ class Report:
         return "\n".join(lines)
 
 
+def _of(events: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("group") == group]
+
+
 def _history(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -211,9 +215,12 @@ def run(workdir: Path, mode: str, schedule: list[str], hold: float, recover: flo
     violations = {
         "no acknowledged record lost": checker.lost_writes(sends, final["records"]),
         "one writer per partition": checker.two_writers(sends),
-        "no committed offset lost or moved backwards (probe)": checker.lost_commits(probe, final["probe"]),
+        "no committed offset lost or moved backwards (probe, to all)":
+            checker.lost_commits(_of(probe, f"{PROBE_GROUP}-all"), final["probe"][f"{PROBE_GROUP}-all"]),
+        "no committed offset lost or moved backwards (probe, in turn)":
+            checker.lost_commits(_of(probe, f"{PROBE_GROUP}-rr"), final["probe"][f"{PROBE_GROUP}-rr"]),
         "no committed offset lost (consumer group)": checker.group_commits_kept(commits, final["group"]),
-        "one coordinator per group": checker.two_coordinators(probe),
+        "one coordinator per group": checker.two_coordinators(_of(probe, f"{PROBE_GROUP}-all")),
         "created topics agree": checker.topics_agree(creates, final["views"]),
     }
     counts = {
@@ -242,9 +249,11 @@ def _final_state(cluster: JepsenCluster, clients: Clients, settle: float) -> dic
             records.setdefault(e["partition"], {})[e["offset"]] = e["value"]
     group = {e["partition"]: e["offset"] for e in
              clients.once("committed", "committed", cluster.bootstrap(), TOPIC, GROUP, str(PARTITIONS))}
-    probe_final = None
-    for e in clients.once("committed", "committed-probe", cluster.bootstrap(), TOPIC, PROBE_GROUP, "1"):
-        probe_final = e["offset"]
+    probe_final: dict[str, int | None] = {}
+    for g in (f"{PROBE_GROUP}-all", f"{PROBE_GROUP}-rr"):
+        probe_final[g] = None
+        for e in clients.once("committed", f"committed-{g}", cluster.bootstrap(), TOPIC, g, "1"):
+            probe_final[g] = e["offset"]
     views: dict[int, dict[str, dict[int, int]] | None] = {}
     for node, host in enumerate(cluster.broker_hosts, 1):
         md = cluster.metadata(host)

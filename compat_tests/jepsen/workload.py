@@ -11,8 +11,9 @@ Roles (all run until STOPFILE exists):
   committing its position synchronously about twice a second; one line per commit:
   ``{"op": "commit", "group", "offsets": {partition: offset}, "t0", "t1", "ok", "error"}``.
 * ``probe BROKERS GROUP TOPIC``: asks every broker directly (compat_tests/jepsen/wire.py)
-  in rounds: an OffsetCommit of the round number, then an OffsetFetch; one line per
-  request: ``{"op": "pcommit"|"pfetch", "broker", "round", "value", "t0", "t1", "error"}``.
+  in rounds: OffsetCommits of the round number (group ``GROUP-all`` to every broker,
+  ``GROUP-rr`` to one broker in turn), then OffsetFetches of both; one line per request:
+  ``{"op": "pcommit"|"pfetch", "group", "broker", "round", "value", "t0", "t1", "error"}``.
   BROKERS is ``ID@HOST:PORT,...``.
 * ``admin BOOTSTRAP PREFIX``: creates a topic every second through a confluent-kafka
   AdminClient: ``{"op": "create", "topic", "t0", "t1", "ok", "error"}``.
@@ -133,23 +134,30 @@ def probe(h: History, stop: Callable[[], bool], brokers: str, group: str, topic:
         node, _, addr = item.partition("@")
         host, _, port = addr.rpartition(":")
         conns[int(node)] = Conn(host, int(port), timeout=1.0)
+    nodes = sorted(conns)
+    # Two groups: `GROUP-all` gets each round's commit from every broker at once (two
+    # brokers accepting it in consecutive rounds are two coordinators); `GROUP-rr` gets it
+    # from one broker per round, in turn, as clients on either side of a partition would
+    # send theirs (a broker that accepted a commit the other side never saw then answers
+    # OffsetFetch with an older offset).
+    broadcast, rr = f"{group}-all", f"{group}-rr"
     rnd = 0
     while not stop():
         rnd += 1
 
         def one(node: int, conn: Conn, rnd: int = rnd) -> None:
-            t0 = time.monotonic()
-            res = conn.commit(group, topic, 0, rnd)
-            h.add(op="pcommit", broker=node, round=rnd, value=rnd, t0=t0, t1=time.monotonic(),
-                  error=res)
-            t0 = time.monotonic()
-            got = conn.fetch(group, topic, 0)
-            if isinstance(got, str):
-                h.add(op="pfetch", broker=node, round=rnd, value=None, t0=t0, t1=time.monotonic(),
-                      error=got)
-            else:
-                h.add(op="pfetch", broker=node, round=rnd, value=got[1], t0=t0, t1=time.monotonic(),
-                      error=got[0])
+            targets = [broadcast, rr] if node == nodes[rnd % len(nodes)] else [broadcast]
+            for g in targets:
+                t0 = time.monotonic()
+                res = conn.commit(g, topic, 0, rnd)
+                h.add(op="pcommit", group=g, broker=node, round=rnd, value=rnd, t0=t0,
+                      t1=time.monotonic(), error=res)
+            for g in (broadcast, rr):
+                t0 = time.monotonic()
+                got = conn.fetch(g, topic, 0)
+                value, error = (None, got) if isinstance(got, str) else (got[1], got[0])
+                h.add(op="pfetch", group=g, broker=node, round=rnd, value=value, t0=t0,
+                      t1=time.monotonic(), error=error)
 
         # A round's requests go out together; the next round starts after all answered
         # (or timed out), which is what lets the checker order rounds in real time.
