@@ -1,0 +1,155 @@
+"""An etcd server process for tests: cluster mode's tests (and the fault-injection harness)
+start their own etcd on free ports in a temp dir, and stop it by its pid.
+
+Owns `EtcdServer` (start, wait until it answers, stop; `pause`/`resume` for fault tests),
+`etcd_binary` (Debian's etcd-server, installed by scripts/test) and the `etcd` pytest
+fixture. Standard library only, like compat_tests/harness.py: broker/tests use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+START_TIMEOUT_S = 30.0
+
+
+def etcd_binary() -> str | None:
+    """The etcd server binary (Debian: etcd-server), or None."""
+    return shutil.which("etcd")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class EtcdServer:
+    """One single-member etcd on `host`, its data in `data_dir`.
+
+    `prefix` runs it under another command (the fault harness: ``ip netns exec NS``).
+    `endpoint` is what ``hyperkafka.cluster.etcd.endpoints`` takes."""
+
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", client_port: int | None = None,
+                 peer_port: int | None = None, prefix: Sequence[str] = (), name: str = "hk-etcd") -> None:
+        binary = etcd_binary()
+        if binary is None:
+            raise RuntimeError("etcd is not installed (Debian: apt-get install -y etcd-server etcd-client)")
+        self.binary = binary
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.client_port = client_port or _free_port(host)
+        self.peer_port = peer_port or _free_port(host)
+        self.prefix = list(prefix)
+        self.name = name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir / "etcd.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    def command(self) -> list[str]:
+        peer = f"http://{self.host}:{self.peer_port}"
+        return [*self.prefix, self.binary, "--name", self.name,
+                "--data-dir", str(self.data_dir / "data"),
+                "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"{self.name}={peer}", "--initial-cluster-state", "new",
+                # tests want short elections and no background compaction surprises
+                "--heartbeat-interval", "50", "--election-timeout", "500",
+                "--logger", "zap", "--log-level", "warn"]
+
+    def start(self) -> EtcdServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self.log_tail()}")
+            if self.answers():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"etcd did not answer within {START_TIMEOUT_S} s: {self.log_tail()}")
+
+    def answers(self) -> bool:
+        """Whether the v3 JSON gateway serves a range request (so it has a leader)."""
+        body = json.dumps({"key": "AA=="}).encode()
+        req = urllib.request.Request(f"{self.endpoint}/v3/kv/range", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=1.0) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def __enter__(self) -> EtcdServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def running_etcd(data_dir: Path | None = None) -> Iterator[EtcdServer]:
+    """An etcd for the duration of the block (in a fresh temp dir unless one is given).
+    Skips the test when etcd is missing, except under CI=true, where that fails it."""
+    if etcd_binary() is None:
+        msg = "etcd is not installed (Debian: apt-get install -y etcd-server etcd-client; scripts/test does it as root)"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hk-etcd-")))
+        with EtcdServer(data_dir) as server:
+            yield server
+
+
+@pytest.fixture
+def etcd() -> Iterator[EtcdServer]:
+    """A fresh single-member etcd for one test."""
+    with running_etcd() as server:
+        yield server
