@@ -45,14 +45,18 @@ def _need_namespaces() -> None:
         pytest.skip("Jepsen-style tests make network namespaces: they need root")
     if shutil.which("ip") is None:
         pytest.skip("Jepsen-style tests need `ip` (iproute2)")
-    harness.require(shutil.which("nft") is not None, "nft (apt-get install -y nftables) to cut links")
+    harness.require(
+        shutil.which("nft") is not None, "nft (apt-get install -y nftables) to cut links"
+    )
 
 
 def _etcd_mode_supported() -> bool:
     from broker.config import BrokerConfig, ConfigError, apply_properties
 
     try:
-        apply_properties(BrokerConfig(), {"hyperkafka.cluster.etcd.endpoints": "http://127.0.0.1:2379"})
+        apply_properties(
+            BrokerConfig(), {"hyperkafka.cluster.etcd.endpoints": "http://127.0.0.1:2379"}
+        )
     except ConfigError:
         return False
     return True
@@ -75,12 +79,26 @@ def sigterm_is_interrupt() -> Iterator[None]:
 # --- the checker ---------------------------------------------------------------------------
 
 
-def _send(value: str, part: int, off: int | None, t0: float, t1: float, ok: bool = True) -> dict[str, object]:
-    return {"op": "send", "value": value, "partition": part, "offset": off, "t0": t0, "t1": t1, "ok": ok}
+def _send(
+    value: str, part: int, off: int | None, t0: float, t1: float, ok: bool = True
+) -> dict[str, object]:
+    return {
+        "op": "send",
+        "value": value,
+        "partition": part,
+        "offset": off,
+        "t0": t0,
+        "t1": t1,
+        "ok": ok,
+    }
 
 
 def test_checker_lost_writes() -> None:
-    sends = [_send("a-0", 0, 0, 0, 1), _send("a-1", 0, 1, 1, 2), _send("a-2", 0, None, 2, 3, ok=False)]
+    sends = [
+        _send("a-0", 0, 0, 0, 1),
+        _send("a-1", 0, 1, 1, 2),
+        _send("a-2", 0, None, 2, 3, ok=False),
+    ]
     assert checker.lost_writes(sends, {0: {0: "a-0", 1: "a-1"}}) == []
     assert len(checker.lost_writes(sends, {0: {0: "a-0"}})) == 1  # a-1 lost
     assert len(checker.lost_writes(sends, {0: {0: "a-0", 1: "b-7"}})) == 1  # overwritten
@@ -96,29 +114,53 @@ def test_checker_two_writers() -> None:
     assert any("below" in v for v in checker.two_writers(late))
 
 
-def _probe(op: str, broker: int, rnd: int, value: int | None, t0: float, t1: float, error: object = 0) -> dict[str, object]:
-    return {"op": op, "broker": broker, "round": rnd, "value": value, "t0": t0, "t1": t1, "error": error}
+def _probe(
+    op: str, broker: int, rnd: int, value: int | None, t0: float, t1: float, error: object = 0
+) -> dict[str, object]:
+    return {
+        "op": op,
+        "broker": broker,
+        "round": rnd,
+        "value": value,
+        "t0": t0,
+        "t1": t1,
+        "error": error,
+    }
 
 
 def test_checker_commits_and_coordinators() -> None:
-    good = [_probe("pcommit", 1, 1, 1, 0, 0.1), _probe("pcommit", 2, 1, 1, 0, 0.1, 16),
-            _probe("pfetch", 1, 1, 1, 0.2, 0.3), _probe("pcommit", 2, 2, 2, 1, 1.1),
-            _probe("pcommit", 1, 2, 2, 1, 1.5, "timeout"), _probe("pfetch", 2, 2, 2, 1.6, 1.7)]
+    good = [
+        _probe("pcommit", 1, 1, 1, 0, 0.1),
+        _probe("pcommit", 2, 1, 1, 0, 0.1, 16),
+        _probe("pfetch", 1, 1, 1, 0.2, 0.3),
+        _probe("pcommit", 2, 2, 2, 1, 1.1),
+        _probe("pcommit", 1, 2, 2, 1, 1.5, "timeout"),
+        _probe("pfetch", 2, 2, 2, 1.6, 1.7),
+    ]
     assert checker.lost_commits(good, final=2) == []
     assert checker.two_coordinators(good) == []
     assert checker.lost_commits(good, final=1)  # the last acknowledged commit is gone
     stale = [*good, _probe("pfetch", 1, 3, 1, 2, 2.1)]  # broker 1 still answers 1 after 2 was acked
     assert any("below 2" in v for v in checker.lost_commits(stale, final=2))
-    split = [*good, _probe("pcommit", 1, 3, 3, 2, 2.1), _probe("pcommit", 2, 3, 3, 2, 2.1),
-             _probe("pcommit", 1, 4, 4, 2.2, 2.3), _probe("pcommit", 2, 4, 4, 2.2, 2.3)]
-    assert checker.two_coordinators(split) == ["brokers [1, 2] each accepted the group's commits in rounds 3 and 4"]
+    split = [
+        *good,
+        _probe("pcommit", 1, 3, 3, 2, 2.1),
+        _probe("pcommit", 2, 3, 3, 2, 2.1),
+        _probe("pcommit", 1, 4, 4, 2.2, 2.3),
+        _probe("pcommit", 2, 4, 4, 2.2, 2.3),
+    ]
+    assert checker.two_coordinators(split) == [
+        "brokers [1, 2] each accepted the group's commits in rounds 3 and 4"
+    ]
     # one overlapping round alone is a hand-over, not two coordinators
     assert checker.two_coordinators(split[:-1]) == []
 
 
 def test_checker_group_commits_and_topics() -> None:
-    commits = [{"op": "commit", "ok": True, "offsets": {"0": 5, "1": 3}, "t0": 0, "t1": 1},
-               {"op": "commit", "ok": False, "offsets": {"0": 9}, "t0": 1, "t1": 2}]
+    commits = [
+        {"op": "commit", "ok": True, "offsets": {"0": 5, "1": 3}, "t0": 0, "t1": 1},
+        {"op": "commit", "ok": False, "offsets": {"0": 9}, "t0": 1, "t1": 2},
+    ]
     assert checker.group_commits_kept(commits, {0: 5, 1: 4}) == []
     assert len(checker.group_commits_kept(commits, {0: 4, 1: None})) == 2
     creates = [{"op": "create", "topic": "t1", "ok": True, "t0": 0, "t1": 1}]
@@ -146,7 +188,10 @@ def test_network_cuts_silently_and_cleans_up(sigterm_is_interrupt: None) -> None
         server = in_namespace(net.ns("a"), lambda: socket.create_server((net.address["a"], 7000)))
 
         def connect(host: str) -> None:
-            in_namespace(net.ns(host), lambda: socket.create_connection((net.address["a"], 7000), timeout=1.5).close())
+            in_namespace(
+                net.ns(host),
+                lambda: socket.create_connection((net.address["a"], 7000), timeout=1.5).close(),
+            )
 
         connect("b")
         connect("c")
@@ -174,8 +219,10 @@ def _print(report: Report, workdir: Path) -> None:
 def _mode() -> str:
     mode = os.environ.get("HK_JEPSEN_MODE", "etcd")
     if mode == "etcd" and not _etcd_mode_supported():
-        pytest.xfail("cluster mode on etcd (issue 16 items 1-5) is not on this branch yet: "
-                     "hyperkafka.cluster.etcd.endpoints is not a known setting")
+        pytest.xfail(
+            "cluster mode on etcd (issue 16 items 1-5) is not on this branch yet: "
+            "hyperkafka.cluster.etcd.endpoints is not a known setting"
+        )
     if mode == "etcd":
         harness.require(shutil.which("etcd") is not None, "etcd (apt-get install -y etcd-server)")
     return mode
@@ -186,8 +233,15 @@ def test_jepsen_light(sigterm_is_interrupt: None) -> None:
     _need_namespaces()
     mode = _mode()
     workdir = harness.tmp_workdir("hk-jepsen-")
-    report = run(workdir, mode, LIGHT_SCHEDULE, hold=HOLD_S, recover=RECOVER_S, session_ms=SESSION_MS,
-                 log=lambda s: print(s, file=sys.stderr))
+    report = run(
+        workdir,
+        mode,
+        LIGHT_SCHEDULE,
+        hold=HOLD_S,
+        recover=RECOVER_S,
+        session_ms=SESSION_MS,
+        log=lambda s: print(s, file=sys.stderr),
+    )
     _print(report, workdir)
     if mode == "static":
         # The first cluster mode is known to split its brain (issue 16): the checker must
@@ -199,7 +253,9 @@ def test_jepsen_light(sigterm_is_interrupt: None) -> None:
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(os.environ.get("HK_JEPSEN_LONG") != "1", reason="the long run: scripts/test --jepsen-long")
+@pytest.mark.skipif(
+    os.environ.get("HK_JEPSEN_LONG") != "1", reason="the long run: scripts/test --jepsen-long"
+)
 def test_jepsen_long(sigterm_is_interrupt: None) -> None:
     _need_namespaces()
     mode = _mode()
@@ -207,8 +263,15 @@ def test_jepsen_long(sigterm_is_interrupt: None) -> None:
     seed = int(os.environ.get("HK_JEPSEN_SEED", str(int(time.time()))))
     print(f"\nlong run: seed {seed}, {seconds:.0f}s of faults", file=sys.stderr)
     workdir = harness.tmp_workdir("hk-jepsen-long-")
-    report = run(workdir, mode, long_schedule(seconds, 12.0, 10.0, seed), hold=12.0, recover=10.0,
-                 session_ms=SESSION_MS, etcd_members=3 if mode == "etcd" else 0,
-                 log=lambda s: print(s, file=sys.stderr))
+    report = run(
+        workdir,
+        mode,
+        long_schedule(seconds, 12.0, 10.0, seed),
+        hold=12.0,
+        recover=10.0,
+        session_ms=SESSION_MS,
+        etcd_members=3 if mode == "etcd" else 0,
+        log=lambda s: print(s, file=sys.stderr),
+    )
     _print(report, workdir)
     assert report.ok(), report.text()

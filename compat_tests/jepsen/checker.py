@@ -29,6 +29,7 @@ May import only the standard library.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,8 +47,10 @@ def lost_writes(sends: Iterable[Event], final: Mapping[int, Mapping[int, str]]) 
             continue
         got = final.get(e["partition"], {}).get(e["offset"])
         if got != e["value"]:
-            out.append(f"acknowledged {e['value']!r} at partition {e['partition']} offset {e['offset']}"
-                       f" (acked at t={e['t1']:.3f}) is {'missing' if got is None else repr(got)} after the heal")
+            out.append(
+                f"acknowledged {e['value']!r} at partition {e['partition']} offset {e['offset']}"
+                f" (acked at t={e['t1']:.3f}) is {'missing' if got is None else repr(got)} after the heal"
+            )
     return out
 
 
@@ -62,8 +65,10 @@ def two_writers(sends: Iterable[Event]) -> list[str]:
         for e in acked:
             other = seen.get(e["offset"])
             if other is not None and other["value"] != e["value"]:
-                out.append(f"partition {part} offset {e['offset']} acknowledged for two values: "
-                           f"{other['value']!r} and {e['value']!r}")
+                out.append(
+                    f"partition {part} offset {e['offset']} acknowledged for two values: "
+                    f"{other['value']!r} and {e['value']!r}"
+                )
             seen[e["offset"]] = e
         # Real-time order: scan by send time, remembering the highest offset acknowledged
         # before each send began.
@@ -75,16 +80,22 @@ def two_writers(sends: Iterable[Event]) -> list[str]:
                     best = by_t1[i]
                 i += 1
             if best is not None and e["offset"] < best["offset"]:
-                out.append(f"partition {part}: {e['value']!r} sent at t={e['t0']:.3f} got offset {e['offset']}, "
-                           f"below {best['value']!r} at offset {best['offset']} acknowledged before (t={best['t1']:.3f})")
+                out.append(
+                    f"partition {part}: {e['value']!r} sent at t={e['t0']:.3f} got offset {e['offset']}, "
+                    f"below {best['value']!r} at offset {best['offset']} acknowledged before (t={best['t1']:.3f})"
+                )
     return out
 
 
 def lost_commits(probe: Iterable[Event], final: int | None) -> list[str]:
     """One probe group's history; `final` is its committed offset read after the heal."""
     events = list(probe)
-    commits = sorted((e for e in events if e["op"] == "pcommit" and e["error"] == NONE), key=lambda e: e["t1"])
-    fetches = sorted((e for e in events if e["op"] == "pfetch" and e["error"] == NONE), key=lambda e: e["t0"])
+    commits = sorted(
+        (e for e in events if e["op"] == "pcommit" and e["error"] == NONE), key=lambda e: e["t1"]
+    )
+    fetches = sorted(
+        (e for e in events if e["op"] == "pfetch" and e["error"] == NONE), key=lambda e: e["t0"]
+    )
     out = []
     i, best = 0, None
     for f in fetches:
@@ -93,13 +104,17 @@ def lost_commits(probe: Iterable[Event], final: int | None) -> list[str]:
                 best = commits[i]
             i += 1
         if best is not None and f["value"] < best["value"]:
-            out.append(f"broker {f['broker']} answered OffsetFetch at t={f['t0']:.3f} with {f['value']}, "
-                       f"below {best['value']} committed on broker {best['broker']} at t={best['t1']:.3f}")
+            out.append(
+                f"broker {f['broker']} answered OffsetFetch at t={f['t0']:.3f} with {f['value']}, "
+                f"below {best['value']} committed on broker {best['broker']} at t={best['t1']:.3f}"
+            )
     if commits:
         top = max(commits, key=lambda e: e["value"])
         if final is None or final < top["value"]:
-            out.append(f"after the heal the committed offset is {final}, below {top['value']} "
-                       f"acknowledged by broker {top['broker']} at t={top['t1']:.3f}")
+            out.append(
+                f"after the heal the committed offset is {final}, below {top['value']} "
+                f"acknowledged by broker {top['broker']} at t={top['t1']:.3f}"
+            )
     return out
 
 
@@ -114,8 +129,11 @@ def group_commits_kept(commits: Iterable[Event], final: Mapping[int, int | None]
                 p = int(p)
                 if p not in top or o > top[p][0]:
                     top[p] = (o, e["t1"])
-    return [f"group {p}: committed offset after the heal is {final.get(p)}, below {o} acknowledged at t={t:.3f}"
-            for p, (o, t) in sorted(top.items()) if (final.get(p) or -1) < o]
+    return [
+        f"group {p}: committed offset after the heal is {final.get(p)}, below {o} acknowledged at t={t:.3f}"
+        for p, (o, t) in sorted(top.items())
+        if (final.get(p) or -1) < o
+    ]
 
 
 def two_coordinators(probe: Iterable[Event]) -> list[str]:
@@ -128,26 +146,35 @@ def two_coordinators(probe: Iterable[Event]) -> list[str]:
     for rnd in sorted(accepted):
         both = accepted[rnd] & accepted.get(rnd + 1, set())
         if len(both) >= 2:
-            out.append(f"brokers {sorted(both)} each accepted the group's commits in rounds {rnd} and {rnd + 1}")
+            out.append(
+                f"brokers {sorted(both)} each accepted the group's commits in rounds {rnd} and {rnd + 1}"
+            )
     return out
 
 
-def topics_agree(creates: Iterable[Event], views: Mapping[int, Mapping[str, Mapping[int, int]] | None]) -> list[str]:
+def topics_agree(
+    creates: Iterable[Event], views: Mapping[int, Mapping[str, Mapping[int, int]] | None]
+) -> list[str]:
     """`views`: broker -> topic -> partition -> leader, from each broker's final Metadata."""
     out = []
+    first: dict[str, Event] = {}  # a topic named through several brokers is checked once
     for e in creates:
-        if e["op"] != "create" or not e["ok"]:
-            continue
-        t = e["topic"]
+        if e["op"] == "create" and e["ok"]:
+            first.setdefault(e["topic"], e)
+    for t, e in first.items():
         leaders: dict[str, list[int]] = defaultdict(list)
         for broker, view in sorted(views.items()):
             if view is None or t not in view:
-                out.append(f"topic {t} (created at t={e['t1']:.3f}) missing from broker {broker}'s Metadata")
+                out.append(
+                    f"topic {t} (created at t={e['t1']:.3f}) missing from broker {broker}'s Metadata"
+                )
                 continue
             leaders[repr(sorted(view[t].items()))].append(broker)
         if len(leaders) > 1:
-            out.append(f"topic {t}: brokers disagree on its leaders: "
-                       + "; ".join(f"{k} by {v}" for k, v in leaders.items()))
+            out.append(
+                f"topic {t}: brokers disagree on its leaders: "
+                + "; ".join(f"{k} by {v}" for k, v in leaders.items())
+            )
     return out
 
 
@@ -163,15 +190,23 @@ def longest_gap(times: Sequence[float], start: float, end: float) -> float:
     """Longest stretch of [start, end] with no time of `times` in it."""
     inside = sorted(t for t in times if start <= t <= end)
     edges = [start, *inside, end]
-    return max(b - a for a, b in zip(edges, edges[1:], strict=False))
+    return max(b - a for a, b in itertools.pairwise(edges))
 
 
-def unavailability(faults: Sequence[Fault], sends: Iterable[Event], commits: Iterable[Event]) -> list[dict[str, Any]]:
+def unavailability(
+    faults: Sequence[Fault], sends: Iterable[Event], commits: Iterable[Event]
+) -> list[dict[str, Any]]:
     ok_sends = [e["t1"] for e in sends if e["op"] == "send" and e["ok"]]
     ok_commits = [e["t1"] for e in commits if e["op"] == "commit" and e["ok"]]
-    return [{"fault": f.name, "held_s": round(f.healed - f.start, 1),
-             "produce_gap_s": round(longest_gap(ok_sends, f.start, f.end), 1),
-             "commit_gap_s": round(longest_gap(ok_commits, f.start, f.end), 1)} for f in faults]
+    return [
+        {
+            "fault": f.name,
+            "held_s": round(f.healed - f.start, 1),
+            "produce_gap_s": round(longest_gap(ok_sends, f.start, f.end), 1),
+            "commit_gap_s": round(longest_gap(ok_commits, f.start, f.end), 1),
+        }
+        for f in faults
+    ]
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:

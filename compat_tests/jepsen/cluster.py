@@ -94,7 +94,9 @@ class JepsenCluster:
 
     def broker_list(self) -> str:
         """ID@HOST:PORT,... of every broker (the probe's argument)."""
-        return ",".join(f"{i}@{self.addr(h)}:{KAFKA_PORT}" for i, h in enumerate(self.broker_hosts, 1))
+        return ",".join(
+            f"{i}@{self.addr(h)}:{KAFKA_PORT}" for i, h in enumerate(self.broker_hosts, 1)
+        )
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -115,7 +117,8 @@ class JepsenCluster:
         }
         if self.mode == "etcd":
             props["hyperkafka.cluster.etcd.endpoints"] = ",".join(
-                f"http://{self.addr(e)}:{ETCD_CLIENT_PORT}" for e in self.etcd_hosts)
+                f"http://{self.addr(e)}:{ETCD_CLIENT_PORT}" for e in self.etcd_hosts
+            )
             props["hyperkafka.cluster.name"] = "hkj"
         else:
             props["hyperkafka.cluster.brokers"] = self.broker_list()
@@ -133,8 +136,16 @@ class JepsenCluster:
         for node_id, host in enumerate(self.broker_hosts, 1):
             data = self.workdir / host / "data"
             data.mkdir(parents=True, exist_ok=True)
-            argv = [sys.executable, "-m", "broker", "serve", "--data-dir", str(data),
-                    "--config", str(self._properties(node_id, host))]
+            argv = [
+                sys.executable,
+                "-m",
+                "broker",
+                "serve",
+                "--data-dir",
+                str(data),
+                "--config",
+                str(self._properties(node_id, host)),
+            ]
             self.procs[host] = Proc(host, argv, self.workdir / host / "broker.log")
             self._spawn(self.procs[host])
         for host in self.broker_hosts:
@@ -146,14 +157,31 @@ class JepsenCluster:
             raise ClusterError("etcd is not installed (apt-get install -y etcd-server)")
         me = self.addr(host)
         peers = ",".join(f"{e}=http://{self.addr(e)}:{ETCD_PEER_PORT}" for e in self.etcd_hosts)
-        argv = [etcd, "--name", host, "--data-dir", str(self.workdir / host / "etcd"),
-                "--listen-client-urls", f"http://{me}:{ETCD_CLIENT_PORT}",
-                "--advertise-client-urls", f"http://{me}:{ETCD_CLIENT_PORT}",
-                "--listen-peer-urls", f"http://{me}:{ETCD_PEER_PORT}",
-                "--initial-advertise-peer-urls", f"http://{me}:{ETCD_PEER_PORT}",
-                "--initial-cluster", peers, "--initial-cluster-state", "new",
-                "--initial-cluster-token", self.net.tag,
-                "--heartbeat-interval", "100", "--election-timeout", "1000"]
+        argv = [
+            etcd,
+            "--name",
+            host,
+            "--data-dir",
+            str(self.workdir / host / "etcd"),
+            "--listen-client-urls",
+            f"http://{me}:{ETCD_CLIENT_PORT}",
+            "--advertise-client-urls",
+            f"http://{me}:{ETCD_CLIENT_PORT}",
+            "--listen-peer-urls",
+            f"http://{me}:{ETCD_PEER_PORT}",
+            "--initial-advertise-peer-urls",
+            f"http://{me}:{ETCD_PEER_PORT}",
+            "--initial-cluster",
+            peers,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            self.net.tag,
+            "--heartbeat-interval",
+            "100",
+            "--election-timeout",
+            "1000",
+        ]
         (self.workdir / host).mkdir(parents=True, exist_ok=True)
         self.procs[host] = Proc(host, argv, self.workdir / host / "etcd.log")
         self._spawn(self.procs[host])
@@ -163,9 +191,15 @@ class JepsenCluster:
         with proc.log.open("ab") as log:
             # `ip netns exec` execs the command itself: the pid is the broker's, so kill -9
             # and SIGSTOP reach it directly.
-            proc.popen = subprocess.Popen(self.net.exec_argv(proc.host, proc.argv), cwd=ROOT,
-                                          env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+            proc.popen = subprocess.Popen(
+                self.net.exec_argv(proc.host, proc.argv),
+                cwd=ROOT,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         proc.paused = False
 
     def _wait_port(self, host: str, port: int, timeout: float) -> None:
@@ -177,8 +211,10 @@ class JepsenCluster:
             if proc is not None and not proc.alive():
                 raise ClusterError(f"{host} exited:\n{self.log_tail(host)}")
             try:
-                in_namespace(self.net.ns("c"),
-                             lambda: socket.create_connection((self.addr(host), port), timeout=1).close())
+                in_namespace(
+                    self.net.ns("c"),
+                    lambda: socket.create_connection((self.addr(host), port), timeout=1).close(),
+                )
                 return
             except OSError:
                 time.sleep(0.2)
@@ -192,7 +228,9 @@ class JepsenCluster:
             if isinstance(self.metadata(host), Metadata):
                 return
             time.sleep(0.3)
-        raise ClusterError(f"broker {host} not answering Metadata after {timeout}s:\n{self.log_tail(host)}")
+        raise ClusterError(
+            f"broker {host} not answering Metadata after {timeout}s:\n{self.log_tail(host)}"
+        )
 
     def log_tail(self, host: str, lines: int = 40) -> str:
         proc = self.procs.get(host)
@@ -202,7 +240,9 @@ class JepsenCluster:
 
     def metadata(self, host: str, topics: list[str] | None = None) -> Metadata | str:
         """Metadata v1 from exactly this broker (from the clients' host)."""
-        conn = in_namespace(self.net.ns("c"), lambda: Conn(self.addr(host), KAFKA_PORT, timeout=2.0))
+        conn = in_namespace(
+            self.net.ns("c"), lambda: Conn(self.addr(host), KAFKA_PORT, timeout=2.0)
+        )
         try:
             # The connection is made (in the clients' namespace) on the first call.
             return in_namespace(self.net.ns("c"), lambda: conn.metadata(topics))

@@ -71,8 +71,23 @@ class Network:
                 self._add_ns(ns)
                 # Both ends are created straight inside their namespaces: the root
                 # namespace never sees them.
-                _run(["ip", "link", "add", "eth0", "netns", ns, "type", "veth",
-                      "peer", "name", f"p{i}", "netns", self.bridge_ns])
+                _run(
+                    [
+                        "ip",
+                        "link",
+                        "add",
+                        "eth0",
+                        "netns",
+                        ns,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        f"p{i}",
+                        "netns",
+                        self.bridge_ns,
+                    ]
+                )
                 self._ip(self.bridge_ns, "link", "set", f"p{i}", "master", "br0", "up")
                 addr = SUBNET.format(octet, i)
                 self.address[host] = addr
@@ -81,8 +96,21 @@ class Network:
                 self._ip(ns, "link", "set", "lo", "up")
                 _run(["ip", "netns", "exec", ns, "nft", "add", "table", "inet", NFT_TABLE])
                 for hook in ("input", "output"):
-                    _run(["ip", "netns", "exec", ns, "nft", "add", "chain", "inet", NFT_TABLE, hook,
-                          f"{{ type filter hook {hook} priority 0 ; policy accept ; }}"])
+                    _run(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            ns,
+                            "nft",
+                            "add",
+                            "chain",
+                            "inet",
+                            NFT_TABLE,
+                            hook,
+                            f"{{ type filter hook {hook} priority 0 ; policy accept ; }}",
+                        ]
+                    )
         except BaseException:
             self.close()
             raise
@@ -121,16 +149,60 @@ class Network:
         self.cut.add(pair)
         for me, other in ((x, y), (y, x)):
             ns, addr = self.ns(me), self.address[other]
-            _run(["ip", "netns", "exec", ns, "nft", "add", "rule", "inet", NFT_TABLE, "input",
-                  "ip", "saddr", addr, "drop"])
-            _run(["ip", "netns", "exec", ns, "nft", "add", "rule", "inet", NFT_TABLE, "output",
-                  "ip", "daddr", addr, "drop"])
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "nft",
+                    "add",
+                    "rule",
+                    "inet",
+                    NFT_TABLE,
+                    "input",
+                    "ip",
+                    "saddr",
+                    addr,
+                    "drop",
+                ]
+            )
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "nft",
+                    "add",
+                    "rule",
+                    "inet",
+                    NFT_TABLE,
+                    "output",
+                    "ip",
+                    "daddr",
+                    addr,
+                    "drop",
+                ]
+            )
 
     def heal(self) -> None:
         for host in self.hosts:
             for hook in ("input", "output"):
-                _run(["ip", "netns", "exec", self.ns(host), "nft", "flush", "chain", "inet",
-                      NFT_TABLE, hook])
+                _run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        self.ns(host),
+                        "nft",
+                        "flush",
+                        "chain",
+                        "inet",
+                        NFT_TABLE,
+                        hook,
+                    ]
+                )
         self.cut.clear()
 
     # --- clean-up -------------------------------------------------------------------------
@@ -170,7 +242,7 @@ def in_namespace(ns: str, fn: Callable[[], T]) -> T:
             finally:
                 os.close(fd)
             result.append(fn())
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+        except BaseException as e:
             error.append(e)
 
     t = threading.Thread(target=run, name=f"in-{ns}")

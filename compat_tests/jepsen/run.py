@@ -56,8 +56,10 @@ class Report:
         return not any(self.violations.values())
 
     def text(self) -> str:
-        lines = [f"nemesis run, {self.mode} mode, {self.seconds:.0f} s: "
-                 + ", ".join(f"{k} {v}" for k, v in self.counts.items())]
+        lines = [
+            f"nemesis run, {self.mode} mode, {self.seconds:.0f} s: "
+            + ", ".join(f"{k} {v}" for k, v in self.counts.items())
+        ]
         lines.append(checker.table(self.unavailability))
         for check, found in self.violations.items():
             lines.append(f"{check}: {'ok' if not found else f'{len(found)} violation(s)'}")
@@ -69,6 +71,10 @@ class Report:
 
 def _of(events: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("group") == group]
+
+
+def _of_op(events: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["op"] == op]
 
 
 def _history(path: Path) -> list[dict[str, Any]]:
@@ -86,14 +92,28 @@ class Clients:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def _argv(self, role: str, out: Path, *args: str) -> list[str]:
-        return self.cluster.client_argv([sys.executable, "-m", "compat_tests.jepsen.workload", role,
-                                         str(out), str(self.stopfile), *args])
+        return self.cluster.client_argv(
+            [
+                sys.executable,
+                "-m",
+                "compat_tests.jepsen.workload",
+                role,
+                str(out),
+                str(self.stopfile),
+                *args,
+            ]
+        )
 
     def once(self, role: str, name: str, *args: str, timeout: float = 120) -> list[dict[str, Any]]:
         out = self.workdir / f"{name}.jsonl"
         out.unlink(missing_ok=True)
-        done = subprocess.run(self._argv(role, out, *args), env=self.cluster.env(), capture_output=True,
-                              timeout=timeout, text=True)
+        done = subprocess.run(
+            self._argv(role, out, *args),
+            env=self.cluster.env(),
+            capture_output=True,
+            timeout=timeout,
+            text=True,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{role} failed: {done.stderr[-2000:]}")
         return _history(out)
@@ -101,15 +121,24 @@ class Clients:
     def start(self) -> None:
         self.stopfile.unlink(missing_ok=True)
         boot = self.cluster.bootstrap()
-        roles = [("producer", "producer-a", boot, TOPIC, "a"), ("producer", "producer-b", boot, TOPIC, "b"),
-                 ("consumer", "consumer", boot, TOPIC, GROUP),
-                 ("probe", "probe", self.cluster.broker_list(), PROBE_GROUP, TOPIC),
-                 ("admin", "admin", boot, "jepsen-t")]
+        roles = [
+            ("producer", "producer-a", boot, TOPIC, "a"),
+            ("producer", "producer-b", boot, TOPIC, "b"),
+            ("consumer", "consumer", boot, TOPIC, GROUP),
+            ("probe", "probe", self.cluster.broker_list(), PROBE_GROUP, TOPIC),
+            ("admin", "admin", boot, "jepsen-t"),
+        ]
         for role, name, *args in roles:
             log = (self.workdir / f"{name}.log").open("ab")
-            self.procs.append(subprocess.Popen(self._argv(role, self.workdir / f"{name}.jsonl", *args),
-                                               env=self.cluster.env(), stdout=log, stderr=log,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    self._argv(role, self.workdir / f"{name}.jsonl", *args),
+                    env=self.cluster.env(),
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                )
+            )
             log.close()
 
     def stop(self) -> None:
@@ -151,15 +180,23 @@ def fault_pause(c: JepsenCluster, hold: float) -> Step:
     victim = _controller(c)
     # Past the session timeout, so the others must have taken over by the time it resumes.
     hold = max(hold, c.session_ms / 1000 + 3)
-    return (f"SIGSTOP {victim} (controller) {hold:.0f}s", lambda: c.pause(victim),
-            lambda: c.resume(victim), hold)
+    return (
+        f"SIGSTOP {victim} (controller) {hold:.0f}s",
+        lambda: c.pause(victim),
+        lambda: c.resume(victim),
+        hold,
+    )
 
 
 def fault_isolate_controller(c: JepsenCluster, hold: float) -> Step:
     victim = _controller(c)
     rest = [h for h in c.broker_hosts if h != victim] + c.etcd_hosts
-    return (f"partition {{{victim}}} (controller) | {{{','.join(rest)}}}",
-            lambda: c.net.partition([victim], rest), c.net.heal, hold)
+    return (
+        f"partition {{{victim}}} (controller) | {{{','.join(rest)}}}",
+        lambda: c.net.partition([victim], rest),
+        c.net.heal,
+        hold,
+    )
 
 
 def fault_majority(c: JepsenCluster, hold: float) -> Step:
@@ -167,16 +204,32 @@ def fault_majority(c: JepsenCluster, hold: float) -> Step:
     others = [h for h in c.broker_hosts if h != ctrl]
     majority = [ctrl, *others[:-1]]
     minority = [others[-1], *c.etcd_hosts]
-    return (f"partition {{{','.join(majority)}}} | {{{','.join(minority)}}}",
-            lambda: c.net.partition(majority, minority), c.net.heal, hold)
+    return (
+        f"partition {{{','.join(majority)}}} | {{{','.join(minority)}}}",
+        lambda: c.net.partition(majority, minority),
+        c.net.heal,
+        hold,
+    )
 
 
-FAULTS = {"kill": fault_kill, "pause": fault_pause, "isolate-controller": fault_isolate_controller,
-          "majority-minority": fault_majority}
+FAULTS = {
+    "kill": fault_kill,
+    "pause": fault_pause,
+    "isolate-controller": fault_isolate_controller,
+    "majority-minority": fault_majority,
+}
 
 
-def run(workdir: Path, mode: str, schedule: list[str], hold: float, recover: float, session_ms: int,
-        etcd_members: int = 1, log: Callable[[str], None] = print) -> Report:
+def run(
+    workdir: Path,
+    mode: str,
+    schedule: list[str],
+    hold: float,
+    recover: float,
+    session_ms: int,
+    etcd_members: int = 1,
+    log: Callable[[str], None] = print,
+) -> Report:
     """One run; `schedule` names faults of FAULTS in order."""
     t_begin = time.monotonic()
     cluster = JepsenCluster(workdir, mode, etcd_members=etcd_members, session_ms=session_ms)
@@ -215,13 +268,19 @@ def run(workdir: Path, mode: str, schedule: list[str], hold: float, recover: flo
     violations = {
         "no acknowledged record lost": checker.lost_writes(sends, final["records"]),
         "one writer per partition": checker.two_writers(sends),
-        "no committed offset lost or moved backwards (probe, to all)":
-            checker.lost_commits(_of(probe, f"{PROBE_GROUP}-all"), final["probe"][f"{PROBE_GROUP}-all"]),
-        "no committed offset lost or moved backwards (probe, in turn)":
-            checker.lost_commits(_of(probe, f"{PROBE_GROUP}-rr"), final["probe"][f"{PROBE_GROUP}-rr"]),
-        "no committed offset lost (consumer group)": checker.group_commits_kept(commits, final["group"]),
+        "no committed offset lost or moved backwards (probe, to all)": checker.lost_commits(
+            _of(probe, f"{PROBE_GROUP}-all"), final["probe"][f"{PROBE_GROUP}-all"]
+        ),
+        "no committed offset lost or moved backwards (probe, in turn)": checker.lost_commits(
+            _of(probe, f"{PROBE_GROUP}-rr"), final["probe"][f"{PROBE_GROUP}-rr"]
+        ),
+        "no committed offset lost (consumer group)": checker.group_commits_kept(
+            commits, final["group"]
+        ),
         "one coordinator per group": checker.two_coordinators(_of(probe, f"{PROBE_GROUP}-all")),
-        "created topics agree": checker.topics_agree(creates, final["views"]),
+        "created topics agree": checker.topics_agree(
+            creates + _of_op(probe, "create"), final["views"]
+        ),
     }
     counts = {
         "acked sends": sum(1 for e in sends if e.get("ok")),
@@ -230,8 +289,14 @@ def run(workdir: Path, mode: str, schedule: list[str], hold: float, recover: flo
         "probe rounds": max((e["round"] for e in probe), default=0),
         "topics created": sum(1 for e in creates if e.get("ok")),
     }
-    report = Report(mode, time.monotonic() - t_begin, counts, violations,
-                    checker.unavailability(faults, sends, commits), [f.name for f in faults])
+    report = Report(
+        mode,
+        time.monotonic() - t_begin,
+        counts,
+        violations,
+        checker.unavailability(faults, sends, commits),
+        [f.name for f in faults],
+    )
     (workdir / "report.json").write_text(json.dumps(report.__dict__, indent=1))
     return report
 
@@ -247,8 +312,12 @@ def _final_state(cluster: JepsenCluster, clients: Clients, settle: float) -> dic
     for e in clients.once("readall", "readall", cluster.bootstrap(), TOPIC, str(PARTITIONS)):
         if e["op"] == "read":
             records.setdefault(e["partition"], {})[e["offset"]] = e["value"]
-    group = {e["partition"]: e["offset"] for e in
-             clients.once("committed", "committed", cluster.bootstrap(), TOPIC, GROUP, str(PARTITIONS))}
+    group = {
+        e["partition"]: e["offset"]
+        for e in clients.once(
+            "committed", "committed", cluster.bootstrap(), TOPIC, GROUP, str(PARTITIONS)
+        )
+    }
     probe_final: dict[str, int | None] = {}
     for g in (f"{PROBE_GROUP}-all", f"{PROBE_GROUP}-rr"):
         probe_final[g] = None
@@ -257,8 +326,11 @@ def _final_state(cluster: JepsenCluster, clients: Clients, settle: float) -> dic
     views: dict[int, dict[str, dict[int, int]] | None] = {}
     for node, host in enumerate(cluster.broker_hosts, 1):
         md = cluster.metadata(host)
-        views[node] = ({t: {p: info.leader for p, info in parts.items()} for t, parts in md.topics.items()}
-                       if isinstance(md, Metadata) else None)
+        views[node] = (
+            {t: {p: info.leader for p, info in parts.items()} for t, parts in md.topics.items()}
+            if isinstance(md, Metadata)
+            else None
+        )
     return {"records": records, "group": group, "probe": probe_final, "views": views}
 
 

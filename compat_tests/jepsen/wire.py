@@ -108,9 +108,17 @@ class Conn:
 
     def commit(self, group: str, topic: str, partition: int, offset: int) -> int | str:
         """OffsetCommit v2 as a simple (generation -1) commit: the partition's error code."""
-        body = (_str(group) + struct.pack(">i", -1) + _str("") + struct.pack(">q", -1)
-                + struct.pack(">i", 1) + _str(topic) + struct.pack(">i", 1)
-                + struct.pack(">iq", partition, offset) + _str(None))
+        body = (
+            _str(group)
+            + struct.pack(">i", -1)
+            + _str("")
+            + struct.pack(">q", -1)
+            + struct.pack(">i", 1)
+            + _str(topic)
+            + struct.pack(">i", 1)
+            + struct.pack(">iq", partition, offset)
+            + _str(None)
+        )
         r = self._call(OFFSET_COMMIT, 2, body)
         if isinstance(r, str):
             return r

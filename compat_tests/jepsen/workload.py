@@ -13,7 +13,9 @@ Roles (all run until STOPFILE exists):
 * ``probe BROKERS GROUP TOPIC``: asks every broker directly (compat_tests/jepsen/wire.py)
   in rounds: OffsetCommits of the round number (group ``GROUP-all`` to every broker,
   ``GROUP-rr`` to one broker in turn), then OffsetFetches of both; one line per request:
-  ``{"op": "pcommit"|"pfetch", "group", "broker", "round", "value", "t0", "t1", "error"}``.
+  ``{"op": "pcommit"|"pfetch", "group", "broker", "round", "value", "t0", "t1", "error"}``;
+  every tenth round it also names a new topic in a Metadata v1 request to every broker
+  (which auto-creates it): ``{"op": "create", "topic", "broker", "t0", "t1", "ok"}``.
   BROKERS is ``ID@HOST:PORT,...``.
 * ``admin BOOTSTRAP PREFIX``: creates a topic every second through a confluent-kafka
   AdminClient: ``{"op": "create", "topic", "t0", "t1", "ok", "error"}``.
@@ -61,10 +63,20 @@ def producer(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, n
             fatal.set()
 
     def new() -> Any:
-        return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "message.timeout.ms": 20000, "request.timeout.ms": 5000,
-                         "socket.timeout.ms": 5000, "retry.backoff.ms": 100,
-                         "topic.metadata.refresh.interval.ms": 2000, "error_cb": on_error})
+        return Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 20000,
+                "request.timeout.ms": 5000,
+                "socket.timeout.ms": 5000,
+                "retry.backoff.ms": 100,
+                "topic.metadata.refresh.interval.ms": 2000,
+                "error_cb": on_error,
+            }
+        )
 
     p = new()
     seq = 0
@@ -82,17 +94,41 @@ def producer(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, n
         def done(err: Any, msg: Any, value: str = value, t0: float = t0) -> None:
             t1 = time.monotonic()
             if err is None:
-                h.add(op="send", value=value, t0=t0, t1=t1, ok=True, partition=msg.partition(),
-                      offset=msg.offset(), error=None)
+                h.add(
+                    op="send",
+                    value=value,
+                    t0=t0,
+                    t1=t1,
+                    ok=True,
+                    partition=msg.partition(),
+                    offset=msg.offset(),
+                    error=None,
+                )
             else:
-                h.add(op="send", value=value, t0=t0, t1=t1, ok=False, partition=msg.partition(),
-                      offset=None, error=err.name())
+                h.add(
+                    op="send",
+                    value=value,
+                    t0=t0,
+                    t1=t1,
+                    ok=False,
+                    partition=msg.partition(),
+                    offset=None,
+                    error=err.name(),
+                )
 
         try:
             p.produce(topic, value=value.encode(), on_delivery=done)
-        except Exception as e:  # noqa: BLE001 - BufferError or KafkaException: a failed send
-            h.add(op="send", value=value, t0=t0, t1=time.monotonic(), ok=False, partition=None,
-                  offset=None, error=repr(e))
+        except Exception as e:
+            h.add(
+                op="send",
+                value=value,
+                t0=t0,
+                t1=time.monotonic(),
+                ok=False,
+                partition=None,
+                offset=None,
+                error=repr(e),
+            )
         p.poll(0.02)
     p.flush(30)
 
@@ -100,30 +136,56 @@ def producer(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, n
 def consumer(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, group: str) -> None:
     from confluent_kafka import Consumer, KafkaException
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "session.timeout.ms": 6000,
-                  "heartbeat.interval.ms": 500, "socket.timeout.ms": 5000,
-                  "topic.metadata.refresh.interval.ms": 2000})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "socket.timeout.ms": 5000,
+            "topic.metadata.refresh.interval.ms": 2000,
+        }
+    )
     c.subscribe([topic])
     positions: dict[int, int] = {}
     last_commit = time.monotonic()
     while not stop():
         m = c.poll(0.2)
         if m is not None and m.error() is None:
-            positions[m.partition()] = m.offset() + 1
+            part, off = m.partition(), m.offset()
+            assert part is not None and off is not None  # a message without error has both
+            positions[part] = off + 1
         if positions and time.monotonic() - last_commit > 0.5:
             from confluent_kafka import TopicPartition
 
             offsets = dict(positions)
             t0 = time.monotonic()
             try:
-                c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
-                         asynchronous=False)
-                h.add(op="commit", group=group, offsets=offsets, t0=t0, t1=time.monotonic(), ok=True,
-                      error=None)
+                c.commit(
+                    offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                    asynchronous=False,
+                )
+                h.add(
+                    op="commit",
+                    group=group,
+                    offsets=offsets,
+                    t0=t0,
+                    t1=time.monotonic(),
+                    ok=True,
+                    error=None,
+                )
             except KafkaException as e:
-                h.add(op="commit", group=group, offsets=offsets, t0=t0, t1=time.monotonic(), ok=False,
-                      error=str(e.args[0].name() if e.args else e))
+                h.add(
+                    op="commit",
+                    group=group,
+                    offsets=offsets,
+                    t0=t0,
+                    t1=time.monotonic(),
+                    ok=False,
+                    error=str(e.args[0].name() if e.args else e),
+                )
             last_commit = time.monotonic()
     c.close()
 
@@ -141,6 +203,22 @@ def probe(h: History, stop: Callable[[], bool], brokers: str, group: str, topic:
     # send theirs (a broker that accepted a commit the other side never saw then answers
     # OffsetFetch with an older offset).
     broadcast, rr = f"{group}-all", f"{group}-rr"
+
+    def autocreate(node: int, conn: Conn, name: str) -> None:
+        t0 = time.monotonic()
+        md = conn.metadata([name])
+        ok = not isinstance(md, str) and md.topic_errors.get(name) == 0
+        ok = ok and not isinstance(md, str) and all(p.leader >= 0 for p in md.topics[name].values())
+        h.add(
+            op="create",
+            topic=name,
+            broker=node,
+            t0=t0,
+            t1=time.monotonic(),
+            ok=ok,
+            error=md if isinstance(md, str) else None,
+        )
+
     rnd = 0
     while not stop():
         rnd += 1
@@ -150,15 +228,42 @@ def probe(h: History, stop: Callable[[], bool], brokers: str, group: str, topic:
             for g in targets:
                 t0 = time.monotonic()
                 res = conn.commit(g, topic, 0, rnd)
-                h.add(op="pcommit", group=g, broker=node, round=rnd, value=rnd, t0=t0,
-                      t1=time.monotonic(), error=res)
+                h.add(
+                    op="pcommit",
+                    group=g,
+                    broker=node,
+                    round=rnd,
+                    value=rnd,
+                    t0=t0,
+                    t1=time.monotonic(),
+                    error=res,
+                )
             for g in (broadcast, rr):
                 t0 = time.monotonic()
                 got = conn.fetch(g, topic, 0)
                 value, error = (None, got) if isinstance(got, str) else (got[1], got[0])
-                h.add(op="pfetch", group=g, broker=node, round=rnd, value=value, t0=t0,
-                      t1=time.monotonic(), error=error)
+                h.add(
+                    op="pfetch",
+                    group=g,
+                    broker=node,
+                    round=rnd,
+                    value=value,
+                    t0=t0,
+                    t1=time.monotonic(),
+                    error=error,
+                )
 
+        if rnd % 10 == 0:
+            # Auto-creation (Metadata v1 creates what it names) through every broker at
+            # once: one name must get one writer, whichever broker was asked.
+            auto = f"{topic}-auto-{rnd}"
+            threads = [
+                threading.Thread(target=autocreate, args=(n, c, auto)) for n, c in conns.items()
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         # A round's requests go out together; the next round starts after all answered
         # (or timed out), which is what lets the checker order rounds in real time.
         threads = [threading.Thread(target=one, args=(n, c)) for n, c in conns.items()]
@@ -170,7 +275,8 @@ def probe(h: History, stop: Callable[[], bool], brokers: str, group: str, topic:
 
 
 def admin(h: History, stop: Callable[[], bool], bootstrap: str, prefix: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     a = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
     n = 0
@@ -179,24 +285,37 @@ def admin(h: History, stop: Callable[[], bool], bootstrap: str, prefix: str) -> 
         topic = f"{prefix}-{n}"
         t0 = time.monotonic()
         try:
-            a.create_topics([NewTopic(topic, 1, 3)], operation_timeout=5, request_timeout=8)[topic].result(10)
+            a.create_topics([NewTopic(topic, 1, 3)], operation_timeout=5, request_timeout=8)[
+                topic
+            ].result(10)
             h.add(op="create", topic=topic, t0=t0, t1=time.monotonic(), ok=True, error=None)
-        except Exception as e:  # noqa: BLE001 - every outcome is history
+        except Exception as e:
             err = e.args[0] if e.args else e
-            h.add(op="create", topic=topic, t0=t0, t1=time.monotonic(), ok=False,
-                  error=str(err.name() if hasattr(err, "name") else err))
+            h.add(
+                op="create",
+                topic=topic,
+                t0=t0,
+                t1=time.monotonic(),
+                ok=False,
+                error=str(err.name() if hasattr(err, "name") else err),
+            )
         time.sleep(1.0)
 
 
-def create(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, partitions: str) -> None:
+def create(
+    h: History, stop: Callable[[], bool], bootstrap: str, topic: str, partitions: str
+) -> None:
     """Creates one topic (retrying until it exists): the producers' topic, before faults."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     a = AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.monotonic() + 60
     while True:
         try:
-            a.create_topics([NewTopic(topic, int(partitions), 3)], operation_timeout=10)[topic].result(20)
+            a.create_topics([NewTopic(topic, int(partitions), 3)], operation_timeout=10)[
+                topic
+            ].result(20)
             return
         except Exception as e:
             if "TOPIC_ALREADY_EXISTS" in str(e):
@@ -206,12 +325,19 @@ def create(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, par
             time.sleep(1)
 
 
-def readall(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, partitions: str) -> None:
+def readall(
+    h: History, stop: Callable[[], bool], bootstrap: str, topic: str, partitions: str
+) -> None:
     """Reads every partition of `topic` from offset 0 to its end: one line per record."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hk-jepsen-readall",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "hk-jepsen-readall",
+            "enable.auto.commit": False,
+        }
+    )
     for p in range(int(partitions)):
         lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
         h.add(op="end", partition=p, low=lo, high=hi)
@@ -224,27 +350,40 @@ def readall(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, pa
             m = c.poll(1)
             if m is None or m.error() is not None:
                 continue
-            h.add(op="read", partition=p, offset=m.offset(), value=m.value().decode())
-            got = m.offset() + 1
+            off, value = m.offset(), m.value()
+            assert off is not None and value is not None  # records the producers wrote
+            h.add(op="read", partition=p, offset=off, value=value.decode())
+            got = off + 1
     c.close()
 
 
-def committed(h: History, stop: Callable[[], bool], bootstrap: str, topic: str, group: str,
-              partitions: str) -> None:
+def committed(
+    h: History, stop: Callable[[], bool], bootstrap: str, topic: str, group: str, partitions: str
+) -> None:
     """The group's committed offsets, as its coordinator answers them now."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     tps = c.committed([TopicPartition(topic, p) for p in range(int(partitions))], timeout=30)
     for tp in tps:
-        h.add(op="committed", group=group, partition=tp.partition,
-              offset=tp.offset if tp.offset >= 0 else None)
+        h.add(
+            op="committed",
+            group=group,
+            partition=tp.partition,
+            offset=tp.offset if tp.offset >= 0 else None,
+        )
     c.close()
 
 
-ROLES: dict[str, Callable[..., None]] = {"producer": producer, "consumer": consumer, "probe": probe,
-                                         "admin": admin, "create": create, "readall": readall,
-                                         "committed": committed}
+ROLES: dict[str, Callable[..., None]] = {
+    "producer": producer,
+    "consumer": consumer,
+    "probe": probe,
+    "admin": admin,
+    "create": create,
+    "readall": readall,
+    "committed": committed,
+}
 
 if __name__ == "__main__":
     role, out, stopfile, *args = sys.argv[1:]
