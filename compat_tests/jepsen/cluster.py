@@ -129,10 +129,25 @@ class JepsenCluster:
     # --- processes ------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.start_etcd()
+        self.start_brokers()
+
+    def start_etcd(self) -> None:
         for host in self.etcd_hosts:
             self._start_etcd(host)
         for host in self.etcd_hosts:
             self._wait_port(host, ETCD_CLIENT_PORT, 30)
+
+    def etcdctl(self, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+        """etcdctl (v3 API) run from the clients' host against every member."""
+        endpoints = ",".join(f"http://{self.addr(e)}:{ETCD_CLIENT_PORT}" for e in self.etcd_hosts)
+        argv = ["etcdctl", "--endpoints", endpoints, "--command-timeout", "3s", *args]
+        env = {**os.environ, "ETCDCTL_API": "3"}
+        return subprocess.run(
+            self.net.exec_argv("c", argv), capture_output=True, text=True, timeout=timeout, env=env
+        )
+
+    def start_brokers(self) -> None:
         for node_id, host in enumerate(self.broker_hosts, 1):
             data = self.workdir / host / "data"
             data.mkdir(parents=True, exist_ok=True)
