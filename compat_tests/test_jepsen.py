@@ -106,6 +106,11 @@ def test_checker_lost_writes() -> None:
     assert len(checker.lost_writes(sends, {0: {0: "a-0", 1: "b-7"}})) == 1  # overwritten
 
 
+def test_checker_duplicates() -> None:
+    assert checker.duplicates({0: {0: "a-0", 1: "a-1"}, 1: {0: "b-0"}}) == []
+    assert len(checker.duplicates({0: {0: "a-0", 1: "a-1", 2: "a-1"}})) == 1
+
+
 def test_checker_two_writers() -> None:
     one = [_send("a-0", 0, 0, 0, 1), _send("b-0", 0, 1, 0.5, 1.5), _send("a-1", 0, 2, 2, 3)]
     assert checker.two_writers(one) == []
@@ -175,7 +180,9 @@ def test_checker_unavailability() -> None:
     faults = [checker.Fault("kill", 10, 15, 30)]
     sends = [_send("a", 0, 0, 0, t) for t in (9, 11, 19, 20, 25, 29)]
     rows = checker.unavailability(faults, sends, [])
-    assert rows == [{"fault": "kill", "held_s": 5, "produce_gap_s": 8.0, "commit_gap_s": 20.0}]
+    assert rows == [
+        {"fault": "kill", "at_t": 10, "held_s": 5, "produce_gap_s": 8.0, "commit_gap_s": 20.0}
+    ]
 
 
 # --- the network ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Owns the checks and the unavailability table. Each check returns a list of viola
 
 * `lost_writes`: every acknowledged send is in the final read-back, at the offset and in
   the partition its acknowledgement named.
+* `duplicates`: the producers are idempotent, so no value is read back twice.
 * `two_writers`: no two acknowledged sends share a (partition, offset); and offsets
   respect real time: a send acknowledged before another was sent has the lower offset
   (one writer per partition appends in order; two writers each counting from their own
@@ -51,6 +52,22 @@ def lost_writes(sends: Iterable[Event], final: Mapping[int, Mapping[int, str]]) 
                 f"acknowledged {e['value']!r} at partition {e['partition']} offset {e['offset']}"
                 f" (acked at t={e['t1']:.3f}) is {'missing' if got is None else repr(got)} after the heal"
             )
+    return out
+
+
+def duplicates(final: Mapping[int, Mapping[int, str]]) -> list[str]:
+    """Idempotent producers: no value is stored twice (a retried batch is not appended again)."""
+    where: dict[str, tuple[int, int]] = {}
+    out = []
+    for part, records in sorted(final.items()):
+        for off, value in sorted(records.items()):
+            if value in where:
+                out.append(
+                    f"{value!r} stored twice: partition {where[value][0]} offset {where[value][1]}"
+                    f" and partition {part} offset {off}"
+                )
+            else:
+                where[value] = (part, off)
     return out
 
 
@@ -201,6 +218,7 @@ def unavailability(
     return [
         {
             "fault": f.name,
+            "at_t": round(f.start, 1),  # the clock of the histories, to place violations
             "held_s": round(f.healed - f.start, 1),
             "produce_gap_s": round(longest_gap(ok_sends, f.start, f.end), 1),
             "commit_gap_s": round(longest_gap(ok_commits, f.start, f.end), 1),

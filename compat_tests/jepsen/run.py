@@ -292,6 +292,7 @@ def evaluate(workdir: Path) -> Report:
     creates = _history(workdir / "admin.jsonl")
     violations = {
         "no acknowledged record lost": checker.lost_writes(sends, records),
+        "no record stored twice (idempotence)": checker.duplicates(records),
         "one writer per partition": checker.two_writers(sends),
         "no committed offset lost or moved backwards (probe, to all)": checker.lost_commits(
             _of(probe, f"{PROBE_GROUP}-all"), final["probe"][f"{PROBE_GROUP}-all"]
