@@ -104,6 +104,10 @@ def test_checker_lost_writes() -> None:
     assert checker.lost_writes(sends, {0: {0: "a-0", 1: "a-1"}}) == []
     assert len(checker.lost_writes(sends, {0: {0: "a-0"}})) == 1  # a-1 lost
     assert len(checker.lost_writes(sends, {0: {0: "a-0", 1: "b-7"}})) == 1  # overwritten
+    unknown = [*sends, _send("a-3", 0, None, 3, 4)]  # acknowledged without an offset
+    assert checker.lost_writes(unknown, {0: {0: "a-0", 1: "a-1", 2: "a-3"}}) == []
+    assert len(checker.lost_writes(unknown, {0: {0: "a-0", 1: "a-1"}})) == 1
+    assert checker.two_writers(unknown) == []
 
 
 def test_checker_duplicates() -> None:

@@ -24,8 +24,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from compat_tests.harness import ROOT
 from compat_tests.jepsen.net import Network, in_namespace
@@ -35,6 +37,7 @@ KAFKA_PORT = 9092
 REPLICATION_PORT = 9093
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
+T = TypeVar("T")
 
 
 class ClusterError(Exception):
@@ -253,16 +256,18 @@ class JepsenCluster:
             return "(no log)"
         return "\n".join(proc.log.read_text(errors="replace").splitlines()[-lines:])
 
-    def metadata(self, host: str, topics: list[str] | None = None) -> Metadata | str:
-        """Metadata v1 from exactly this broker (from the clients' host)."""
-        conn = in_namespace(
-            self.net.ns("c"), lambda: Conn(self.addr(host), KAFKA_PORT, timeout=2.0)
-        )
+    def ask(self, host: str, request: Callable[[Conn], T]) -> T:
+        """`request` on a new connection to exactly this broker, from the clients' host
+        (the connection is made, in that namespace, by the first request)."""
+        conn = Conn(self.addr(host), KAFKA_PORT, timeout=2.0)
         try:
-            # The connection is made (in the clients' namespace) on the first call.
-            return in_namespace(self.net.ns("c"), lambda: conn.metadata(topics))
+            return in_namespace(self.net.ns("c"), lambda: request(conn))
         finally:
             conn.close()
+
+    def metadata(self, host: str, topics: list[str] | None = None) -> Metadata | str:
+        """Metadata v1 from exactly this broker."""
+        return self.ask(host, lambda conn: conn.metadata(topics))
 
     def controller(self) -> str | None:
         """The host every live, reachable broker names controller, if they agree."""
@@ -274,6 +279,19 @@ class JepsenCluster:
         if len(seen) == 1:
             node = seen.pop()
             if 1 <= node <= self.brokers:
+                return self.broker_hosts[node - 1]
+        return None
+
+    def coordinator(self, group: str) -> str | None:
+        """The host every reachable broker names coordinator of `group`, if they agree."""
+        seen = set()
+        for host in self.broker_hosts:
+            node = self.ask(host, lambda conn: conn.coordinator(group))
+            if isinstance(node, int) and node > 0:
+                seen.add(node)
+        if len(seen) == 1:
+            node = seen.pop()
+            if node <= self.brokers:
                 return self.broker_hosts[node - 1]
         return None
 

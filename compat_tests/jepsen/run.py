@@ -177,11 +177,12 @@ def fault_kill(c: JepsenCluster, hold: float) -> Step:
 
 
 def fault_pause(c: JepsenCluster, hold: float) -> Step:
-    victim = _controller(c)
-    # Past the session timeout, so the others must have taken over by the time it resumes.
+    # The probe group's coordinator (issue 16: a paused coordinator, resumed, went on
+    # accepting commits); past the session timeout, so another must have taken over.
+    victim = c.coordinator(f"{PROBE_GROUP}-all") or _controller(c)
     hold = max(hold, c.session_ms / 1000 + 3)
     return (
-        f"SIGSTOP {victim} (controller) {hold:.0f}s",
+        f"SIGSTOP {victim} (coordinator) {hold:.0f}s",
         lambda: c.pause(victim),
         lambda: c.resume(victim),
         hold,
@@ -309,6 +310,7 @@ def evaluate(workdir: Path) -> Report:
     counts = {
         "acked sends": sum(1 for e in sends if e.get("ok")),
         "failed sends": sum(1 for e in sends if e["op"] == "send" and not e["ok"]),
+        "acked without offset": sum(1 for e in sends if e.get("ok") and e["offset"] is None),
         "acked commits": sum(1 for e in commits if e.get("ok")),
         "probe rounds": max((e.get("round", 0) for e in probe), default=0),
         "topics created": sum(1 for e in creates if e.get("ok")),

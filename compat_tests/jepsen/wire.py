@@ -1,6 +1,6 @@
 """A few Kafka requests sent to one chosen broker, bypassing clients' routing.
 
-Owns `Conn`: OffsetCommit v2, OffsetFetch v1 and Metadata v1, encoded by hand (they are
+Owns `Conn`: OffsetCommit v2, OffsetFetch v1, Metadata v1 and FindCoordinator v0, encoded by hand (they are
 the old, non-flexible versions every broker of ours and Kafka's answers). The nemesis
 tests need them because a real client sends a group's commits only to the coordinator
 *it* found: to see whether two brokers accept a group's commits at once, the probe must
@@ -16,7 +16,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-OFFSET_COMMIT, OFFSET_FETCH, METADATA = 8, 9, 3
+OFFSET_COMMIT, OFFSET_FETCH, METADATA, FIND_COORDINATOR = 8, 9, 3, 10
 
 
 def _str(s: str | None) -> bytes:
@@ -141,6 +141,14 @@ class Conn:
         offset = r.take(">q")
         r.string()
         return r.take(">h"), offset
+
+    def coordinator(self, group: str) -> int | str:
+        """FindCoordinator v0: the coordinator's node id (-1 with an error code)."""
+        r = self._call(FIND_COORDINATOR, 0, _str(group))
+        if isinstance(r, str):
+            return r
+        error, node = r.take(">h"), r.take(">i")
+        return node if error == 0 else -1
 
     def metadata(self, topics: list[str] | None = None) -> Metadata | str:
         if topics is None:
