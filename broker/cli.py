@@ -89,11 +89,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         # A Metadata request for a topic not mirrored yet must not create a local topic of
         # that name (the mirrored one could then never be attached).
         config.auto_create_topics = False
-    if config.cluster_brokers:
-        if config.node_id not in {b.node_id for b in config.cluster_brokers}:
-            raise ConfigError(f"node.id {config.node_id} is not listed in hyperkafka.cluster.brokers")
-        if config.replication_listen is None:
-            raise ConfigError("cluster mode (hyperkafka.cluster.brokers) needs --replication-listen "
+    if config.cluster_etcd_endpoints and config.replication_listen is None:
+        raise ConfigError("cluster mode (hyperkafka.cluster.etcd.endpoints) needs --replication-listen "
                               "(or hyperkafka.replication.listen): the other brokers mirror this one's archives")
     from broker.security.settings import SecuritySettings
 

@@ -203,12 +203,15 @@ class BrokerConfig:
     # on first use).
     replication_listen: tuple[str, int] | None = None
     mirrors: list[str] = field(default_factory=list)
-    # Cluster mode (broker/cluster.py): every broker of the cluster (hyperkafka.cluster.brokers)
-    # and Kafka's replica.lag.time.max.ms.
-    cluster_brokers: list[ClusterBroker] = field(default_factory=list)
+    # Cluster mode (broker/cluster/, docs/clusters.md): the etcd cluster that holds
+    # membership, the controller and placement (hyperkafka.cluster.etcd.endpoints; none:
+    # a single broker), the key prefix there (hyperkafka.cluster.name), and Kafka's
+    # replica.lag.time.max.ms.
+    cluster_etcd_endpoints: list[str] = field(default_factory=list)
+    cluster_name: str = "hyperkafka"
     replica_lag_ms: int = 30_000
-    # Kafka's broker.session.timeout.ms: a peer not heard from this long is dead (its
-    # partitions' reads move to a live mirror, broker/cluster.py).
+    # Kafka's broker.session.timeout.ms: the TTL of each broker's etcd lease; a broker
+    # whose lease expires is dead (its partitions' reads move to a live mirror).
     session_timeout_ms: int = 9_000
     # KIP-392's replica.selector.class: rack-aware by default in a cluster (mirrors are
     # there to serve reads), Kafka's LeaderSelector to keep every fetch on the leader.
@@ -288,9 +291,11 @@ class BrokerConfig:
         ]
         if self.rack is not None:
             values.append(("broker.rack", self.rack, ConfigType.STRING, "This broker's rack (KIP-392: consumers in it may fetch from it)."))
-        if self.cluster_brokers:
-            values.append(("hyperkafka.cluster.brokers", ",".join(f"{b.node_id}@{b.address}" for b in self.cluster_brokers),
-                           ConfigType.LIST, "Every broker of the cluster, ID@HOST:PORT."))
+        if self.cluster_etcd_endpoints:
+            values.append(("hyperkafka.cluster.etcd.endpoints", ",".join(self.cluster_etcd_endpoints),
+                           ConfigType.LIST, "The etcd cluster of this broker cluster, http://HOST:PORT,..."))
+            values.append(("hyperkafka.cluster.name", self.cluster_name, ConfigType.STRING,
+                           "The key prefix of this cluster in etcd."))
             values.append(("replica.lag.time.max.ms", str(self.replica_lag_ms), ConfigType.LONG,
                            "A follower not holding what the leader signed this long ago leaves the ISR."))
             values.append(("broker.session.timeout.ms", str(self.session_timeout_ms), ConfigType.INT,
@@ -334,6 +339,21 @@ class ClusterBroker:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+def parse_etcd_endpoints(text: str) -> list[str]:
+    """``http://HOST:PORT,...``: etcd client URLs (plain HTTP: the v3 JSON gateway)."""
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        if not item.startswith("http://"):
+            raise ConfigError(f"hyperkafka.cluster.etcd.endpoints: expected http://HOST:PORT, got {item!r}")
+        parse_host_port(item.removeprefix("http://").rstrip("/"))
+        out.append(item.rstrip("/"))
+    if not out:
+        raise ConfigError("hyperkafka.cluster.etcd.endpoints: no endpoint listed")
+    return out
 
 
 def parse_cluster_brokers(text: str) -> list[ClusterBroker]:
@@ -428,7 +448,14 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
             elif key == "hyperkafka.replication.listen":
                 changes["replication_listen"] = parse_host_port(value)
             elif key == "hyperkafka.cluster.brokers":
-                changes["cluster_brokers"] = parse_cluster_brokers(value)
+                raise ConfigError("hyperkafka.cluster.brokers (static membership) is gone: name the etcd cluster "
+                                  "with hyperkafka.cluster.etcd.endpoints=http://HOST:PORT,... (docs/clusters.md)")
+            elif key == "hyperkafka.cluster.etcd.endpoints":
+                changes["cluster_etcd_endpoints"] = parse_etcd_endpoints(value)
+            elif key == "hyperkafka.cluster.name":
+                if not value or "/" in value:
+                    raise ConfigError("hyperkafka.cluster.name must be non-empty and hold no '/'")
+                changes["cluster_name"] = value
             elif key == "replica.selector.class":
                 if value not in (RACK_AWARE_SELECTOR, LEADER_SELECTOR):
                     raise ConfigError(f"replica.selector.class must be {RACK_AWARE_SELECTOR} or {LEADER_SELECTOR}")

@@ -688,7 +688,7 @@ class NodeMirror:
                                      self.target.address, key.hex())
                             self.open_local()
                         if self.broker_id is not None and self.node.cluster is not None:
-                            self.node.cluster.learn(self.broker_id, key, values.get("broker.rack"))
+                            self.node.cluster.learn(self.broker_id, key)
                         await self._follow(address)
                 except Equivocation:  # the catalog itself (logged where found): frozen
                     pass
@@ -823,24 +823,40 @@ async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.
         for text in node.config.mirrors:
             await nursery.start(NodeMirror(node, MirrorTarget.parse(text)).run)
         if node.cluster is not None:
-            for peer in node.cluster.peers():  # every broker mirrors every other
-                await nursery.start(NodeMirror(node, MirrorTarget(peer.host, peer.port), peer.node_id).run)
-                nursery.start_soon(poll_leader_isr, node, peer)
+            nursery.start_soon(_mirror_members, node, nursery)
         task_status.started()
+
+
+async def _mirror_members(node: Node, nursery: trio.Nursery) -> None:
+    """Cluster mode: every broker mirrors every other one registered in etcd, from the
+    moment it first registers (its node key, from its registration, is pinned: the chain
+    of trust starts in etcd, not at first use)."""
+    cluster = node.cluster
+    assert cluster is not None
+    started: set[int] = set()
+    while True:
+        changed = cluster.membership.changed
+        for member in list(cluster.membership.members.values()):
+            if member.node_id == cluster.me or member.node_id in started:
+                continue
+            started.add(member.node_id)
+            pinned = bytes.fromhex(member.node_key) if member.node_key else None
+            peer = ClusterBroker(member.node_id, member.host, member.port)
+            await nursery.start(NodeMirror(node, MirrorTarget(member.host, member.port, pinned), member.node_id).run)
+            nursery.start_soon(poll_leader_isr, node, peer)
+        await changed.wait()
 
 
 async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
     """Cluster mode: the ISR of what `peer` writes, as it says in its Metadata, for our own
     Metadata answers (the writer is the authority on its ISR, as Kafka's controller is;
-    we pull it, Kafka's controller pushes it). Each answer is also the peer's heartbeat
-    (`Cluster.take_metadata`, broker.session.timeout.ms)."""
+    we pull it, Kafka's controller pushes it). Liveness is not this: it is the etcd lease.)"""
     cluster = node.cluster
     assert cluster is not None
     interval = min(ISR_POLL_MAX_S, max(min(cluster.lag_s, cluster.session_s) / 4, ISR_POLL_MIN_S))
     while True:
         try:
             resp = await kafka_request(peer.host, peer.port, 3, 1, "metadata", {"topics": None})
-            # also the liveness probe (broker.session.timeout.ms)
             cluster.take_metadata(peer.node_id, [
                 (str(t.name), int(p.partition_index), [int(i) for i in p.replica_nodes], [int(i) for i in p.isr_nodes])
                 for t in resp.topics for p in t.partitions], int(resp.controller_id))

@@ -39,6 +39,8 @@ from typing import Any, cast
 import trio
 
 from broker.cluster import Cluster, signed_blocks
+from broker.cluster.etcd import Etcd
+from broker.cluster.membership import Member, Membership
 from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
@@ -224,11 +226,15 @@ class Node:
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
         self.replication_address: str | None = None
         self.replication_connections = 0  # accepted on the replication port (broker/replication_server.py)
-        # Cluster mode (broker/cluster.py): the brokers, the ISR and acks=all.
+        # Cluster mode (broker/cluster/): membership, controller and placement in etcd;
+        # the ISR and acks=all.
         self.cluster: Cluster | None = None
-        if config.cluster_brokers:
-            self.cluster = Cluster(config.cluster_brokers, config.node_id, rack=config.rack,
-                                   replica_lag_ms=config.replica_lag_ms,
+        if config.cluster_etcd_endpoints:
+            host, port = config.advertised
+            me = Member(config.node_id, host, port, config.rack, store.node_public_key.hex())
+            membership = Membership(Etcd(config.cluster_etcd_endpoints), config.cluster_name, me,
+                                    max(1, round(config.session_timeout_ms / 1000)))
+            self.cluster = Cluster(membership, replica_lag_ms=config.replica_lag_ms,
                                    session_timeout_ms=config.session_timeout_ms,
                                    rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
             self.cluster_id = self.cluster.cluster_id
@@ -407,16 +413,6 @@ class Node:
             raise TopicError(INVALID_PARTITIONS, "Number of partitions must be larger than 0.")
         if partitions > 100_000:
             raise TopicError(INVALID_PARTITIONS, "Number of partitions is larger than 100000.")
-        if self.cluster is not None and not self.cluster.is_controller and name not in INTERNAL_TOPICS:
-            raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are created on broker {self.cluster.controller_id}.")
-        if self.cluster is not None and name not in INTERNAL_TOPICS:
-            # A name another broker writes, not attached here yet (a controller back from
-            # a failure, before its mirrors caught up): never a second writer of it.
-            writer = self.cluster.written_elsewhere(name)
-            if writer is not None:
-                raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists (written by broker {writer}).")
-            if not self.cluster.knows_every_catalog():
-                raise TopicError(NOT_CONTROLLER, "This controller has not heard every broker's topics since it started yet.")
         if replication_factor == -1:
             replication_factor = self.config.default_replication_factor
         if self.cluster is not None:
@@ -441,6 +437,15 @@ class Node:
             raise TopicError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return None
+        if self.cluster is not None and name not in INTERNAL_TOPICS:
+            # Only the writer etcd's placement names makes a topic (broker/placement.py):
+            # one name never has two writers.
+            placed = self.cluster.membership.placements.get(name)
+            if placed is None:
+                raise TopicError(NOT_CONTROLLER, f"Topic '{name}' is not placed yet: topics are created on the "
+                                 f"controller (broker {self.cluster.controller_id}).")
+            if placed.writer != self.config.node_id:
+                raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists (written by broker {placed.writer}).")
         if prepared is None and name not in INTERNAL_TOPICS:
             self.check_partition_limit(partitions)
         # The partitions first, the catalog last (Store.prepare_partitions): a disk that
@@ -506,6 +511,10 @@ class Node:
             self._deleting.discard(name)
         log.info("deleted topic %s", name)
 
+    def creating(self, name: str) -> bool:
+        """Whether CreateTopics is making `name` now (its archives, in a worker thread)."""
+        return name in self._creating
+
     def topic_for_write(self, name: str) -> Topic:
         """The topic a client may produce to, auto-created when the broker allows it.
         Internal topics (the offsets archive) are written by the broker alone."""
@@ -516,8 +525,8 @@ class Node:
             if topic.mirrored:  # this node holds no key for it: an error, never silent loss
                 raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is a read-only mirror; produce to its writer")
             return topic
-        if not self.config.auto_create_topics or (self.cluster is not None and not self.cluster.is_controller):
-            # (in a cluster, topics are created on the controller; Metadata forwards it)
+        if not self.config.auto_create_topics or self.cluster is not None:
+            # (in a cluster, topics are placed by the controller; Metadata asks it)
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
         try:
             created = self.create_topic(name)
@@ -828,6 +837,11 @@ class Node:
 
     async def run_background(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            if self.cluster is not None:  # registered in etcd before anything else
+                from broker.placement import follow_placements  # imports this module
+
+                await nursery.start(self.cluster.membership.run)
+                nursery.start_soon(follow_placements, self)
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
             nursery.start_soon(self.offline_retry_loop)

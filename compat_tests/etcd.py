@@ -44,11 +44,21 @@ class EtcdServer:
     `prefix` runs it under another command (the fault harness: ``ip netns exec NS``).
     `endpoint` is what ``hyperkafka.cluster.etcd.endpoints`` takes."""
 
-    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", client_port: int | None = None,
-                 peer_port: int | None = None, prefix: Sequence[str] = (), name: str = "hk-etcd") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        prefix: Sequence[str] = (),
+        name: str = "hk-etcd",
+    ) -> None:
         binary = etcd_binary()
         if binary is None:
-            raise RuntimeError("etcd is not installed (Debian: apt-get install -y etcd-server etcd-client)")
+            raise RuntimeError(
+                "etcd is not installed (Debian: apt-get install -y etcd-server etcd-client)"
+            )
         self.binary = binary
         self.data_dir = Path(data_dir)
         self.host = host
@@ -65,14 +75,35 @@ class EtcdServer:
 
     def command(self) -> list[str]:
         peer = f"http://{self.host}:{self.peer_port}"
-        return [*self.prefix, self.binary, "--name", self.name,
-                "--data-dir", str(self.data_dir / "data"),
-                "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"{self.name}={peer}", "--initial-cluster-state", "new",
-                # tests want short elections and no background compaction surprises
-                "--heartbeat-interval", "50", "--election-timeout", "500",
-                "--logger", "zap", "--log-level", "warn"]
+        return [
+            *self.prefix,
+            self.binary,
+            "--name",
+            self.name,
+            "--data-dir",
+            str(self.data_dir / "data"),
+            "--listen-client-urls",
+            self.endpoint,
+            "--advertise-client-urls",
+            self.endpoint,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"{self.name}={peer}",
+            "--initial-cluster-state",
+            "new",
+            # tests want short elections and no background compaction surprises
+            "--heartbeat-interval",
+            "50",
+            "--election-timeout",
+            "500",
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
+        ]
 
     def start(self) -> EtcdServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -82,8 +82,14 @@ class KeyValue:
 
     @classmethod
     def parse(cls, kv: dict[str, Any]) -> KeyValue:
-        return cls(_unb64(kv.get("key")), _unb64(kv.get("value")), int(kv.get("create_revision", 0)),
-                   int(kv.get("mod_revision", 0)), int(kv.get("version", 0)), int(kv.get("lease", 0)))
+        return cls(
+            _unb64(kv.get("key")),
+            _unb64(kv.get("value")),
+            int(kv.get("create_revision", 0)),
+            int(kv.get("mod_revision", 0)),
+            int(kv.get("version", 0)),
+            int(kv.get("lease", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,11 +109,20 @@ class Compare:
     @classmethod
     def create_revision(cls, key: bytes, revision: int, result: str = "EQUAL") -> Compare:
         """The key's create revision (0: it does not exist)."""
-        return cls({"key": _b64(key), "target": "CREATE", "result": result, "create_revision": str(revision)})
+        return cls(
+            {
+                "key": _b64(key),
+                "target": "CREATE",
+                "result": result,
+                "create_revision": str(revision),
+            }
+        )
 
     @classmethod
     def mod_revision(cls, key: bytes, revision: int, result: str = "EQUAL") -> Compare:
-        return cls({"key": _b64(key), "target": "MOD", "result": result, "mod_revision": str(revision)})
+        return cls(
+            {"key": _b64(key), "target": "MOD", "result": result, "mod_revision": str(revision)}
+        )
 
     @classmethod
     def value(cls, key: bytes, value: bytes, result: str = "EQUAL") -> Compare:
@@ -171,9 +186,11 @@ class _Http:
         with trio.fail_after(CONNECT_TIMEOUT_S):
             stream = await trio.open_tcp_stream(self.host, self.port)
         try:
-            head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                    "Connection: close\r\n\r\n").encode()
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
             await stream.send_all(head + payload)
             reader = _Reader(stream)
             await reader.read_head()
@@ -190,8 +207,10 @@ class _Http:
             await trio.aclose_forcefully(stream)
         answer = _json(data)
         if reader.status != 200:
-            raise EtcdError(f"etcd {path}: HTTP {reader.status}: {answer.get('message') or answer.get('error')}",
-                            _int_or_none(answer.get("code")))
+            raise EtcdError(
+                f"etcd {path}: HTTP {reader.status}: {answer.get('message') or answer.get('error')}",
+                _int_or_none(answer.get("code")),
+            )
         return answer
 
     async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -200,8 +219,10 @@ class _Http:
         try:
             if reader.status != 200:
                 answer = _json(await reader.read_body())
-                raise EtcdError(f"etcd {path}: HTTP {reader.status}: {answer.get('message') or answer.get('error')}",
-                                _int_or_none(answer.get("code")))
+                raise EtcdError(
+                    f"etcd {path}: HTTP {reader.status}: {answer.get('message') or answer.get('error')}",
+                    _int_or_none(answer.get("code")),
+                )
             decoder = json.JSONDecoder()
             buf = ""
             async for chunk in reader.chunks():
@@ -359,7 +380,9 @@ class Etcd:
         if prefix:
             body["range_end"] = _b64(prefix_end(key))
         answer = await self._call("/v3/kv/range", body)
-        return [KeyValue.parse(kv) for kv in answer.get("kvs", [])], int(answer["header"]["revision"])
+        return [KeyValue.parse(kv) for kv in answer.get("kvs", [])], int(
+            answer["header"]["revision"]
+        )
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
@@ -375,15 +398,25 @@ class Etcd:
         answer = await self._call("/v3/kv/deleterange", body)
         return int(answer.get("deleted", 0))
 
-    async def txn(self, compare: list[Compare], success: list[Op], failure: list[Op] | None = None) -> TxnResult:
+    async def txn(
+        self, compare: list[Compare], success: list[Op], failure: list[Op] | None = None
+    ) -> TxnResult:
         """If every comparison holds, run `success`, else `failure`: atomically (etcd's
         transactions are strict-serializable)."""
-        body = {"compare": [c.body for c in compare], "success": [o.body for o in success],
-                "failure": [o.body for o in failure or []]}
+        body = {
+            "compare": [c.body for c in compare],
+            "success": [o.body for o in success],
+            "failure": [o.body for o in failure or []],
+        }
         answer = await self._call("/v3/kv/txn", body)
-        ranges = [[KeyValue.parse(kv) for kv in r["response_range"].get("kvs", [])]
-                  for r in answer.get("responses", []) if "response_range" in r]
-        return TxnResult(bool(answer.get("succeeded", False)), int(answer["header"]["revision"]), ranges)
+        ranges = [
+            [KeyValue.parse(kv) for kv in r["response_range"].get("kvs", [])]
+            for r in answer.get("responses", [])
+            if "response_range" in r
+        ]
+        return TxnResult(
+            bool(answer.get("succeeded", False)), int(answer["header"]["revision"]), ranges
+        )
 
     # -- leases ------------------------------------------------------------------
 
@@ -410,7 +443,9 @@ class Etcd:
 
     # -- watches -----------------------------------------------------------------
 
-    async def watch(self, key: bytes, *, prefix: bool = False, start_revision: int = 0) -> AsyncIterator[list[Event]]:
+    async def watch(
+        self, key: bytes, *, prefix: bool = False, start_revision: int = 0
+    ) -> AsyncIterator[list[Event]]:
         """The changes of the key (or prefix) from `start_revision` on (0: from now), in
         batches as etcd sends them, until the caller stops or the connection ends
         (`EtcdError`: the caller resumes from the last revision it saw plus one)."""
@@ -429,10 +464,14 @@ class Etcd:
                     continue
                 if result.get("canceled"):
                     # compacted past our revision, or the server cancelled: start over
-                    raise EtcdError(f"etcd watch cancelled: {result.get('cancel_reason', '')}"
-                                    f" (compact_revision {result.get('compact_revision', 0)})")
-                events = [Event(e.get("type", "PUT"), KeyValue.parse(e.get("kv", {})))
-                          for e in result.get("events", [])]
+                    raise EtcdError(
+                        f"etcd watch cancelled: {result.get('cancel_reason', '')}"
+                        f" (compact_revision {result.get('compact_revision', 0)})"
+                    )
+                events = [
+                    Event(e.get("type", "PUT"), KeyValue.parse(e.get("kv", {})))
+                    for e in result.get("events", [])
+                ]
                 if events:
                     yield events
         except (OSError, trio.BrokenResourceError) as e:

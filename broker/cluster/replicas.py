@@ -83,7 +83,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from broker.config import ClusterBroker, ConfigError
+from broker.cluster.membership import Membership
+from broker.config import ClusterBroker
 from storage import PartitionLog
 from storage.replication.session import ReplicationChannel
 
@@ -141,21 +142,21 @@ class PeerCopy:
 
 
 class Cluster:
-    """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode."""
+    """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode.
 
-    def __init__(self, brokers: Iterable[ClusterBroker], me: int, *, rack: str | None = None,
-                 replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS,
+    Membership, the controller and placement come from etcd (`membership`,
+    broker/cluster/membership.py); this class keeps what the brokers tell each other
+    directly: node keys, progress of each copy, the ISR and the acks=all wait."""
+
+    def __init__(self, membership: Membership, *, replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS,
                  session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS, rack_aware: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.brokers = {b.node_id: b for b in brokers}
-        if me not in self.brokers:
-            raise ConfigError(f"node.id {me} is not listed in hyperkafka.cluster.brokers")
-        self.me = me
+        self.membership = membership
+        self.me = membership.me.node_id
         self.lag_s = replica_lag_ms / 1000
         self.session_s = session_timeout_ms / 1000
         self.rack_aware = rack_aware
         self.clock = clock
-        self.racks: dict[int, str | None] = {me: rack}
         self.node_keys: dict[int, bytes] = {}
         self._by_identity: dict[bytes, int] = {}
         self._archives: dict[bytes, _Archive] = {}
@@ -163,77 +164,56 @@ class Cluster:
         # (topic, partition) -> isr ids.
         self.remote_isr: dict[tuple[str, int], list[int]] = {}
         self._isr_writer: dict[tuple[str, int], int] = {}  # whose own report each entry is
-        # Liveness: when each peer last answered a probe. Every peer starts alive for one
-        # session timeout (the grace a newly active KRaft controller gives every broker).
-        started = clock()
-        self._heard = {i: started for i in self.brokers if i != me}
-        self._answered: set[int] = set()  # peers heard since start-up
-        self._written_by: dict[int, set[str]] = {}  # topics each peer said it writes
-        self._reported = trio.Event()  # set (and replaced) on every peer's report
         # Our copies of the peers' offsets archives (broker/mirror.py), by broker id.
         self.offsets_copies: dict[int, PeerCopy] = {}
         self._copies_changed = trio.Event()
         self._named_controller: dict[int, int] = {}  # the controller each peer last named
-        spec = ",".join(f"{b.node_id}@{b.address}" for b in self.brokers.values())
-        digest = hashlib.blake2b(spec.encode(), digest_size=16).digest()
-        # Every broker of the cluster derives the same id from the same list.
+        self.placing: set[str] = set()  # topics this controller is placing and creating here now
+        digest = hashlib.blake2b(membership.prefix, digest_size=16).digest()
+        # Every broker of the cluster derives the same id from the same etcd prefix.
         self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
-    # -- membership -------------------------------------------------------------
+    # -- membership (etcd) --------------------------------------------------------
 
-    def heard_from(self, node_id: int) -> None:
-        """A peer answered a probe (its Kafka port, broker/mirror.py): it is alive now."""
-        if node_id in self._heard:
-            self._heard[node_id] = self.clock()
+    @property
+    def brokers(self) -> dict[int, ClusterBroker]:
+        """The registered brokers (their etcd leases are alive), this one included."""
+        m = self.membership
+        out = {i: ClusterBroker(b.node_id, b.host, b.port) for i, b in m.members.items()}
+        if self.me not in out:
+            out[self.me] = ClusterBroker(self.me, m.me.host, m.me.port)
+        return out
+
+    @property
+    def racks(self) -> dict[int, str | None]:
+        m = self.membership
+        return {**{i: b.rack for i, b in m.members.items()}, self.me: m.me.rack}
 
     def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]],
                       controller: int | None = None) -> None:
         """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition,
-        and the controller it names: it is alive (the answer is its heartbeat); for what it writes (its id first among
-        the replicas) its ISR is the truth and replaces what we had (a partition left out
-        was deleted). For a partition whose writer is dead to us and whose ISR we never
-        heard (we started after it died), the ISR this peer still shows is taken, so that
-        we name the same read leader as the brokers that saw the writer's last report."""
-        self.heard_from(peer)
-        self._answered.add(peer)
+        and the controller it names: for what it writes (its id first among the replicas)
+        its ISR is the truth and replaces what we had (a partition left out was deleted).
+        For a partition whose writer is dead and whose ISR we never heard (we started
+        after it died), the ISR this peer still shows is taken, so that we name the same
+        read leader as the brokers that saw the writer's last report."""
         if controller is not None and self._named_controller.get(peer) != controller:
             self._named_controller[peer] = controller
             self.copy_changed()  # what `wait_handed_over` waits for
         own: dict[tuple[str, int], list[int]] = {}
-        now = self.clock()
         for topic, index, replicas, isr in partitions:
             key = (topic, index)
             writer = replicas[0] if replicas else None
             if writer == peer:
                 own[key] = isr
             elif (writer is not None and writer != self.me and isr and key not in self.remote_isr
-                  and not self.alive(writer, now)):
+                  and not self.alive(writer)):
                 self.remote_isr[key] = isr
         for key in [k for k, w in self._isr_writer.items() if w == peer and k not in own]:
             del self._isr_writer[key]
             self.remote_isr.pop(key, None)
         self.remote_isr.update(own)
         self._isr_writer.update(dict.fromkeys(own, peer))
-        self._written_by[peer] = {topic for topic, _ in own}
-        self._reported.set()
-        self._reported = trio.Event()
-
-    def written_elsewhere(self, topic: str) -> int | None:
-        """The live peer that said it writes `topic` (before our mirror attached it)."""
-        now = self.clock()
-        return next((i for i, names in sorted(self._written_by.items())
-                     if topic in names and self.alive(i, now)), None)
-
-    async def wait_every_catalog(self, timeout_s: float) -> bool:
-        """Wait (at most `timeout_s`) until `knows_every_catalog`: a controller that just
-        started answers CreateTopics once it has heard the others (or they are dead)."""
-        return await _wait_until(self.knows_every_catalog, lambda: self._reported, timeout_s)
-
-    def knows_every_catalog(self) -> bool:
-        """Whether every live peer answered since start-up, so that a topic name it writes
-        is known here (a controller that just started must not create it again)."""
-        now = self.clock()
-        return all(i in self._answered for i in self.brokers if i != self.me and self.alive(i, now))
 
     # -- the peers' offsets archives ------------------------------------------
 
@@ -253,36 +233,30 @@ class Cluster:
         named it controller in its last Metadata answer (so it coordinates no group any
         more), and our copy of that peer's offsets archive holds what the peer said it
         has. A dead peer's copy is what it is: nobody adds to it."""
-        now = self.clock()
         return all(self._named_controller.get(i) == self.me
                    and (c := self.offsets_copies.get(i)) is not None and c.caught_up()
-                   for i in self.brokers if i != self.me and self.alive(i, now))
+                   for i in self.live_ids() if i != self.me)
 
     async def wait_handed_over(self, timeout_s: float) -> bool:
         """Wait (at most `timeout_s`) until `handed_over`; whether it is."""
         return await _wait_until(self.handed_over, lambda: self._copies_changed, timeout_s)
 
     def alive(self, node_id: int, now: float | None = None) -> bool:
-        """Whether `node_id` answered within the session timeout (this broker always is)."""
-        if node_id == self.me:
-            return True
-        heard = self._heard.get(node_id)
-        if heard is None:
-            return False
-        return (self.clock() if now is None else now) - heard <= self.session_s
+        """Whether `node_id` holds a live etcd lease (this broker always counts itself)."""
+        return node_id == self.me or node_id in self.membership.members
 
     def live_ids(self) -> list[int]:
-        now = self.clock()
-        return sorted(i for i in self.brokers if self.alive(i, now))
+        return sorted(set(self.membership.members) | {self.me})
 
     @property
     def controller_id(self) -> int:
-        """The lowest live id: the first listed broker while it is alive, else the next."""
-        return self.live_ids()[0]
+        """The controller elected in etcd, or NO_LEADER while there is none."""
+        c = self.membership.controller
+        return NO_LEADER if c is None else c
 
     @property
     def is_controller(self) -> bool:
-        return self.me == self.controller_id
+        return self.membership.is_controller
 
     def leadership(self, writer: int, isr: list[int]) -> tuple[int, list[int]]:
         """(leader, isr) to report for a partition written by `writer` whose ISR, as
@@ -290,9 +264,8 @@ class Cluster:
         leads while alive, else the lowest live id of that ISR serves reads as leader
         (every broker that saw the same report picks the same one), else nobody
         (`NO_LEADER`: Kafka's offline partition)."""
-        now = self.clock()
-        live = [i for i in isr if self.alive(i, now)]
-        if self.alive(writer, now):
+        live = [i for i in isr if self.alive(i)]
+        if self.alive(writer):
             return writer, live
         return (min(live) if live else NO_LEADER), live
 
@@ -301,16 +274,15 @@ class Cluster:
 
     def replicas(self, leader: int) -> list[int]:
         """Every broker holds every archive: the leader first, then the others by id."""
-        return [leader] + [i for i in self.brokers if i != leader]
+        return [leader] + [i for i in sorted(self.brokers) if i != leader]
 
-    def learn(self, node_id: int, node_key: bytes, rack: str | None) -> None:
+    def learn(self, node_id: int, node_key: bytes) -> None:
         """What discovery told us about a peer (its Kafka port's DescribeConfigs)."""
         old = self.node_keys.get(node_id)
         if old is not None and old != node_key:
             self._by_identity.pop(old, None)
         self.node_keys[node_id] = node_key
         self._by_identity[node_key] = node_id
-        self.racks[node_id] = rack
 
     def broker_for_identity(self, public_key: bytes) -> int | None:
         """The cluster broker whose node key authenticated a replication connection."""
@@ -394,7 +366,7 @@ class Cluster:
         need = self._required(a, now)
         return sorted(
             i for i, p in a.peers.items()
-            if i in self.brokers and p.length >= need
+            if p.length >= need
             and (p.connections > 0 or now - p.last_seen <= self.lag_s)
             and self.alive(i, now)  # a dead broker leaves every ISR at once, as Kafka fences it
         )

@@ -14,16 +14,17 @@ commits that overlap in flight land in log order). Replaying the archive on open
 restores every committed offset and every group's last stored generation and members,
 who then have one session timeout to heartbeat before they are dropped.
 
-Cluster mode (broker/cluster.py): the controller alone coordinates. Commits, group
-metadata and tombstones are answered once the in-sync peers hold them too (`_wait_stored`,
-Kafka's acks=-1 for the offsets topic; refused before the append when the ISR is below
-the topic's min.insync.replicas). `_follow_controller` watches who is controller: this
-broker `take_over`s when it becomes controller (waits for `Cluster.handed_over`, then
-adopts from its copies of the peers' archives every record newer than its own,
-`broker.groups.offsets.merge`, writes them into its own archive and loads it; group
-requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s when
-another broker is. While coordinator, `_merge_late` adopts offsets that reach the copies
-later by the same rule.
+Cluster mode (broker/cluster/): the controller elected in etcd alone coordinates, fenced by
+its controller epoch. Commits, group metadata and tombstones are answered once the in-sync
+peers hold them too (`_wait_stored`, Kafka's acks=-1 for the offsets topic; refused before
+the append when the ISR is below the topic's min.insync.replicas) and then only if a
+transaction in etcd confirms that our epoch still holds (else NOT_COORDINATOR, and this
+broker resigns). `_follow_controller` watches who is controller: this broker `take_over`s
+when it becomes controller (waits for `Cluster.handed_over`, adopts the previous
+coordinator's state from its copy of that broker's archive, `broker.groups.offsets.adopt`,
+by log order, never by clocks; records itself in etcd as the coordinator of its epoch;
+loads; group requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and
+`resign`s when another broker is.
 
 Maintenance, a second background task (`maintain`): at start and every
 `offsets.retention.check.interval.ms`, expire offsets as Kafka does (KIP-211, decided by
@@ -47,15 +48,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.cluster import signed_blocks
+from broker.cluster.etcd import EtcdError
 from broker.groups import codes
-from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, Word, last_words, merge
+from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, adopt, last_words
 from broker.groups.records import (
     GroupValue,
     MemberValue,
-    OffsetKey,
     OffsetValue,
-    decode_key,
-    decode_offset_value,
     group_key,
     group_value,
     offset_key,
@@ -148,8 +147,10 @@ class GroupCoordinator:
         # another broker is controller.
         self.loaded = node.cluster is None
         self.takeovers = 0
-        # Cluster mode, while coordinator: how far each peer's copy was merged (offsets).
-        self._merged: dict[int, int] = {}
+        # Cluster mode: the controller epoch the groups were loaded in. Every ack is fenced
+        # by it, and a new epoch (even ours again, after our lease expired in between:
+        # another broker may have coordinated meanwhile) means taking over again.
+        self.loaded_epoch = 0
 
     # ------------------------------------------------------------------ driver
 
@@ -166,7 +167,6 @@ class GroupCoordinator:
                     self._install(replayed)
             else:
                 nursery.start_soon(self._follow_controller)
-                nursery.start_soon(self._merge_late)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -196,21 +196,25 @@ class GroupCoordinator:
             if self.loaded:
                 self.resign()
             return codes.NOT_COORDINATOR
+        if self.loaded and self.loaded_epoch != cluster.membership.controller_epoch:
+            self.resign()  # controller again in a new epoch: take over again first
         return codes.NONE if self.loaded else codes.COORDINATOR_LOAD_IN_PROGRESS
 
     async def _follow_controller(self) -> None:
         cluster = self.node.cluster
         assert cluster is not None
         while True:
+            if self.loaded and (not cluster.is_controller or self.loaded_epoch != cluster.membership.controller_epoch):
+                self.resign()
             if cluster.is_controller and not self.loaded:
                 try:
                     await self.take_over()
                 except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
                     log.exception("taking over the groups failed")
                     await trio.sleep(TAKEOVER_RETRY_S)
-            elif not cluster.is_controller and self.loaded:
-                self.resign()
-            await trio.sleep(CONTROLLER_TICK_S)
+            changed = cluster.membership.changed
+            with trio.move_on_after(CONTROLLER_TICK_S):  # is_controller also ends by time alone
+                await changed.wait()
 
     def resign(self) -> None:
         """Another broker is controller now: stop coordinating (its archive, merged with
@@ -223,94 +227,46 @@ class GroupCoordinator:
 
     async def take_over(self) -> None:
         """Become the coordinator: wait (at most a session timeout) until our copy of every
-        live peer's offsets archive holds what that peer has, adopt from the copies every
-        record that is newer than ours for its key (`broker.groups.offsets.merge`), writing
-        it into our own archive, then load our archive alone. Group requests answer
-        COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        live peer's offsets archive holds what that peer has; adopt from the archive of
+        the previous coordinator (the broker etcd names in ``groups/coordinator``) every
+        key whose last word differs from ours (`broker.groups.offsets.adopt`: its log
+        order, no clocks), writing them into our own archive; then record in etcd, under
+        our controller epoch, that our archive is the one now, and load it. Group
+        requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
         cluster = self.node.cluster
         assert cluster is not None
         started = trio.current_time()
+        epoch = cluster.membership.controller_epoch
         if not await cluster.wait_handed_over(cluster.session_s):
             log.warning("taking over the groups with copies of the peers' offsets that may be behind")
         if not cluster.is_controller:
             return
-        merged = {i: c.log.high_watermark for i, c in cluster.offsets_copies.items()}
-        copies = [last_words(c.log, name=f"{OFFSETS_TOPIC} of broker {i}")
-                  for i, c in sorted(cluster.offsets_copies.items())]
-        adopted = merge(self.archive.words(), copies)
+        previous = cluster.membership.coordinator_record
+        adopted = []
+        if previous is not None and previous[0] != cluster.me:
+            copy = cluster.offsets_copies.get(previous[0])
+            if copy is None:
+                raise RuntimeError(f"no copy of the offsets archive of broker {previous[0]}, the previous coordinator")
+            words = last_words(copy.log, name=f"{OFFSETS_TOPIC} of broker {previous[0]}")
+            adopted = adopt(self.archive.words(), words)
         if adopted:
             # Durable here is enough to serve them (as Kafka's load needs no acks): the
             # peers copy them from our archive as they copy everything else.
             span = self.archive.adopt(adopted)
             assert span is not None
             await self._wait_durable(span[1])
-        if not cluster.is_controller:
-            return
+        if not await cluster.membership.record_coordinator(epoch):
+            return  # fenced: another broker (or another epoch of ours) is controller now
         replayed = self.archive.replay()
         self.groups.unload()
         self._install(replayed)
         self._dispatch()
-        self._merged = merged
         self.loaded = True
+        self.loaded_epoch = epoch
         self.takeovers += 1
-        log.info("group coordinator now (took over in %.2fs): %d records adopted from %d peer archive(s); "
-                 "%d offsets, %d groups", trio.current_time() - started, len(adopted), len(copies),
-                 len(replayed.offsets), len(replayed.groups))
-
-    async def _merge_late(self) -> None:
-        """While coordinator, adopt the offsets (and their tombstones) that reach our copies
-        of the peers' archives after the takeover and are newer than ours: a commit the
-        old coordinator accepted before it learned that it was not coordinator any more
-        (there is no quorum to fence it) is not lost. Group metadata is not: those
-        members rejoin here."""
-        cluster = self.node.cluster
-        assert cluster is not None
-        while True:
-            changed = cluster.copies_changed
-            if self.loaded:
-                try:
-                    await self._adopt_late()
-                except Exception:
-                    log.exception("merging the peers' late offsets failed")
-            await changed.wait()
-
-    async def _adopt_late(self) -> None:
-        cluster = self.node.cluster
-        assert cluster is not None
-        fresh: list[dict[bytes, Word]] = []
-        for i, c in sorted(cluster.offsets_copies.items()):
-            mark, end = self._merged.get(i, 0), c.log.high_watermark
-            if end > mark:
-                words = last_words(c.log, mark, name=f"{OFFSETS_TOPIC} of broker {i}")
-                fresh.append({k: w for k, w in words.items() if isinstance(decode_key(w.key), OffsetKey)})
-                self._merged[i] = end
-        adopted = merge(self.archive.words(), fresh)
-        if not adopted:
-            return
-        span = self.archive.adopt(adopted)
-        assert span is not None
-        await self._wait_durable(span[1])
-        if self.loaded:
-            for i, w in enumerate(adopted):
-                self._apply_offset(w, span[0] + i)
-        log.info("adopted %d offset records a peer wrote after the takeover", len(adopted))
-
-    def _apply_offset(self, word: Word, record_offset: int) -> None:
-        """An offset record adopted into the archive at `record_offset`, into memory."""
-        key = decode_key(word.key)
-        assert isinstance(key, OffsetKey)
-        tp = (key.topic, key.partition)
-        if word.value is None:
-            group = self.groups.get(key.group_id)
-            if group is not None:
-                group.offsets.pop(tp, None)
-            return
-        v = decode_offset_value(word.value)
-        group = self.groups.get_or_create(key.group_id)
-        current = group.offsets.get(tp)
-        if current is None or current.record_offset < record_offset:
-            group.offsets[tp] = CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp,
-                                                record_offset, v.expire_timestamp)
+        log.info("group coordinator now, epoch %d (took over in %.2fs): %d records adopted from broker %s; "
+                 "%d offsets, %d groups", epoch, trio.current_time() - started,
+                 len(adopted), previous[0] if previous else "-", len(replayed.offsets), len(replayed.groups))
 
     async def _wait_durable(self, last: int) -> None:
         """Records the coordinator copies (compaction, records adopted from the peers):
@@ -334,9 +290,20 @@ class GroupCoordinator:
             if cluster is None:
                 return codes.NONE
             plog = self.archive.partition.log
-            if await cluster.wait_replicated(plog.key, signed_blocks(plog), self._min_insync):
-                return codes.NONE
-            return codes.COORDINATOR_NOT_AVAILABLE
+            if not await cluster.wait_replicated(plog.key, signed_blocks(plog), self._min_insync):
+                return codes.COORDINATOR_NOT_AVAILABLE
+            # Fencing: answered only while our controller epoch still holds in etcd, so a
+            # coordinator that was paused or cut off acknowledges nothing once another
+            # broker may coordinate (it steps down instead).
+            try:
+                still = await cluster.membership.check_epoch(self.loaded_epoch)
+            except EtcdError as exc:
+                log.warning("cannot check the controller epoch in etcd: %s", exc)
+                return codes.COORDINATOR_NOT_AVAILABLE
+            if not still:
+                self.resign()
+                return codes.NOT_COORDINATOR
+            return codes.NONE
         return codes.REQUEST_TIMED_OUT
 
     @property

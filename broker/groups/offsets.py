@@ -24,16 +24,17 @@ tree). So compaction here is copy-forward plus retention:
    its last record in the whole log: replaying from F gives the state of the whole log.
    In cluster mode tombstones younger than the topic's ``delete.retention.ms`` (Kafka's
    default: a day) are copied forward the same way, since the other brokers' archives
-   may still hold the values they deleted (`merge` needs the tombstone to beat them).
+   may still hold the values they deleted (a coordinator adopting that archive, `adopt`,
+   needs the tombstone to delete them).
 3. Once a signed head covers the snapshot, `drop_below(first)` drops every segment below
    it through the storage retention path (`PartitionLog.drop_segments_below`): the data
    and the head are fsynced first, the log start offset advances, the tree file keeps the
    nodes of the dropped blocks, so proofs for the retained blocks stay valid.
 
 Copies keep time. Every record keeps the timestamp its coordinator wrote it with:
-compaction's copies and the records a new coordinator adopts from other brokers'
-archives (cluster mode) are written with their original timestamps, since `merge`
-orders the brokers' archives by them (see its docstring for why that is sound).
+compaction's copies and the records a new coordinator adopts from the previous
+coordinator's archive (cluster mode, `adopt`) are written with their original timestamps
+(expiry reads them). Nothing orders records by those timestamps: the log does.
 `read_records` and `last_words` read any offsets archive, ours or a peer's verified
 copy.
 
@@ -52,7 +53,7 @@ storage.errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -149,30 +150,26 @@ def last_words(plog: PartitionLog, start: int | None = None, name: str = OFFSETS
     return words
 
 
-def merge(own: Mapping[bytes, Word], copies: Iterable[Mapping[bytes, Word]]) -> list[Word]:
-    """What a new coordinator adopts from the other brokers' offsets archives (`copies`,
-    in broker id order) over its own (`own`), key by key: the latest record wins, by
-    record timestamp; on a tie, the one seen first (own, then the lowest broker id).
-    A tombstone is adopted only over a value (deleting what is not there changes nothing).
+def adopt(own: Mapping[bytes, Word], previous: Mapping[bytes, Word]) -> list[Word]:
+    """What a new coordinator adopts from the archive of the previous coordinator
+    (`previous`, the last word per key of the broker etcd names in ``groups/coordinator``)
+    over its own (`own`): every key whose last word there differs from ours. A tombstone
+    is adopted only over a value (deleting what is not there changes nothing).
 
-    Why the timestamp: each record keeps the time its coordinator wrote it, in every copy
-    and through compaction, and two coordinators write the same key only across a
-    failover, which takes the session timeout (the old one must have stopped answering)
-    or the old one's whole absence (it returns and is controller again): clocks that
-    agree within that order them rightly. Offsets therefore never go back to a stale
-    coordinator's commit, and a DeleteGroups/OffsetDelete/expiry tombstone beats the
-    older commits it deleted."""
-    adopted: dict[bytes, Word] = {}
-    for copy in copies:
-        for k, word in copy.items():
-            best = adopted.get(k) or own.get(k)
-            if best is None:
-                if word.value is not None:
-                    adopted[k] = word
-            elif word.timestamp > best.timestamp and (word.value is not None or best.value is not None):
-                adopted[k] = word
-    return [w for k, w in adopted.items()
-            if w.value is not None or ((mine := own.get(k)) is not None and mine.value is not None)]
+    Why not timestamps: offsets are ordered by the coordinators' logs and their epochs,
+    never by wall clocks. One coordinator at a time writes (each act fenced by its epoch in
+    etcd), and each coordinator, taking over, first writes the previous one's state into
+    its own archive: so the previous coordinator's archive holds the latest word of every
+    key, whatever the clocks say."""
+    adopted: list[Word] = []
+    for k, word in previous.items():
+        mine = own.get(k)
+        if mine is None:
+            if word.value is not None:
+                adopted.append(word)
+        elif mine.value != word.value and (word.value is not None or mine.value is not None):
+            adopted.append(word)
+    return adopted
 
 
 @dataclass

@@ -19,9 +19,11 @@ from typing import Any
 import trio
 
 from broker.api import Reply, RequestContext, api
+from broker.cluster.etcd import EtcdError
 from broker.config import ConfigEntry, ConfigSource
 from broker.handlers import errors
 from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, TopicError
+from broker.placement import create_placed
 from broker.replication_server import replication_config_entries
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -35,12 +37,6 @@ RESOURCE_BROKER_LOGGER = 8
 @api(19, "CreateTopics", (2, 7))
 async def create_topics(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
-    cluster = node.cluster
-    if cluster is not None and cluster.is_controller:
-        # a controller that just started first hears every live broker's topics, so that
-        # it never creates a name one of them writes (as Kafka's controller, which answers
-        # once it has loaded its metadata)
-        await cluster.wait_every_catalog(max(req.timeout.total_seconds(), 0.0))
     results = []
     seen: set[str] = set()
     # As Kafka 4.0 (KAFKA-17870): a request creating more partitions in all is refused whole.
@@ -84,13 +80,12 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
                 entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only broker {node.config.node_id} exists")
                 continue
         try:
-            topic = await node.create_topic_off_loop(
-                t.name,
-                partitions,
-                replication,
-                {c.name: c.value for c in t.configs},
-                validate_only=req.validate_only,
-            )
+            configs = {c.name: c.value for c in t.configs}
+            if node.cluster is not None:  # the controller places it in etcd (broker/placement.py)
+                topic = await create_placed(node, t.name, partitions, replication, configs, validate_only=req.validate_only)
+            else:
+                topic = await node.create_topic_off_loop(t.name, partitions, replication, configs,
+                                                         validate_only=req.validate_only)
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)
             continue
@@ -114,6 +109,19 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
 
 
 FORWARD_TIMEOUT_S = 5.0
+
+
+async def _unplace(node: Node, name: str) -> None:
+    """Cluster mode, on the controller: drop the topic's placement from etcd (fenced by the
+    controller epoch) before its archives go, so its writer does not make it again."""
+    cluster = node.cluster
+    assert cluster is not None
+    try:
+        ok = await cluster.membership.unplace(name)
+    except EtcdError as exc:
+        raise TopicError(errors.NOT_CONTROLLER, f"The controller cannot reach etcd: {exc}") from None
+    if ok is None:
+        raise TopicError(errors.NOT_CONTROLLER, "This broker is no longer the controller (its epoch was fenced).")
 
 
 async def _delete_on_writer(node: Node, name: str, writer: int, timeout_s: float) -> None:
@@ -175,9 +183,15 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
             cluster = node.cluster
             if (cluster is not None and cluster.is_controller and topic is not None and topic.mirrored
                     and topic.leader_id is not None and node.config.delete_topic_enable):
+                if not cluster.alive(topic.leader_id):
+                    raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Topic {name} is written by broker "
+                                     f"{topic.leader_id}, which is down; delete it once it is back.")
+                await _unplace(node, name)
                 timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
                 await _delete_on_writer(node, name, topic.leader_id, timeout_s)
                 continue
+            if cluster is not None and cluster.is_controller and node.config.delete_topic_enable:
+                await _unplace(node, name)
             await node.delete_topic(name)
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)

@@ -11,6 +11,7 @@ from broker.api import Reply, RequestContext, advertised, api
 from broker.cluster import NO_LEADER
 from broker.handlers import errors
 from broker.node import Node, Partition, Topic, TopicError, check_topic_name
+from broker.placement import create_placed
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.shape import field_of
@@ -108,7 +109,9 @@ async def _create_on_controller(node: Node, name: str) -> None:
 
     cluster = node.cluster
     assert cluster is not None
-    controller = cluster.brokers[cluster.controller_id]
+    controller = cluster.brokers.get(cluster.controller_id)
+    if controller is None:  # none elected right now: the client asks again
+        return
     try:
         await kafka_request(controller.host, controller.port, 19, 4, "create_topics", {
             "topics": [{"name": name, "num_partitions": -1, "replication_factor": -1,
@@ -155,10 +158,18 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, "unknown topic")
                     if not authorize(ctx, Operation.CREATE, name):
                         raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "not authorized to create")
+                    if node.cluster is not None and name in node.cluster.membership.placements:
+                        # placed in etcd, not here yet (its writer makes it, our mirror attaches it)
+                        raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed, not created yet")
                     if node.cluster is not None and not node.cluster.is_controller:
                         await _create_on_controller(node, name)
                         raise TopicError(errors.LEADER_NOT_AVAILABLE, "created on the controller")
-                    topic = node.create_topic(name)
+                    if node.cluster is not None:
+                        topic = await create_placed(node, name)
+                        if topic is None:
+                            raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed on another broker")
+                    else:
+                        topic = node.create_topic(name)
                 except TopicError as exc:
                     code = exc.code
                     if code == errors.TOPIC_ALREADY_EXISTS or (node.cluster is not None and code == errors.NOT_CONTROLLER):

@@ -77,17 +77,24 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
     # The coordinator's address on the listener this request came in on, as Metadata.
     host, port = ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
     coordinator_id = node.config.node_id
+    unknown = False
     if node.cluster is not None and not node.cluster.is_controller:
-        # Cluster mode: the controller coordinates every group, so a group never has two
-        # coordinators whichever broker a client asks.
+        # Cluster mode: the controller elected in etcd coordinates every group (fenced by
+        # its epoch), so a group never has two coordinators whichever broker a client asks.
         coordinator_id = node.cluster.controller_id
-        controller = node.cluster.brokers[coordinator_id]
-        host, port = controller.host, controller.port
+        controller = node.cluster.brokers.get(coordinator_id)
+        if controller is None:  # no controller elected right now: retriable
+            unknown = True
+        else:
+            host, port = controller.host, controller.port
     key_type = field_of(req, "key_type", GROUP_KEY)
 
     def one(key: str) -> dict[str, Any]:
         if key_type == GROUP_KEY and not authorize_group(ctx, Operation.DESCRIBE, key):
             return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": "Group authorization failed."}
+        if key_type == GROUP_KEY and unknown:
+            return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": codes.COORDINATOR_NOT_AVAILABLE,
+                    "error_message": "No controller is elected right now."}
         if key_type == GROUP_KEY:
             node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here, once authorized
             return {"key": key, "node_id": coordinator_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}

@@ -17,6 +17,7 @@ from broker.protocol.codec import decode_response, encode_request
 from broker.protocol.header import RequestHeader
 from broker.server import run
 from broker.shape import shape
+from compat_tests.etcd import etcd  # noqa: F401  (a fixture: a test etcd, for cluster mode)
 
 
 def request_class(api: str, version: int) -> Any:

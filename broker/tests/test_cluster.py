@@ -15,18 +15,14 @@ import trio.testing
 from broker.cli import _parser as parser
 from broker.cli import build_config
 from broker.cluster import NO_LEADER, Cluster
-from broker.config import (
-    BrokerConfig,
-    ClusterBroker,
-    ConfigError,
-    apply_properties,
-    parse_cluster_brokers,
-)
+from broker.cluster.etcd import Etcd
+from broker.cluster.membership import Member, Membership
+from broker.config import BrokerConfig, ConfigError, apply_properties
 from broker.server import run
 from broker.tests.conftest import RawClient
+from compat_tests.etcd import EtcdServer
 from storage.batch import build_batch
 
-LIST = "3@h3:9092, 1@h1:9092,2@h2:9092"
 KEY = b"k" * 32
 LAG_MS = 1000
 
@@ -42,28 +38,35 @@ class Clock:
 SESSION_MS = 3000
 
 
-def _cluster(me: int = 1, clock: Clock | None = None) -> Cluster:
-    c = Cluster(parse_cluster_brokers(LIST), me, rack="r1", replica_lag_ms=LAG_MS,
-                session_timeout_ms=SESSION_MS, clock=clock or Clock())
-    c.learn(2, b"2" * 32, "r2")
-    c.learn(3, b"3" * 32, "r3")
+def _membership(me: int = 1, members: tuple[int, ...] = (1, 2, 3), controller: int | None = 1) -> Membership:
+    """A view of etcd as the watch would have filled it (no etcd: the pieces above it)."""
+    m = Membership(Etcd(["http://127.0.0.1:1"]), "test", Member(me, f"h{me}", 9092, f"r{me}"), 3, clock=lambda: 0.0)
+    m.lease, m._lease_deadline = 1, float("inf")
+    m.members = {i: Member(i, f"h{i}", 9092, f"r{i}") for i in members}
+    m.controller, m.controller_epoch = controller, (7 if controller is not None else 0)
+    return m
+
+
+def _cluster(me: int = 1, clock: Clock | None = None, members: tuple[int, ...] = (1, 2, 3)) -> Cluster:
+    c = Cluster(_membership(me, members), replica_lag_ms=LAG_MS, session_timeout_ms=SESSION_MS, clock=clock or Clock())
+    c.learn(2, b"2" * 32)
+    c.learn(3, b"3" * 32)
     return c
 
 
-def test_parse_cluster_brokers() -> None:
-    assert parse_cluster_brokers(LIST) == [ClusterBroker(1, "h1", 9092), ClusterBroker(2, "h2", 9092),
-                                           ClusterBroker(3, "h3", 9092)]
-    for bad in ("", "1@h:1,1@h:2", "x@h:1", "1h:1", "1@h", "-1@h:1"):
-        with pytest.raises(ConfigError):
-            parse_cluster_brokers(bad)
-
-
 def test_properties_and_flags(tmp_path: Path) -> None:
-    config = apply_properties(BrokerConfig(), {"hyperkafka.cluster.brokers": LIST, "replica.lag.time.max.ms": "2500"})
-    assert [b.node_id for b in config.cluster_brokers] == [1, 2, 3] and config.replica_lag_ms == 2500
+    endpoints = "http://127.0.0.1:2379, http://10.0.0.2:2379/"
+    config = apply_properties(BrokerConfig(), {"hyperkafka.cluster.etcd.endpoints": endpoints,
+                                               "replica.lag.time.max.ms": "2500"})
+    assert config.cluster_etcd_endpoints == ["http://127.0.0.1:2379", "http://10.0.0.2:2379"]
+    assert config.cluster_name == "hyperkafka" and config.replica_lag_ms == 2500
     assert config.session_timeout_ms == 9000  # Kafka's broker.session.timeout.ms default
     assert apply_properties(BrokerConfig(), {"broker.session.timeout.ms": "1500"}).session_timeout_ms == 1500
-    for bad in ({"replica.lag.time.max.ms": "0"}, {"broker.session.timeout.ms": "0"}):
+    assert apply_properties(BrokerConfig(), {"hyperkafka.cluster.name": "prod"}).cluster_name == "prod"
+    for bad in ({"replica.lag.time.max.ms": "0"}, {"broker.session.timeout.ms": "0"},
+                {"hyperkafka.cluster.etcd.endpoints": "127.0.0.1:2379"},
+                {"hyperkafka.cluster.etcd.endpoints": ","}, {"hyperkafka.cluster.name": "a/b"},
+                {"hyperkafka.cluster.brokers": "1@h1:9092"}):  # static membership is gone
         with pytest.raises(ConfigError):
             apply_properties(BrokerConfig(), bad)
     with pytest.raises(ConfigError):
@@ -71,17 +74,16 @@ def test_properties_and_flags(tmp_path: Path) -> None:
     leader_only = "org.apache.kafka.common.replica.LeaderSelector"
     assert apply_properties(BrokerConfig(), {"replica.selector.class": leader_only}).replica_selector == leader_only
     props = tmp_path / "server.properties"
-    props.write_text(f"node.id=2\nhyperkafka.cluster.brokers={LIST}\n")
+    props.write_text(f"node.id=2\nhyperkafka.cluster.etcd.endpoints={endpoints}\n")
     with pytest.raises(ConfigError, match="replication"):
         build_config(parser().parse_args(["serve", "--config", str(props)]))
-    with pytest.raises(ConfigError, match=r"node\.id 7"):
-        build_config(parser().parse_args(["serve", "--config", str(props), "--node-id", "7",
-                                          "--replication-listen", "127.0.0.1:0"]))
     config = build_config(parser().parse_args(["serve", "--config", str(props), "--replication-listen", "127.0.0.1:0"]))
-    assert config.node_id == 2 and config.auto_create_topics  # created on the controller, forwarded by others
+    assert config.node_id == 2 and config.auto_create_topics  # placed by the controller, asked by others
     names = {e.name: e.value for e in config.describe_broker()}
-    assert names["hyperkafka.cluster.brokers"] == "1@h1:9092,2@h2:9092,3@h3:9092"
+    assert names["hyperkafka.cluster.etcd.endpoints"] == "http://127.0.0.1:2379,http://10.0.0.2:2379"
+    assert names["hyperkafka.cluster.name"] == "hyperkafka"
     assert names["broker.session.timeout.ms"] == "9000"
+    assert "hyperkafka.cluster.etcd.endpoints" not in {e.name for e in BrokerConfig().describe_broker()}
 
 
 def test_membership() -> None:
@@ -91,94 +93,77 @@ def test_membership() -> None:
     assert c.replicas(2) == [2, 1, 3] and c.replicas(1) == [1, 2, 3]
     assert c.cluster_id == _cluster(me=3).cluster_id  # every broker names the same cluster
     assert c.broker_for_identity(b"3" * 32) == 3 and c.broker_for_identity(b"x" * 32) is None
-    with pytest.raises(ConfigError):
-        Cluster(parse_cluster_brokers(LIST), 4)
+    assert c.racks == {1: "r1", 2: "r2", 3: "r3"}
 
 
-def test_liveness_and_controller_failover() -> None:
-    clock = Clock()
-    c = _cluster(me=2, clock=clock)
-    assert c.live_ids() == [1, 2, 3] and c.controller_id == 1  # every peer starts with one session of grace
-    clock.now += SESSION_MS / 1000 - 0.5
-    c.heard_from(3)
-    assert c.live_ids() == [1, 2, 3]
-    clock.now += 0.5
-    assert c.alive(1)  # exactly the session timeout: still alive, as Kafka's check
-    clock.now += 0.01
-    # 1 never answered: dead, so 2 is the controller now
-    assert c.live_ids() == [2, 3] and not c.alive(1) and c.controller_id == 2 and c.is_controller
-    c.heard_from(1)  # back
-    assert c.controller_id == 1 and not c.is_controller
-    clock.now += 10 * SESSION_MS / 1000
-    assert c.live_ids() == [2] and c.alive(2)  # alone: never dead to itself
-    c.heard_from(7)  # not a member: ignored
-    assert c.live_ids() == [2]
+def test_liveness_is_the_etcd_view() -> None:
+    c = _cluster(me=2)
+    m = c.membership
+    assert c.live_ids() == [1, 2, 3] and c.controller_id == 1
+    del m.members[1]  # its lease expired: etcd deleted its registration (and the controller key)
+    m.controller, m.controller_epoch = None, 0
+    assert c.live_ids() == [2, 3] and not c.alive(1) and c.controller_id == NO_LEADER and not c.is_controller
+    m.controller, m.controller_epoch = 2, 9  # won the election
+    assert c.is_controller
+    m._lease_deadline = float("-inf")  # by our own clock our lease may have expired: we do not act
+    assert not c.is_controller
+    m.members.clear()
+    assert c.live_ids() == [2] and c.alive(2)  # never dead to itself
 
 
 def test_leadership_fails_over_to_the_lowest_live_in_sync_replica() -> None:
-    clock = Clock()
-    c = _cluster(me=3, clock=clock)
+    c = _cluster(me=3)
+    members = c.membership.members
     assert c.leadership(1, [1, 2, 3]) == (1, [1, 2, 3])
-    clock.now += SESSION_MS / 1000 + 1
-    c.heard_from(2)
+    gone = members.pop(1)
     # the writer is dead: a live in-sync mirror leads (for reads), the ISR loses the dead
     assert c.leadership(1, [1, 2, 3]) == (2, [2, 3])
     assert c.leadership(1, [1, 3]) == (3, [3])  # 2 was not in sync: never picked
     assert c.leadership(1, [1]) == (NO_LEADER, [])  # nobody holds it all: offline
-    c.heard_from(1)
+    members[1] = gone
     assert c.leadership(1, [1, 3]) == (1, [1, 3])  # the writer is back: it leads again
-    clock.now += SESSION_MS / 1000 + 1
-    c.heard_from(1)
+    del members[2]
     assert c.leadership(1, [1, 2, 3]) == (1, [1, 3])  # a dead mirror leaves the ISR
 
 
 def test_metadata_reports_from_peers() -> None:
-    clock = Clock()
-    c = _cluster(me=3, clock=clock)
-    assert not c.knows_every_catalog()  # no peer has answered since start-up
+    c = _cluster(me=3)
     c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2, 3]), ("t", 1, [1, 2, 3], [1, 3]),
                         ("u", 0, [2, 1, 3], [2, 1, 3])])  # u: 1 reports 2's partition, 2 is the authority
     assert c.remote_isr == {("t", 0): [1, 2, 3], ("t", 1): [1, 3]}
-    assert c.written_elsewhere("t") == 1 and c.written_elsewhere("u") is None  # 2 has not said yet
-    assert not c.knows_every_catalog()
     c.take_metadata(2, [("u", 0, [2, 1, 3], [2, 1, 3])])
-    assert c.knows_every_catalog() and c.written_elsewhere("u") == 2
     c.take_metadata(1, [("t", 0, [1, 2, 3], [1, 2])])  # t-1 deleted on its writer
     assert c.remote_isr == {("t", 0): [1, 2], ("u", 0): [2, 1, 3]}
-    clock.now += SESSION_MS / 1000 + 1
+    del c.membership.members[1]
     c.take_metadata(2, [("u", 0, [2, 1, 3], [2, 3])])
-    assert c.alive(2) and not c.alive(1)
-    assert c.knows_every_catalog() and c.written_elsewhere("t") is None  # its writer is dead
     assert c.leadership(1, c.remote_isr[("t", 0)]) == (2, [2])  # the writer's last report decides
 
 
 def test_a_broker_started_after_a_writer_died_learns_its_isr_from_a_peer() -> None:
-    clock = Clock()
-    c = _cluster(me=3, clock=clock)
-    clock.now += SESSION_MS / 1000 + 1  # 1 never answered since we started
+    c = _cluster(me=3, members=(2, 3))  # 1 is not registered since we started
     # 2 still knows 1's last ISR and leads t-0 for reads
     c.take_metadata(2, [("t", 0, [1, 2, 3], [2, 3])])
     assert c.leadership(1, c.remote_isr[("t", 0)]) == (2, [2, 3])  # the same leader as 2 names
     c.take_metadata(2, [("t", 0, [1, 2, 3], [2])])
     assert c.remote_isr[("t", 0)] == [2, 3]  # known now: a peer's view does not replace it
+    c.membership.members[1] = Member(1, "h1", 9092)
     c.take_metadata(1, [("t", 0, [1, 2, 3], [1])])  # the writer is back: its report is the truth
     assert c.remote_isr[("t", 0)] == [1] and c.leadership(1, [1]) == (1, [1])
 
 
 def test_a_dead_follower_leaves_the_isr_at_once() -> None:
     clock = Clock()
-    c = Cluster(parse_cluster_brokers(LIST), 1, replica_lag_ms=30_000, session_timeout_ms=SESSION_MS, clock=clock)
+    c = Cluster(_membership(1), replica_lag_ms=30_000, session_timeout_ms=SESSION_MS, clock=clock)
     c.published(KEY, 5)
     for peer in (2, 3):
         c.connected(KEY, peer)
         c.acked(KEY, peer, 5)
     assert c.isr(KEY) == [1, 2, 3]
-    clock.now += SESSION_MS / 1000 + 1
-    c.heard_from(3)
+    gone = c.membership.members.pop(2)
     # 2 still has its connection open (a stopped process keeps it) and is within the
-    # lag, but it stopped answering: fenced, as Kafka's controller fences it
+    # lag, but its lease expired: fenced, as Kafka's controller fences it
     assert c.isr(KEY) == [1, 3]
-    c.heard_from(2)
+    c.membership.members[2] = gone
     assert c.isr(KEY) == [1, 2, 3]
 
 
@@ -231,16 +216,14 @@ def test_preferred_read_replica() -> None:
     c.disconnected(KEY, 2)
     clock.now += 2 * LAG_MS / 1000
     assert c.preferred_read_replica(KEY, "r2") is None  # out of sync: never sent there
-    c.learn(3, b"3" * 32, "r2")
+    c.membership.members[3] = Member(3, "h3", 9092, "r2")
     assert c.preferred_read_replica(KEY, "r2") == 3
     c.rack_aware = False  # replica.selector.class=...LeaderSelector
     assert c.preferred_read_replica(KEY, "r2") is None
 
 
 async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: trio.testing.MockClock) -> None:
-    c = Cluster(parse_cluster_brokers(LIST), 1, replica_lag_ms=LAG_MS, clock=trio.current_time)
-    c.learn(2, b"2" * 32, None)
-    c.learn(3, b"3" * 32, None)
+    c = Cluster(_membership(1), replica_lag_ms=LAG_MS, clock=trio.current_time)
     c.published(KEY, 1)
     for peer in (2, 3):
         c.connected(KEY, peer)
@@ -271,41 +254,26 @@ async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: 
     assert await c.wait_replicated(KEY, 3, 1) is True
 
 
-async def test_a_controller_waits_for_every_catalog(autojump_clock: trio.testing.MockClock) -> None:
-    c = Cluster(parse_cluster_brokers(LIST), 1, session_timeout_ms=SESSION_MS, clock=trio.current_time)
-    assert await c.wait_every_catalog(1) is False  # nobody answered yet
-    async with trio.open_nursery() as nursery:
-        async def answer() -> None:
-            await trio.sleep(0.5)
-            c.take_metadata(2, [])
-            c.take_metadata(3, [])
-
-        nursery.start_soon(answer)
-        start = trio.current_time()
-        assert await c.wait_every_catalog(10) is True
-        assert trio.current_time() - start >= 0.5
-    # a peer that never answers is waited for until it is dead (the start-up grace)
-    c = Cluster(parse_cluster_brokers(LIST), 1, session_timeout_ms=SESSION_MS, clock=trio.current_time)
-    start = trio.current_time()
-    c.take_metadata(2, [])
-    assert await c.wait_every_catalog(60) is True
-    assert trio.current_time() - start >= SESSION_MS / 1000
-
-
 # ------------------------------------------------------------ one broker of a cluster
 
 
-async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int],
-                 session_ms: int = 600_000) -> RawClient:
-    """Broker `node_id` of a three-broker cluster whose other brokers are not running (they
-    count as alive for one session timeout: the start-up grace)."""
-    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
+async def _serve(nursery: trio.Nursery, tmp_path: Path, node_id: int, ports: list[int], endpoint: str,
+                 session_ms: int = 3000, **props: str) -> RawClient:
+    """Broker `node_id` of a cluster on the etcd at `endpoint`, in this process."""
     config = apply_properties(BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1],
                                            shutdown_grace_s=2, replication_listen=("127.0.0.1", 0)),
                               {"node.id": str(node_id), "broker.rack": f"r{node_id}",
-                               "hyperkafka.cluster.brokers": brokers, "broker.session.timeout.ms": str(session_ms)})
+                               "hyperkafka.cluster.etcd.endpoints": endpoint,
+                               "broker.session.timeout.ms": str(session_ms), **props})
     await nursery.start(run, config)
     return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+
+
+async def _controller(c: RawClient) -> int:
+    md = await c.call("metadata", 9, {"topics": [], "allow_auto_topic_creation": False,
+                                      "include_cluster_authorized_operations": False,
+                                      "include_topic_authorized_operations": False})
+    return int(md.controller_id)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -319,25 +287,22 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
+async def test_controller_alone_answers_as_a_cluster(tmp_path: Path, etcd: EtcdServer) -> None:
     ports = _free_ports(3)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            c = await _serve(nursery, tmp_path, 1, ports, session_ms=1000)
+            c = await _serve(nursery, tmp_path, 1, ports, etcd.endpoint)
 
-            async def alone() -> bool:  # the others never answered: dead after the grace
-                md = await c.call("metadata", 9, {"topics": [], "allow_auto_topic_creation": False,
-                                                  "include_cluster_authorized_operations": False,
-                                                  "include_topic_authorized_operations": False})
-                return [b.node_id for b in md.brokers] == [1]
+            async def elected() -> bool:
+                return await _controller(c) == 1
 
-            await _until(alone)
+            await _until(elected)
             r = await c.call("create_topics", 5, {"topics": [
-                {"name": "t", "num_partitions": 1, "replication_factor": 3, "assignments": [],
+                {"name": "t", "num_partitions": 1, "replication_factor": 1, "assignments": [],
                  "configs": [{"name": "min.insync.replicas", "value": "2"}]},
-                {"name": "too-many", "num_partitions": 1, "replication_factor": 4, "assignments": [], "configs": []}],
+                {"name": "too-many", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
                 "timeout": 5000, "validate_only": False})
-            assert [(t.error_code, t.replication_factor) for t in r.topics] == [(0, 3), (38, -1)]
+            assert [(t.error_code, t.replication_factor) for t in r.topics] == [(0, 1), (38, -1)]
             md = await c.call("metadata", 9, {"topics": [{"name": "t"}], "allow_auto_topic_creation": False,
                                               "include_cluster_authorized_operations": False,
                                               "include_topic_authorized_operations": False})
@@ -345,7 +310,7 @@ async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
             assert md.controller_id == 1
             p = md.topics[0].partitions[0]
             assert (p.leader_id, list(p.replica_nodes), list(p.isr_nodes), list(p.offline_replicas)) == (
-                1, [1, 2, 3], [1], [2, 3])
+                1, [1], [1], [])
             batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
 
             async def produce(acks: int) -> int:
@@ -358,19 +323,27 @@ async def test_controller_alone_answers_as_a_cluster(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
 
-async def test_other_brokers_route_to_the_controller(tmp_path: Path) -> None:
+async def test_other_brokers_route_to_the_controller(tmp_path: Path, etcd: EtcdServer) -> None:
     ports = _free_ports(3)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            c = await _serve(nursery, tmp_path, 2, ports)
+            c1 = await _serve(nursery, tmp_path, 1, ports, etcd.endpoint)
+
+            async def elected() -> bool:
+                return await _controller(c1) == 1
+
+            await _until(elected)
+            c = await _serve(nursery, tmp_path, 2, ports, etcd.endpoint)
+
+            async def registered() -> bool:
+                md = await _metadata(c, "t")
+                return [(b.node_id, b.port, b.rack) for b in md.brokers] == [(1, ports[0], "r1"), (2, ports[1], "r2")]
+
+            await _until(registered)  # from etcd: brokers, their addresses and racks
             r = await c.call("create_topics", 5, {"topics": [
                 {"name": "t", "num_partitions": 1, "replication_factor": -1, "assignments": [], "configs": []}],
                 "timeout": 5000, "validate_only": False})
             assert r.topics[0].error_code == 41  # NOT_CONTROLLER
-            md = await _metadata(c, "t")
-            # the others have not answered yet, but are within the start-up grace
-            assert [(b.node_id, b.port, b.rack) for b in md.brokers] == [
-                (1, ports[0], None), (2, ports[1], "r2"), (3, ports[2], None)]  # racks once heard from
             fc = await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
             assert (fc.node_id, fc.port) == (1, ports[0])
             # group requests sent here anyway: NOT_COORDINATOR, the client asks again
@@ -383,8 +356,14 @@ async def test_other_brokers_route_to_the_controller(tmp_path: Path) -> None:
             md = await c.call("metadata", 9, {"topics": [{"name": "new"}], "allow_auto_topic_creation": True,
                                               "include_cluster_authorized_operations": False,
                                               "include_topic_authorized_operations": False})
-            # forwarded to the controller (down here): the client is told to ask again
+            # forwarded to the controller: the client is told to ask again
             assert md.controller_id == 1 and md.topics[0].error_code == 5
+
+            async def created() -> bool:
+                md = await _metadata(c, "new")
+                return md.topics[0].error_code == 0
+
+            await _until(created)
             nursery.cancel_scope.cancel()
 
 
@@ -411,25 +390,23 @@ async def _until(check: Callable[[], Awaitable[bool]]) -> None:
         await trio.sleep(0.05)
 
 
-async def test_two_brokers_in_process(tmp_path: Path) -> None:
+async def test_two_brokers_in_process(tmp_path: Path, etcd: EtcdServer) -> None:
     """Broker 2 mirrors broker 1: the ISR grows from its range messages, acks=all with
     min.insync.replicas=2 succeeds, a fetch from its rack is sent to it, and a deletion
     on the controller removes the topic from broker 2 too."""
     ports = _free_ports(2)
-    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
 
     async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
-        config = apply_properties(
-            BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1], shutdown_grace_s=2,
-                         replication_listen=("127.0.0.1", 0)),
-            {"node.id": str(node_id), "broker.rack": f"r{node_id}", "hyperkafka.cluster.brokers": brokers,
-             "replica.lag.time.max.ms": "2000"})
-        await nursery.start(run, config)
-        return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+        return await _serve(nursery, tmp_path, node_id, ports, etcd.endpoint, **{"replica.lag.time.max.ms": "2000"})
 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             c1 = await serve(nursery, 1)
+
+            async def elected() -> bool:
+                return await _controller(c1) == 1
+
+            await _until(elected)  # 1 is controller: it places "t" on the least loaded broker, 1
             c2 = await serve(nursery, 2)
             r = await _create(c1, [{"name": "t", "num_partitions": 1, "replication_factor": 2, "assignments": [],
                                     "configs": [{"name": "min.insync.replicas", "value": "2"}]}])
@@ -525,22 +502,16 @@ async def _committed(c: RawClient, group: str) -> tuple[int, int]:
         await trio.sleep(0.05)
 
 
-async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
+async def test_failover_when_the_writer_dies(tmp_path: Path, etcd: EtcdServer) -> None:
     """Broker 1 (writer and controller) stops: broker 2 drops it from Metadata after the
     session timeout, leads its partition for reads, refuses produce there with a retriable
     error, becomes controller (CreateTopics, FindCoordinator) and coordinator with broker
     1's committed offsets; broker 1 back leads again and coordinates with broker 2's."""
     ports = _free_ports(2)
-    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
 
     async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
-        config = apply_properties(
-            BrokerConfig(data_dir=tmp_path / f"b{node_id}", listen_port=ports[node_id - 1], shutdown_grace_s=2,
-                         replication_listen=("127.0.0.1", 0)),
-            {"node.id": str(node_id), "hyperkafka.cluster.brokers": brokers,
-             "replica.lag.time.max.ms": "5000", "broker.session.timeout.ms": "2000"})
-        await nursery.start(run, config)
-        return RawClient(await trio.open_tcp_stream("127.0.0.1", ports[node_id - 1]))
+        return await _serve(nursery, tmp_path, node_id, ports, etcd.endpoint, session_ms=2000,
+                            **{"replica.lag.time.max.ms": "5000"})
 
     batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
 
@@ -566,10 +537,15 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            c2 = await serve(nursery, 2)
             with trio.CancelScope() as first:
                 async with trio.open_nursery() as inner:
                     c1 = await serve(inner, 1)
+
+                    async def elected() -> bool:
+                        return await _controller(c1) == 1
+
+                    await _until(elected)
+                    c2 = await serve(nursery, 2)
                     r = await _create(c1, [{"name": "t", "num_partitions": 1, "replication_factor": 2,
                                             "assignments": [], "configs": []}])
                     assert r.topics[0].error_code == 0
@@ -585,8 +561,8 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
                     at_writer = bytes((await fetch(c1)).records)
                     first.cancel()  # broker 1 stops
 
-            async def failed_over() -> bool:
-                return view(await _metadata(c2, "t"))[0] == [2]
+            async def failed_over() -> bool:  # 1 left etcd; 2 was elected controller
+                return view(await _metadata(c2, "t"))[:2] == ([2], 2)
 
             await _until(failed_over)
             # the dead writer's partition: broker 2 leads it for reads, 1 is offline
@@ -606,6 +582,10 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             r = await c2.call("create_topics", 5, {"topics": [
                 {"name": "u", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
                 "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 38  # one broker is registered: as Kafka
+            r = await c2.call("create_topics", 5, {"topics": [
+                {"name": "u", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}],
+                "timeout": 5000, "validate_only": False})
             assert r.topics[0].error_code == 0
             assert await produce(c2, "u") == 0
             r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
@@ -621,25 +601,30 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
             assert await _commit(c2, "offsets", 2) == 0
 
             c1 = await serve(nursery, 1)  # the writer is back: it leads again
-            # and the controller again, but "u" is broker 2's: never created a second time,
-            # whether or not broker 1's mirror has attached it yet
-            r = await _create(c1, [{"name": "u", "num_partitions": 1, "replication_factor": 2,
-                                    "assignments": [], "configs": []}])
+            # broker 2 stays controller (etcd elected it; nothing moves it back), and "u" is
+            # placed on broker 2: never created a second time
+            assert await _controller(c1) == 2
+            r = await c2.call("create_topics", 5, {"topics": [
+                {"name": "u", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
+                "timeout": 5000, "validate_only": False})
             assert r.topics[0].error_code == 36  # TOPIC_ALREADY_EXISTS
+            r = await c1.call("create_topics", 5, {"topics": [
+                {"name": "u", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
+                "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 41  # NOT_CONTROLLER
 
             async def back() -> bool:
-                return view(await _metadata(c2, "t"))[:2] == ([1, 2], 1)
+                return view(await _metadata(c2, "t"))[:2] == ([1, 2], 2)
 
             await _until(back)
             assert view(await _metadata(c2, "t"))[2][:3] == (0, 1, [1, 2])
-            # and coordinates groups again, with the offsets committed on broker 2 meanwhile
-            # (newer than its own); the member on broker 2 is sent back there
-            assert await _committed(c1, "offsets") == (0, 2)
-            assert await _committed(c2, "offsets") == (16, -1)  # NOT_COORDINATOR
+            # broker 2 still coordinates the groups; broker 1 sends the member back there
+            assert await _committed(c2, "offsets") == (0, 2)
+            assert await _committed(c1, "offsets") == (16, -1)  # NOT_COORDINATOR
             join["member_id"] = joined.member_id
-            assert (await c2.call("join_group", 9, join)).error_code == 16  # NOT_COORDINATOR
-            fc = await c2.call("find_coordinator", 3, {"key": "g", "key_type": 0})
-            assert (fc.node_id, fc.port) == (1, ports[0])
+            assert (await c1.call("join_group", 9, join)).error_code == 16  # NOT_COORDINATOR
+            fc = await c1.call("find_coordinator", 3, {"key": "g", "key_type": 0})
+            assert (fc.node_id, fc.port) == (2, ports[1])
             assert await produce(c1, "t") == 0
 
             async def u_on_1() -> bool:  # the topic created meanwhile: broker 2 writes it
@@ -647,13 +632,13 @@ async def test_failover_when_the_writer_dies(tmp_path: Path) -> None:
                 return not md.topics[0].error_code and md.topics[0].partitions[0].leader_id == 2
 
             await _until(u_on_1)
-            # deleting it goes to the controller (1), which has its writer (2) delete it
-            r = await c1.call("delete_topics", 4, {"topic_names": ["u"], "timeout": 5000})
+            # deleting "t" goes to the controller (2), which has its writer (1) delete it
+            r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
             assert r.responses[0].error_code == 0
-            assert (await _metadata(c1, "u")).topics[0].error_code == 3  # gone when the answer came
+            assert (await _metadata(c2, "t")).topics[0].error_code == 3  # gone when the answer came
 
-            async def u_gone_on_2() -> bool:
-                return bool((await _metadata(c2, "u")).topics[0].error_code == 3)
+            async def t_gone_on_1() -> bool:
+                return bool((await _metadata(c1, "t")).topics[0].error_code == 3)
 
-            await _until(u_gone_on_2)
+            await _until(t_gone_on_1)
             nursery.cancel_scope.cancel()

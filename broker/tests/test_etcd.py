@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from broker.cluster.etcd import Compare, Etcd, EtcdError, Op, prefix_end
-from compat_tests.etcd import EtcdServer, etcd  # noqa: F401  (the fixture)
+from compat_tests.etcd import EtcdServer
 
 
 def test_prefix_end() -> None:
@@ -14,7 +14,7 @@ def test_prefix_end() -> None:
     assert prefix_end(b"\xff\xff") == b"\0"
 
 
-async def test_range_put_delete(etcd: EtcdServer) -> None:  # noqa: F811
+async def test_range_put_delete(etcd: EtcdServer) -> None:
     with trio.fail_after(20):
         c = Etcd([etcd.endpoint])
         rev = await c.put(b"/t/a", b"1")
@@ -22,19 +22,24 @@ async def test_range_put_delete(etcd: EtcdServer) -> None:  # noqa: F811
         await c.put(b"/u", b"x")
         kvs, now = await c.get(b"/t/", prefix=True)
         assert now > rev
-        assert [(kv.key, kv.value) for kv in kvs] == [(b"/t/a", b"1"), (b"/t/b", b"\x00\xff binary")]
+        assert [(kv.key, kv.value) for kv in kvs] == [
+            (b"/t/a", b"1"),
+            (b"/t/b", b"\x00\xff binary"),
+        ]
         assert kvs[0].create_revision == rev
         assert await c.delete(b"/t/", prefix=True) == 2
         assert (await c.get(b"/t/a"))[0] == []
 
 
-async def test_create_if_absent_txn_has_one_winner(etcd: EtcdServer) -> None:  # noqa: F811
+async def test_create_if_absent_txn_has_one_winner(etcd: EtcdServer) -> None:
     with trio.fail_after(20):
         c = Etcd([etcd.endpoint])
         won: list[int] = []
 
         async def claim(i: int) -> None:
-            r = await c.txn([Compare.absent(b"/k")], [Op.put(b"/k", str(i).encode())], [Op.get(b"/k")])
+            r = await c.txn(
+                [Compare.absent(b"/k")], [Op.put(b"/k", str(i).encode())], [Op.get(b"/k")]
+            )
             if r.succeeded:
                 won.append(i)
             else:
@@ -55,7 +60,7 @@ async def test_create_if_absent_txn_has_one_winner(etcd: EtcdServer) -> None:  #
         assert (await c.get(b"/fenced"))[0] == []
 
 
-async def test_a_key_on_an_expired_lease_is_gone_and_keepalive_says_so(etcd: EtcdServer) -> None:  # noqa: F811
+async def test_a_key_on_an_expired_lease_is_gone_and_keepalive_says_so(etcd: EtcdServer) -> None:
     with trio.fail_after(30):
         c = Etcd([etcd.endpoint])
         lease = await c.grant(1)
@@ -68,7 +73,7 @@ async def test_a_key_on_an_expired_lease_is_gone_and_keepalive_says_so(etcd: Etc
         await c.revoke(lease)  # gone already: no error
 
 
-async def test_watch_streams_changes_from_a_revision(etcd: EtcdServer) -> None:  # noqa: F811
+async def test_watch_streams_changes_from_a_revision(etcd: EtcdServer) -> None:
     with trio.fail_after(20):
         c = Etcd([etcd.endpoint])
         first = await c.put(b"/w/1", b"a")
@@ -92,7 +97,7 @@ async def test_watch_streams_changes_from_a_revision(etcd: EtcdServer) -> None: 
         assert seen == [("PUT", b"/w/1", b"a"), ("PUT", b"/w/2", b"b"), ("DELETE", b"/w/1", b"")]
 
 
-async def test_unreachable_endpoints_raise_and_a_second_endpoint_is_used(etcd: EtcdServer) -> None:  # noqa: F811
+async def test_unreachable_endpoints_raise_and_a_second_endpoint_is_used(etcd: EtcdServer) -> None:
     with trio.fail_after(20):
         dead = "http://127.0.0.1:1"
         try:

@@ -1,5 +1,6 @@
-"""Cluster mode's offsets takeover, below the cluster: the merge rule across brokers'
-offsets archives (`broker.groups.offsets.merge`), records adopted from another archive
+"""Cluster mode's offsets takeover, below the cluster: the adoption rule (the previous
+coordinator's archive, by log order: `broker.groups.offsets.adopt`), fencing of commits by
+the controller epoch in etcd, records adopted from another archive
 (they keep their time and survive a restart), compaction keeping record times, and a
 resigning coordinator answering its parked requests.
 
@@ -9,19 +10,24 @@ controller) is in broker/tests/test_cluster.py and compat_tests/test_cluster.py.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from broker.cluster import PeerCopy
+from broker.cluster.etcd import Etcd
+from broker.cluster.membership import Member
 from broker.config import BrokerConfig, apply_properties
 from broker.groups import codes
-from broker.groups.coordinator import Waiter
-from broker.groups.offsets import Word, last_words, merge, normal_key
+from broker.groups.coordinator import CommitEntry, Waiter
+from broker.groups.offsets import Word, adopt, last_words, normal_key
 from broker.groups.records import OffsetValue, offset_key, offset_value
 from broker.groups.state import JoinResult
+from broker.placement import create_placed
 from broker.tests.test_groups_maintenance import T0, Clock, commit, eventually, fetched, running
+from compat_tests.etcd import EtcdServer
 
 
 def _offset(group: str, offset: int, at: int) -> Word:
@@ -36,46 +42,27 @@ def _words(*words: Word) -> dict[bytes, Word]:
     return {normal_key(w.key): w for w in words}
 
 
-def test_the_later_record_wins_whichever_archive_holds_it() -> None:
-    own = _words(_offset("a", 5, T0), _offset("b", 7, T0 + 10))
-    peer = _words(_offset("a", 9, T0 + 1), _offset("b", 3, T0 + 9), _offset("c", 1, T0))
-    adopted = merge(own, [peer])
-    # a: the peer's commit is newer; b: ours is; c: only the peer has it
-    assert sorted(adopted, key=lambda w: w.key) == sorted([peer[normal_key(offset_key("a", "t", 0))],
-                                                           peer[normal_key(offset_key("c", "t", 0))]],
-                                                          key=lambda w: w.key)
+def test_the_previous_coordinators_last_word_wins_whatever_the_clocks() -> None:
+    # Our record of "a" carries a later wall-clock time than the previous coordinator's,
+    # but the previous coordinator wrote after us (a later epoch): its word wins. The
+    # old rule (the later timestamp wins) kept our stale 5 and moved "a" backwards.
+    own = _words(_offset("a", 5, T0 + 10_000), _offset("b", 7, T0))
+    previous = _words(_offset("a", 3, T0), _offset("b", 7, T0), _offset("c", 1, T0))
+    adopted = adopt(own, previous)
+    # a: differs, taken; b: the same word, nothing to write; c: only the previous has it
+    assert adopted == [previous[normal_key(offset_key("a", "t", 0))], previous[normal_key(offset_key("c", "t", 0))]]
+    assert adopt(previous, previous) == []
 
 
-def test_a_returning_coordinator_adopts_what_was_committed_while_it_was_away() -> None:
-    # Broker 1 committed 50 at T0 and died; broker 2 took over (its archive holds a copy of
-    # that commit, same time) and committed 150. Broker 1 back: its stale 50 loses.
-    mine = _words(_offset("g", 50, T0))
-    theirs = _words(_offset("g", 150, T0 + 20_000))
-    assert merge(mine, [theirs]) == list(theirs.values())
-    # and the copy of our own record, same time: nothing to adopt
-    assert merge(mine, [_words(_offset("g", 50, T0))]) == []
-
-
-def test_ties_go_to_our_own_record_then_the_lowest_broker() -> None:
-    own = _words(_offset("g", 1, T0))
-    assert merge(own, [_words(_offset("g", 2, T0))]) == []
-    first, second = _words(_offset("h", 2, T0)), _words(_offset("h", 3, T0))
-    assert merge({}, [first, second]) == list(first.values())
-
-
-def test_tombstones_order_like_commits() -> None:
-    # a later DeleteGroups/OffsetDelete/expiry tombstone deletes our older commit
-    own = _words(_offset("g", 5, T0))
-    assert merge(own, [_words(_tombstone("g", T0 + 1))]) == [_tombstone("g", T0 + 1)]
-    # an older tombstone does not delete a newer commit
-    assert merge(_words(_offset("g", 6, T0 + 2)), [_words(_tombstone("g", T0 + 1))]) == []
-    # a commit newer than our tombstone comes back; an older one does not
-    assert merge(_words(_tombstone("g", T0 + 1)), [_words(_offset("g", 7, T0 + 2))]) == [_offset("g", 7, T0 + 2)]
-    assert merge(_words(_tombstone("g", T0 + 3)), [_words(_offset("g", 7, T0 + 2))]) == []
+def test_tombstones_are_taken_like_commits() -> None:
+    own = _words(_offset("g", 5, T0 + 9))
+    # a tombstone deletes our commit, whatever the times
+    assert adopt(own, _words(_tombstone("g", T0))) == [_tombstone("g", T0)]
+    # a commit over our tombstone comes back
+    assert adopt(_words(_tombstone("g", T0 + 3)), _words(_offset("g", 7, T0))) == [_offset("g", 7, T0)]
     # deleting what we do not hold: nothing to write
-    assert merge({}, [_words(_tombstone("g", T0))]) == []
-    # the latest among several peers decides: a commit, then a later tombstone elsewhere
-    assert merge(own, [_words(_offset("g", 8, T0 + 1)), _words(_tombstone("g", T0 + 2))]) == [_tombstone("g", T0 + 2)]
+    assert adopt({}, _words(_tombstone("g", T0))) == []
+    assert adopt(_words(_tombstone("g", T0)), _words(_tombstone("g", T0 + 1))) == []
 
 
 async def test_adopted_records_keep_their_time_and_survive_a_restart(tmp_path: Path) -> None:
@@ -94,8 +81,8 @@ async def test_adopted_records_keep_their_time_and_survive_a_restart(tmp_path: P
         await commit(a.groups, "g", {("t", 0): 50})
         clock.now = T0 + 2_000
         await commit(a.groups, "only-a", {("t", 0): 9})
-        adopted = merge(a.groups.archive.words(), [theirs])
-        assert sorted(w.timestamp for w in adopted) == [T0 + 1_000, T0 + 1_000]
+        adopted = adopt(a.groups.archive.words(), theirs)
+        assert sorted(w.timestamp for w in adopted) == [T0 + 1_000, T0 + 1_000]  # g and only-b
         span = a.groups.archive.adopt(adopted)
         assert span is not None
         with trio.fail_after(10):
@@ -149,25 +136,46 @@ class _Channel:
     done: bool = False
 
 
-async def test_a_new_coordinator_waits_for_the_handover_then_merges_and_adopts_late_commits(tmp_path: Path) -> None:
-    """Broker 1 of a two-broker cluster (no network: broker 2's archive is handed to it as
-    its copy) loads only once broker 2 named it controller and the copy caught up; it takes
-    broker 2's newer commits, keeps its own newer ones, and adopts a commit broker 2 wrote
-    after the takeover."""
+def _cluster_config(path: Path, etcd: EtcdServer) -> BrokerConfig:
+    return apply_properties(BrokerConfig(data_dir=path, listen_port=0),
+                            {"node.id": "1", "hyperkafka.cluster.etcd.endpoints": etcd.endpoint,
+                             "hyperkafka.cluster.name": "test", "broker.session.timeout.ms": "2000"})
+
+
+async def _peer_registered(etcd: EtcdServer, coordinated: bool) -> Etcd:
+    """Broker 2, as etcd shows it: registered (with no lease: it never expires here) and,
+    if `coordinated`, the broker whose archive holds the groups' latest state."""
+    client = Etcd([etcd.endpoint])
+    await client.put(b"/test/brokers/2", Member(2, "127.0.0.1", 1).encode())
+    if coordinated:
+        await client.put(b"/test/groups/coordinator", json.dumps({"id": 2, "epoch": 1}).encode())
+    return client
+
+
+async def test_a_new_coordinator_waits_for_the_handover_then_adopts_the_previous_coordinators_state(
+        tmp_path: Path, etcd: EtcdServer) -> None:
+    """Broker 1 (no network: broker 2's archive is handed to it as its copy) loads only
+    once broker 2 named it controller and the copy caught up; it takes broker 2's state,
+    the previous coordinator's in etcd, over its own older records even when their clock
+    says otherwise; then it records itself as the coordinator under its epoch."""
     clock = Clock()
     b_config = BrokerConfig(data_dir=tmp_path / "b", listen_port=0)
-    a_config = apply_properties(BrokerConfig(data_dir=tmp_path / "a", listen_port=0),
-                                {"node.id": "1", "hyperkafka.cluster.brokers": "1@127.0.0.1:1,2@127.0.0.1:2"})
-    async with running(b_config, clock) as b, running(a_config, clock) as a:
+    async with running(BrokerConfig(data_dir=tmp_path / "a", listen_port=0), clock) as a:
+        a.create_topic("t", 1)
+        clock.now = T0 + 60_000  # broker 1's clock runs a minute ahead
+        await commit(a.groups, "both", {("t", 0): 99})  # then it stopped coordinating
+    client = await _peer_registered(etcd, coordinated=True)
+    async with running(b_config, clock) as b, running(_cluster_config(tmp_path / "a", etcd), clock) as a:
         cluster = a.cluster
-        assert cluster is not None and cluster.is_controller
+        assert cluster is not None
+        with trio.fail_after(10):
+            await eventually(lambda: cluster.is_controller)
         cluster.take_metadata(2, [], controller=2)  # broker 2 still thinks it coordinates
         b.create_topic("t", 1)
-        a.create_topic("t", 1)
         peer_log = b.groups.archive.partition.log
+        clock.now = T0
         await commit(b.groups, "theirs", {("t", 0): 150})
-        clock.now = T0 + 10
-        await commit(b.groups, "both", {("t", 0): 1})
+        await commit(b.groups, "both", {("t", 0): 1})  # later than 99 by the log, not by the clock
         copy = PeerCopy(peer_log, _Channel(peer_log.high_watermark))  # type: ignore[arg-type]
         cluster.offsets_copies[2] = copy
         cluster.copy_changed()
@@ -184,45 +192,63 @@ async def test_a_new_coordinator_waits_for_the_handover_then_merges_and_adopts_l
         assert a.groups.refusal() == codes.NONE and a.groups.takeovers == 1
         assert fetched(a.groups, "theirs") == {("t", 0): 150}
         assert fetched(a.groups, "both") == {("t", 0): 1}
-        clock.now = T0 + 20
-        await commit(a.groups, "both", {("t", 0): 3})  # ours now, newer than broker 2's
-        # broker 2 accepts commits a little longer (it has not heard of broker 1 yet)
-        clock.now = T0 + 30
-        await commit(b.groups, "theirs", {("t", 0): 170})
-        clock.now = T0 + 15
-        await commit(b.groups, "both", {("t", 0): 9})  # older than ours: not taken
-        cluster.copy_changed()  # the copy grew
-        with trio.fail_after(10):
-            await eventually(lambda: fetched(a.groups, "theirs") == {("t", 0): 170})
+        kvs, _ = await client.get(b"/test/groups/coordinator")
+        assert json.loads(kvs[0].value) == {"id": 1, "epoch": cluster.membership.controller_epoch}
+        await commit(a.groups, "both", {("t", 0): 3})
+    async with running(BrokerConfig(data_dir=tmp_path / "a", listen_port=0), clock) as a:
+        # its own archive carries what it adopted
+        assert fetched(a.groups, "theirs") == {("t", 0): 150}
         assert fetched(a.groups, "both") == {("t", 0): 3}
-    async with running(a_config, clock) as a:  # its own archive carries the merge
+
+
+async def test_a_coordinator_whose_epoch_is_gone_acknowledges_nothing(tmp_path: Path, etcd: EtcdServer) -> None:
+    """Fencing: once our controller epoch is gone from etcd (our lease expired: here it is
+    revoked, as etcd does when a paused or cut-off broker stops renewing it), a commit in
+    flight is not acknowledged (NOT_COORDINATOR) and the groups are given up; elected
+    again, in a new epoch, the broker takes over again before it serves. Under the old
+    design the commit was acknowledged."""
+    clock = Clock()
+    client = await _peer_registered(etcd, coordinated=False)
+    async with running(_cluster_config(tmp_path / "a", etcd), clock) as a:
         cluster = a.cluster
         assert cluster is not None
-        cluster.take_metadata(2, [], controller=1)
-        peer = running(b_config, clock)
-        async with peer as b:
-            log_b = b.groups.archive.partition.log
-            cluster.offsets_copies[2] = PeerCopy(log_b, _Channel(log_b.high_watermark))  # type: ignore[arg-type]
-            cluster.copy_changed()
-            with trio.fail_after(10):
-                await eventually(lambda: a.groups.loaded)
-            assert fetched(a.groups, "theirs") == {("t", 0): 170}
-            assert fetched(a.groups, "both") == {("t", 0): 3}
+        with trio.fail_after(10):
+            await eventually(lambda: a.groups.loaded)  # controller, nobody to hand over from
+        first_epoch = a.groups.loaded_epoch
+        assert first_epoch == cluster.membership.controller_epoch > 0
+        await create_placed(a, "t", 1)
+        await commit(a.groups, "g", {("t", 0): 5})
+        await client.revoke(cluster.membership.lease)  # what expiry does: its keys are gone
+        entries = [CommitEntry("t", 0, 6, -1, None)]
+        with trio.fail_after(10):
+            await a.groups.commit_offsets("g", -1, "", None, entries)
+        assert entries[0].error == codes.NOT_COORDINATOR
+        assert not a.groups.loaded or a.groups.loaded_epoch != first_epoch
+        with trio.fail_after(20):  # a new session, a new election, a new takeover
+            await eventually(lambda: a.groups.loaded and a.groups.loaded_epoch > first_epoch)
+        assert a.groups.takeovers == 2
+        # the 6 reached our log before the fence said no: never acknowledged, it may stay
+        # (as an unacknowledged Kafka write may), and it is never older than an acked one
+        assert fetched(a.groups, "g") in ({("t", 0): 5}, {("t", 0): 6})
+        await commit(a.groups, "g", {("t", 0): 7})
+        assert fetched(a.groups, "g") == {("t", 0): 7}
 
 
-async def test_cluster_compaction_keeps_young_tombstones(tmp_path: Path) -> None:
+async def test_cluster_compaction_keeps_young_tombstones(tmp_path: Path, etcd: EtcdServer) -> None:
     """In cluster mode compaction copies tombstones younger than delete.retention.ms (a
     day by default), so a peer's older value of a deleted group does not come back;
     older tombstones are dropped, as Kafka's cleaner drops them."""
     day = 86_400_000
     clock = Clock()
-    config = apply_properties(BrokerConfig(data_dir=tmp_path / "a", listen_port=0),
-                              {"node.id": "1", "hyperkafka.cluster.brokers": "1@127.0.0.1:1,2@127.0.0.1:2"})
+    config = _cluster_config(tmp_path / "a", etcd)
+    await _peer_registered(etcd, coordinated=False)
     stale = _words(_offset("old", 5, T0 - 1), _offset("young", 6, T0 - 1))  # a peer's archive
     async with running(config, clock) as node:
         assert node.cluster is not None
         node.cluster.take_metadata(2, [], controller=2)
-        node.create_topic("t", 1)
+        with trio.fail_after(10):
+            await eventually(lambda: node.groups.loaded)
+        await create_placed(node, "t", 1)
         c = node.groups
         for g in ("old", "young", "kept"):
             await commit(c, g, {("t", 0): 1})
@@ -236,7 +262,9 @@ async def test_cluster_compaction_keeps_young_tombstones(tmp_path: Path) -> None
         assert words[young] == Word(T0 + 10, offset_key("young", "t", 0), None)
         assert old not in words and normal_key(offset_key("kept", "t", 0)) in words
         assert c.archive.dirty_records == 0  # kept tombstones are not garbage: no churn
-        # the peer's older value of "young" stays deleted; "old" is past the retention
-        assert merge(c.archive.words(), [stale]) == [stale[old]]
+        # a broker holding older values that takes over from us deletes "young" too; "old"
+        # is past the retention (as Kafka's cleaner, its tombstone is gone)
+        adopted = {normal_key(w.key): w for w in adopt(stale, c.archive.words())}
+        assert adopted[young].value is None and old not in adopted
     async with running(config, clock) as node:  # and after a restart (replay)
         assert young in node.groups.archive.tombstones and old not in node.groups.archive.tombstones

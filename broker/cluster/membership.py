@@ -1,0 +1,444 @@
+"""Membership, controller election and fencing through etcd.
+
+Owns `Membership`: this broker's session in etcd and its view of everyone else's, and
+`Member`/`Placement`, the records it keeps there. Keys, under ``/<hyperkafka.cluster.name>/``:
+
+* ``brokers/<id>``: a live broker's registration (id, Kafka address, rack, node key),
+  attached to its lease. Liveness is the lease, as Kafka's broker.session.timeout.ms is
+  the KRaft controller's heartbeat deadline: a broker whose lease expires (killed, paused,
+  cut off from etcd) leaves the cluster at once in every broker's view.
+* ``controller``: the elected controller's id, created only if absent (a transaction)
+  and attached to its lease. Its create revision is the controller epoch: every act of a
+  controller (placing or deleting a topic) and of the group coordinator (acknowledging a
+  commit) is a transaction that compares it, so an old controller whose lease expired
+  cannot act any more, and learns it from the failed comparison (it then steps down).
+  A controller also stops acting by itself once its lease may have expired by its own
+  clock (the time it sent its last successful keep-alive plus the TTL): a broker that
+  was paused knows, when it resumes, that it must not act before asking etcd.
+* ``topics/<name>``: placement, one record per topic (writer, partitions, configs), created
+  only if absent by the controller under its epoch: one name never has two writers.
+* ``groups/coordinator``: the broker whose offsets archive holds the groups' latest state
+  (the coordinator of the last epoch that loaded them), written under the epoch.
+
+Everything is learnt by one watch of the whole prefix (no polling); when the watch ends it
+is re-read and watched again. Never etcd's lock API: leases and transactions only.
+
+May import trio and `broker.cluster.etcd`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from broker.cluster.etcd import Compare, Etcd, EtcdError, Event, KeyValue, Op
+
+log = logging.getLogger("hyperkafka.cluster")
+
+RETRY_MIN_S = 0.2
+RETRY_MAX_S = 2.0
+
+
+@dataclass(frozen=True)
+class Member:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+    node_key: str = ""  # hex: a restarted broker recognises its own stale registration
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "id": self.node_id,
+                "host": self.host,
+                "port": self.port,
+                "rack": self.rack,
+                "node_key": self.node_key,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Member:
+        d = json.loads(data)
+        return cls(
+            int(d["id"]), str(d["host"]), int(d["port"]), d.get("rack"), str(d.get("node_key", ""))
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a topic lives: its one writer, chosen by the controller."""
+
+    name: str
+    writer: int
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+    replication_factor: int = -1
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "writer": self.writer,
+                "partitions": self.partitions,
+                "configs": self.configs,
+                "replication_factor": self.replication_factor,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, name: str, data: bytes) -> Placement:
+        d = json.loads(data)
+        return cls(
+            name,
+            int(d["writer"]),
+            int(d["partitions"]),
+            {str(k): str(v) for k, v in d.get("configs", {}).items()},
+            int(d.get("replication_factor", -1)),
+        )
+
+
+class LeaseLost(Exception):
+    """Our lease expired (or etcd could not be reached for its whole TTL)."""
+
+
+class Membership:
+    """This broker's session in etcd, and what it sees of the cluster there."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        cluster_name: str,
+        me: Member,
+        ttl_s: int,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.etcd = etcd
+        self.prefix = f"/{cluster_name}/".encode()
+        self.me = me
+        self.ttl_s = max(1, ttl_s)
+        self.clock = clock
+        self.members: dict[int, Member] = {}
+        self.placements: dict[str, Placement] = {}
+        self.controller: int | None = None
+        self.controller_epoch = 0  # create revision of the controller key (0: none)
+        self.coordinator_record: tuple[int, int] | None = (
+            None  # (broker id, epoch) of groups/coordinator
+        )
+        self.lease = 0
+        self._lease_deadline = float("-inf")  # by our clock, the lease may have expired after this
+        self._changed = trio.Event()
+        self.ready = trio.Event()  # set once registered and the first view is read
+        self.elections = 0  # times this broker became controller
+
+    # -- keys ----------------------------------------------------------------------
+
+    def _key(self, *parts: str) -> bytes:
+        return self.prefix + "/".join(parts).encode()
+
+    @property
+    def controller_key(self) -> bytes:
+        return self._key("controller")
+
+    def broker_key(self, node_id: int) -> bytes:
+        return self._key("brokers", str(node_id))
+
+    def topic_key(self, name: str) -> bytes:
+        return self._key("topics", name)
+
+    # -- the view ------------------------------------------------------------------
+
+    @property
+    def changed(self) -> trio.Event:
+        """Set at the next change of the view (take it before looking)."""
+        return self._changed
+
+    def poke(self) -> None:
+        """Wake whoever waits on `changed` (something outside etcd changed)."""
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def lease_valid(self) -> bool:
+        return self.lease != 0 and self.clock() < self._lease_deadline
+
+    @property
+    def is_controller(self) -> bool:
+        """Whether this broker is the controller as far as it knows now (its acts are still
+        fenced in etcd: this is what it believes, not a licence)."""
+        return (
+            self.controller == self.me.node_id and self.controller_epoch != 0 and self.lease_valid()
+        )
+
+    def live_ids(self) -> list[int]:
+        ids = set(self.members)
+        if self.lease_valid():
+            ids.add(self.me.node_id)
+        return sorted(ids)
+
+    def _apply(self, kv: KeyValue, deleted: bool) -> None:
+        rel = kv.key[len(self.prefix) :].decode(errors="replace")
+        kind, _, rest = rel.partition("/")
+        try:
+            if kind == "brokers":
+                node_id = int(rest)
+                if deleted:
+                    self.members.pop(node_id, None)
+                else:
+                    self.members[node_id] = Member.decode(kv.value)
+            elif rel == "controller":
+                if deleted:
+                    self.controller, self.controller_epoch = None, 0
+                else:
+                    self.controller, self.controller_epoch = (
+                        int(json.loads(kv.value)["id"]),
+                        kv.create_revision,
+                    )
+            elif kind == "topics":
+                if deleted:
+                    self.placements.pop(rest, None)
+                else:
+                    self.placements[rest] = Placement.decode(rest, kv.value)
+            elif rel == "groups/coordinator":
+                if deleted:
+                    self.coordinator_record = None
+                else:
+                    d = json.loads(kv.value)
+                    self.coordinator_record = (int(d["id"]), int(d["epoch"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("cluster: ignoring a malformed etcd record %r: %s", kv.key, exc)
+
+    # -- the session -----------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Register, keep the lease alive, watch, campaign; start over when the lease is
+        lost. `task_status.started()` once the first session is up."""
+        backoff = RETRY_MIN_S
+        started = False
+        while True:
+            try:
+                await self._session(task_status if not started else trio.TASK_STATUS_IGNORED)
+            except* (EtcdError, LeaseLost) as group:  # (from the session's tasks: a group)
+                log.warning(
+                    "cluster: etcd session of broker %d ended: %s",
+                    self.me.node_id,
+                    "; ".join(str(e) for e in group.exceptions),
+                )
+            started = started or self.ready.is_set()
+            if self.controller == self.me.node_id:
+                self.controller, self.controller_epoch = None, 0
+            self.lease = 0
+            self._lease_deadline = float("-inf")
+            self._notify()
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, RETRY_MAX_S)
+
+    async def _session(self, task_status: trio.TaskStatus[None]) -> None:
+        sent = self.clock()
+        lease = await self.etcd.grant(self.ttl_s)
+        self.lease = lease
+        self._lease_deadline = sent + self.ttl_s
+        try:
+            await self._register()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._keepalive)
+                await nursery.start(self._watch)
+                nursery.start_soon(self._campaign)
+                self.ready.set()
+                task_status.started()
+        finally:
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(1),
+                contextlib.suppress(EtcdError),
+            ):
+                await self.etcd.revoke(lease)
+
+    async def _register(self) -> None:
+        key = self.broker_key(self.me.node_id)
+        while True:
+            r = await self.etcd.txn(
+                [Compare.absent(key)], [Op.put(key, self.me.encode(), self.lease)], [Op.get(key)]
+            )
+            if r.succeeded:
+                log.info(
+                    "cluster: broker %d registered in etcd (lease %x, TTL %d s)",
+                    self.me.node_id,
+                    self.lease,
+                    self.ttl_s,
+                )
+                return
+            old = r.ranges[0][0] if r.ranges and r.ranges[0] else None
+            if old is not None:
+                try:
+                    same = (
+                        Member.decode(old.value).node_key == self.me.node_key
+                        and self.me.node_key != ""
+                    )
+                except (ValueError, KeyError, TypeError):
+                    same = False
+                if same:
+                    # our own registration from before a restart: replace it
+                    await self.etcd.txn(
+                        [Compare.mod_revision(key, old.mod_revision)], [Op.delete(key)]
+                    )
+                    continue
+                log.error(
+                    "cluster: node.id %d is registered by another broker (%s); waiting for it to leave",
+                    self.me.node_id,
+                    old.value[:200],
+                )
+            await trio.sleep(1.0)
+
+    async def _keepalive(self) -> None:
+        interval = max(self.ttl_s / 3, 0.1)
+        while True:
+            await trio.sleep(interval)
+            sent = self.clock()
+            if sent >= self._lease_deadline:
+                raise LeaseLost(f"no keep-alive answered within the lease TTL ({self.ttl_s} s)")
+            try:
+                ttl = await self.etcd.keepalive(self.lease)
+            except EtcdError as exc:
+                log.info("cluster: keep-alive failed: %s", exc)
+                continue
+            if ttl <= 0:
+                raise LeaseLost("etcd says our lease is gone")
+            self._lease_deadline = sent + ttl
+
+    async def _watch(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        first = True
+        while True:
+            kvs, revision = await self.etcd.get(self.prefix, prefix=True)
+            self.members.clear()
+            self.placements.clear()
+            self.controller, self.controller_epoch, self.coordinator_record = None, 0, None
+            for kv in kvs:
+                self._apply(kv, False)
+            self._notify()
+            if first:
+                first = False
+                task_status.started()
+            try:
+                async for events in self.etcd.watch(
+                    self.prefix, prefix=True, start_revision=revision + 1
+                ):
+                    self._on_events(events)
+            except EtcdError as exc:
+                log.info("cluster: watch ended (%s); reading again", exc)
+                await trio.sleep(RETRY_MIN_S)
+
+    def _on_events(self, events: list[Event]) -> None:
+        for e in events:
+            self._apply(e.kv, e.type == "DELETE")
+        self._notify()
+
+    async def _campaign(self) -> None:
+        """Whenever there is no controller, try to become it (create-if-absent)."""
+        key = self.controller_key
+        while True:
+            if self.controller is None and self.lease_valid():
+                value = json.dumps({"id": self.me.node_id}).encode()
+                r = await self.etcd.txn([Compare.absent(key)], [Op.put(key, value, self.lease)])
+                if r.succeeded:
+                    # the key's create revision is the txn's revision: our epoch
+                    self.controller, self.controller_epoch = self.me.node_id, r.revision
+                    self.elections += 1
+                    log.info(
+                        "cluster: broker %d is controller, epoch %d", self.me.node_id, r.revision
+                    )
+                    self._notify()
+            changed = self._changed
+            await changed.wait()
+
+    # -- fenced acts -----------------------------------------------------------------
+
+    async def fenced(
+        self,
+        compare: list[Compare],
+        success: list[Op],
+        failure: list[Op] | None = None,
+        *,
+        epoch: int | None = None,
+    ) -> bool | None:
+        """Run a transaction as controller of `epoch` (default: the current one): it
+        succeeds only while that epoch is the controller key's create revision. None when
+        we are not (any more) that controller (we step down: the view says no controller
+        until the watch tells who is); else whether `compare` held."""
+        if epoch is None:
+            epoch = self.controller_epoch
+        if not self.is_controller or epoch != self.controller_epoch:
+            return None
+        fence = Compare.create_revision(self.controller_key, epoch)
+        # Two steps would race: one transaction, whose failure branch tells why it failed.
+        r = await self.etcd.txn(
+            [fence, *compare], success, [Op.get(self.controller_key), *(failure or [])]
+        )
+        if r.succeeded:
+            return True
+        ctl = r.ranges[0] if r.ranges else []
+        if not ctl or ctl[0].create_revision != epoch:
+            self._step_down(epoch)
+            return None
+        return False
+
+    def _step_down(self, epoch: int) -> None:
+        if self.controller == self.me.node_id and self.controller_epoch == epoch:
+            log.warning(
+                "cluster: broker %d is no longer controller (epoch %d fenced)",
+                self.me.node_id,
+                epoch,
+            )
+            self.controller, self.controller_epoch = None, 0
+            self._notify()
+
+    async def check_epoch(self, epoch: int) -> bool:
+        """Whether this broker still is the controller of `epoch`, asked of etcd (a fenced
+        no-op transaction)."""
+        return await self.fenced([], [], epoch=epoch) is True
+
+    async def place(self, placement: Placement) -> bool | None:
+        """Record a new topic's placement (controller only): True, False when the name is
+        taken, None when we are not the controller."""
+        key = self.topic_key(placement.name)
+        ok = await self.fenced([Compare.absent(key)], [Op.put(key, placement.encode())])
+        if ok:
+            self.placements[placement.name] = placement
+        return ok
+
+    async def unplace(self, name: str) -> bool | None:
+        key = self.topic_key(name)
+        ok = await self.fenced([Compare.create_revision(key, 0, "GREATER")], [Op.delete(key)])
+        if ok:
+            self.placements.pop(name, None)
+        return ok
+
+    async def record_coordinator(self, epoch: int) -> bool | None:
+        """Say in etcd that our offsets archive now holds the groups' state (fenced by
+        `epoch`, the controller epoch the coordinator took over in)."""
+        value = json.dumps({"id": self.me.node_id, "epoch": epoch}).encode()
+        ok = await self.fenced([], [Op.put(self._key("groups", "coordinator"), value)], epoch=epoch)
+        if ok:
+            self.coordinator_record = (self.me.node_id, epoch)
+        return ok
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "members": sorted(self.members),
+            "controller": self.controller,
+            "epoch": self.controller_epoch,
+            "lease_valid": self.lease_valid(),
+            "topics": len(self.placements),
+        }

@@ -1,0 +1,137 @@
+"""Cluster mode: topics are placed by the controller in etcd, and made by their writer.
+
+Owns `create_placed` (CreateTopics and auto-creation on the controller: validate, choose
+the writer, record the placement in etcd under the controller's epoch, create the archives
+when the writer is this broker), `choose_writer` (balanced and rack-aware) and
+`follow_placements` (the writer side: a placement naming this broker whose topic is not
+here yet is created here; the other brokers mirror it from the writer, broker/mirror.py).
+
+A name is placed by a create-if-absent transaction fenced by the controller epoch
+(broker/cluster/membership.py): two brokers that both think they are controller, or two
+brokers auto-creating one name, never give it two writers.
+
+Placement is per topic (every partition of a topic has the same writer): topics spread
+over the brokers, partitions of one topic do not (yet).
+
+May import trio, `broker.node`, `broker.cluster`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+
+import trio
+
+from broker.cluster.etcd import EtcdError
+from broker.cluster.membership import Placement
+from broker.node import (
+    INTERNAL_TOPICS,
+    NOT_CONTROLLER,
+    TOPIC_ALREADY_EXISTS,
+    Node,
+    Topic,
+    TopicError,
+)
+
+log = logging.getLogger("hyperkafka.cluster")
+
+
+def choose_writer(node: Node) -> int:
+    """The live broker to write a new topic: the rack that writes the fewest topics, then
+    the broker there that writes the fewest, then the lowest id (as Kafka's rack-aware
+    replica placement spreads leaders over racks first, then brokers)."""
+    cluster = node.cluster
+    assert cluster is not None
+    live = cluster.live_ids()
+    racks = cluster.racks
+    per_broker = Counter(p.writer for p in cluster.membership.placements.values())
+    per_rack = Counter(racks.get(w) for w in per_broker.elements() if w in live)
+    return min(live, key=lambda i: (per_rack[racks.get(i)], per_broker[i], i))
+
+
+async def create_placed(
+    node: Node,
+    name: str,
+    partitions: int = -1,
+    replication_factor: int = -1,
+    configs: Mapping[str, str | None] | None = None,
+    *,
+    validate_only: bool = False,
+) -> Topic | None:
+    """Create a topic in cluster mode (this broker must be the controller): the topic when
+    this broker writes it, None when another does (it makes it when it sees the record;
+    Metadata says LEADER_NOT_AVAILABLE until then, as Kafka's does for a new topic)."""
+    cluster = node.cluster
+    assert cluster is not None
+    await node.create_topic_off_loop(
+        name, partitions, replication_factor, configs, validate_only=True
+    )
+    if validate_only:
+        return None
+    if not cluster.is_controller:
+        raise TopicError(
+            NOT_CONTROLLER,
+            f"This is not the correct controller for this cluster: "
+            f"topics are created on broker {cluster.controller_id}.",
+        )
+    if partitions == -1:
+        partitions = node.config.num_partitions
+    writer = choose_writer(node)
+    placement = Placement(
+        name,
+        writer,
+        partitions,
+        {k: v for k, v in (configs or {}).items() if v is not None},
+        replication_factor,
+    )
+    cluster.placing.add(name)  # `follow_placements` leaves it to us
+    try:
+        try:
+            ok = await cluster.membership.place(placement)
+        except EtcdError as exc:
+            raise TopicError(NOT_CONTROLLER, f"The controller cannot reach etcd: {exc}") from None
+        if ok is None:
+            raise TopicError(
+                NOT_CONTROLLER, "This broker is no longer the controller (its epoch was fenced)."
+            )
+        if not ok:
+            raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        log.info("placed topic %s (%d partitions) on broker %d", name, partitions, writer)
+        if writer != node.config.node_id:
+            return None
+        return await node.create_topic_off_loop(name, partitions, replication_factor, configs)
+    finally:
+        cluster.placing.discard(name)
+        cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
+
+
+async def follow_placements(node: Node) -> None:
+    """The writer side of placement: whenever etcd places a topic on this broker that is
+    not here, create it here (also after a crash between the record and the archives)."""
+    cluster = node.cluster
+    assert cluster is not None
+    membership = cluster.membership
+    await membership.ready.wait()
+    me = node.config.node_id
+    while True:
+        changed = membership.changed
+        for p in list(membership.placements.values()):
+            if (
+                p.writer != me
+                or p.name in node.topics
+                or p.name in INTERNAL_TOPICS
+                or node.creating(p.name)
+                or p.name in cluster.placing
+            ):
+                continue
+            try:
+                await node.create_topic_off_loop(
+                    p.name, p.partitions, p.replication_factor, p.configs
+                )
+                log.info("created topic %s, placed here by the controller", p.name)
+            except TopicError as exc:
+                log.warning("cannot create topic %s placed here: %s", p.name, exc.message)
+                await trio.sleep(1.0)
+        await changed.wait()
