@@ -20,10 +20,11 @@ Owns the checks and the unavailability table. Each check returns a list of viola
   commit in round k and again in round k+1, two coordinators accepted at once: by the
   end of round k, Y had been elected; X's acceptance in round k+1 came after that, so a
   fenced coordinator would have refused it.
-* `topics_agree`: every acknowledged CreateTopics is in every broker's final Metadata, with
-  the same leader for each partition everywhere.
-* `unavailability`: per fault, the longest stretch without a successful send, and without
-  a successful commit (real groups), from the fault's start until the next fault.
+* `topics_agree`: every acknowledged CreateTopics is in every broker's final Metadata, and
+  every topic any two brokers list has the same leader for each partition in both.
+* `unavailability`: per fault, the longest stretch without a successful send, without a
+  successful commit (real groups) and without a successful CreateTopics (the admin), from
+  the fault's start until the next fault (the last one: until the clients stop).
 
 May import only the standard library.
 """
@@ -181,16 +182,23 @@ def two_coordinators(probe: Iterable[Event]) -> list[str]:
 def topics_agree(
     creates: Iterable[Event], views: Mapping[int, Mapping[str, Mapping[int, int]] | None]
 ) -> list[str]:
-    """`views`: broker -> topic -> partition -> leader, from each broker's final Metadata."""
+    """`views`: broker -> topic -> partition -> leader, from each broker's final Metadata.
+    Acknowledged topics must be in every view; any topic in two views must have the same
+    leaders in both (an auto-created topic whose creation was never acknowledged too)."""
     out = []
     first: dict[str, Event] = {}  # a topic named through several brokers is checked once
-    for e in creates:
-        if e["op"] == "create" and e["ok"]:
-            first.setdefault(e["topic"], e)
-    for t, e in first.items():
+    for c in creates:
+        if c["op"] == "create" and c["ok"]:
+            first.setdefault(c["topic"], c)
+    seen = {t for view in views.values() if view is not None for t in view}
+    checked: list[tuple[str, Event | None]] = [*first.items()]
+    checked += [(t, None) for t in sorted(seen - set(first))]
+    for t, e in checked:
         leaders: dict[str, list[int]] = defaultdict(list)
         for broker, view in sorted(views.items()):
             if view is None or t not in view:
+                if e is None:
+                    continue  # a topic nobody was told exists: it need not be everywhere yet
                 out.append(
                     f"topic {t} (created at t={e['t1']:.3f}) missing from broker {broker}'s Metadata"
                 )
@@ -220,10 +228,14 @@ def longest_gap(times: Sequence[float], start: float, end: float) -> float:
 
 
 def unavailability(
-    faults: Sequence[Fault], sends: Iterable[Event], commits: Iterable[Event]
+    faults: Sequence[Fault],
+    sends: Iterable[Event],
+    commits: Iterable[Event],
+    creates: Iterable[Event] = (),
 ) -> list[dict[str, Any]]:
     ok_sends = [e["t1"] for e in sends if e["op"] == "send" and e["ok"]]
     ok_commits = [e["t1"] for e in commits if e["op"] == "commit" and e["ok"]]
+    ok_creates = [e["t1"] for e in creates if e["op"] == "create" and e["ok"]]
     return [
         {
             "fault": f.name,
@@ -231,6 +243,7 @@ def unavailability(
             "held_s": round(f.healed - f.start, 1),
             "produce_gap_s": round(longest_gap(ok_sends, f.start, f.end), 1),
             "commit_gap_s": round(longest_gap(ok_commits, f.start, f.end), 1),
+            "create_topic_gap_s": round(longest_gap(ok_creates, f.start, f.end), 1),
         }
         for f in faults
     ]

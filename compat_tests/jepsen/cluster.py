@@ -1,17 +1,10 @@
 """Brokers and etcd members as processes, each in its own host of a `Network`.
 
-Owns `JepsenCluster`: it lays out hosts ``n1..nN`` (brokers), ``e1..eM`` (etcd members,
-etcd mode only) and ``c`` (the clients, never cut off from anyone, as Jepsen's control
-node), writes each broker's server.properties for one of two cluster modes, starts,
+Owns `JepsenCluster`: it lays out hosts ``n1..nN`` (brokers), ``e1..eM`` (etcd members) and ``c`` (the clients, never cut off from anyone, as Jepsen's control
+node), writes each broker's server.properties (``hyperkafka.cluster.etcd.endpoints``
+names the etcd members, ``broker.session.timeout.ms`` is the brokers' lease TTL), starts,
 kills (SIGKILL), pauses (SIGSTOP/SIGCONT) and restarts the processes by pid, and on
 `close` stops every process it started and deletes the network.
-
-Modes:
-* ``etcd``: ``hyperkafka.cluster.etcd.endpoints`` names the etcd members (the cluster issue's
-  contract), ``broker.session.timeout.ms`` is the brokers' lease TTL.
-* ``static``: the first cluster mode, ``hyperkafka.cluster.brokers=ID@HOST:PORT,...`` with
-  each broker probing the others (broker/cluster.py). Kept so that the checker can be seen
-  to catch its known split brain.
 
 May import the standard library and compat_tests (harness, jepsen.net, jepsen.wire).
 """
@@ -64,7 +57,6 @@ class Proc:
 @dataclass
 class JepsenCluster:
     workdir: Path
-    mode: str  # "etcd" | "static"
     brokers: int = 3
     etcd_members: int = 1
     session_ms: int = 6000
@@ -72,10 +64,6 @@ class JepsenCluster:
     procs: dict[str, Proc] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("etcd", "static"):
-            raise ValueError(self.mode)
-        if self.mode == "static":
-            self.etcd_members = 0
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.net = Network([*self.broker_hosts, *self.etcd_hosts, "c"])
 
@@ -118,13 +106,10 @@ class JepsenCluster:
             "broker.session.timeout.ms": str(self.session_ms),
             "replica.lag.time.max.ms": str(self.session_ms),
         }
-        if self.mode == "etcd":
-            props["hyperkafka.cluster.etcd.endpoints"] = ",".join(
-                f"http://{self.addr(e)}:{ETCD_CLIENT_PORT}" for e in self.etcd_hosts
-            )
-            props["hyperkafka.cluster.name"] = "hkj"
-        else:
-            props["hyperkafka.cluster.brokers"] = self.broker_list()
+        props["hyperkafka.cluster.etcd.endpoints"] = ",".join(
+            f"http://{self.addr(e)}:{ETCD_CLIENT_PORT}" for e in self.etcd_hosts
+        )
+        props["hyperkafka.cluster.name"] = "hkj"
         path = self.workdir / f"{host}.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path

@@ -9,8 +9,8 @@ Owns `run(...)` and the fault schedule. The run, in order:
 3. The nemesis applies each fault of the schedule, holds it, undoes it, and lets the
    cluster recover before the next one: kill -9 and restart, SIGSTOP past the session
    timeout and SIGCONT, a silent partition of the controller alone, and one splitting
-   the brokers into a majority with the controller and a minority (with etcd, in etcd
-   mode: the majority loses etcd).
+   the brokers into a majority with the controller and a minority with etcd (the
+   majority loses etcd).
 4. The clients stop; after the last heal the cluster gets a settling time; then the
    producers' topic is read back, committed offsets and every broker's Metadata read.
 5. compat_tests/jepsen/checker.py gives the verdicts and the unavailability table.
@@ -45,7 +45,6 @@ PROBE_GROUP = "jepsen-probe"
 
 @dataclass
 class Report:
-    mode: str
     seconds: float
     counts: dict[str, int]
     violations: dict[str, list[str]]
@@ -57,7 +56,7 @@ class Report:
 
     def text(self) -> str:
         lines = [
-            f"nemesis run, {self.mode} mode, {self.seconds:.0f} s: "
+            f"nemesis run, {self.seconds:.0f} s: "
             + ", ".join(f"{k} {v}" for k, v in self.counts.items())
         ]
         lines.append(checker.table(self.unavailability))
@@ -223,7 +222,6 @@ FAULTS = {
 
 def run(
     workdir: Path,
-    mode: str,
     schedule: list[str],
     hold: float,
     recover: float,
@@ -233,12 +231,12 @@ def run(
 ) -> Report:
     """One run; `schedule` names faults of FAULTS in order."""
     t_begin = time.monotonic()
-    cluster = JepsenCluster(workdir, mode, etcd_members=etcd_members, session_ms=session_ms)
+    cluster = JepsenCluster(workdir, etcd_members=etcd_members, session_ms=session_ms)
     clients = Clients(cluster, workdir)
     faults: list[checker.Fault] = []
     try:
         cluster.start()
-        log(f"cluster up ({mode}, net {cluster.net.tag}) in {time.monotonic() - t_begin:.1f}s")
+        log(f"cluster up (net {cluster.net.tag}) in {time.monotonic() - t_begin:.1f}s")
         clients.once("create", "create", cluster.bootstrap(), TOPIC, str(PARTITIONS))
         clients.start()
         time.sleep(recover)  # a baseline before the first fault
@@ -263,13 +261,30 @@ def run(
         cluster.close()
 
     state = {
-        "mode": mode,
         "seconds": time.monotonic() - t_begin,
         "faults": [f.__dict__ for f in faults],
         "final": final,
     }
     (workdir / "state.json").write_text(json.dumps(state))
     return evaluate(workdir)
+
+
+INTERNAL = {"__consumer_offsets", "__transaction_state"}
+Views = dict[int, dict[str, dict[int, int]] | None]
+
+
+def _without(views: Views, names: set[str]) -> Views:
+    return {
+        b: None if v is None else {t: p for t, p in v.items() if t not in names}
+        for b, v in views.items()
+    }
+
+
+def _only(views: Views, names: set[str]) -> Views:
+    return {
+        b: None if v is None else {t: p for t, p in v.items() if t in names}
+        for b, v in views.items()
+    }
 
 
 def _ints(d: Mapping[str, Any]) -> dict[int, Any]:
@@ -283,7 +298,7 @@ def evaluate(workdir: Path) -> Report:
     final = state["final"]
     faults = [checker.Fault(**f) for f in state["faults"]]
     records = {p: _ints(offsets) for p, offsets in _ints(final["records"]).items()}
-    views = {
+    views: Views = {
         b: None if v is None else {t: _ints(parts) for t, parts in v.items()}
         for b, v in _ints(final["views"]).items()
     }
@@ -305,7 +320,10 @@ def evaluate(workdir: Path) -> Report:
             commits, _ints(final["group"])
         ),
         "one coordinator per group": checker.two_coordinators(_of(probe, f"{PROBE_GROUP}-all")),
-        "created topics agree": checker.topics_agree(creates + _of_op(probe, "create"), views),
+        "topics agree": checker.topics_agree(
+            creates + _of_op(probe, "create"), _without(views, INTERNAL)
+        ),
+        "internal topics agree": checker.topics_agree([], _only(views, INTERNAL)),
     }
     counts = {
         "acked sends": sum(1 for e in sends if e.get("ok")),
@@ -316,11 +334,10 @@ def evaluate(workdir: Path) -> Report:
         "topics created": sum(1 for e in creates if e.get("ok")),
     }
     report = Report(
-        state["mode"],
         state["seconds"],
         counts,
         violations,
-        checker.unavailability(faults, sends, commits),
+        checker.unavailability(faults, sends, commits, creates),
         [f.name for f in faults],
     )
     (workdir / "report.json").write_text(json.dumps(report.__dict__, indent=1))
