@@ -356,28 +356,6 @@ def parse_etcd_endpoints(text: str) -> list[str]:
     return out
 
 
-def parse_cluster_brokers(text: str) -> list[ClusterBroker]:
-    """``ID@HOST:PORT,ID@HOST:PORT,...`` (the form of Kafka's controller.quorum.voters)."""
-    out: list[ClusterBroker] = []
-    for item in (s.strip() for s in text.split(",")):
-        if not item:
-            continue
-        ident, sep, addr = item.partition("@")
-        if not sep or not ident.strip().lstrip("-").isdigit():
-            raise ConfigError(f"hyperkafka.cluster.brokers: expected ID@HOST:PORT, got {item!r}")
-        node_id = int(ident)
-        if node_id < 0:
-            raise ConfigError(f"hyperkafka.cluster.brokers: broker id {node_id} must not be negative")
-        host, port = parse_host_port(addr.strip())
-        out.append(ClusterBroker(node_id, host, port))
-    ids = [b.node_id for b in out]
-    if len(set(ids)) != len(ids):
-        raise ConfigError("hyperkafka.cluster.brokers: a broker id is listed twice")
-    if not out:
-        raise ConfigError("hyperkafka.cluster.brokers: no brokers listed")
-    return sorted(out, key=lambda b: b.node_id)
-
-
 def read_properties(path: Path) -> dict[str, str]:
     """A Java .properties subset: key=value or key: value, # and ! comments."""
     props: dict[str, str] = {}

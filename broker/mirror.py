@@ -64,7 +64,7 @@ from typing import Any
 
 import trio
 
-from broker.cluster import PeerCopy, signed_blocks
+from broker.cluster import Cluster, PeerCopy, signed_blocks
 from broker.config import ClusterBroker, ConfigError, parse_host_port
 from broker.groups.offsets import OFFSETS_TOPIC
 from broker.node import Node, Topic
@@ -823,16 +823,14 @@ async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.
         for text in node.config.mirrors:
             await nursery.start(NodeMirror(node, MirrorTarget.parse(text)).run)
         if node.cluster is not None:
-            nursery.start_soon(_mirror_members, node, nursery)
+            nursery.start_soon(_mirror_members, node, node.cluster, nursery)
         task_status.started()
 
 
-async def _mirror_members(node: Node, nursery: trio.Nursery) -> None:
+async def _mirror_members(node: Node, cluster: Cluster, nursery: trio.Nursery) -> None:
     """Cluster mode: every broker mirrors every other one registered in etcd, from the
     moment it first registers (its node key, from its registration, is pinned: the chain
     of trust starts in etcd, not at first use)."""
-    cluster = node.cluster
-    assert cluster is not None
     started: set[int] = set()
     while True:
         changed = cluster.membership.changed
@@ -843,16 +841,14 @@ async def _mirror_members(node: Node, nursery: trio.Nursery) -> None:
             pinned = bytes.fromhex(member.node_key) if member.node_key else None
             peer = ClusterBroker(member.node_id, member.host, member.port)
             await nursery.start(NodeMirror(node, MirrorTarget(member.host, member.port, pinned), member.node_id).run)
-            nursery.start_soon(poll_leader_isr, node, peer)
+            nursery.start_soon(poll_leader_isr, cluster, peer)
         await changed.wait()
 
 
-async def poll_leader_isr(node: Node, peer: ClusterBroker) -> None:
+async def poll_leader_isr(cluster: Cluster, peer: ClusterBroker) -> None:
     """Cluster mode: the ISR of what `peer` writes, as it says in its Metadata, for our own
     Metadata answers (the writer is the authority on its ISR, as Kafka's controller is;
     we pull it, Kafka's controller pushes it). Liveness is not this: it is the etcd lease.)"""
-    cluster = node.cluster
-    assert cluster is not None
     interval = min(ISR_POLL_MAX_S, max(min(cluster.lag_s, cluster.session_s) / 4, ISR_POLL_MIN_S))
     while True:
         try:

@@ -85,6 +85,7 @@ INVALID_TOPIC_EXCEPTION = 17
 TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
 INVALID_REPLICATION_FACTOR = 38
+INVALID_REPLICA_ASSIGNMENT = 39
 INVALID_CONFIG = 40
 NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
@@ -417,8 +418,8 @@ class Node:
             replication_factor = self.config.default_replication_factor
         if self.cluster is not None:
             # Every broker of the cluster mirrors every archive: any factor up to the
-            # cluster's size is met (with more copies than asked for below it).
-            brokers = len(self.cluster.brokers)
+            # number of live brokers is met (with more copies than asked for below it).
+            brokers = len(self.cluster.live_ids())
             if not 1 <= replication_factor <= brokers:
                 raise TopicError(
                     INVALID_REPLICATION_FACTOR,
@@ -841,7 +842,7 @@ class Node:
                 from broker.placement import follow_placements  # imports this module
 
                 await nursery.start(self.cluster.membership.run)
-                nursery.start_soon(follow_placements, self)
+                nursery.start_soon(follow_placements, self, self.cluster)
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
             nursery.start_soon(self.offline_retry_loop)

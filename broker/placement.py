@@ -24,10 +24,12 @@ from collections.abc import Mapping
 
 import trio
 
+from broker.cluster import Cluster
 from broker.cluster.etcd import EtcdError
 from broker.cluster.membership import Placement
 from broker.node import (
     INTERNAL_TOPICS,
+    INVALID_REPLICA_ASSIGNMENT,
     NOT_CONTROLLER,
     TOPIC_ALREADY_EXISTS,
     Node,
@@ -38,12 +40,10 @@ from broker.node import (
 log = logging.getLogger("hyperkafka.cluster")
 
 
-def choose_writer(node: Node) -> int:
+def choose_writer(cluster: Cluster) -> int:
     """The live broker to write a new topic: the rack that writes the fewest topics, then
     the broker there that writes the fewest, then the lowest id (as Kafka's rack-aware
     replica placement spreads leaders over racks first, then brokers)."""
-    cluster = node.cluster
-    assert cluster is not None
     live = cluster.live_ids()
     racks = cluster.racks
     per_broker = Counter(p.writer for p in cluster.membership.placements.values())
@@ -53,18 +53,19 @@ def choose_writer(node: Node) -> int:
 
 async def create_placed(
     node: Node,
+    cluster: Cluster,
     name: str,
     partitions: int = -1,
     replication_factor: int = -1,
     configs: Mapping[str, str | None] | None = None,
     *,
     validate_only: bool = False,
+    writer: int | None = None,
 ) -> Topic | None:
     """Create a topic in cluster mode (this broker must be the controller): the topic when
     this broker writes it, None when another does (it makes it when it sees the record;
-    Metadata says LEADER_NOT_AVAILABLE until then, as Kafka's does for a new topic)."""
-    cluster = node.cluster
-    assert cluster is not None
+    Metadata says LEADER_NOT_AVAILABLE until then, as Kafka's does for a new topic).
+    `writer`: the broker a replica assignment names first (Kafka's preferred leader)."""
     await node.create_topic_off_loop(
         name, partitions, replication_factor, configs, validate_only=True
     )
@@ -78,7 +79,10 @@ async def create_placed(
         )
     if partitions == -1:
         partitions = node.config.num_partitions
-    writer = choose_writer(node)
+    if writer is None:
+        writer = choose_writer(cluster)
+    elif not cluster.alive(writer):
+        raise TopicError(INVALID_REPLICA_ASSIGNMENT, f"Broker {writer} is not registered now.")
     placement = Placement(
         name,
         writer,
@@ -107,11 +111,9 @@ async def create_placed(
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
 
 
-async def follow_placements(node: Node) -> None:
+async def follow_placements(node: Node, cluster: Cluster) -> None:
     """The writer side of placement: whenever etcd places a topic on this broker that is
     not here, create it here (also after a crash between the record and the archives)."""
-    cluster = node.cluster
-    assert cluster is not None
     membership = cluster.membership
     await membership.ready.wait()
     me = node.config.node_id

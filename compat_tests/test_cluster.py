@@ -1,12 +1,14 @@
-"""Cluster mode as real processes: three brokers listed in one cluster config.
+"""Cluster mode as real processes: three brokers on one etcd (compat_tests/etcd.py).
 
-Each broker's server.properties names all three (`hyperkafka.cluster.brokers`), its own
-rack, a replication port, and a short `replica.lag.time.max.ms` so that the ISR shrinks
-within the test. One scenario, in steps that build on each other:
+Each broker's server.properties names the etcd (`hyperkafka.cluster.etcd.endpoints`), its
+own rack, a replication port, and a short `replica.lag.time.max.ms` so that the ISR shrinks
+within the test. Broker 1 starts first, so etcd elects it controller. One scenario, in
+steps that build on each other:
 
 1. Topics are created through a broker that is not the controller (confluent's
    AdminClient routes CreateTopics to the controller Metadata names), one of them with
-   min.insync.replicas=2.
+   min.insync.replicas=2, each with a replica assignment that names broker 1 first (so
+   the controller places them on broker 1: Kafka's preferred leader).
 2. Metadata from every broker, read by kcat, kafka-python and confluent-kafka: three
    brokers with their racks, controller 1, and for each partition leader 1 (the writer),
    replicas 1,2,3 and, once the mirrors caught up, isr 1,2,3.
@@ -14,19 +16,20 @@ within the test. One scenario, in steps that build on each other:
    sent to broker 2 (KIP-392 preferred_read_replica): its debug log shows the fetches
    going to broker 2, and it keeps consuming while the leader is stopped (SIGSTOP), which
    only a follower can serve.
-4. Failover: the writer, also the controller, is SIGKILLed. Within
-   broker.session.timeout.ms (+ slack) Metadata from the others (confluent, kafka-python,
-   kcat) no longer lists it, names broker 2 controller and, for its partitions, leader 2
-   with isr 2,3 (offline replica 1). A confluent consumer group (its coordinator is now
-   broker 2) reads every acknowledged record from broker 2's verified copy, byte for
-   byte; CreateTopics goes to broker 2 and succeeds there; a producer's send to the
-   dead writer's topic is refused with NOT_LEADER_OR_FOLLOWER, retried, and delivered
-   once the writer is restarted and leads again. Committed offsets survive it: a group
-   that read part of the topic and committed on broker 1 resumes through brokers 2/3
-   exactly after its commit (broker 2 took over broker 1's commits from its copy of
-   broker 1's offsets archive), commits more there, and resumes after that commit once
-   broker 1 is back and coordinates again (OffsetFetch, from the consumer and the admin,
-   agrees each time).
+4. Failover: the writer, also the controller, is SIGKILLed. Once its etcd lease expires
+   (broker.session.timeout.ms) Metadata from the others (confluent, kafka-python, kcat)
+   no longer lists it, names the newly elected controller (2 or 3, whichever etcd
+   elected) and, for its partitions, leader 2 with isr 2,3 (offline replica 1). A
+   confluent consumer group (coordinated by the new controller) reads every acknowledged
+   record from broker 2's verified copy, byte for byte; CreateTopics goes to the new
+   controller and succeeds there; a producer's send to the dead writer's topic is
+   refused with NOT_LEADER_OR_FOLLOWER, retried, and delivered once the writer is
+   restarted and leads again. Committed offsets survive it: a group that read part of
+   the topic and committed on broker 1 resumes through brokers 2/3 exactly after its
+   commit (the new coordinator adopted broker 1's state, the previous coordinator's in
+   etcd, from its copy of broker 1's offsets archive), commits more there, and resumes
+   after that commit once broker 1 is back (the coordinator stays where etcd elected
+   it; OffsetFetch, from the consumer and the admin, agrees each time).
 5. acks=all with min.insync.replicas=2 succeeds while the mirrors are up; with both
    mirrors SIGKILLed it fails with NOT_ENOUGH_REPLICAS_AFTER_APPEND, the ISR shrinks to
    the leader no sooner than replica.lag.time.max.ms after the kill, and the next
@@ -56,8 +59,11 @@ from typing import Any
 import pytest
 
 from compat_tests import harness
+from compat_tests.etcd import EtcdServer, etcd_binary
 from compat_tests.harness import ROOT, Broker
 from compat_tests.java_tools import CONSOLE_CONSUMER, JavaTools, require_java
+
+ETCD_MISSING = "etcd is not installed (Debian: apt-get install -y etcd-server etcd-client; scripts/test does it as root)"
 
 LAG_MS = 5000  # short, to see the ISR shrink; long enough for a loaded CI machine
 # Short, to see failover within the test; above LAG_MS, so that step 5 sees the ISR
@@ -72,8 +78,10 @@ ADMIN = textwrap.dedent(
     import sys
     from confluent_kafka.admin import AdminClient, NewTopic
     a = AdminClient({"bootstrap.servers": sys.argv[1]})
-    fs = a.create_topics([NewTopic("acks", 1, 3, config={"min.insync.replicas": "2"}),
-                          NewTopic("racked", 1, 3), NewTopic("failover", 1, 3)], operation_timeout=10)
+    on_1 = [[1, 2, 3]]  # broker 1 first: the controller places each on broker 1
+    fs = a.create_topics([NewTopic("acks", 1, replica_assignment=on_1, config={"min.insync.replicas": "2"}),
+                          NewTopic("racked", 1, replica_assignment=on_1), NewTopic("failover", 1, replica_assignment=on_1)],
+                         operation_timeout=10)
     for name, f in fs.items():
         f.result(20)
     print("created")
@@ -282,6 +290,14 @@ PENDING_PRODUCE = textwrap.dedent(
     """
 )
 
+CONTROLLER = textwrap.dedent(
+    """
+    import sys
+    from confluent_kafka.admin import AdminClient
+    print(AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=10).controller_id)
+    """
+)
+
 CREATE_ONE = textwrap.dedent(
     """
     import sys
@@ -301,17 +317,22 @@ def _py(code: str, *args: str, timeout: float = 60) -> str:
     return out.stdout
 
 
-def _properties(path: Path, node_id: int, rack: str, ports: list[int], rport: int) -> Path:
-    brokers = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(ports))
+def _properties(path: Path, node_id: int, rack: str, etcd: EtcdServer, rport: int) -> Path:
     path.write_text(textwrap.dedent(f"""\
         node.id={node_id}
         broker.rack={rack}
-        hyperkafka.cluster.brokers={brokers}
+        hyperkafka.cluster.etcd.endpoints={etcd.endpoint}
         hyperkafka.replication.listen=127.0.0.1:{rport}
         replica.lag.time.max.ms={LAG_MS}
         broker.session.timeout.ms={SESSION_MS}
         """))
     return path
+
+
+def _controller(b: Broker) -> int:
+    """The controller `b`'s Metadata names (-1: none elected right now)."""
+    out = _py(CONTROLLER, b.bootstrap, timeout=30)
+    return int(out.strip())
 
 
 def _metadata(b: Broker, timeout: float = 60) -> dict[str, Any]:
@@ -348,14 +369,19 @@ def test_three_broker_cluster(workdir: Path) -> None:
     racks = ["rack-1", "rack-2", "rack-3"]
     brokers: list[Broker] = []
     stopped: list[int] = []
+    harness.require(etcd_binary() is not None, ETCD_MISSING)
+    etcd = EtcdServer(workdir / "etcd")
     try:
+        etcd.start()
         for i in range(3):
-            props = _properties(workdir / f"b{i + 1}.properties", i + 1, racks[i], ports, rports[i])
+            props = _properties(workdir / f"b{i + 1}.properties", i + 1, racks[i], etcd, rports[i])
             brokers.append(harness.new_broker(workdir / f"broker-{i + 1}", port=ports[i],
                                               extra=("--config", str(props))))
-        for b in brokers:
-            b.start()
         leader, m2, m3 = brokers
+        leader.start()
+        _wait("broker 1 elected controller", lambda: _controller(leader) == 1)
+        m2.start()
+        m3.start()
 
         # 1. topics created through broker 3, which is not the controller
         assert "created" in _py(ADMIN, m3.bootstrap)
@@ -418,17 +444,23 @@ def test_three_broker_cluster(workdir: Path) -> None:
         # commit is answered once the in-sync brokers hold it)
         first = json.loads(_py(GROUP_RESUME, leader.bootstrap, "resume", str(N_RESUME[0])))
         assert first == {"offsets": list(range(N_RESUME[0])), "committed": N_RESUME[0],
-                         "admin": {"failover-0": N_RESUME[0]}, "coordinator": 1}, first
+                         "admin": {"failover-0": N_RESUME[0]}, "coordinator": first["coordinator"]}, first
+        # (broker 1, unless its lease expired while step 3 held it stopped)
+        assert first["coordinator"] == _controller(m2), first
         leader.kill()  # SIGKILL
         killed = time.monotonic()
         survivors = [[i + 1, "127.0.0.1", p] for i, p in enumerate(ports) if i > 0]
+        ctl = 0  # the controller etcd elects once broker 1's lease expired: 2 or 3
         for b in (m2, m3):
             def failed_over(b: Broker = b) -> dict[str, Any] | None:
+                nonlocal ctl
                 try:
                     md = _metadata(b, timeout=20)
                 except (AssertionError, subprocess.TimeoutExpired):  # it tried the dead broker, still listed
                     return None
-                ok = all([b[0] for b in md[client]["brokers"]] == [2, 3] and md[client]["controller"] == 2
+                if not ctl and md["confluent"]["controller"] in (2, 3):
+                    ctl = md["confluent"]["controller"]  # (-1 while none is elected)
+                ok = all([b[0] for b in md[client]["brokers"]] == [2, 3] and md[client]["controller"] == ctl in (2, 3)
                          and all(md[client]["topics"].get(t) == [[0, 2, [1, 2, 3], [2, 3]]]
                                  for t in ("acks", "racked", "failover"))
                          for client in ("confluent", "kafka-python"))
@@ -439,26 +471,27 @@ def test_three_broker_cluster(workdir: Path) -> None:
                 gone = time.monotonic() - killed
                 assert gone <= SESSION_MS / 1000 + 10, gone
             assert md["confluent"]["brokers"] == survivors
-            # Each broker declares broker 1 dead from its own probes, so the two survivors
-            # flip up to a probe interval apart, and the clients above may have been
-            # answered by the other one: kcat, asking `b` alone, waits for `b` to flip.
+            # Each broker hears of the lease's expiry through its own etcd watch, and the
+            # clients above may have been answered by the other one: kcat, asking `b`
+            # alone, waits for `b` to flip.
             _wait(f"kcat sees broker 2 lead failover through {b.bootstrap}",
                   lambda b=b: _kcat_isr(kcat, b, "failover") == ("2", "1,2,3", "2,3"), timeout=10)
         # every acknowledged record, read from broker 2's verified copy by a group that
-        # broker 2 (the controller now) coordinates
+        # the new controller coordinates
         got = json.loads(_py(FAILOVER_CONSUME, m3.bootstrap, str(N_FAILOVER)))
         want = [[i, k.hex(), v.hex(), [[hk, hv.hex()] for hk, hv in h]]
                 for i, (k, v, h) in ((i, _record(i)) for i in acked)]
         assert got == want, (len(got), got[-1:])
-        # the group resumes on broker 2 (it took over broker 1's commits): exactly after
-        # the committed offset, nothing read again, nothing skipped; it commits more there
+        # the group resumes on the new coordinator (it took over broker 1's commits):
+        # exactly after the committed offset, nothing read again, nothing skipped; it
+        # commits more there
         done = N_RESUME[0]
         second = json.loads(_py(GROUP_RESUME, f"{m2.bootstrap},{m3.bootstrap}", "resume", str(N_RESUME[1])))
         assert second == {"offsets": list(range(done, done + N_RESUME[1])), "committed": done + N_RESUME[1],
-                          "admin": {"failover-0": done + N_RESUME[1]}, "coordinator": 2}, second
+                          "admin": {"failover-0": done + N_RESUME[1]}, "coordinator": ctl}, second
         done += N_RESUME[1]
-        # topics are created on the controller, broker 2 now
-        assert "created" in _py(CREATE_ONE, m3.bootstrap, "made-while-1-is-down", "3")
+        # topics are created on the controller (two brokers are registered: a factor of 2)
+        assert "created" in _py(CREATE_ONE, m3.bootstrap, "made-while-1-is-down", "2")
         # a send to the dead writer's topic: refused (retriable) until it is back, then delivered
         pending = subprocess.Popen([sys.executable, "-c", PENDING_PRODUCE, f"{m2.bootstrap},{m3.bootstrap}"],
                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -474,12 +507,13 @@ def test_three_broker_cluster(workdir: Path) -> None:
                 pending.kill()
         assert late["results"] == [["NONE", N_FAILOVER]], late
         assert late["refusals"] >= 1, late
-        # broker 1 is controller again: it coordinates the group with broker 2's commit
-        # (newer than its own), and the group resumes after it, to the late record
+        # broker 1 back is not controller (etcd's election stands): the group, asked
+        # through broker 1, resumes after the new coordinator's commit, to the late record
         third = json.loads(_py(GROUP_RESUME, leader.bootstrap, "resume", str(N_FAILOVER + 1 - done)))
         assert third == {"offsets": list(range(done, N_FAILOVER + 1)), "committed": N_FAILOVER + 1,
-                         "admin": {"failover-0": N_FAILOVER + 1}, "coordinator": 1}, third
-        print(f"\n  broker 1 left Metadata {gone:.2f}s after SIGKILL (broker.session.timeout.ms={SESSION_MS}); "
+                         "admin": {"failover-0": N_FAILOVER + 1}, "coordinator": ctl}, third
+        print(f"\n  broker 1 left Metadata {gone:.2f}s after SIGKILL (its etcd lease TTL, "
+              f"broker.session.timeout.ms={SESSION_MS}); "
               f"the send waiting for it was delivered after {late['refusals']} refusal line(s)", file=sys.stderr)
 
         # 5. acks=all with min.insync.replicas=2
@@ -516,6 +550,7 @@ def test_three_broker_cluster(workdir: Path) -> None:
                 b.stop()
             except harness.BrokerError:
                 b.kill()
+        etcd.stop()
 
 
 # The Java tools' log4j2 configuration, plus the consumer's fetch decisions at DEBUG.
@@ -544,17 +579,21 @@ def test_java_consumer_fetches_from_its_rack(workdir: Path) -> None:
         kcat, why = harness.find_kcat("old")
     harness.require(kcat is not None, why)
     assert kcat is not None
+    harness.require(etcd_binary() is not None, ETCD_MISSING)
     ports = [harness.free_port() for _ in range(2)]
+    etcd = EtcdServer(workdir / "etcd")
     brokers = [harness.new_broker(workdir / f"broker-{i + 1}", port=ports[i], extra=(
-        "--config", str(_properties(workdir / f"b{i + 1}.properties", i + 1, f"rack-{i + 1}", ports, harness.free_port()))))
+        "--config", str(_properties(workdir / f"b{i + 1}.properties", i + 1, f"rack-{i + 1}", etcd, harness.free_port()))))
         for i in range(2)]
     stopped: list[int] = []
     n = 60
     try:
-        for b in brokers:
-            b.start()
+        etcd.start()
         leader = brokers[0]
-        assert "created" in _py(CREATE_ONE, leader.bootstrap, "java-rack", "2")
+        leader.start()
+        _wait("broker 1 elected controller", lambda: _controller(leader) == 1)
+        brokers[1].start()
+        assert "created" in _py(CREATE_ONE, leader.bootstrap, "java-rack", "2")  # placed on 1, the least loaded
         produced = json.loads(_py(PRODUCE, leader.bootstrap, "java-rack", "all", str(n)))
         assert produced["results"] == ["NONE"] * n, produced
         _wait("broker 2 in the ISR", lambda: _kcat_isr(kcat, leader, "java-rack") == ("1", "1,2", "1,2"))
@@ -606,3 +645,4 @@ def test_java_consumer_fetches_from_its_rack(workdir: Path) -> None:
                 b.stop()
             except harness.BrokerError:
                 b.kill()
+        etcd.stop()

@@ -4,7 +4,8 @@ Owns `Membership`: this broker's session in etcd and its view of everyone else's
 `Member`/`Placement`, the records it keeps there. Keys, under ``/<hyperkafka.cluster.name>/``:
 
 * ``brokers/<id>``: a live broker's registration (id, Kafka address, rack, node key),
-  attached to its lease. Liveness is the lease, as Kafka's broker.session.timeout.ms is
+  attached to its lease; ``members/<id>``: the same, without a lease (the brokers that
+  belong to the cluster, alive or not: every archive's replicas). Liveness is the lease, as Kafka's broker.session.timeout.ms is
   the KRaft controller's heartbeat deadline: a broker whose lease expires (killed, paused,
   cut off from etcd) leaves the cluster at once in every broker's view.
 * ``controller``: the elected controller's id, created only if absent (a transaction)
@@ -128,7 +129,10 @@ class Membership:
         self.me = me
         self.ttl_s = max(1, ttl_s)
         self.clock = clock
-        self.members: dict[int, Member] = {}
+        self.members: dict[int, Member] = {}  # live: registered on a lease
+        # Every broker that ever registered (a key without lease, as KRaft keeps a fenced
+        # broker's registration): the replicas of every archive, alive or not.
+        self.known: dict[int, Member] = {}
         self.placements: dict[str, Placement] = {}
         self.controller: int | None = None
         self.controller_epoch = 0  # create revision of the controller key (0: none)
@@ -192,12 +196,13 @@ class Membership:
         rel = kv.key[len(self.prefix) :].decode(errors="replace")
         kind, _, rest = rel.partition("/")
         try:
-            if kind == "brokers":
+            if kind in ("brokers", "members"):
                 node_id = int(rest)
+                table = self.members if kind == "brokers" else self.known
                 if deleted:
-                    self.members.pop(node_id, None)
+                    table.pop(node_id, None)
                 else:
-                    self.members[node_id] = Member.decode(kv.value)
+                    table[node_id] = Member.decode(kv.value)
             elif rel == "controller":
                 if deleted:
                     self.controller, self.controller_epoch = None, 0
@@ -270,7 +275,12 @@ class Membership:
         key = self.broker_key(self.me.node_id)
         while True:
             r = await self.etcd.txn(
-                [Compare.absent(key)], [Op.put(key, self.me.encode(), self.lease)], [Op.get(key)]
+                [Compare.absent(key)],
+                [
+                    Op.put(key, self.me.encode(), self.lease),
+                    Op.put(self._key("members", str(self.me.node_id)), self.me.encode()),
+                ],
+                [Op.get(key)],
             )
             if r.succeeded:
                 log.info(
@@ -323,6 +333,7 @@ class Membership:
         while True:
             kvs, revision = await self.etcd.get(self.prefix, prefix=True)
             self.members.clear()
+            self.known.clear()
             self.placements.clear()
             self.controller, self.controller_epoch, self.coordinator_record = None, 0, None
             for kv in kvs:

@@ -148,9 +148,15 @@ class Cluster:
     broker/cluster/membership.py); this class keeps what the brokers tell each other
     directly: node keys, progress of each copy, the ISR and the acks=all wait."""
 
-    def __init__(self, membership: Membership, *, replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS,
-                 session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS, rack_aware: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        membership: Membership,
+        *,
+        replica_lag_ms: int = DEFAULT_REPLICA_LAG_MS,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        rack_aware: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.membership = membership
         self.me = membership.me.node_id
         self.lag_s = replica_lag_ms / 1000
@@ -177,9 +183,11 @@ class Cluster:
 
     @property
     def brokers(self) -> dict[int, ClusterBroker]:
-        """The registered brokers (their etcd leases are alive), this one included."""
+        """The brokers of the cluster, alive or not (`alive` tells), this one included."""
         m = self.membership
-        out = {i: ClusterBroker(b.node_id, b.host, b.port) for i, b in m.members.items()}
+        out = {
+            i: ClusterBroker(b.node_id, b.host, b.port) for i, b in {**m.known, **m.members}.items()
+        }
         if self.me not in out:
             out[self.me] = ClusterBroker(self.me, m.me.host, m.me.port)
         return out
@@ -189,8 +197,12 @@ class Cluster:
         m = self.membership
         return {**{i: b.rack for i, b in m.members.items()}, self.me: m.me.rack}
 
-    def take_metadata(self, peer: int, partitions: Iterable[tuple[str, int, list[int], list[int]]],
-                      controller: int | None = None) -> None:
+    def take_metadata(
+        self,
+        peer: int,
+        partitions: Iterable[tuple[str, int, list[int], list[int]]],
+        controller: int | None = None,
+    ) -> None:
         """A peer's Metadata answer, (topic, partition, replicas, isr) for each partition,
         and the controller it names: for what it writes (its id first among the replicas)
         its ISR is the truth and replaces what we had (a partition left out was deleted).
@@ -206,8 +218,13 @@ class Cluster:
             writer = replicas[0] if replicas else None
             if writer == peer:
                 own[key] = isr
-            elif (writer is not None and writer != self.me and isr and key not in self.remote_isr
-                  and not self.alive(writer)):
+            elif (
+                writer is not None
+                and writer != self.me
+                and isr
+                and key not in self.remote_isr
+                and not self.alive(writer)
+            ):
                 self.remote_isr[key] = isr
         for key in [k for k, w in self._isr_writer.items() if w == peer and k not in own]:
             del self._isr_writer[key]
@@ -233,9 +250,13 @@ class Cluster:
         named it controller in its last Metadata answer (so it coordinates no group any
         more), and our copy of that peer's offsets archive holds what the peer said it
         has. A dead peer's copy is what it is: nobody adds to it."""
-        return all(self._named_controller.get(i) == self.me
-                   and (c := self.offsets_copies.get(i)) is not None and c.caught_up()
-                   for i in self.live_ids() if i != self.me)
+        return all(
+            self._named_controller.get(i) == self.me
+            and (c := self.offsets_copies.get(i)) is not None
+            and c.caught_up()
+            for i in self.live_ids()
+            if i != self.me
+        )
 
     async def wait_handed_over(self, timeout_s: float) -> bool:
         """Wait (at most `timeout_s`) until `handed_over`; whether it is."""
@@ -365,7 +386,8 @@ class Cluster:
         now = self.clock() if now is None else now
         need = self._required(a, now)
         return sorted(
-            i for i, p in a.peers.items()
+            i
+            for i, p in a.peers.items()
             if p.length >= need
             and (p.connections > 0 or now - p.last_seen <= self.lag_s)
             and self.alive(i, now)  # a dead broker leaves every ISR at once, as Kafka fences it
@@ -410,7 +432,9 @@ class Cluster:
         return max(candidates, key=lambda i: (a.peers[i].length, -i))
 
 
-async def _wait_until(done: Callable[[], bool], changed: Callable[[], trio.Event], timeout_s: float) -> bool:
+async def _wait_until(
+    done: Callable[[], bool], changed: Callable[[], trio.Event], timeout_s: float
+) -> bool:
     """Wait (at most `timeout_s`) until `done()`, waking at each `changed()` event (taken
     before each look, as it is replaced when set) and at least every WAIT_TICK_MAX_S,
     since a peer may die by time alone; whether `done()` holds at the end."""

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.cluster import signed_blocks
+from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import EtcdError
 from broker.groups import codes
 from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, adopt, last_words
@@ -166,7 +166,7 @@ class GroupCoordinator:
                 if replayed is not None:
                     self._install(replayed)
             else:
-                nursery.start_soon(self._follow_controller)
+                nursery.start_soon(self._follow_controller, self.node.cluster)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -200,15 +200,13 @@ class GroupCoordinator:
             self.resign()  # controller again in a new epoch: take over again first
         return codes.NONE if self.loaded else codes.COORDINATOR_LOAD_IN_PROGRESS
 
-    async def _follow_controller(self) -> None:
-        cluster = self.node.cluster
-        assert cluster is not None
+    async def _follow_controller(self, cluster: Cluster) -> None:
         while True:
             if self.loaded and (not cluster.is_controller or self.loaded_epoch != cluster.membership.controller_epoch):
                 self.resign()
             if cluster.is_controller and not self.loaded:
                 try:
-                    await self.take_over()
+                    await self.take_over(cluster)
                 except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
                     log.exception("taking over the groups failed")
                     await trio.sleep(TAKEOVER_RETRY_S)
@@ -225,7 +223,7 @@ class GroupCoordinator:
         log.info("no longer the group coordinator (broker %s is controller)",
                  self.node.cluster.controller_id if self.node.cluster is not None else "?")
 
-    async def take_over(self) -> None:
+    async def take_over(self, cluster: Cluster) -> None:
         """Become the coordinator: wait (at most a session timeout) until our copy of every
         live peer's offsets archive holds what that peer has; adopt from the archive of
         the previous coordinator (the broker etcd names in ``groups/coordinator``) every
@@ -233,8 +231,6 @@ class GroupCoordinator:
         order, no clocks), writing them into our own archive; then record in etcd, under
         our controller epoch, that our archive is the one now, and load it. Group
         requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
-        cluster = self.node.cluster
-        assert cluster is not None
         started = trio.current_time()
         epoch = cluster.membership.controller_epoch
         if not await cluster.wait_handed_over(cluster.session_s):

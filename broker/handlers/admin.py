@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from broker.api import Reply, RequestContext, api
+from broker.cluster import Cluster
 from broker.cluster.etcd import EtcdError
 from broker.config import ConfigEntry, ConfigSource
 from broker.handlers import errors
@@ -76,13 +77,19 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
             if node.cluster is not None and any(not set(a.broker_ids) <= set(node.cluster.brokers) for a in t.assignments):
                 entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only brokers {sorted(node.cluster.brokers)} exist")
                 continue
+            if node.cluster is not None and len({a.broker_ids[0] if a.broker_ids else -1 for a in t.assignments}) != 1:
+                entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT,
+                             error_message="Every partition of a topic has the same writer here: name the same first broker for each")
+                continue
             if node.cluster is None and any(list(a.broker_ids) != [node.config.node_id] for a in t.assignments):
                 entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only broker {node.config.node_id} exists")
                 continue
         try:
             configs = {c.name: c.value for c in t.configs}
             if node.cluster is not None:  # the controller places it in etcd (broker/placement.py)
-                topic = await create_placed(node, t.name, partitions, replication, configs, validate_only=req.validate_only)
+                writer = t.assignments[0].broker_ids[0] if t.assignments else None  # Kafka's preferred leader
+                topic = await create_placed(node, node.cluster, t.name, partitions, replication, configs,
+                                            validate_only=req.validate_only, writer=writer)
             else:
                 topic = await node.create_topic_off_loop(t.name, partitions, replication, configs,
                                                          validate_only=req.validate_only)
@@ -111,11 +118,9 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
 FORWARD_TIMEOUT_S = 5.0
 
 
-async def _unplace(node: Node, name: str) -> None:
+async def _unplace(cluster: Cluster, name: str) -> None:
     """Cluster mode, on the controller: drop the topic's placement from etcd (fenced by the
     controller epoch) before its archives go, so its writer does not make it again."""
-    cluster = node.cluster
-    assert cluster is not None
     try:
         ok = await cluster.membership.unplace(name)
     except EtcdError as exc:
@@ -124,13 +129,11 @@ async def _unplace(node: Node, name: str) -> None:
         raise TopicError(errors.NOT_CONTROLLER, "This broker is no longer the controller (its epoch was fenced).")
 
 
-async def _delete_on_writer(node: Node, name: str, writer: int, timeout_s: float) -> None:
+async def _delete_on_writer(node: Node, cluster: Cluster, name: str, writer: int, timeout_s: float) -> None:
     """Cluster mode, on the controller: delete `name`, which broker `writer` writes, there;
     return once our mirror dropped it (or the timeout passed: it will shortly)."""
     from broker.mirror import kafka_request  # the client side of the mirror machinery
 
-    cluster = node.cluster
-    assert cluster is not None
     if not cluster.alive(writer):
         raise TopicError(errors.LEADER_NOT_AVAILABLE,
                          f"Topic {name} is written by broker {writer}, which is down; delete it once it is back.")
@@ -186,12 +189,12 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
                 if not cluster.alive(topic.leader_id):
                     raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Topic {name} is written by broker "
                                      f"{topic.leader_id}, which is down; delete it once it is back.")
-                await _unplace(node, name)
+                await _unplace(cluster, name)
                 timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
-                await _delete_on_writer(node, name, topic.leader_id, timeout_s)
+                await _delete_on_writer(node, cluster, name, topic.leader_id, timeout_s)
                 continue
             if cluster is not None and cluster.is_controller and node.config.delete_topic_enable:
-                await _unplace(node, name)
+                await _unplace(cluster, name)
             await node.delete_topic(name)
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)

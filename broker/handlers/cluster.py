@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from broker.api import Reply, RequestContext, advertised, api
-from broker.cluster import NO_LEADER
+from broker.cluster import NO_LEADER, Cluster
 from broker.handlers import errors
 from broker.node import Node, Partition, Topic, TopicError, check_topic_name
 from broker.placement import create_placed
@@ -100,15 +100,13 @@ def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
     }
 
 
-async def _create_on_controller(node: Node, name: str) -> None:
+async def _create_on_controller(cluster: Cluster, name: str) -> None:
     """Cluster mode, auto-creation asked of a broker that is not the controller: ask the
     controller (Kafka forwards it there too, KIP-590); the topic reaches this broker
     through its mirror of the controller, meanwhile the client hears LEADER_NOT_AVAILABLE
     and asks again."""
     from broker.mirror import kafka_request  # the client side of the mirror machinery
 
-    cluster = node.cluster
-    assert cluster is not None
     controller = cluster.brokers.get(cluster.controller_id)
     if controller is None:  # none elected right now: the client asks again
         return
@@ -158,18 +156,19 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, "unknown topic")
                     if not authorize(ctx, Operation.CREATE, name):
                         raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "not authorized to create")
-                    if node.cluster is not None and name in node.cluster.membership.placements:
+                    cluster = node.cluster
+                    if cluster is None:
+                        topic = node.create_topic(name)
+                    elif name in cluster.membership.placements:
                         # placed in etcd, not here yet (its writer makes it, our mirror attaches it)
                         raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed, not created yet")
-                    if node.cluster is not None and not node.cluster.is_controller:
-                        await _create_on_controller(node, name)
+                    elif not cluster.is_controller:
+                        await _create_on_controller(cluster, name)
                         raise TopicError(errors.LEADER_NOT_AVAILABLE, "created on the controller")
-                    if node.cluster is not None:
-                        topic = await create_placed(node, name)
+                    else:
+                        topic = await create_placed(node, cluster, name)
                         if topic is None:
                             raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed on another broker")
-                    else:
-                        topic = node.create_topic(name)
                 except TopicError as exc:
                     code = exc.code
                     if code == errors.TOPIC_ALREADY_EXISTS or (node.cluster is not None and code == errors.NOT_CONTROLLER):

@@ -216,7 +216,7 @@ async def test_a_coordinator_whose_epoch_is_gone_acknowledges_nothing(tmp_path: 
             await eventually(lambda: a.groups.loaded)  # controller, nobody to hand over from
         first_epoch = a.groups.loaded_epoch
         assert first_epoch == cluster.membership.controller_epoch > 0
-        await create_placed(a, "t", 1)
+        await create_placed(a, cluster, "t", 1)
         await commit(a.groups, "g", {("t", 0): 5})
         await client.revoke(cluster.membership.lease)  # what expiry does: its keys are gone
         entries = [CommitEntry("t", 0, 6, -1, None)]
@@ -248,7 +248,8 @@ async def test_cluster_compaction_keeps_young_tombstones(tmp_path: Path, etcd: E
         node.cluster.take_metadata(2, [], controller=2)
         with trio.fail_after(10):
             await eventually(lambda: node.groups.loaded)
-        await create_placed(node, "t", 1)
+        assert node.cluster is not None
+        await create_placed(node, node.cluster, "t", 1)
         c = node.groups
         for g in ("old", "young", "kept"):
             await commit(c, g, {("t", 0): 1})
