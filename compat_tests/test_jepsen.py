@@ -183,6 +183,12 @@ def test_checker_group_commits_and_topics() -> None:
     assert checker.topics_agree([], {1: {"t2": {0: 1}}, 2: {"t2": {0: 1}}, 3: {}}) == []
 
 
+def test_checker_recovered() -> None:
+    sends = [_send("a", 0, 0, 0, t) for t in (1, 5)] + [_send("b", 0, None, 6, 9, ok=False)]
+    assert checker.recovered(sends, "send", 4, "send") == []
+    assert checker.recovered(sends, "send", 5.5, "send")  # only a failure after 5.5
+
+
 def test_checker_unavailability() -> None:
     faults = [checker.Fault("kill", 10, 15, 30)]
     sends = [_send("a", 0, 0, 0, t) for t in (9, 11, 19, 20, 25, 29)]
@@ -329,6 +335,9 @@ def _print(report: Report, workdir: Path, capsys: pytest.CaptureFixture[str]) ->
 KNOWN_GAPS = {
     "internal topics agree": "each broker lists its own __consumer_offsets-0 and names itself "
     "its leader: offsets are not yet one sharded Kafka topic (issue 16 item 3)",
+    "admin recovers": "in 4 of 8 runs, once the controller had been cut off, CreateTopics was "
+    "answered NOT_CONTROLLER until the end of the run, heals included (liveness, not safety; "
+    "not diagnosed yet)",
 }
 
 

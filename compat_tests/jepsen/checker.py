@@ -22,6 +22,7 @@ Owns the checks and the unavailability table. Each check returns a list of viola
   fenced coordinator would have refused it.
 * `topics_agree`: every acknowledged CreateTopics is in every broker's final Metadata, and
   every topic any two brokers list has the same leader for each partition in both.
+* `recovered`: after the last heal and a recovery time, each kind of client succeeds again.
 * `unavailability`: per fault, the longest stretch without a successful send, without a
   successful commit (real groups) and without a successful CreateTopics (the admin), from
   the fault's start until the next fault (the last one: until the clients stop).
@@ -210,6 +211,13 @@ def topics_agree(
                 + "; ".join(f"{k} by {v}" for k, v in leaders.items())
             )
     return out
+
+
+def recovered(events: Iterable[Event], op: str, since: float, what: str) -> list[str]:
+    """Liveness after the last heal: some `op` succeeded after `since`."""
+    if any(e["op"] == op and e["ok"] and e["t1"] > since for e in events):
+        return []
+    return [f"no successful {what} after t={since:.3f} (the last heal plus the recovery time)"]
 
 
 @dataclass

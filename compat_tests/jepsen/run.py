@@ -251,6 +251,10 @@ def run(
                 undo()
             faults.append(checker.Fault(desc, start, time.monotonic(), 0.0))
             time.sleep(recover)
+        # After the last fault, a second recovery time in which every kind of client must
+        # succeed again (checker.recovered).
+        recovered_at = time.monotonic()
+        time.sleep(recover)
         clients.stop()
         t_end = time.monotonic()
         for i, f in enumerate(faults):
@@ -261,6 +265,7 @@ def run(
         cluster.close()
 
     state = {
+        "recovered_at": recovered_at,
         "seconds": time.monotonic() - t_begin,
         "faults": [f.__dict__ for f in faults],
         "final": final,
@@ -320,6 +325,11 @@ def evaluate(workdir: Path) -> Report:
             commits, _ints(final["group"])
         ),
         "one coordinator per group": checker.two_coordinators(_of(probe, f"{PROBE_GROUP}-all")),
+        "producers recover": checker.recovered(sends, "send", state["recovered_at"], "send"),
+        "groups recover": checker.recovered(commits, "commit", state["recovered_at"], "commit"),
+        "admin recovers": checker.recovered(
+            creates, "create", state["recovered_at"], "CreateTopics"
+        ),
         "topics agree": checker.topics_agree(
             creates + _of_op(probe, "create"), _without(views, INTERNAL)
         ),
