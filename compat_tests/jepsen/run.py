@@ -254,7 +254,7 @@ def run(
         # After the last fault, a second recovery time in which every kind of client must
         # succeed again (checker.recovered).
         recovered_at = time.monotonic()
-        time.sleep(recover)
+        time.sleep(max(recover, 2 * session_ms / 1000))
         clients.stop()
         t_end = time.monotonic()
         for i, f in enumerate(faults):
