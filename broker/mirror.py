@@ -34,8 +34,9 @@ FORMAT.md section 10). A topic deleted on its writer stays served from the copy 
 in cluster mode the copy is deleted, as Kafka's replicas are. Not done: retention on
 mirrors, mirroring a mirror's copy of a third node.
 
-Cluster mode (broker/cluster.py): `run_replication` starts one NodeMirror per other broker
-of the cluster, which knows that broker's id (the leader of what it mirrors), connects
+Cluster mode (broker/cluster/): `run_replication` starts one NodeMirror per other broker
+registered in etcd (as it registers, its node key pinned from its registration), which
+knows that broker's id (the leader of what it mirrors), connects
 with this node's key as its Noise static key (the writer counts our `range` messages as
 this broker's progress), tells `Node.cluster` the peer's key and rack once discovered,
 and `poll_leader_isr` keeps the ISR the peer reports for what it writes (and the
@@ -837,8 +838,14 @@ async def _mirror_members(node: Node, cluster: Cluster, nursery: trio.Nursery) -
         for member in list(cluster.membership.members.values()):
             if member.node_id == cluster.me or member.node_id in started:
                 continue
+            try:
+                pinned = bytes.fromhex(member.node_key)
+            except ValueError:
+                pinned = b""
+            if len(pinned) != 32:  # no key we could pin: not mirrored (it registers again)
+                log.error("cluster: broker %d registered no valid node key; not mirroring it", member.node_id)
+                continue
             started.add(member.node_id)
-            pinned = bytes.fromhex(member.node_key) if member.node_key else None
             peer = ClusterBroker(member.node_id, member.host, member.port)
             await nursery.start(NodeMirror(node, MirrorTarget(member.host, member.port, pinned), member.node_id).run)
             nursery.start_soon(poll_leader_isr, cluster, peer)

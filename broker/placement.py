@@ -41,14 +41,14 @@ log = logging.getLogger("hyperkafka.cluster")
 
 
 def choose_writer(cluster: Cluster) -> int:
-    """The live broker to write a new topic: the rack that writes the fewest topics, then
-    the broker there that writes the fewest, then the lowest id (as Kafka's rack-aware
-    replica placement spreads leaders over racks first, then brokers)."""
+    """The live broker to write a new topic: the one that writes the fewest topics (so
+    every broker adds write capacity), among those the one whose rack writes the fewest
+    (writers spread over racks), then the lowest id."""
     live = cluster.live_ids()
     racks = cluster.racks
     per_broker = Counter(p.writer for p in cluster.membership.placements.values())
     per_rack = Counter(racks.get(w) for w in per_broker.elements() if w in live)
-    return min(live, key=lambda i: (per_rack[racks.get(i)], per_broker[i], i))
+    return min(live, key=lambda i: (per_broker[i], per_rack[racks.get(i)], i))
 
 
 async def create_placed(

@@ -3,7 +3,7 @@
 Owns `serve_replication` (a TCP listener; `hyperkafka serve --replication-listen`) and
 `replication_config_entries` (what DescribeConfigs on the BROKER resource adds so a mirror
 can find us), and in cluster mode reports to `Node.cluster` how far each broker's copy
-of each archive written here has got (broker/cluster.py). One connection carries every
+of each archive written here has got (broker/cluster/). One connection carries every
 archive a peer replicates from us, as Hypercore does: the peer opens a ``hypercore/alpha``
 channel per archive (id = its discovery key) and we serve whichever archive that names
 (the catalog, any topic partition, or any archive this node itself mirrors); a channel

@@ -1,51 +1,36 @@
-"""Cluster mode: brokers listed in one config, replicas, in-sync replicas and acks=all.
+"""Cluster mode: replicas, in-sync replicas and acks=all, over the etcd view.
 
-Owns `Cluster` (the membership itself, `ClusterBroker` parsed from
-``hyperkafka.cluster.brokers``, lives in broker/config.py), the state every broker keeps about the others: what it learned of each peer
-(node key, rack), how far each peer's copy of each archive written here has got, and from
-that the in-sync replicas and the acks=all wait.
+Owns `Cluster`, the state every broker keeps about the others: the etcd view
+(`membership`, broker/cluster/membership.py: who is alive, who is controller, where each
+topic is placed), what it learned of each peer (node key), how far each peer's copy of
+each archive written here has got, and from that the in-sync replicas and the acks=all
+wait. Design, as Kafka and Hypercore each would have it:
 
-Design, as Kafka and Hypercore each would have it:
-
-* Membership is static, as Kafka's ``controller.quorum.voters``: every broker's
-  server.properties carries the same ``hyperkafka.cluster.brokers=ID@HOST:PORT,...`` (the
-  Kafka address each broker advertises). Everything else about a peer (node key,
-  replication address, rack) is learned from its Kafka port (broker/mirror.py discovery),
-  so a broker's own settings live in its own file only.
-* Every broker mirrors every other broker (the `--mirror` machinery): the writer of an
-  archive, the only holder of its key, is its leader; replicas are all brokers, writer
-  first. Writes never move (an archive has one signer), so the leader epoch stays 0.
-* Liveness, as Kafka's broker.session.timeout.ms (default 9 s): every broker probes
-  every other's Kafka port about once a second (the Metadata request that also brings the
-  writer's ISR, broker/mirror.py `poll_leader_isr`); a peer whose last answer is older than
-  the session timeout is dead. At start-up every peer gets one session timeout of grace,
-  as a newly active KRaft controller gives every registered broker. A dead broker leaves
-  Metadata's broker list and every ISR (Kafka fences it and shrinks the ISRs at once).
+* Membership, liveness and the controller come from etcd (docs/clusters.md): a broker is
+  alive while its lease is; the brokers of the cluster are every broker that ever
+  registered (``members/<id>`` in etcd, as KRaft keeps a fenced broker's registration).
+  A dead broker leaves Metadata's broker list and every ISR at once (Kafka fences it).
+* Every broker mirrors every other broker (the `--mirror` machinery, broker/mirror.py,
+  with the node key from the peer's etcd registration pinned): the writer of an archive,
+  the only holder of its key, is its leader; replicas are all brokers, writer first.
+  Writes never move (an archive has one signer), so the leader epoch stays 0.
 * Reads fail over, writes wait: a partition whose writer is dead is reported with the
   lowest live id of the ISR its writer last reported as leader (every broker computes the
   same from the same facts), so consumers keep reading that mirror's verified copy;
-  a produce sent there is refused with NOT_LEADER_OR_FOLLOWER (retriable: clients refresh
-  Metadata and retry) as any mirror refuses it, since only the writer holds the key. When
-  the writer answers again it is the leader again. With no live in-sync replica the leader
-  is -1 and the partition's error LEADER_NOT_AVAILABLE, as Kafka's offline partitions.
-  A broker that started after the writer died takes its last ISR from a peer's Metadata.
-  There is no quorum: each broker decides from its own probes, so brokers that cannot
-  reach each other may disagree (README "Clusters" says what that costs).
-* The controller is the live broker with the lowest id. It alone creates topics (CreateTopics
-  elsewhere answers NOT_CONTROLLER; Metadata names it as controller_id, so Java's Admin and
-  librdkafka route there) and it is every group's coordinator, so that a group never has
-  two coordinators while the brokers agree on who is alive. A topic created while the
-  first controller is down is written by the broker that created it. Auto-creation
-  happens on the controller only (other brokers forward it, as Kafka's KIP-590
-  forwarding does), and so does deletion; the others follow the controller's catalog
-  and drop a deleted topic's copy.
+  a produce sent there is refused with NOT_LEADER_OR_FOLLOWER (retriable) as any mirror
+  refuses it, since only the writer holds the key. When the writer is back it leads
+  again. With no live in-sync replica the leader is -1 and the partition's error
+  LEADER_NOT_AVAILABLE, as Kafka's offline partitions. A broker that started after the
+  writer died takes its last ISR from a peer's Metadata (`take_metadata`, polled by
+  broker/mirror.py `poll_leader_isr`: the writer is the authority on its ISR).
+* The controller (elected in etcd) places topics and coordinates every group; its acts are
+  fenced by its epoch (broker/placement.py, broker/groups/coordinator.py).
 * Committed offsets survive any broker (Kafka replicates ``__consumer_offsets``): every
   broker follows every peer's offsets archive (`PeerCopy`, kept by broker/mirror.py,
   never a Kafka topic); the coordinator's commits wait for the in-sync peers like an
-  acks=all produce (broker/groups/coordinator.py). A broker that becomes controller
-  loads once `handed_over` (every live peer names it controller, and our copy of its
-  archive holds what it has), merging the copies into its own archive
-  (broker/groups/offsets.py `merge`: the latest record per key wins).
+  acks=all produce. A broker that becomes controller loads once `handed_over` (every
+  live peer names it controller, and our copy of its archive holds what it has), then
+  adopts the previous coordinator's state by log order (broker/groups/offsets.py `adopt`).
 * Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
   writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
   each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a
@@ -56,8 +41,8 @@ Design, as Kafka and Hypercore each would have it:
 * In-sync (Kafka's rule for ``replica.lag.time.max.ms``, default 30 s as since KIP-537): a follower is
   in sync while it holds at least what the leader had signed ``replica.lag.time.max.ms``
   ago, and it has had a replication connection within that time. The leader is always in
-  sync. A mirror that went away therefore leaves the ISR after the lag time, or once it
-  is dead (the session timeout), whichever comes first.
+  sync. A mirror that went away therefore leaves the ISR after the lag time, or once its
+  etcd lease expires (the session timeout), whichever comes first.
 * acks=all, as Kafka's DelayedProduce: refused before the append with NOT_ENOUGH_REPLICAS
   when the ISR is smaller than the topic's ``min.insync.replicas`` (the leader counts);
   after the append the answer waits until every in-sync replica holds the batch (a
@@ -69,7 +54,8 @@ Design, as Kafka and Hypercore each would have it:
   rack as Kafka's RackAwareReplicaSelector; ``replica.selector.class`` may name Kafka's
   LeaderSelector to turn it off.
 
-May import trio, `broker.config` and `storage`; never the protocol codec or the handlers.
+May import trio, `broker.config`, `broker.cluster.*` and `storage`; never the protocol codec
+or the handlers.
 """
 
 from __future__ import annotations

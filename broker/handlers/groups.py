@@ -17,7 +17,7 @@ each topic. Denials are GROUP_AUTHORIZATION_FAILED / TOPIC_AUTHORIZATION_FAILED 
 each version carries an error.
 
 This node is the coordinator of every group (in cluster mode, the controller is: any
-other broker's FindCoordinator names it, broker/cluster.py; the others answer the group
+other broker's FindCoordinator names it, broker/cluster/; the others answer the group
 requests themselves with NOT_COORDINATOR, so that members of a group that a failed-over
 controller coordinated go back to the first one, and a group never has two
 coordinators for long). A controller that has not taken the groups over yet (it waits
