@@ -348,6 +348,9 @@ class Etcd:
             raise ValueError("no etcd endpoint")
         self._http = [_Http(e) for e in endpoints]
         self._good = 0  # the endpoint that answered last
+        self.failovers = (
+            0  # times a call moved to another endpoint (a watch may be stuck on the old one)
+        )
 
     @property
     def endpoints(self) -> list[str]:
@@ -368,7 +371,9 @@ class Etcd:
             except (OSError, trio.TooSlowError, trio.BrokenResourceError) as e:
                 last = e
             else:
-                self._good = i
+                if i != self._good:
+                    self._good = i
+                    self.failovers += 1
                 return answer
         raise EtcdError(f"no etcd endpoint answered {path}: {last}")
 

@@ -142,6 +142,7 @@ class Membership:
         self.lease = 0
         self._lease_deadline = float("-inf")  # by our clock, the lease may have expired after this
         self._changed = trio.Event()
+        self._watch_scope: trio.CancelScope | None = None
         self.ready = trio.Event()  # set once registered and the first view is read
         self.elections = 0  # times this broker became controller
 
@@ -319,19 +320,35 @@ class Membership:
             sent = self.clock()
             if sent >= self._lease_deadline:
                 raise LeaseLost(f"no keep-alive answered within the lease TTL ({self.ttl_s} s)")
+            failovers = self.etcd.failovers
             try:
                 ttl = await self.etcd.keepalive(self.lease)
             except EtcdError as exc:
                 log.info("cluster: keep-alive failed: %s", exc)
+                self._rewatch()
                 continue
+            if self.etcd.failovers != failovers:
+                self._rewatch()
             if ttl <= 0:
                 raise LeaseLost("etcd says our lease is gone")
             self._lease_deadline = sent + ttl
 
+    def _rewatch(self) -> None:
+        """The keep-alive failed, or had to move to another etcd member: the watch may be
+        on a member we cannot reach, where it would wait in silence for ever (nothing is
+        sent on it): start it again."""
+        if self._watch_scope is not None:
+            self._watch_scope.cancel()
+
     async def _watch(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         first = True
         while True:
-            kvs, revision = await self.etcd.get(self.prefix, prefix=True)
+            try:
+                kvs, revision = await self.etcd.get(self.prefix, prefix=True)
+            except EtcdError as exc:  # the lease decides when to give up, not this
+                log.info("cluster: reading the view failed (%s); again", exc)
+                await trio.sleep(RETRY_MIN_S)
+                continue
             self.members.clear()
             self.known.clear()
             self.placements.clear()
@@ -342,14 +359,18 @@ class Membership:
             if first:
                 first = False
                 task_status.started()
-            try:
-                async for events in self.etcd.watch(
-                    self.prefix, prefix=True, start_revision=revision + 1
-                ):
-                    self._on_events(events)
-            except EtcdError as exc:
-                log.info("cluster: watch ended (%s); reading again", exc)
-                await trio.sleep(RETRY_MIN_S)
+            # A keep-alive that fails cancels this scope: a watch on a member we can no
+            # longer reach would otherwise wait, silent, for ever (nothing is sent on it).
+            with trio.CancelScope() as self._watch_scope:
+                try:
+                    async for events in self.etcd.watch(
+                        self.prefix, prefix=True, start_revision=revision + 1
+                    ):
+                        self._on_events(events)
+                except EtcdError as exc:
+                    log.info("cluster: watch ended (%s); reading again", exc)
+                    await trio.sleep(RETRY_MIN_S)
+            self._watch_scope = None
 
     def _on_events(self, events: list[Event]) -> None:
         for e in events:

@@ -3,6 +3,7 @@ etcd (compat_tests/etcd.py), and placement's choice of writer (broker/placement.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -131,3 +132,63 @@ def test_placement_spreads_writers_over_brokers_then_racks() -> None:
     assert [chosen.count(i) for i in range(1, 6)] == [2, 2, 2, 2, 2]
     del m.members[5]  # a dead broker gets nothing new
     assert choose_writer(c) != 5
+
+
+class _Proxy:
+    """A TCP relay to etcd that can go silent (forwards nothing, resets nothing), as a
+    link whose packets are dropped does."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.silent = False
+
+    async def _pipe(self, src: trio.SocketStream, dst: trio.SocketStream) -> None:
+        while data := await src.receive_some(65536):
+            if self.silent:
+                await trio.sleep_forever()
+            await dst.send_all(data)
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        if self.silent:
+            await trio.sleep_forever()
+        try:
+            upstream = await trio.open_tcp_stream("127.0.0.1", self.port)
+        except OSError:
+            await client.aclose()
+            return
+        async with upstream, client, trio.open_nursery() as n:
+            n.start_soon(self._pipe, client, upstream)
+            n.start_soon(self._pipe, upstream, client)
+
+    async def serve(self, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        async def handle(client: trio.SocketStream) -> None:
+            with contextlib.suppress(trio.BrokenResourceError, OSError):
+                await self._handle(client)
+
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(handle, listeners)
+
+
+async def test_a_watch_on_an_endpoint_gone_silent_is_replaced(etcd: EtcdServer) -> None:
+    """Two endpoints: the first (a relay) goes silent. The keep-alive fails over to the
+    second; the watch, which hears nothing on a silent link, is started again there, so
+    changes are still seen and the lease stays."""
+    proxy = _Proxy(etcd.client_port)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(proxy.serve)
+            m = Membership(
+                Etcd([f"http://127.0.0.1:{port}", etcd.endpoint]),
+                "t",
+                Member(1, "127.0.0.1", 9001, None, f"{1:064x}"),
+                9,
+            )
+            await nursery.start(m.run)
+            await _until(lambda: m.is_controller)
+            proxy.silent = True
+            lease = m.lease
+            await Etcd([etcd.endpoint]).put(b"/t/brokers/7", Member(7, "h", 7).encode())
+            await _until(lambda: 7 in m.members)
+            assert m.lease == lease and m.is_controller  # the same session throughout
+            nursery.cancel_scope.cancel()
