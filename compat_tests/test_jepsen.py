@@ -247,9 +247,7 @@ def test_etcd_members_survive_a_minority_cut(sigterm_is_interrupt: None) -> None
         shutil.which("etcd") is not None and shutil.which("etcdctl") is not None,
         "etcd and etcdctl (apt-get install -y etcd-server etcd-client)",
     )
-    cluster = JepsenCluster(
-        harness.tmp_workdir("hk-jepsen-etcd-"), "etcd", brokers=0, etcd_members=3
-    )
+    cluster = JepsenCluster(harness.tmp_workdir("hk-jepsen-etcd-"), brokers=0, etcd_members=3)
     try:
         cluster.start_etcd()
         assert cluster.etcdctl("put", "k", "1").returncode == 0
