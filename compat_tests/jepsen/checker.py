@@ -1,0 +1,267 @@
+"""Verdicts over a nemesis run's histories: pure functions, no I/O.
+
+Owns the checks and the unavailability table. Each check returns a list of violations
+(human-readable strings, empty when the property held), so a report can list all of them:
+
+* `lost_writes`: every acknowledged send is in the final read-back, at the offset and in
+  the partition its acknowledgement named.
+* `duplicates`: the producers are idempotent, so no value is read back twice.
+* `two_writers`: no two acknowledged sends share a (partition, offset); and offsets
+  respect real time: a send acknowledged before another was sent has the lower offset
+  (one writer per partition appends in order; two writers each counting from their own
+  end break one or the other).
+* `lost_commits` (committed offsets, from the per-broker probe): a successful OffsetFetch
+  never returns less than a commit acknowledged before the fetch was sent (commit values
+  grow with real time, so a lower value is a lost or backwards commit); and the final
+  committed offset is at least the last acknowledged one. The same final rule for the
+  real consumer groups.
+* `two_coordinators`: a round of the probe sends one OffsetCommit to every broker at once,
+  and starts only after the previous round ended. If brokers X and Y both accepted a
+  commit in round k and again in round k+1, two coordinators accepted at once: by the
+  end of round k, Y had been elected; X's acceptance in round k+1 came after that, so a
+  fenced coordinator would have refused it.
+* `topics_agree`: every acknowledged CreateTopics is in every broker's final Metadata, and
+  every topic any two brokers list has the same leader for each partition in both.
+* `recovered`: after the last heal and a recovery time, each kind of client succeeds again.
+* `unavailability`: per fault, the longest stretch without a successful send, without a
+  successful commit (real groups) and without a successful CreateTopics (the admin), from
+  the fault's start until the next fault (the last one: until the clients stop).
+
+May import only the standard library.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Event = Mapping[str, Any]
+NONE = 0  # Kafka's error code for success
+
+
+def lost_writes(sends: Iterable[Event], final: Mapping[int, Mapping[int, str]]) -> list[str]:
+    """`final`: partition -> offset -> value, read back after the heal."""
+    out = []
+    stored = {p: set(records.values()) for p, records in final.items()}
+    for e in sends:
+        if e["op"] != "send" or not e["ok"]:
+            continue
+        if e["offset"] is None:
+            # Acknowledged without an offset: librdkafka reports a retry the broker knew
+            # as a duplicate (DUPLICATE_SEQUENCE_NUMBER) so. It must be there, somewhere.
+            if e["value"] not in stored.get(e["partition"], set()):
+                out.append(
+                    f"acknowledged {e['value']!r} (no offset) is not in partition {e['partition']}"
+                )
+            continue
+        got = final.get(e["partition"], {}).get(e["offset"])
+        if got != e["value"]:
+            out.append(
+                f"acknowledged {e['value']!r} at partition {e['partition']} offset {e['offset']}"
+                f" (acked at t={e['t1']:.3f}) is {'missing' if got is None else repr(got)} after the heal"
+            )
+    return out
+
+
+def duplicates(final: Mapping[int, Mapping[int, str]]) -> list[str]:
+    """Idempotent producers: no value is stored twice (a retried batch is not appended again)."""
+    where: dict[str, tuple[int, int]] = {}
+    out = []
+    for part, records in sorted(final.items()):
+        for off, value in sorted(records.items()):
+            if value in where:
+                out.append(
+                    f"{value!r} stored twice: partition {where[value][0]} offset {where[value][1]}"
+                    f" and partition {part} offset {off}"
+                )
+            else:
+                where[value] = (part, off)
+    return out
+
+
+def two_writers(sends: Iterable[Event]) -> list[str]:
+    out = []
+    by_part: dict[int, list[Event]] = defaultdict(list)
+    for e in sends:
+        if e["op"] == "send" and e["ok"] and e["offset"] is not None:
+            by_part[e["partition"]].append(e)
+    for part, acked in sorted(by_part.items()):
+        seen: dict[int, Event] = {}
+        for e in acked:
+            other = seen.get(e["offset"])
+            if other is not None and other["value"] != e["value"]:
+                out.append(
+                    f"partition {part} offset {e['offset']} acknowledged for two values: "
+                    f"{other['value']!r} and {e['value']!r}"
+                )
+            seen[e["offset"]] = e
+        # Real-time order: scan by send time, remembering the highest offset acknowledged
+        # before each send began.
+        by_t1 = sorted(acked, key=lambda e: e["t1"])
+        i, best = 0, None
+        for e in sorted(acked, key=lambda e: e["t0"]):
+            while i < len(by_t1) and by_t1[i]["t1"] < e["t0"]:
+                if best is None or by_t1[i]["offset"] > best["offset"]:
+                    best = by_t1[i]
+                i += 1
+            if best is not None and e["offset"] < best["offset"]:
+                out.append(
+                    f"partition {part}: {e['value']!r} sent at t={e['t0']:.3f} got offset {e['offset']}, "
+                    f"below {best['value']!r} at offset {best['offset']} acknowledged before (t={best['t1']:.3f})"
+                )
+    return out
+
+
+def lost_commits(probe: Iterable[Event], final: int | None) -> list[str]:
+    """One probe group's history; `final` is its committed offset read after the heal."""
+    events = list(probe)
+    commits = sorted(
+        (e for e in events if e["op"] == "pcommit" and e["error"] == NONE), key=lambda e: e["t1"]
+    )
+    fetches = sorted(
+        (e for e in events if e["op"] == "pfetch" and e["error"] == NONE), key=lambda e: e["t0"]
+    )
+    out = []
+    i, best = 0, None
+    for f in fetches:
+        while i < len(commits) and commits[i]["t1"] < f["t0"]:
+            if best is None or commits[i]["value"] > best["value"]:
+                best = commits[i]
+            i += 1
+        if best is not None and f["value"] < best["value"]:
+            out.append(
+                f"broker {f['broker']} answered OffsetFetch at t={f['t0']:.3f} with {f['value']}, "
+                f"below {best['value']} committed on broker {best['broker']} at t={best['t1']:.3f}"
+            )
+    if commits:
+        top = max(commits, key=lambda e: e["value"])
+        if final is None or final < top["value"]:
+            out.append(
+                f"after the heal the committed offset is {final}, below {top['value']} "
+                f"acknowledged by broker {top['broker']} at t={top['t1']:.3f}"
+            )
+    return out
+
+
+def group_commits_kept(commits: Iterable[Event], final: Mapping[int, int | None]) -> list[str]:
+    """A real consumer group's acknowledged commits against its committed offsets read after
+    the heal (partition -> offset). The group's only member commits its position, which
+    only grows unless the group lost a commit and re-read from an older one."""
+    top: dict[int, tuple[int, float]] = {}
+    for e in commits:
+        if e["op"] == "commit" and e["ok"]:
+            for p, o in e["offsets"].items():
+                p = int(p)
+                if p not in top or o > top[p][0]:
+                    top[p] = (o, e["t1"])
+    return [
+        f"group {p}: committed offset after the heal is {final.get(p)}, below {o} acknowledged at t={t:.3f}"
+        for p, (o, t) in sorted(top.items())
+        if (final.get(p) or -1) < o
+    ]
+
+
+def two_coordinators(probe: Iterable[Event]) -> list[str]:
+    """The broadcast probe group's history."""
+    accepted: dict[int, set[int]] = defaultdict(set)
+    for e in probe:
+        if e["op"] == "pcommit" and e["error"] == NONE:
+            accepted[e["round"]].add(e["broker"])
+    out = []
+    for rnd in sorted(accepted):
+        both = accepted[rnd] & accepted.get(rnd + 1, set())
+        if len(both) >= 2:
+            out.append(
+                f"brokers {sorted(both)} each accepted the group's commits in rounds {rnd} and {rnd + 1}"
+            )
+    return out
+
+
+def topics_agree(
+    creates: Iterable[Event], views: Mapping[int, Mapping[str, Mapping[int, int]] | None]
+) -> list[str]:
+    """`views`: broker -> topic -> partition -> leader, from each broker's final Metadata.
+    Acknowledged topics must be in every view; any topic in two views must have the same
+    leaders in both (an auto-created topic whose creation was never acknowledged too)."""
+    out = []
+    first: dict[str, Event] = {}  # a topic named through several brokers is checked once
+    for c in creates:
+        if c["op"] == "create" and c["ok"]:
+            first.setdefault(c["topic"], c)
+    seen = {t for view in views.values() if view is not None for t in view}
+    checked: list[tuple[str, Event | None]] = [*first.items()]
+    checked += [(t, None) for t in sorted(seen - set(first))]
+    for t, e in checked:
+        leaders: dict[str, list[int]] = defaultdict(list)
+        for broker, view in sorted(views.items()):
+            if view is None or t not in view:
+                if e is None:
+                    continue  # a topic nobody was told exists: it need not be everywhere yet
+                out.append(
+                    f"topic {t} (created at t={e['t1']:.3f}) missing from broker {broker}'s Metadata"
+                )
+                continue
+            leaders[repr(sorted(view[t].items()))].append(broker)
+        if len(leaders) > 1:
+            out.append(
+                f"topic {t}: brokers disagree on its leaders: "
+                + "; ".join(f"{k} by {v}" for k, v in leaders.items())
+            )
+    return out
+
+
+def recovered(events: Iterable[Event], op: str, since: float, what: str) -> list[str]:
+    """Liveness after the last heal: some `op` succeeded after `since`."""
+    if any(e["op"] == op and e["ok"] and e["t1"] > since for e in events):
+        return []
+    return [f"no successful {what} after t={since:.3f} (the last heal plus the recovery time)"]
+
+
+@dataclass
+class Fault:
+    name: str
+    start: float
+    healed: float  # when the nemesis undid it
+    end: float  # the next fault's start, or the end of the run
+
+
+def longest_gap(times: Sequence[float], start: float, end: float) -> float:
+    """Longest stretch of [start, end] with no time of `times` in it."""
+    inside = sorted(t for t in times if start <= t <= end)
+    edges = [start, *inside, end]
+    return max(b - a for a, b in itertools.pairwise(edges))
+
+
+def unavailability(
+    faults: Sequence[Fault],
+    sends: Iterable[Event],
+    commits: Iterable[Event],
+    creates: Iterable[Event] = (),
+) -> list[dict[str, Any]]:
+    ok_sends = [e["t1"] for e in sends if e["op"] == "send" and e["ok"]]
+    ok_commits = [e["t1"] for e in commits if e["op"] == "commit" and e["ok"]]
+    ok_creates = [e["t1"] for e in creates if e["op"] == "create" and e["ok"]]
+    return [
+        {
+            "fault": f.name,
+            "at_t": round(f.start, 1),  # the clock of the histories, to place violations
+            "held_s": round(f.healed - f.start, 1),
+            "produce_gap_s": round(longest_gap(ok_sends, f.start, f.end), 1),
+            "commit_gap_s": round(longest_gap(ok_commits, f.start, f.end), 1),
+            "create_topic_gap_s": round(longest_gap(ok_creates, f.start, f.end), 1),
+        }
+        for f in faults
+    ]
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "(no faults)"
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(width[c]) for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(width[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
