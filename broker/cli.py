@@ -16,6 +16,7 @@ from broker.config import (
     ConfigError,
     apply_properties,
     parse_host_port,
+    parse_http_listener,
     read_properties,
 )
 from storage import FsyncPolicy
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-auto-create", action="store_true", help="do not create unknown topics on Metadata or Produce")
     serve.add_argument("--replication-listen", metavar="HOST:PORT", help="serve every archive over the Hypercore protocol here")
     serve.add_argument("--mirror", action="append", metavar="HOST:PORT[@NODEKEY]", help="mirror the node whose Kafka listener is HOST:PORT (repeatable); @NODEKEY (hex) pins its key")
+    serve.add_argument("--http-listen", metavar="[HOST]:PORT", help="serve /metrics over HTTP here (hyperkafka.http.listeners; a bare :PORT is loopback)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
     keys = sub.add_parser("keys", help="print the node key and every partition's archive key")
@@ -83,6 +85,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         config.auto_create_topics = False
     if args.replication_listen:
         config.replication_listen = parse_host_port(args.replication_listen)
+    if args.http_listen:
+        config.http_listen = parse_http_listener(args.http_listen)
     if args.mirror:
         config.mirrors = list(args.mirror)
     if config.mirrors:

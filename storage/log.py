@@ -39,6 +39,7 @@ from hashlib import blake2b
 import crc32c
 
 from storage import batch as B
+from storage import timing
 from storage.errors import (
     ArchiveDamaged,
     CorruptBatch,
@@ -522,12 +523,14 @@ class BackgroundSync:
 
     def _run(self) -> None:
         try:
+            t0 = time.perf_counter()
             for fd in self.fds:
                 self.fs.fsync(fd)
             if self.dir_path is not None:
                 self.fs.fsync_dir(self.dir_path)
             if self.tree_fd >= 0:
                 self.fs.fsync(self.tree_fd)
+            timing.FSYNC_SECONDS.observe(time.perf_counter() - t0)
         except BaseException as exc:  # reported to the owner thread by the next commit
             self.error = exc
 
@@ -593,17 +596,21 @@ class CommitJob:
                 self.sync = BackgroundSync(fs, self.sync_fds, lg.path if self.sync_dir else None,
                                            lg._tree_fd if self.sync_derived else -1, fr.length)
                 self.sync.start()
-            else:
+            elif self.sync_fds or self.sync_dir or self.sync_derived:
+                t0 = time.perf_counter()
                 for fd in self.sync_fds:
                     fs.fsync(fd)
                 if self.sync_dir:
                     fs.fsync_dir(lg.path)
                 if self.sync_derived:
                     fs.fsync(lg._tree_fd)
+                timing.FSYNC_SECONDS.observe(time.perf_counter() - t0)
             if self.remote_signature is not None:
                 sig = self.remote_signature
             elif self.sign:
+                t0 = time.perf_counter()
                 sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)
+                timing.SIGN_SECONDS.observe(time.perf_counter() - t0)
             else:
                 assert lg._head is not None
                 sig = lg._head.signature
@@ -686,6 +693,7 @@ class CommitJob:
                     if len(span) != span_len:
                         raise StorageError("segment shorter than what was appended")
                     hash_leaves(span, [(p[5] - span_start, p[6]) for p in group], fold)
+                timing.LEAF_HASHED_BYTES.add(span_len)
             self.index_writes.append((idx_fd, IDX_HEADER_SIZE + k0 * ENTRY_SIZE, bytes(entries)))
             i = j
         self.pending = []
@@ -790,6 +798,11 @@ class PartitionLog:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def retained_bytes(self) -> int:
+        """Bytes of batches in the segments on disk (Kafka's partition size)."""
+        return sum(s.log_size for s in self._segments)
 
     @property
     def writable(self) -> bool:
@@ -935,7 +948,10 @@ class PartitionLog:
             log_size = fs.size(seg.log_fd)
             seg.log_size = log_size
             first_leaf = expect_leaf
-            if base != expect_offset:
+            # DeleteRecords may have put the log start inside the first segment: that one
+            # may begin below it (never above: data the head says is kept would be gone).
+            inside = head is not None and not self._segments and base < expect_offset
+            if base != expect_offset and not inside:
                 log.warning("%s: segment %d does not continue the log at %d; dropping it and "
                             "everything after it", self.path, base, expect_offset)
                 cut = True
@@ -1776,6 +1792,44 @@ class PartitionLog:
             drop += 1
         return self._drop_first_segments(drop)
 
+    def delete_records_below(self, offset: int) -> int:
+        """Kafka's DeleteRecords: make `offset` (at most the high watermark) the log start
+        offset; returns the new log start (never lower than before). Whole segments below
+        it are dropped as retention drops them; inside a segment the start is only
+        recorded in a new head slot (reads below it are out of range, and recovery keeps
+        the larger of the first segment's base and the head's start). Tree nodes stay:
+        whatever was signed stays provable. Raises StorageError while a commit job is in
+        flight or the archive takes no writes."""
+        if offset > self.high_watermark:
+            raise ValueError(f"offset {offset} is above the high watermark {self.high_watermark}")
+        self._close_doomed()
+        if self._job is not None or self.damage is not None or self._poisoned is not None:
+            raise StorageError(f"{self.path}: busy or not writable; try again")
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        self.drop_segments_below(offset)
+        if self.log_start_offset < offset:
+            self._ensure_open()
+            self.commit(force_sync=True)  # the head we copy covers everything appended
+            head = self._head
+            assert head is not None
+            self.log_start_offset = offset
+            self._write_head_slot(head, self._min_index)
+        return self.log_start_offset
+
+    def _write_head_slot(self, head: Head, min_index: int) -> None:
+        """Rewrite the last signed head with this log's start and min index (the signed
+        part is unchanged: the start is local bookkeeping, not part of the tree)."""
+        self._head_seq += 1
+        new_head = Head(
+            head.fork, head.length, head.byte_length, head.tree_hash, head.signature,
+            head.next_offset, self.log_start_offset, min_index, head.roots, self._head_seq,
+            _POLICY_CODE[self.policy] << 8, BOOT_ID, int(time.time() * 1000), head.length,
+        )
+        self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
+        self.fs.fsync(self._head_fd)
+        self._head = new_head
+
     def roll(self) -> None:
         """Make the next append start a new segment (when the active one holds anything).
         Done by aging the active segment past segment_ms, which the append path already
@@ -1803,22 +1857,15 @@ class PartitionLog:
         self.fs.fsync(self._tree_fd)
         self._segments = keep
         self._segments_ready()
-        self.log_start_offset = keep[0].base_offset
+        # (DeleteRecords may have put the start inside the first kept segment already)
+        self.log_start_offset = max(self.log_start_offset, keep[0].base_offset)
         new_min = keep[0].first_leaf
         self._leaf_ok = self._leaf_ok[new_min - self._leaf_ok_base :]
         self._leaf_ok_base = new_min
         self._min_index = new_min
         head = self._head
         assert head is not None
-        self._head_seq += 1
-        new_head = Head(
-            head.fork, head.length, head.byte_length, head.tree_hash, head.signature,
-            head.next_offset, self.log_start_offset, new_min, head.roots, self._head_seq,
-            _POLICY_CODE[self.policy] << 8, BOOT_ID, int(time.time() * 1000), head.length,
-        )
-        self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
-        self.fs.fsync(self._head_fd)
-        self._head = new_head
+        self._write_head_slot(head, new_min)
         for seg in dropped:
             self.fs.unlink(seg.log_path)
             self.fs.unlink(seg.idx_path)

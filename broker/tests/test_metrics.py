@@ -1,0 +1,142 @@
+"""/metrics on the HTTP listener: Kafka's JMX-exporter names and ours, counted by real
+requests to a broker served in-process."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import trio
+
+from broker.config import BrokerConfig, ConfigError, apply_properties, parse_http_listener
+from broker.metrics import render
+from broker.node import Node
+from broker.tests.conftest import Broker
+from broker.tests.test_server import batch, create, fetch, produce
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+
+
+def parse(text: str) -> dict[str, float]:
+    """name{labels} -> value, every sample line checked against the text format."""
+    out: dict[str, float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert name not in types, f"family {name} twice"
+            types[name] = kind
+            continue
+        if line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        key = m.group(1) + (m.group(2) or "")
+        assert key not in out, f"sample {key} twice"
+        out[key] = float(m.group(3))
+    return out
+
+
+async def http(port: int, request: bytes) -> tuple[int, bytes]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(request)
+    data = bytearray()
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some(1 << 16):
+            data += chunk
+    await stream.aclose()
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+async def scrape(broker: Broker) -> dict[str, float]:
+    assert broker.config.http_listen is not None
+    status, body = await http(
+        broker.config.http_listen[1], b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    assert status == 200
+    return parse(body.decode())
+
+
+@pytest.fixture
+def broker_config(tmp_path: Path) -> BrokerConfig:
+    return BrokerConfig(
+        data_dir=tmp_path / "data", listen_port=0, shutdown_grace_s=2, http_listen=("127.0.0.1", 0)
+    )
+
+
+def test_http_listener_settings() -> None:
+    assert BrokerConfig().http_listen is None  # off unless asked for
+    assert parse_http_listener(":9404") == ("127.0.0.1", 9404)  # a bare port: loopback
+    assert parse_http_listener("http://0.0.0.0:9404") == ("0.0.0.0", 9404)
+    assert apply_properties(
+        BrokerConfig(), {"hyperkafka.http.listeners": "http://127.0.0.1:1"}
+    ).http_listen == ("127.0.0.1", 1)
+    for bad in ("https://h:1", "h:1,h:2", "nope"):
+        with pytest.raises(ConfigError):
+            parse_http_listener(bad)
+
+
+async def test_produce_and_fetch_are_counted(broker: Broker) -> None:
+    await create(broker, "t")
+    c = await broker.connect()
+    b1, b2 = batch([b"a", b"b"]), batch([b"c"])
+    assert (await produce(c, "t", b1)).error_code == 0
+    assert (await produce(c, "t", b2)).error_code == 0
+    assert (await produce(c, "t", b1, partition=5)).error_code == 3  # no such partition
+    got = await fetch(c, "t", 0)
+    m = await scrape(broker)
+    t = '{topic="t"}'
+    assert m[f"kafka_server_brokertopicmetrics_bytesin_total{t}"] == len(b1) + len(b2)
+    assert m[f"kafka_server_brokertopicmetrics_messagesin_total{t}"] == 3
+    assert m[f"kafka_server_brokertopicmetrics_totalproducerequests_total{t}"] == 3
+    assert m[f"kafka_server_brokertopicmetrics_failedproducerequests_total{t}"] == 1
+    assert (
+        m[f"kafka_server_brokertopicmetrics_bytesout_total{t}"]
+        == len(got.records)
+        == len(b1) + len(b2)
+    )
+    assert m[f"kafka_server_brokertopicmetrics_totalfetchrequests_total{t}"] == 1
+    assert m["kafka_server_brokertopicmetrics_bytesin_total"] == len(b1) + len(b2)  # all topics
+    assert m['kafka_network_requestmetrics_requests_total{request="Produce",version="9"}'] == 3
+    assert m['kafka_network_requestmetrics_requests_total{request="Fetch",version="12"}'] == 1
+    assert m['hyperkafka_request_duration_seconds_count{request="Produce"}'] == 3
+    assert m['hyperkafka_request_duration_seconds_bucket{request="Produce",le="+Inf"}'] == 3
+    assert m[f"hyperkafka_appended_blocks{t}"] == 2
+    assert m[f"hyperkafka_signed_blocks{t}"] == 2
+    assert m["hyperkafka_sign_seconds_count"] >= 1
+    assert m["hyperkafka_leaf_hashed_bytes_total"] >= len(b1) + len(b2)
+    assert m["kafka_server_replicamanager_partitioncount"] >= 1
+    assert m["kafka_server_replicamanager_underreplicatedpartitions"] == 0
+    assert m["kafka_controller_kafkacontroller_activecontrollercount"] == 1
+    assert m["kafka_controller_kafkacontroller_offlinepartitionscount"] == 0
+    assert m["kafka_log_logmanager_offlinelogdirectorycount"] == 0
+
+
+async def test_offline_partition_and_log_dir_are_reported(tmp_path: Path) -> None:
+    node = Node.open(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        topic = node.create_topic("t", 2)
+        assert topic is not None
+        m = parse(render(node))
+        assert m["kafka_controller_kafkacontroller_offlinepartitionscount"] == 0
+        node.fail_partition(topic.partitions[1], "commit failed: EIO (test)")
+        m = parse(render(node))
+        assert m["kafka_controller_kafkacontroller_offlinepartitionscount"] == 1
+        assert m["kafka_log_logmanager_offlinelogdirectorycount"] == 1
+        assert m["kafka_server_replicamanager_offlinereplicacount"] == 1
+        assert m['hyperkafka_appended_blocks{topic="t"}'] == 0
+    finally:
+        node.close()
+
+
+async def test_http_answers(broker: Broker) -> None:
+    assert broker.config.http_listen is not None
+    port = broker.config.http_listen[1]
+    assert (await http(port, b"GET /nope HTTP/1.1\r\n\r\n"))[0] == 404
+    assert (await http(port, b"POST /metrics HTTP/1.1\r\n\r\n"))[0] == 405
+    assert (await http(port, b"garbage\r\n\r\n"))[0] == 400
+    assert (await http(port, b"GET /" + b"x" * 20000 + b" HTTP/1.1\r\n\r\n"))[0] == 431
+    status, body = await http(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+    assert status == 200 and body == b""
