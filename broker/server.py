@@ -48,6 +48,7 @@ import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import NO_RESPONSE, REGISTRY, Deferred, Encoded, RequestContext, advertised
 from broker.config import BrokerConfig
 from broker.memory import AnswerMemory, ConnectionBudget, RequestPool, Ticket, memory_of
+from broker.metrics import MAX_API_KEY, MAX_VERSION
 from broker.node import Node
 from broker.protocol.codec import (
     decode_request,
@@ -79,6 +80,9 @@ PRODUCE, FETCH = 0, 1
 UNKNOWN_SERVER_ERROR = -1
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
+# /metrics counts requests in fixed tables indexed by key and version (broker/metrics.py)
+if max(ACCEPTED) > MAX_API_KEY or max(hi for _, hi in ACCEPTED.values()) > MAX_VERSION:
+    raise RuntimeError("an API key or version beyond broker.metrics' request tables")
 ADVERTISED = {key: (lo, hi) for key, lo, hi in advertised()}
 
 
@@ -511,7 +515,7 @@ class Server:
         memory = AnswerMemory(self.answer_pool)
         ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session, memory)
         api = REGISTRY[header.api_key]
-        self.node.metrics.request(header.api_key, header.api_version)
+        self.node.metrics.requests[header.api_key][header.api_version] += 1
         start = time.perf_counter()
         if _trace:
             log.debug("%s %s v%d #%d from %s as %s: %.300r", peer, api.name, header.api_version, header.correlation_id, header.client_id, session.principal, request)
