@@ -71,6 +71,15 @@ def scrape_if(port: int, wanted: Callable[[str], bool]) -> str | None:
     return text if wanted(text) else None
 
 
+def labelled(text: str, name: str) -> dict[str, float]:
+    """{labels: value} of every sample of `name` that has labels."""
+    return {
+        line.split(" ")[0][len(name) :]: float(line.split(" ")[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{")
+    }
+
+
 def sample(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " ") or line == name:
@@ -202,6 +211,17 @@ def test_prometheus_scrapes_a_broker(workdir: Path) -> None:
             rules = [r for g in groups for r in g["rules"]]
             assert len(rules) >= 10 and all(r["health"] == "ok" for r in rules), rules
             assert not [a for a in api("alerts", None)["alerts"] if a["state"] == "firing"]
+            # every query of the shipped Grafana dashboard parses and finds its series
+            dashboard = json.loads((ROOT / "docker" / "grafana" / "hyperkafka.json").read_text())
+            for panel in dashboard["panels"]:
+                for target in panel["targets"]:
+                    expr = (
+                        target["expr"].replace("$instance", ".*").replace("$__rate_interval", "1m")
+                    )
+                    api("query", {"query": expr})  # (asserts status success)
+            rate = dashboard["panels"][2]["targets"][0]["expr"]
+            rate = rate.replace("$instance", ".*").replace("$__rate_interval", "1m")
+            _wait("a rate of the dashboard over two scrapes", lambda: query(api, rate) is not None)
     finally:
         assert b.stop() == 0, b.log_tail()
 
@@ -273,9 +293,19 @@ def test_killed_mirror_fires_under_replicated_alert(workdir: Path) -> None:
             f.result(30)
         _produce(leader.bootstrap, "watched", 5)
         name = "kafka_server_replicamanager_underreplicatedpartitions"
-        before = _wait(
-            "broker 2 in sync", lambda: scrape_if(http_port, lambda t: sample(t, name) == 0)
-        )
+
+        def caught_up(text: str) -> bool:
+            # broker 2 mirrors broker 1: its channels report what it verified, nothing left
+            verified = labelled(text, "hyperkafka_mirror_verified_blocks")
+            lag = labelled(text, "hyperkafka_mirror_lag_blocks")
+            return (
+                sample(text, name) == 0
+                and len(verified) == 1
+                and sum(verified.values()) >= 5
+                and list(lag.values()) == [0]
+            )
+
+        before = _wait("broker 2 in sync", lambda: scrape_if(http_port, caught_up))
         with prometheus(workdir, http_port) as api:
             _wait("the broker's target up", lambda: target_up(api))
             _wait("the rule evaluated", lambda: query(api, name) == 0)

@@ -3,6 +3,7 @@ requests to a broker served in-process."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -140,3 +141,29 @@ async def test_http_answers(broker: Broker) -> None:
     assert (await http(port, b"GET /" + b"x" * 20000 + b" HTTP/1.1\r\n\r\n"))[0] == 431
     status, body = await http(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")
     assert status == 200 and body == b""
+
+
+def _families(text: str) -> set[str]:
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            out |= {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else {name}
+    return out
+
+
+def test_shipped_dashboard_and_alerts_name_only_metrics_we_serve(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    node = Node.open(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        served = _families(render(node))
+    finally:
+        node.close()
+    dashboard = json.loads((root / "docker" / "grafana" / "hyperkafka.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += re.findall(r"expr: (.*)", (root / "docker" / "prometheus" / "alerts.yml").read_text())
+    assert len(exprs) > 20
+    named = {n for e in exprs for n in re.findall(r"\b((?:kafka|hyperkafka)_[a-z_]+)", e)}
+    assert named and named <= served, named - served
+    documented = set(re.findall(r"`((?:kafka|hyperkafka)_[a-z_]+)`", (root / "docs" / "metrics.md").read_text()))
+    assert {n for n in served if not n.endswith(("_bucket", "_sum", "_count"))} <= documented
