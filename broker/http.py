@@ -1,4 +1,5 @@
-"""The broker's HTTP listener (`hyperkafka.http.listeners`): /metrics for Prometheus.
+"""The broker's HTTP listener (`hyperkafka.http.listeners`): /metrics for Prometheus, and
+/v1/partitions/... JSON of signed heads and inclusion proofs (broker/archive_json.py).
 
 Owns `serve_http`, a deliberately small HTTP/1.1 responder on Trio in the broker's own
 process and event loop (no threads, no framework): it reads one request head (at most
@@ -13,11 +14,13 @@ May import trio, `broker.node` and `broker.metrics`; never the protocol codec.
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import partial
 
 import trio
 
+from broker.archive_json import NotFound, answer_json
 from broker.metrics import render
 from broker.node import Node
 
@@ -75,14 +78,31 @@ def answer(node: Node, head: bytes | None) -> bytes:
     parts = line.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         return _response(400, b"bad request line\n")
-    method, target = parts[0], parts[1].split(b"?", 1)[0]
+    method, target, _, query = parts[0], *parts[1].partition(b"?")
     if method not in (b"GET", b"HEAD"):
         return _response(405, b"only GET and HEAD\n")
     head_only = method == b"HEAD"
     if target == b"/metrics":
         return _response(200, render(node).encode(), CONTENT_TYPE_METRICS, head_only=head_only)
+    if target.startswith(b"/v1/"):
+        try:
+            status, doc = (
+                200,
+                answer_json(
+                    node, target.decode("ascii", "replace"), query.decode("ascii", "replace")
+                ),
+            )
+        except NotFound as exc:
+            status, doc = 404, {"error": str(exc)}
+        except ValueError as exc:
+            status, doc = 400, {"error": str(exc)}
+        return _response(status, json.dumps(doc).encode(), "application/json", head_only=head_only)
     if target == b"/":
-        return _response(200, b"hyperkafka: see /metrics\n", head_only=head_only)
+        return _response(
+            200,
+            b"hyperkafka: see /metrics and /v1/partitions/<topic>/<partition>/head\n",
+            head_only=head_only,
+        )
     return _response(404, b"not found\n", head_only=head_only)
 
 

@@ -1295,6 +1295,15 @@ class PartitionLog:
         seg = self._segments[lo]
         return seg, leaf_index - seg.first_leaf
 
+    def leaf_of_offset(self, offset: int) -> int:
+        """The archive block (leaf) index of the stored batch holding Kafka `offset`, which
+        must be readable (log start <= offset < high watermark; OffsetOutOfRange else)."""
+        if not self.log_start_offset <= offset < self.high_watermark:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self.high_watermark)
+        self._ensure_open()
+        seg, i = self._find(offset)
+        return seg.first_leaf + i
+
     def _offset_of_leaf(self, leaf_index: int) -> int:
         if not self._segments:
             return self.log_start_offset

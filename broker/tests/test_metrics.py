@@ -3,9 +3,12 @@ requests to a broker served in-process."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -15,6 +18,8 @@ from broker.metrics import render
 from broker.node import Node
 from broker.tests.conftest import Broker
 from broker.tests.test_server import batch, create, fetch, produce
+from storage.hypercore import leaf_hash
+from storage.hypercore.proofs import InvalidProof, Proof, verify_proof
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
@@ -148,7 +153,11 @@ def _families(text: str) -> set[str]:
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
-            out |= {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else {name}
+            out |= (
+                {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+                if kind == "histogram"
+                else {name}
+            )
     return out
 
 
@@ -165,5 +174,48 @@ def test_shipped_dashboard_and_alerts_name_only_metrics_we_serve(tmp_path: Path)
     assert len(exprs) > 20
     named = {n for e in exprs for n in re.findall(r"\b((?:kafka|hyperkafka)_[a-z_]+)", e)}
     assert named and named <= served, named - served
-    documented = set(re.findall(r"`((?:kafka|hyperkafka)_[a-z_]+)`", (root / "docs" / "metrics.md").read_text()))
+    documented = set(
+        re.findall(r"`((?:kafka|hyperkafka)_[a-z_]+)`", (root / "docs" / "metrics.md").read_text())
+    )
     assert {n for n in served if not n.endswith(("_bucket", "_sum", "_count"))} <= documented
+
+
+async def get_json(broker: Broker, path: str) -> tuple[int, Any]:
+    assert broker.config.http_listen is not None
+    status, body = await http(
+        broker.config.http_listen[1], b"GET " + path.encode() + b" HTTP/1.1\r\n\r\n"
+    )
+    return status, json.loads(body)
+
+
+async def test_signed_head_and_inclusion_proof_as_json(broker: Broker) -> None:
+    await create(broker, "pf")
+    c = await broker.connect()
+    batches = [batch([b"r%d" % i] * (i + 1)) for i in range(3)]  # offsets 0, 1-2, 3-5
+    for b in batches:
+        assert (await produce(c, "pf", b)).error_code == 0
+    status, head = await get_json(broker, "/v1/partitions/pf/0/head")
+    assert status == 200 and head["length"] == 3 and head["high_watermark"] == 6
+    public_key, key = bytes.fromhex(head["writer_public_key"]), bytes.fromhex(head["archive_key"])
+    status, doc = await get_json(broker, "/v1/partitions/pf/0/proof?offset=4")
+    assert status == 200 and doc["block_index"] == 2
+    served = (await fetch(c, "pf", 3)).records
+    assert base64.b64decode(doc["batch"]) == served  # the proven value is what Fetch serves
+    _, proof = Proof.decode(base64.b64decode(doc["proof"]))
+    verified = verify_proof(proof, public_key=public_key, key=key, fork=head["fork"])
+    assert verified.proven is not None and verified.proven.hash == leaf_hash(served)
+    assert verified.head is not None and verified.head.tree_hash().hex() == head["tree_hash"]
+    # a proof whose batch was changed, or checked against another key, fails
+    assert proof.block is not None and proof.block.value is not None
+    forged = dataclasses.replace(
+        proof, block=dataclasses.replace(proof.block, value=proof.block.value[:-1] + b"X")
+    )
+    with pytest.raises(InvalidProof):
+        verify_proof(forged, public_key=public_key, key=key, fork=head["fork"])
+    with pytest.raises(InvalidProof):
+        verify_proof(proof, public_key=bytes(32), key=key, fork=head["fork"])
+    assert (await get_json(broker, "/v1/partitions/pf/0/proof?offset=6"))[
+        0
+    ] == 404  # not yet signed
+    assert (await get_json(broker, "/v1/partitions/pf/7/head"))[0] == 404
+    assert (await get_json(broker, "/v1/partitions/pf/0/proof"))[0] == 400
