@@ -1,4 +1,4 @@
-"""The `hyperkafka` command: `serve`, `keys`, `verify`, `users`.
+"""The `hyperkafka` command: `serve`, `keys`, `verify`, `audit`, `users`.
 
 Flags override the properties file given with --config, which overrides defaults.
 """
@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     from broker.security.cli import add_users_parser
 
     add_users_parser(sub)
+
+    audit = sub.add_parser("audit", help="read a topic through any node's Kafka port and check every batch against its writer's signed heads")
+    audit.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="the Kafka listener to read from (a mirror included)")
+    audit.add_argument("--http", required=True, metavar="URL", help="the HTTP listener (hyperkafka.http.listeners) of a node holding the archives, for the proofs")
+    audit.add_argument("--topic", required=True)
+    audit.add_argument("--archive-key", action="append", default=[], metavar="PARTITION=HEX",
+                       help="pin a partition's archive key (as `hyperkafka keys` prints it on the writer); else trusted on first use")
 
     verify = sub.add_parser("verify", help="check every archive offline against its signed head")
     verify.add_argument("--data-dir", type=Path, default=Path("hyperkafka-data"))
@@ -141,6 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from storage.cli import verify_command
 
         return verify_command(str(args.data_dir), args.topic)
+    if args.command == "audit":
+        from broker.audit import audit_command
+
+        return audit_command(args.bootstrap, args.http, args.topic, args.archive_key)
     if args.command == "users":
         from broker.security.cli import users_command
 

@@ -18,8 +18,8 @@ from broker.metrics import render
 from broker.node import Node
 from broker.tests.conftest import Broker
 from broker.tests.test_server import batch, create, fetch, produce
-from storage.hypercore import leaf_hash
-from storage.hypercore.proofs import InvalidProof, Proof, verify_proof
+from storage.hypercore import InvalidProof, leaf_hash
+from storage.hypercore.proofs import Proof, verify_proof
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
