@@ -147,8 +147,5 @@ def test_kafka_log_dirs_describe(java: JavaTools, hk: Broker) -> None:
 def test_kafka_acls_list_without_security(java: JavaTools, hk: Broker) -> None:
     r = java.run(ACL_COMMAND, ["--bootstrap-server", hk.bootstrap, "--list"], check=False)
     out = r.text + r.stderr.decode("utf-8", "replace")
-    assert (
-        "SecurityDisabledException" in out
-        or "No Authorizer is configured" in out
-        or "security" in out.lower()
-    ), out
+    # as against Kafka without an authorizer: SECURITY_DISABLED, reported by the tool
+    assert "SecurityDisabledException" in out, out

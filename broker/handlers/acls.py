@@ -3,7 +3,8 @@
 The rules come from the properties file (`hyperkafka.acl.*`, broker/security/authz.py)
 and never change at run time. DescribeAcls shows each as Kafka ACL bindings (one per
 principal and operation, ALLOW, any host; `prefix*` as a PREFIXED pattern), so UIs and
-`kafka-acls --list` show what is enforced. CreateAcls and DeleteAcls are refused for
+`kafka-acls --list` show what is enforced, to `super.users` (Kafka asks for DESCRIBE on the
+cluster; anyone else gets CLUSTER_AUTHORIZATION_FAILED). CreateAcls and DeleteAcls are refused for
 every binding: with SECURITY_DISABLED on a node without security (as Kafka without an
 authorizer), else CLUSTER_AUTHORIZATION_FAILED with a message saying where rules live.
 Super users (`super.users`) are not ACLs in Kafka either and are not listed.
@@ -16,7 +17,7 @@ from typing import Any
 
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
-from broker.security.authz import ACL_OPERATION_CODES, Resource, Rule
+from broker.security.authz import ACL_OPERATION_CODES, ANONYMOUS, Resource, Rule
 
 SECURITY_DISABLED = 54
 # Kafka's ResourceType, PatternType, AclOperation and AclPermissionType codes
@@ -32,6 +33,18 @@ def _secured(ctx: RequestContext) -> tuple[bool, tuple[Rule, ...]]:
     if session is None or not session.security.settings.secured:
         return False, ()
     return True, session.security.authorizer.rules
+
+
+def _may_describe(ctx: RequestContext) -> bool:
+    """Kafka asks for DESCRIBE on the cluster, which our rules do not model: the rules are
+    shown to `super.users` only, never to anyone who connects."""
+    session = ctx.session
+    if session is None:
+        return True
+    return (
+        session.principal in session.security.authorizer.super_users
+        and session.principal != ANONYMOUS
+    )
 
 
 def _bindings(rules: tuple[Rule, ...]) -> Iterator[tuple[int, str, int, str, int]]:
@@ -81,6 +94,13 @@ async def describe_acls(ctx: RequestContext, req: Any) -> Reply:
             "throttle_time": 0,
             "error_code": SECURITY_DISABLED,
             "error_message": "No authorizer is configured on the broker",
+            "resources": [],
+        }
+    if not _may_describe(ctx):
+        return {
+            "throttle_time": 0,
+            "error_code": errors.CLUSTER_AUTHORIZATION_FAILED,
+            "error_message": "Only super.users may describe ACLs",
             "resources": [],
         }
     grouped: dict[tuple[int, str, int], list[dict[str, Any]]] = {}

@@ -16,7 +16,7 @@ import trio
 from broker.config import BrokerConfig
 from broker.server import run
 from broker.tests.conftest import Broker, RawClient
-from broker.tests.test_security_server import Secured
+from broker.tests.test_security_server import Secured, authenticate
 from broker.tests.test_security_server import secured as secured  # the fixture
 from broker.tests.test_server import batch, create, fetch, produce
 from storage.batch import build_batch
@@ -292,8 +292,11 @@ async def test_acls_without_security(start: Start) -> None:
         assert r.filter_results[0].error_code == 54
 
 
+@pytest.mark.parametrize("secured", [{"super.users": "User:writer"}], indirect=True)
 async def test_describe_acls_shows_the_static_rules(secured: Secured) -> None:
-    c = await secured.connect("PLAINTEXT")
+    anonymous = await secured.connect("PLAINTEXT")
+    c = await secured.connect("SASL_PLAINTEXT")
+    assert (await authenticate(c, "SCRAM-SHA-256", "writer", "w-pw")).error_code == 0  # type: ignore[attr-defined]
     f = {
         "resource_type_filter": 1,
         "resource_name_filter": None,
@@ -303,6 +306,9 @@ async def test_describe_acls_shows_the_static_rules(secured: Secured) -> None:
         "operation": 1,
         "permission_type": 1,
     }
+    assert (
+        await anonymous.call("describe_acls", 3, f)
+    ).error_code == 31  # only super.users see the rules
     r = await c.call("describe_acls", 3, f)
     assert r.error_code == 0
     got = {
