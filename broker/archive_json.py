@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -58,14 +59,18 @@ def _head(node: Node, topic: str, index: int, plog: PartitionLog, mirrored: bool
     }
 
 
-def answer_json(node: Node, path: str, query: str) -> dict[str, Any]:
-    """The JSON document for `path`; NotFound (404) or ValueError (400) otherwise."""
+def answer_json(
+    node: Node, path: str, query: str, readable: Callable[[str], bool] = lambda _: True
+) -> dict[str, Any]:
+    """The JSON document for `path`; NotFound (404) or ValueError (400) otherwise.
+    `readable(topic)`: may an anonymous client read it over Kafka? A proof carries the
+    batch, so a topic the ACLs keep from anonymous readers is not found here either."""
     m = _ROUTE.match(path)
     if m is None:
         raise NotFound(f"no such resource: {path}")
     name, index, what = m.group(1), int(m.group(2)), m.group(3)
     topic = node.topics.get(name)
-    if topic is None or not 0 <= index < len(topic.partitions):
+    if topic is None or not readable(name) or not 0 <= index < len(topic.partitions):
         raise NotFound(f"no partition {name}-{index}")
     plog = topic.partitions[index].log
     doc = _head(node, name, index, plog, topic.mirrored)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from functools import partial
 
 import trio
@@ -29,6 +30,9 @@ log = logging.getLogger("hyperkafka.http")
 MAX_HEAD_BYTES = 8192
 HEAD_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 32
+# `readable(topic)` (from the server's authorizer): may an anonymous Kafka client read the
+# topic? The listener authenticates nobody, so proofs (which carry batches) are served for
+# those topics only. /metrics names every topic, as Kafka's JMX exporter does.
 LINGER_S = 1.0
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 _REASONS = {
@@ -70,7 +74,9 @@ async def _read_head(stream: trio.SocketStream) -> bytes | None:
     return bytes(buf)
 
 
-def answer(node: Node, head: bytes | None) -> bytes:
+def answer(
+    node: Node, head: bytes | None, readable: Callable[[str], bool] = lambda _: True
+) -> bytes:
     """The whole response to one request head (sans I/O, for the tests)."""
     if head is None:
         return _response(431, b"request head too large\n")
@@ -89,7 +95,10 @@ def answer(node: Node, head: bytes | None) -> bytes:
             status, doc = (
                 200,
                 answer_json(
-                    node, target.decode("ascii", "replace"), query.decode("ascii", "replace")
+                    node,
+                    target.decode("ascii", "replace"),
+                    query.decode("ascii", "replace"),
+                    readable,
                 ),
             )
         except NotFound as exc:
@@ -106,7 +115,12 @@ def answer(node: Node, head: bytes | None) -> bytes:
     return _response(404, b"not found\n", head_only=head_only)
 
 
-async def _connection(node: Node, limit: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
+async def _connection(
+    node: Node,
+    readable: Callable[[str], bool],
+    limit: trio.CapacityLimiter,
+    stream: trio.SocketStream,
+) -> None:
     try:
         if limit.available_tokens == 0:
             await stream.send_all(_response(503, b"too many connections\n"))
@@ -115,7 +129,7 @@ async def _connection(node: Node, limit: trio.CapacityLimiter, stream: trio.Sock
             with trio.move_on_after(HEAD_TIMEOUT_S):
                 head = await _read_head(stream)
                 if head is None or head.strip():
-                    await stream.send_all(answer(node, head))
+                    await stream.send_all(answer(node, head, readable))
                     await stream.send_eof()
             # Unread request bytes would turn our close into a reset that can destroy the
             # answer before the client reads it: read (and drop) a little first.
@@ -133,6 +147,7 @@ async def serve_http(
     node: Node,
     host: str,
     port: int,
+    readable: Callable[[str], bool] = lambda _: True,
     *,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -142,5 +157,5 @@ async def serve_http(
     log.info("serving /metrics over HTTP on %s:%d", bound[0], bound[1])
     task_status.started(listeners)
     await trio.serve_listeners(
-        partial(_connection, node, trio.CapacityLimiter(MAX_CONNECTIONS)), listeners
+        partial(_connection, node, readable, trio.CapacityLimiter(MAX_CONNECTIONS)), listeners
     )

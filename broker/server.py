@@ -697,8 +697,14 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
             listeners = await nursery.start(server.serve)
             if config.http_listen is not None:
                 from broker.http import serve_http
+                from broker.security.authz import ANONYMOUS, Operation
 
-                await nursery.start(serve_http, node, *config.http_listen)
+                authorizer = server.security.authorizer
+
+                def readable(topic: str) -> bool:
+                    return authorizer.allowed(ANONYMOUS, Operation.READ, topic)
+
+                await nursery.start(serve_http, node, *config.http_listen, readable)
             if config.listen_port == 0 and config.advertised_port is None:
                 config.advertised_port = listeners[0].socket.getsockname()[1]
             for spec in server.security.listeners:

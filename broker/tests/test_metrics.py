@@ -16,7 +16,10 @@ import trio
 from broker.config import BrokerConfig, ConfigError, apply_properties, parse_http_listener
 from broker.metrics import render
 from broker.node import Node
+from broker.security.users import UserStore
+from broker.server import run
 from broker.tests.conftest import Broker
+from broker.tests.test_security_server import authenticate
 from broker.tests.test_server import batch, create, fetch, produce
 from storage.hypercore import InvalidProof, leaf_hash
 from storage.hypercore.proofs import Proof, verify_proof
@@ -219,3 +222,49 @@ async def test_signed_head_and_inclusion_proof_as_json(broker: Broker) -> None:
     ] == 404  # not yet signed
     assert (await get_json(broker, "/v1/partitions/pf/7/head"))[0] == 404
     assert (await get_json(broker, "/v1/partitions/pf/0/proof"))[0] == 400
+
+
+async def test_proofs_only_for_topics_anonymous_may_read(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    UserStore.in_data_dir(data).add("writer", "w-pw")
+    props = {
+        "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+        "hyperkafka.acl.topic.*.write+create": "User:writer",
+        "hyperkafka.acl.topic.private-*.read": "User:writer",
+    }
+    config = BrokerConfig(
+        data_dir=data,
+        listen_port=0,
+        shutdown_grace_s=2,
+        security_props=props,
+        http_listen=("127.0.0.1", 0),
+    )
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, config)
+        sasl = Broker(config, listeners[1].socket.getsockname()[1])
+        c = await sasl.connect()
+        assert (await authenticate(c, "SCRAM-SHA-256", "writer", "w-pw")).error_code == 0  # type: ignore[attr-defined]
+        for name in ("private-x", "pub"):
+            r = await c.call(
+                "create_topics",
+                7,
+                {
+                    "topics": [
+                        {
+                            "name": name,
+                            "num_partitions": 1,
+                            "replication_factor": 1,
+                            "assignments": [],
+                            "configs": [],
+                        }
+                    ],
+                    "timeout": 5000,
+                    "validate_only": False,
+                },
+            )
+            assert r.topics[0].error_code == 0, r
+            assert (await produce(c, name, batch([b"secret"]))).error_code == 0
+        assert (await get_json(sasl, "/v1/partitions/pub/0/proof?offset=0"))[0] == 200
+        assert (await get_json(sasl, "/v1/partitions/private-x/0/head"))[0] == 404
+        assert (await get_json(sasl, "/v1/partitions/private-x/0/proof?offset=0"))[0] == 404
+        nursery.cancel_scope.cancel()
