@@ -40,6 +40,7 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    500: "Internal Server Error",
     431: "Request Header Fields Too Large",
     503: "Service Unavailable",
 }
@@ -77,7 +78,17 @@ async def _read_head(stream: trio.SocketStream) -> bytes | None:
 def answer(
     node: Node, head: bytes | None, readable: Callable[[str], bool] = lambda _: True
 ) -> bytes:
-    """The whole response to one request head (sans I/O, for the tests)."""
+    """The whole response to one request head (sans I/O, for the tests). Whatever goes
+    wrong while answering (a disk error reading a proof's nodes) is a 500 and a log line:
+    the broker never dies of a request."""
+    try:
+        return _answer(node, head, readable)
+    except Exception:
+        log.exception("answering an HTTP request failed")
+        return _response(500, b"internal error (logged)\n")
+
+
+def _answer(node: Node, head: bytes | None, readable: Callable[[str], bool]) -> bytes:
     if head is None:
         return _response(431, b"request head too large\n")
     line = head.split(b"\n", 1)[0].strip()

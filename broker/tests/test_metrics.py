@@ -268,3 +268,19 @@ async def test_proofs_only_for_topics_anonymous_may_read(tmp_path: Path) -> None
         assert (await get_json(sasl, "/v1/partitions/private-x/0/head"))[0] == 404
         assert (await get_json(sasl, "/v1/partitions/private-x/0/proof?offset=0"))[0] == 404
         nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_answer_is_a_500_and_the_broker_lives(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import broker.http as http_module
+
+    def broken(*args: object) -> str:
+        raise OSError("EIO (test)")
+
+    monkeypatch.setattr(http_module, "render", broken)
+    assert broker.config.http_listen is not None
+    port = broker.config.http_listen[1]
+    assert (await http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == 500
+    monkeypatch.undo()
+    assert (await http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == 200
