@@ -150,7 +150,7 @@ async def delete_records(ctx: RequestContext, req: Any) -> Reply:
     return {"throttle_time": 0, "topics": topics}
 
 
-@api(35, "DescribeLogDirs", (1, 5))
+@api(35, "DescribeLogDirs", (1, 4))
 async def describe_log_dirs(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
     wanted: list[tuple[Topic, Sequence[int]]]
@@ -204,7 +204,6 @@ async def describe_log_dirs(ctx: RequestContext, req: Any) -> Reply:
                 "topics": topics,
                 "total_bytes": total,
                 "usable_bytes": usable,
-                "is_cordoned": False,  # v5 (KIP-1066): no cordoning of our one directory
             }
         ],
     }
