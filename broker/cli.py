@@ -1,4 +1,4 @@
-"""The `hyperkafka` command: `serve`, `keys`, `verify`, `users`.
+"""The `hyperkafka` command: `serve`, `keys`, `verify`, `audit`, `users`.
 
 Flags override KAFKA_* environment variables, which override the properties file given
 with --config, which overrides defaults.
@@ -19,6 +19,7 @@ from broker.config import (
     ConfigError,
     apply_properties,
     parse_host_port,
+    parse_http_listener,
     read_properties,
 )
 from broker.config_sources import env_name, settings_from_env
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-auto-create", action="store_true", help="do not create unknown topics on Metadata or Produce")
     serve.add_argument("--replication-listen", metavar="HOST:PORT", help="serve every archive over the Hypercore protocol here")
     serve.add_argument("--mirror", action="append", metavar="HOST:PORT[@NODEKEY]", help="mirror the node whose Kafka listener is HOST:PORT (repeatable); @NODEKEY (hex) pins its key")
+    serve.add_argument("--http-listen", metavar="[HOST]:PORT", help="serve /metrics over HTTP here (hyperkafka.http.listeners; a bare :PORT is loopback)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
     keys = sub.add_parser("keys", help="print the node key and every partition's archive key")
@@ -58,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     from broker.security.cli import add_users_parser
 
     add_users_parser(sub)
+
+    audit = sub.add_parser("audit", help="read a topic through any node's Kafka port and check every batch against its writer's signed heads")
+    audit.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="the Kafka listener to read from (a mirror included)")
+    audit.add_argument("--http", required=True, metavar="URL", help="the HTTP listener (hyperkafka.http.listeners) of a node holding the archives, for the proofs")
+    audit.add_argument("--topic", required=True)
+    audit.add_argument("--archive-key", action="append", default=[], metavar="PARTITION=HEX",
+                       help="pin a partition's archive key (as `hyperkafka keys` prints it on the writer); else trusted on first use")
 
     verify = sub.add_parser("verify", help="check every archive offline against its signed head")
     verify.add_argument("--data-dir", type=Path, default=Path("hyperkafka-data"))
@@ -106,6 +115,8 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         config.auto_create_topics = False
     if args.replication_listen:
         config.replication_listen = parse_host_port(args.replication_listen)
+    if args.http_listen:
+        config.http_listen = parse_http_listener(args.http_listen)
     if args.mirror:
         config.mirrors = list(args.mirror)
     if config.mirrors:
@@ -160,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from storage.cli import verify_command
 
         return verify_command(str(args.data_dir), args.topic)
+    if args.command == "audit":
+        from broker.audit import audit_command
+
+        return audit_command(args.bootstrap, args.http, args.topic, args.archive_key)
     if args.command == "users":
         from broker.security.cli import users_command
 

@@ -203,6 +203,11 @@ class BrokerConfig:
     # on first use).
     replication_listen: tuple[str, int] | None = None
     mirrors: list[str] = field(default_factory=list)
+    # hyperkafka.http.listeners (broker/http.py): where /metrics is served. Off unless set:
+    # Kafka itself serves no HTTP (operators add the JMX exporter on purpose), a fixed
+    # default port would stop a second broker on the same host from starting, and an open
+    # port is surface. A bare port (":9404") listens on loopback only.
+    http_listen: tuple[str, int] | None = None
     # Cluster mode (broker/cluster/, docs/clusters.md): the etcd cluster that holds
     # membership, the controller and placement (hyperkafka.cluster.etcd.endpoints; none:
     # a single broker), the key prefix there (hyperkafka.cluster.name), and Kafka's
@@ -289,6 +294,9 @@ class BrokerConfig:
              "Answer bytes a connection may leave unread before the broker stops reading its requests."),
             ("max.broker.partitions", str(self.max_broker_partitions), ConfigType.INT, "Partitions this broker holds at most (KIP-578)."),
         ]
+        if self.http_listen is not None:
+            values.append(("hyperkafka.http.listeners", "http://{}:{}".format(*self.http_listen), ConfigType.STRING,
+                           "Where /metrics is served over HTTP."))
         if self.rack is not None:
             values.append(("broker.rack", self.rack, ConfigType.STRING, "This broker's rack (KIP-392: consumers in it may fetch from it)."))
         if self.cluster_etcd_endpoints:
@@ -328,6 +336,19 @@ def parse_host_port(text: str) -> tuple[str, int]:
         raise ConfigError(f"expected HOST:PORT, got {text!r}")
     host = host.strip("[]")
     return host, int(port)
+
+
+def parse_http_listener(text: str) -> tuple[str, int]:
+    """``http://HOST:PORT``, ``HOST:PORT`` or ``:PORT`` (loopback); one listener."""
+    text = text.strip()
+    if "," in text:
+        raise ConfigError("hyperkafka.http.listeners: one listener only")
+    if "://" in text and not text.lower().startswith("http://"):
+        raise ConfigError(f"hyperkafka.http.listeners: only http:// is served, got {text!r}")
+    host, port = parse_host_port(text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"hyperkafka.http.listeners: bad port {port}")
+    return host or "127.0.0.1", port
 
 
 @dataclass(frozen=True)
@@ -428,6 +449,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                     raise ConfigError("max.broker.partitions must be positive")
             elif key == "hyperkafka.replication.listen":
                 changes["replication_listen"] = parse_host_port(value)
+            elif key == "hyperkafka.http.listeners":
+                changes["http_listen"] = parse_http_listener(value)
             elif key == "hyperkafka.cluster.brokers":
                 raise ConfigError("hyperkafka.cluster.brokers (static membership) is gone: name the etcd cluster "
                                   "with hyperkafka.cluster.etcd.endpoints=http://HOST:PORT,... (docs/clusters.md)")

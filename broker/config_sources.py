@@ -75,7 +75,7 @@ def settings_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-_KRAFT = "there is no KRaft quorum here: one broker needs none, and a cluster names its brokers in hyperkafka.cluster.brokers"
+_KRAFT = "there is no KRaft quorum here: one broker needs none, and a cluster elects its controller through etcd (hyperkafka.cluster.etcd.endpoints)"
 _INTER_BROKER = "brokers copy each other's archives over the Hypercore protocol (hyperkafka.replication.listen), not a Kafka listener"
 _THREADS = "the broker is one Trio event loop, with no thread pools to size"
 _SOCKET_BUFFERS = "the kernel's socket buffer sizes are used"

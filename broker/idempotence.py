@@ -85,6 +85,10 @@ class ProducerStates:
     def __len__(self) -> int:
         return len(self._producers)
 
+    def items(self) -> list[tuple[int, ProducerEntry]]:
+        """(producer id, state) of every producer remembered (DescribeProducers)."""
+        return list(self._producers.items())
+
     def entry(self, producer_id: int) -> ProducerEntry | None:
         return self._producers.get(producer_id)
 

@@ -44,6 +44,7 @@ from broker.cluster.membership import Member, Membership
 from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_configs
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
+from broker.metrics import BrokerMetrics, TopicStats
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
 from storage.errors import RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget, HandleCache
@@ -91,6 +92,7 @@ NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
 POLICY_VIOLATION = 44
+INVALID_REQUEST = 42
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 # As Kafka 4.0's controller (KAFKA-17870): one CreateTopics may not create more.
 MAX_PARTITIONS_PER_REQUEST = 10_000
@@ -180,6 +182,7 @@ class Topic:
     mirrored: bool = False
     # Cluster mode: the broker id of the writer (the partitions' leader); None = this node.
     leader_id: int | None = None
+    stats: TopicStats = field(default_factory=TopicStats)  # Kafka's BrokerTopicMetrics (broker/metrics.py)
 
     @property
     def name(self) -> str:
@@ -227,6 +230,8 @@ class Node:
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
         self.replication_address: str | None = None
         self.replication_connections = 0  # accepted on the replication port (broker/replication_server.py)
+        self.metrics = BrokerMetrics()  # what /metrics shows (broker/metrics.py)
+        self.started = time.monotonic()
         # Cluster mode (broker/cluster/): membership, controller and placement in etcd;
         # the ISR and acks=all.
         self.cluster: Cluster | None = None
@@ -473,6 +478,50 @@ class Node:
         self.store.adopt(name, prepared)
         log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
         return self._attach(record)
+
+    async def add_partitions(self, topic: Topic, count: int) -> None:
+        """CreatePartitions on a topic written here: the archives and the catalog change
+        in a worker thread (as CreateTopics), then the partitions are served."""
+        more = count - len(topic.partitions)
+        self.check_partition_limit(more)
+        name = topic.name
+        if name in self._creating:
+            raise TopicError(INVALID_REQUEST, f"Topic '{name}' is being created or grown; try again.")
+        self._creating[name] = more
+        try:
+            logs = await trio.to_thread.run_sync(
+                self.store.prepare_more_partitions, name, count, self.config.log_config(topic.record.configs),
+                limiter=self._create_limiter)
+            if self.topics.get(name) is not topic:  # deleted meanwhile
+                self.store.discard_more(logs)
+                raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' was deleted.")
+            try:
+                topic.record = self.store.add_partitions(name, logs)
+            except BaseException:
+                self.store.discard_more(logs)
+                raise
+        except (StorageError, OSError) as exc:
+            raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot add partitions to '{name}': {exc}") from None
+        finally:
+            del self._creating[name]
+        for plog in logs:
+            topic.partitions.append(Partition(topic, len(topic.partitions), plog))
+            if self.cluster is not None:
+                self.cluster.published(plog.key, signed_blocks(plog))
+        log.info("topic %s grown to %d partitions", name, count)
+        self.notify_data()
+
+    def set_topic_configs(self, topic: Topic, overrides: Mapping[str, str]) -> None:
+        """AlterConfigs: record the topic's new overrides in the catalog (signed, durable
+        before this returns) and apply them to the produce path and the logs."""
+        try:
+            topic.record = self.store.set_topic_configs(topic.name, overrides)
+        except (StorageError, OSError) as exc:
+            raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot record configs of '{topic.name}': {exc}") from None
+        self._apply_configs(topic)
+        log_config = self.config.log_config(topic.record.configs)
+        for p in topic.partitions:
+            p.log.set_config(log_config)
 
     async def delete_topic(self, name: str) -> None:
         if not self.config.delete_topic_enable:

@@ -148,8 +148,11 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
             if ch.closed:
                 p.close()
                 del progress[ch]
+                node.metrics.channels.pop(ch, None)
             else:
                 p.update()
+                if ch not in node.metrics.channels and conn.stream.established:
+                    node.metrics.channels[ch] = conn.remote_public_key.hex()[:16]  # /metrics
 
     driver = ConnectionDriver(stream, conn, changed)
     try:
@@ -182,8 +185,9 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
             elif not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)):
                 log.warning("replication connection failed", exc_info=e)
     finally:
-        for p in progress.values():
+        for ch, p in progress.items():
             p.close()
+            node.metrics.channels.pop(ch, None)
         await trio.aclose_forcefully(stream)
 
 

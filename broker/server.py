@@ -38,6 +38,7 @@ import math
 import os
 import signal
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import NO_RESPONSE, REGISTRY, Deferred, Encoded, RequestContext, advertised
 from broker.config import BrokerConfig
 from broker.memory import AnswerMemory, ConnectionBudget, RequestPool, Ticket, memory_of
+from broker.metrics import MAX_API_KEY, MAX_VERSION
 from broker.node import Node
 from broker.protocol.codec import (
     decode_request,
@@ -78,6 +80,9 @@ PRODUCE, FETCH = 0, 1
 UNKNOWN_SERVER_ERROR = -1
 
 ACCEPTED = {a.key: (a.first_accepted, a.max_version) for a in REGISTRY.values()}
+# /metrics counts requests in fixed tables indexed by key and version (broker/metrics.py)
+if max(ACCEPTED) > MAX_API_KEY or max(hi for _, hi in ACCEPTED.values()) > MAX_VERSION:
+    raise RuntimeError("an API key or version beyond broker.metrics' request tables")
 ADVERTISED = {key: (lo, hi) for key, lo, hi in advertised()}
 
 
@@ -510,17 +515,20 @@ class Server:
         memory = AnswerMemory(self.answer_pool)
         ctx = RequestContext(self.node, header.api_key, header.api_version, header.correlation_id, header.client_id, peer, session, memory)
         api = REGISTRY[header.api_key]
+        self.node.metrics.requests[header.api_key][header.api_version] += 1
+        start = time.perf_counter()
         if _trace:
             log.debug("%s %s v%d #%d from %s as %s: %.300r", peer, api.name, header.api_version, header.correlation_id, header.client_id, session.principal, request)
         try:
             result = await api.handler(ctx, request)
         finally:
             answer = budget.hold(memory)  # (also when the handler failed: the close gives it back)
-        outgoing = self._answer(header, result, session, len(payload))
+        outgoing = self._answer(header, result, session, len(payload), start)
         outgoing.answer = answer
         return outgoing
 
-    def _answer(self, header: RequestHeader, result: Any, session: Session, size: int) -> Outgoing:
+    def _answer(self, header: RequestHeader, result: Any, session: Session, size: int, start: float) -> Outgoing:
+        metrics = self.node.metrics
         throttle_ms = 0
         if header.api_key == PRODUCE:
             throttle_ms = session.throttle_produce(size)
@@ -531,12 +539,14 @@ class Server:
                 release(result["responses"])
                 result = {**result, "responses": []}
         if result is NO_RESPONSE:
+            metrics.observe_latency(header.api_key, time.perf_counter() - start)
             return Outgoing(None)
         if isinstance(result, Deferred):
             finish = result.finish
 
             async def deferred() -> list[Any] | None:
                 description = await finish()
+                metrics.observe_latency(header.api_key, time.perf_counter() - start)
                 if description is not None and throttle_ms:
                     if isinstance(description, Encoded):
                         if description.with_throttle is not None:
@@ -548,6 +558,7 @@ class Server:
             return Outgoing(None, deferred, result.ready)
         if throttle_ms and isinstance(result, dict):
             result = {**result, "throttle_time": throttle_ms}
+        metrics.observe_latency(header.api_key, time.perf_counter() - start)
         return Outgoing(_encode(header, result))
 
     async def _write_loop(self, stream: trio.abc.Stream, receive: trio.MemoryReceiveChannel[Outgoing], scope: trio.CancelScope,
@@ -684,6 +695,16 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run_background)
             listeners = await nursery.start(server.serve)
+            if config.http_listen is not None:
+                from broker.http import serve_http
+                from broker.security.authz import ANONYMOUS, Operation
+
+                authorizer = server.security.authorizer
+
+                def readable(topic: str) -> bool:
+                    return authorizer.allowed(ANONYMOUS, Operation.READ, topic)
+
+                await nursery.start(serve_http, node, *config.http_listen, readable)
             if config.listen_port == 0 and config.advertised_port is None:
                 config.advertised_port = listeners[0].socket.getsockname()[1]
             for spec in server.security.listeners:

@@ -58,6 +58,12 @@ def apply_change(topics: dict[str, TopicRecord], change: Mapping[str, Any]) -> N
         old = topics[name]
         topics[name] = TopicRecord(old.name, old.topic_id, old.partitions,
                                    dict(change["configs"]), old.archive_keys)
+    elif op == "partitions":  # CreatePartitions: the count grows, the first keys stay
+        old = topics[name]
+        keys = tuple(bytes(k) for k in change["keys"])
+        if int(change["partitions"]) <= old.partitions or keys[: old.partitions] != old.archive_keys:
+            raise StorageError(f"catalog: partitions change of {name} does not extend it")
+        topics[name] = TopicRecord(old.name, old.topic_id, int(change["partitions"]), old.configs, keys)
     elif op == "delete":
         topics.pop(name, None)
     else:

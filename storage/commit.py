@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import crc32c
 
 from storage import format as fmt
+from storage import timing
 from storage.errors import StorageError
 from storage.format import ENTRY, ENTRY_SIZE, IDX_HEADER_SIZE, SLOT_SIZE, U32, Head
 from storage.fs import FileSystem
@@ -67,12 +68,14 @@ class BackgroundSync:
 
     def _run(self) -> None:
         try:
+            t0 = time.perf_counter()
             for fd in self.fds:
                 self.fs.fsync(fd)
             if self.dir_path is not None:
                 self.fs.fsync_dir(self.dir_path)
             if self.tree_fd >= 0:
                 self.fs.fsync(self.tree_fd)
+            timing.FSYNC_SECONDS.observe(time.perf_counter() - t0)
         except BaseException as exc:  # reported to the owner thread by the next commit
             self.error = exc
 
@@ -143,17 +146,21 @@ class CommitJob:
                     fr.length,
                 )
                 self.sync.start()
-            else:
+            elif self.sync_fds or self.sync_dir or self.sync_derived:
+                t0 = time.perf_counter()
                 for fd in self.sync_fds:
                     fs.fsync(fd)
                 if self.sync_dir:
                     fs.fsync_dir(lg.path)
                 if self.sync_derived:
                     fs.fsync(lg._tree_fd)
+                timing.FSYNC_SECONDS.observe(time.perf_counter() - t0)
             if self.remote_signature is not None:
                 sig = self.remote_signature
             elif self.sign:
+                t0 = time.perf_counter()
                 sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)
+                timing.SIGN_SECONDS.observe(time.perf_counter() - t0)
             else:
                 assert lg._head is not None
                 sig = lg._head.signature
@@ -282,6 +289,7 @@ class CommitJob:
                     if len(span) != span_len:
                         raise StorageError("segment shorter than what was appended")
                     hash_leaves(span, [(p[5] - span_start, p[6]) for p in group], fold)
+            timing.LEAF_HASHED_BYTES.add(sum(p[6] for p in group))
             self.index_writes.append(
                 (group[0][1], IDX_HEADER_SIZE + k0 * ENTRY_SIZE, bytes(entries))
             )

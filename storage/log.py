@@ -252,6 +252,11 @@ class PartitionLog:
         return self._closed
 
     @property
+    def retained_bytes(self) -> int:
+        """Bytes of batches in the segments on disk (Kafka's partition size)."""
+        return sum(s.log_size for s in self._segments)
+
+    @property
     def writable(self) -> bool:
         """Takes appends: not closed, damaged, or poisoned by a failed write."""
         return not self._closed and self.damage is None and self._poisoned is None
@@ -340,6 +345,15 @@ class PartitionLog:
                 hi = mid - 1
         seg = self._segments[lo]
         return seg, leaf_index - seg.first_leaf
+
+    def leaf_of_offset(self, offset: int) -> int:
+        """The archive block (leaf) index of the stored batch holding Kafka `offset`, which
+        must be readable (log start <= offset < high watermark; OffsetOutOfRange else)."""
+        if not self.log_start_offset <= offset < self.high_watermark:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self.high_watermark)
+        self._ensure_open()
+        seg, i = self._find(offset)
+        return seg.first_leaf + i
 
     def _offset_of_leaf(self, leaf_index: int) -> int:
         if not self._segments:
@@ -862,6 +876,55 @@ class PartitionLog:
             drop += 1
         return self._drop_first_segments(drop)
 
+    def delete_records_below(self, offset: int) -> int:
+        """Kafka's DeleteRecords: make `offset` (at most the high watermark) the log start
+        offset; returns the new log start (never lower than before). Whole segments below
+        it are dropped as retention drops them; inside a segment the start is only
+        recorded in a new head slot (reads below it are out of range, and recovery keeps
+        the larger of the first segment's base and the head's start). Tree nodes stay:
+        whatever was signed stays provable. Raises StorageError while a commit job is in
+        flight or the archive takes no writes."""
+        if offset > self.high_watermark:
+            raise ValueError(f"offset {offset} is above the high watermark {self.high_watermark}")
+        self._close_doomed()
+        if self._job is not None or self.damage is not None or self._poisoned is not None:
+            raise StorageError(f"{self.path}: busy or not writable; try again")
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        self.drop_segments_below(offset)
+        if self.log_start_offset < offset:
+            self._ensure_open()
+            self.commit(force_sync=True)  # the head we copy covers everything appended
+            head = self._head
+            assert head is not None
+            self.log_start_offset = offset
+            self._write_head_slot(head, self._min_index)
+        return self.log_start_offset
+
+    def _write_head_slot(self, head: Head, min_index: int) -> None:
+        """Rewrite the last signed head with this log's start and min index (the signed
+        part is unchanged: the start is local bookkeeping, not part of the tree)."""
+        self._head_seq += 1
+        new_head = Head(
+            head.fork,
+            head.length,
+            head.byte_length,
+            head.tree_hash,
+            head.signature,
+            head.next_offset,
+            self.log_start_offset,
+            min_index,
+            head.roots,
+            self._head_seq,
+            POLICY_CODE[self.policy] << 8,
+            fmt.BOOT_ID,
+            int(time.time() * 1000),
+            head.length,
+        )
+        self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
+        self.fs.fsync(self._head_fd)
+        self._head = new_head
+
     def roll(self) -> None:
         """Make the next append start a new segment (when the active one holds anything).
         Done by aging the active segment past segment_ms, which the append path already
@@ -889,33 +952,15 @@ class PartitionLog:
         self.fs.fsync(self._tree_fd)
         self._segments = keep
         self._segments_ready()
-        self.log_start_offset = keep[0].base_offset
+        # (DeleteRecords may have put the start inside the first kept segment already)
+        self.log_start_offset = max(self.log_start_offset, keep[0].base_offset)
         new_min = keep[0].first_leaf
         self._leaf_ok = self._leaf_ok[new_min - self._leaf_ok_base :]
         self._leaf_ok_base = new_min
         self._min_index = new_min
         head = self._head
         assert head is not None
-        self._head_seq += 1
-        new_head = Head(
-            head.fork,
-            head.length,
-            head.byte_length,
-            head.tree_hash,
-            head.signature,
-            head.next_offset,
-            self.log_start_offset,
-            new_min,
-            head.roots,
-            self._head_seq,
-            POLICY_CODE[self.policy] << 8,
-            fmt.BOOT_ID,
-            int(time.time() * 1000),
-            head.length,
-        )
-        self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
-        self.fs.fsync(self._head_fd)
-        self._head = new_head
+        self._write_head_slot(head, new_min)
         for seg in dropped:
             self.fs.unlink(seg.log_path)
             self.fs.unlink(seg.idx_path)

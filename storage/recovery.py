@@ -152,7 +152,10 @@ def recover(lg: PartitionLog) -> None:
         log_size = fs.size(seg.log_fd)
         seg.log_size = log_size
         first_leaf = expect_leaf
-        if base != expect_offset:
+        # DeleteRecords may have put the log start inside the first segment: that one
+        # may begin below it (never above: data the head says is kept would be gone).
+        inside = head is not None and not lg._segments and base < expect_offset
+        if base != expect_offset and not inside:
             log.warning(
                 "%s: segment %d does not continue the log at %d; dropping it and "
                 "everything after it",

@@ -7,6 +7,7 @@ never `broker`, trio or protocol types.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -208,6 +209,49 @@ class Store:
             if t == name:
                 lg.set_config(log_config_from(rec.configs))
         return rec
+
+    def prepare_more_partitions(self, name: str, count: int, config: LogConfig) -> list[PartitionLog]:
+        """Any thread, CreatePartitions: make the archives that grow topic `name` to `count`
+        partitions, before the catalog records them (`add_partitions`, owner thread;
+        `discard_more` on failure). The caller makes sure nobody else grows `name`."""
+        rec = self._topics.get(name)
+        if rec is None:
+            raise UnknownTopic(name)
+        if count <= rec.partitions:
+            raise StorageError(f"{name} has {rec.partitions} partitions already")
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(rec.partitions, count):
+                path = partition_dir(self.data_dir, name, p)
+                if os.path.isdir(path):  # left by a growth that crashed: not in the catalog
+                    self._remove_dir(path)
+                lg = PartitionLog.open(path, self._partition_keypair(rec.topic_id, p),
+                                       fsync=self.fsync, config=config, fs=self.fs)
+                logs.append(lg)
+                if lg.damage is not None:
+                    raise StorageError(f"cannot create partition {name}-{p}: {lg.damage}")
+        except BaseException:
+            self.discard_more(logs)
+            raise
+        return logs
+
+    def discard_more(self, logs: list[PartitionLog]) -> None:
+        for lg in logs:
+            with contextlib.suppress(OSError, StorageError):
+                lg.close()
+                self._remove_dir(lg.path)
+
+    def add_partitions(self, name: str, logs: list[PartitionLog]) -> TopicRecord:
+        """Owner thread: record in the catalog the partitions `prepare_more_partitions`
+        made (signed, durable before this returns) and serve them."""
+        rec = self._topics[name]
+        keys = [*rec.archive_keys, *(lg.key for lg in logs)]
+        self._append_change({"op": "partitions", "name": name, "partitions": rec.partitions + len(logs), "keys": keys})
+        for i, lg in enumerate(logs):
+            if self.handles is not None:
+                lg.attach_handles(self.handles)
+            self._logs[(name, rec.partitions + i)] = lg
+        return self._topics[name]
 
     def delete_topic(self, name: str) -> None:
         rec = self._topics.get(name)

@@ -1,4 +1,14 @@
 """Kafka API handlers. Importing this package fills `broker.api.REGISTRY`."""
 
-from broker.handlers import admin, cluster, fetch, groups, offsets, produce  # noqa: F401
+from broker.handlers import (  # noqa: F401
+    acls,
+    admin,
+    cluster,
+    configs,
+    fetch,
+    groups,
+    offsets,
+    partitions,
+    produce,
+)
 from broker.security import handlers as _sasl  # noqa: F401  (SaslHandshake, SaslAuthenticate)

@@ -201,4 +201,17 @@ async def fetch(ctx: RequestContext, req: Any) -> Reply:
                 responses, total, redirected = _read_all(node, req, ctx.api_version, denied, rack, sendfile, wanted, memory)
                 if redirected:
                     break
+    _count(node, responses)
     return {"throttle_time": 0, "error_code": errors.NONE, "session_id": 0, "responses": responses}
+
+
+def _count(node: Node, responses: list[dict[str, Any]]) -> None:
+    """Kafka's BrokerTopicMetrics of the answer: once per fetch, not per long-poll pass."""
+    for r in responses:
+        topic = node.topics.get(r["topic"])
+        stats = topic.stats if topic is not None else node.metrics.other
+        for part in r["partitions"]:
+            stats.fetch_requests += 1
+            stats.bytes_out += len(part["records"])
+            if part["error_code"] == errors.KAFKA_STORAGE_ERROR:
+                stats.failed_fetch += 1

@@ -165,6 +165,9 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         # wrote (the time index, retention and ListOffsets trust it).
         records.set_max_timestamp(buf, max_timestamp)
     base, last = partition.admit(buf, batch.last_offset_delta)
+    stats = topic.stats
+    stats.bytes_in += len(buf)
+    stats.messages_in += batch.records_count
     if outcome is not None:
         partition.producers.record(
             batch.producer_id,
@@ -206,9 +209,16 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             except TopicError as exc:
                 for p in t.partition_data:
                     results[(t.name, p.index)] = _PartitionResult(exc.code, exc.message)
+                stats = node.topics[t.name].stats if t.name in node.topics else node.metrics.other
+                stats.produce_requests += len(t.partition_data)
+                stats.failed_produce += len(t.partition_data)
                 continue
+            stats = topic.stats
             for p in t.partition_data:
-                results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records, acks)
+                r = results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records, acks)
+                stats.produce_requests += 1
+                if r.error != errors.NONE:
+                    stats.failed_produce += 1
 
     if acks == 0:
         failed = [r for r in results.values() if r.error != errors.NONE]

@@ -178,3 +178,36 @@ def test_drop_segments_below_waits_for_the_commit_job(tmp_path):
     lg.publish(job)
     assert lg.drop_segments_below(10) == 3
     lg.close()
+
+
+def test_delete_records_inside_a_segment_survives_reopen_and_stays_provable(tmp_path):
+    """Kafka's DeleteRecords: the log start moves to any offset up to the high watermark;
+    whole segments below it go, the one holding it stays; reopen keeps the start (the
+    first segment then begins below it), and the tree of every signed batch remains."""
+    lg, batches = setup(tmp_path, LogConfig(segment_bytes=1000, retention_ms=-1))
+    head_before = lg.head
+    assert lg.delete_records_below(7) == 7  # segment [6, 9) holds offset 7
+    assert segments(tmp_path)[0] == "00000000000000000006.log"
+    assert lg.log_start_offset == 7
+    with pytest.raises(OffsetOutOfRange):
+        lg.read(6, 100)
+    assert lg.delete_records_below(3) == 7  # never backwards
+    with pytest.raises(ValueError):
+        lg.delete_records_below(21)  # above the high watermark
+    assert lg.node(0).hash == leaf_hash(batches[0])  # dropped leaves' nodes stay
+    assert lg.head.tree_hash == head_before.tree_hash and lg.head.signature == head_before.signature
+    assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
+    lg.close()
+    lg = PartitionLog.open(tmp_path, KEYPAIR, fsync=FsyncPolicy.ALWAYS, config=LogConfig(segment_bytes=1000))
+    assert lg.damage is None
+    assert (lg.log_start_offset, lg.high_watermark) == (7, 20)
+    assert split_batches(lg.read_bytes(7, 1 << 20)) == batches[7:9]
+    # retention later drops the segment [6, 9) whole: the start never goes back
+    lg.apply_retention(now_ms=10**12)
+    assert lg.log_start_offset >= 7
+    b = batch_of_size(300, ts=5)
+    lg.append(b)
+    head = lg.commit()
+    assert head.tree_hash == tree_hash_of([*batches, bytes(b)])  # the same tree continues
+    assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
+    lg.close()

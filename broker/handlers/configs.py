@@ -1,0 +1,141 @@
+"""AlterConfigs and IncrementalAlterConfigs: changing a topic's config overrides.
+
+A topic's overrides live in the node's catalog (a signed archive), so a change is durable
+before the answer says so and survives restarts; it takes effect at once (the produce
+path's limits, retention and segment sizes). Only the topic configs of `broker.config`'s
+registry are accepted, each checked as CreateTopics checks it; an unknown name or a value
+we cannot honour (`cleanup.policy=compact`, `remote.storage.enable=true`...) refuses the
+whole resource with INVALID_CONFIG, naming the config. Broker configs are static (the
+properties file): altering them is refused with INVALID_REQUEST, as Kafka refuses a
+read-only config.
+
+Authorization: Kafka asks for ALTER_CONFIGS on the topic, which our rules do not model;
+the principal that may CREATE a topic may alter it.
+
+Cluster mode: only a topic's writer may sign its catalog: a topic written by another
+broker is refused with a message naming that broker (the client may send it there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.api import Reply, RequestContext, api
+from broker.config import TOPIC_CONFIGS, ConfigError, ConfigType, validate_topic_configs
+from broker.handlers import errors
+from broker.node import Node, Topic, TopicError
+from broker.security.authz import Operation
+from broker.security.session import authorize
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+RESOURCE_BROKER_LOGGER = 8
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+
+def _topic(ctx: RequestContext, name: str) -> Topic:
+    if not authorize(ctx, Operation.CREATE, name):
+        raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
+    topic = ctx.node.topics.get(name)
+    if topic is None or name.startswith("__"):
+        raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
+    if topic.mirrored:
+        where = (
+            f"broker {topic.leader_id}"
+            if topic.leader_id is not None
+            else "the node it is mirrored from"
+        )
+        raise TopicError(
+            errors.INVALID_REQUEST, f"Topic {name} is written by {where}; alter its configs there"
+        )
+    return topic
+
+
+def _list(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def _incremental(node: Node, topic: Topic, changes: Any) -> dict[str, str]:
+    overrides = dict(topic.record.configs)
+    seen: set[str] = set()
+    for c in changes:
+        if c.name in seen:
+            raise TopicError(errors.INVALID_REQUEST, f"Config {c.name} is named twice")
+        seen.add(c.name)
+        d = TOPIC_CONFIGS.get(c.name)
+        if d is None:
+            raise TopicError(errors.INVALID_CONFIG, f"Unknown topic config name: {c.name}")
+        op = int(c.config_operation)
+        if op == SET:
+            if c.value is None:
+                raise TopicError(errors.INVALID_REQUEST, f"Null value not supported for : {c.name}")
+            overrides[c.name] = c.value
+        elif op == DELETE:
+            overrides.pop(c.name, None)
+        elif op in (APPEND, SUBTRACT):
+            if d.type != ConfigType.LIST:
+                raise TopicError(
+                    errors.INVALID_CONFIG,
+                    f"Config value append/subtract is not allowed for config {c.name} (not a list)",
+                )
+            current = _list(overrides.get(c.name, node.config.effective(overrides, c.name)))
+            values = _list(c.value)
+            if op == APPEND:
+                current += [v for v in values if v not in current]
+            else:
+                current = [v for v in current if v not in values]
+            overrides[c.name] = ",".join(current)
+        else:
+            raise TopicError(errors.INVALID_REQUEST, f"Unknown config operation {op} for {c.name}")
+    return overrides
+
+
+async def _alter(ctx: RequestContext, req: Any, incremental: bool) -> Reply:
+    node = ctx.node
+    responses = []
+    seen: set[tuple[int, str]] = set()
+    for r in req.resources:
+        entry: dict[str, Any] = {
+            "error_code": errors.NONE,
+            "error_message": None,
+            "resource_type": r.resource_type,
+            "resource_name": r.resource_name,
+        }
+        responses.append(entry)
+        try:
+            if (r.resource_type, r.resource_name) in seen:
+                raise TopicError(errors.INVALID_REQUEST, "Duplicate resource in the request")
+            seen.add((r.resource_type, r.resource_name))
+            if r.resource_type in (RESOURCE_BROKER, RESOURCE_BROKER_LOGGER):
+                raise TopicError(
+                    errors.INVALID_REQUEST,
+                    "Broker configs are static on hyperkafka: set them in the broker's properties file and restart",
+                )
+            if r.resource_type != RESOURCE_TOPIC:
+                raise TopicError(
+                    errors.INVALID_REQUEST, f"Unsupported resource type {r.resource_type}"
+                )
+            topic = _topic(ctx, r.resource_name)
+            if incremental:
+                wanted = _incremental(node, topic, r.configs)
+            else:
+                wanted = {c.name: c.value for c in r.configs if c.value is not None}
+            try:
+                overrides = validate_topic_configs(wanted)
+            except ConfigError as exc:
+                raise TopicError(errors.INVALID_CONFIG, str(exc)) from None
+            if not req.validate_only and overrides != dict(topic.record.configs):
+                node.set_topic_configs(topic, overrides)
+        except TopicError as exc:
+            entry.update(error_code=exc.code, error_message=exc.message)
+    return {"throttle_time": 0, "responses": responses}
+
+
+@api(33, "AlterConfigs", (0, 2))
+async def alter_configs(ctx: RequestContext, req: Any) -> Reply:
+    return await _alter(ctx, req, incremental=False)
+
+
+@api(44, "IncrementalAlterConfigs", (0, 1))
+async def incremental_alter_configs(ctx: RequestContext, req: Any) -> Reply:
+    return await _alter(ctx, req, incremental=True)

@@ -1,0 +1,253 @@
+"""Partition administration: CreatePartitions, DeleteRecords, DescribeLogDirs,
+DescribeProducers, ListPartitionReassignments.
+
+CreatePartitions grows a topic written here (new archives, then a signed catalog change,
+as CreateTopics). DeleteRecords moves a partition's log start offset (Kafka's low
+watermark) and drops the whole segments below it; the Merkle tree and the signed heads
+are untouched, so every offset once signed stays provable (storage/FORMAT.md section 4).
+Both persist: the catalog and the head slot survive restarts.
+
+DescribeLogDirs reports the one data directory with every partition's retained bytes.
+DescribeProducers lists the idempotent producers each partition remembers. Partitions
+are never reassigned (every broker of a cluster mirrors every archive), so
+ListPartitionReassignments always answers with none.
+
+Cluster mode: CreatePartitions goes to the controller as CreateTopics does (NOT_CONTROLLER
+elsewhere); a topic written by another broker is refused with a message naming it, as
+only its writer signs its catalog. DeleteRecords goes to a partition's leader, which
+here is its writer (NOT_LEADER_OR_FOLLOWER elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from broker.api import Reply, RequestContext, api
+from broker.handlers import errors
+from broker.node import Node, Topic, TopicError
+from broker.security.authz import Operation
+from broker.security.session import authorize
+from storage.errors import StorageError
+
+INVALID_PARTITIONS = 37
+OFFSET_OUT_OF_RANGE = 1
+
+
+@api(37, "CreatePartitions", (0, 3))
+async def create_partitions(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    results = []
+    counts: dict[str, int] = {}
+    for t in req.topics:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    for t in req.topics:
+        entry: dict[str, Any] = {"name": t.name, "error_code": errors.NONE, "error_message": None}
+        results.append(entry)
+        try:
+            await _grow(ctx, node, t, counts[t.name] > 1, req.validate_only)
+        except TopicError as exc:
+            entry.update(error_code=exc.code, error_message=exc.message)
+    return {"throttle_time": 0, "results": results}
+
+
+async def _grow(
+    ctx: RequestContext, node: Node, t: Any, duplicate: bool, validate_only: bool
+) -> None:
+    if duplicate:
+        raise TopicError(errors.INVALID_REQUEST, "Duplicate topic in the request.")
+    if not authorize(ctx, Operation.CREATE, t.name):
+        raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
+    cluster = node.cluster
+    if cluster is not None and not cluster.is_controller:
+        raise TopicError(
+            errors.NOT_CONTROLLER,
+            f"This is not the correct controller for this cluster: "
+            f"partitions are added on broker {cluster.controller_id}.",
+        )
+    topic = node.topics.get(t.name)
+    if topic is None or t.name.startswith("__"):
+        raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{t.name}' does not exist.")
+    if topic.mirrored:
+        where = (
+            f"broker {topic.leader_id}"
+            if topic.leader_id is not None
+            else "the node it is mirrored from"
+        )
+        raise TopicError(
+            errors.INVALID_REQUEST,
+            f"Topic {t.name} is written by {where}; only its writer can add partitions.",
+        )
+    have = len(topic.partitions)
+    if t.count < have:
+        raise TopicError(
+            INVALID_PARTITIONS,
+            f"Topic currently has {have} partitions, which is higher than the requested {t.count}.",
+        )
+    if t.count == have:
+        raise TopicError(INVALID_PARTITIONS, f"Topic already has {have} partitions.")
+    if t.count > 100_000:
+        raise TopicError(INVALID_PARTITIONS, "Number of partitions is larger than 100000.")
+    if t.assignments is not None:
+        if len(t.assignments) != t.count - have:
+            raise TopicError(
+                errors.INVALID_REPLICA_ASSIGNMENT,
+                f"Increasing the number of partitions by {t.count - have} but {len(t.assignments)} assignments provided.",
+            )
+        brokers = set(cluster.brokers) if cluster is not None else {node.config.node_id}
+        if any(not a.broker_ids or not set(a.broker_ids) <= brokers for a in t.assignments):
+            raise TopicError(
+                errors.INVALID_REPLICA_ASSIGNMENT, f"Only brokers {sorted(brokers)} exist."
+            )
+    node.check_partition_limit(t.count - have)
+    if not validate_only:
+        await node.add_partitions(topic, t.count)
+
+
+@api(21, "DeleteRecords", (0, 2))
+async def delete_records(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    topics = []
+    for t in req.topics:
+        parts: list[dict[str, Any]] = []
+        topics.append({"name": t.name, "partitions": parts})
+        allowed = authorize(ctx, Operation.DELETE, t.name)  # Kafka's DELETE on the topic
+        topic = node.topics.get(t.name)
+        for p in t.partitions:
+            entry: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "low_watermark": -1,
+                "error_code": errors.NONE,
+            }
+            parts.append(entry)
+            if not allowed:
+                entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
+                continue
+            if topic is None or not 0 <= p.partition_index < len(topic.partitions):
+                entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            if topic.mirrored:
+                entry["error_code"] = errors.NOT_LEADER_OR_FOLLOWER
+                continue
+            partition = topic.partitions[p.partition_index]
+            async with partition.lock:  # no commit round writes it meanwhile
+                plog = partition.log
+                offset = plog.high_watermark if p.offset == -1 else p.offset
+                if partition.failed:
+                    entry["error_code"] = partition.failed_code
+                elif offset < 0 or offset > plog.high_watermark:
+                    entry["error_code"] = OFFSET_OUT_OF_RANGE
+                else:
+                    try:
+                        entry["low_watermark"] = plog.delete_records_below(offset)
+                    except (StorageError, OSError) as exc:
+                        node.fail_partition(partition, f"deleting records failed: {exc}")
+                        entry["error_code"] = errors.KAFKA_STORAGE_ERROR
+            partition.notify()
+    return {"throttle_time": 0, "topics": topics}
+
+
+@api(35, "DescribeLogDirs", (1, 4))
+async def describe_log_dirs(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    wanted: list[tuple[Topic, Sequence[int]]]
+    if req.topics is None:
+        wanted = [
+            (t, range(len(t.partitions)))
+            for t in node.topics.values()
+            if authorize(ctx, Operation.DESCRIBE, t.name, quiet=True)
+        ]
+    else:
+        wanted = []
+        for d in req.topics:
+            topic = node.topics.get(d.topic)
+            if topic is not None and authorize(ctx, Operation.DESCRIBE, d.topic, quiet=True):
+                wanted.append((topic, [i for i in d.partitions if 0 <= i < len(topic.partitions)]))
+    topics = []
+    for topic, indexes in wanted:
+        topics.append(
+            {
+                "name": topic.name,
+                "partitions": [
+                    {
+                        "partition_index": i,
+                        "partition_size": topic.partitions[i].log.retained_bytes,
+                        "offset_lag": 0,
+                        "is_future_key": False,
+                    }
+                    for i in indexes
+                ],
+            }
+        )
+    data_dir = node.config.data_dir.absolute()
+    total = usable = -1
+    try:
+        st = await trio.to_thread.run_sync(os.statvfs, data_dir)
+        total, usable = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    except OSError:
+        pass
+    failed = any(
+        p.failed and p.failed_code == errors.KAFKA_STORAGE_ERROR
+        for t in node.topics.values()
+        for p in t.partitions
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": errors.NONE,
+        "results": [
+            {
+                "error_code": errors.KAFKA_STORAGE_ERROR if failed else errors.NONE,
+                "log_dir": str(data_dir),
+                "topics": topics,
+                "total_bytes": total,
+                "usable_bytes": usable,
+            }
+        ],
+    }
+
+
+@api(61, "DescribeProducers", (0, 0))
+async def describe_producers(ctx: RequestContext, req: Any) -> Reply:
+    node = ctx.node
+    topics = []
+    for t in req.topics:
+        parts: list[dict[str, Any]] = []
+        topics.append({"name": t.name, "partitions": parts})
+        allowed = authorize(ctx, Operation.READ, t.name)  # Kafka asks for READ on the topic
+        topic = node.topics.get(t.name)
+        for i in t.partition_indexes:
+            entry: dict[str, Any] = {
+                "partition_index": i,
+                "error_code": errors.NONE,
+                "error_message": None,
+                "active_producers": [],
+            }
+            parts.append(entry)
+            if not allowed:
+                entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
+            elif topic is None or not 0 <= i < len(topic.partitions):
+                entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
+            elif topic.mirrored:
+                entry["error_code"] = errors.NOT_LEADER_OR_FOLLOWER
+            else:
+                entry["active_producers"] = [
+                    {
+                        "producer_id": pid,
+                        "producer_epoch": e.epoch,
+                        "last_sequence": e.last_seq,
+                        "last_timestamp": e.last_timestamp,
+                        "coordinator_epoch": -1,
+                        "current_txn_start_offset": -1,
+                    }
+                    for pid, e in sorted(topic.partitions[i].producers.items())
+                ]
+    return {"throttle_time": 0, "topics": topics}
+
+
+@api(46, "ListPartitionReassignments", (0, 0))
+async def list_partition_reassignments(ctx: RequestContext, req: Any) -> Reply:
+    # Partitions never move: every broker of a cluster already mirrors every archive.
+    return {"throttle_time": 0, "error_code": errors.NONE, "error_message": None, "topics": []}
