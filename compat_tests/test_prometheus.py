@@ -293,7 +293,7 @@ def test_killed_mirror_fires_under_replicated_alert(workdir: Path) -> None:
 
         admin = AdminClient({"bootstrap.servers": leader.bootstrap})
         # Replicas [1, 2]: broker 1 (the scraped one) writes, broker 2 mirrors it.
-        topic = NewTopic("watched", replica_assignment=[[1, 2], [1, 2]])
+        topic = NewTopic("watched", 2, replica_assignment=[[1, 2], [1, 2]])
         for f in admin.create_topics([topic], operation_timeout=10).values():
             f.result(30)
         _produce(leader.bootstrap, "watched", 5)
