@@ -670,7 +670,7 @@ async def test_failover_when_the_writer_dies(tmp_path: Path, etcd: EtcdServer) -
             r = await c1.call("create_topics", 5, {"topics": [
                 {"name": "u", "num_partitions": 1, "replication_factor": 2, "assignments": [], "configs": []}],
                 "timeout": 5000, "validate_only": False})
-            assert r.topics[0].error_code == 41  # NOT_CONTROLLER
+            assert r.topics[0].error_code == 36  # forwarded to the controller: TOPIC_ALREADY_EXISTS
 
             async def back() -> bool:
                 return view(await _metadata(c2, "t"))[:2] == ([1, 2], 2)
