@@ -98,6 +98,10 @@ ISR_POLL_MAX_S = 1.0
 
 
 REQUEST_CORRELATION_ID = 1
+# The client id of every request one broker sends another (`kafka_request`): a broker
+# does not forward again what another broker forwarded to it (no loop between two
+# brokers whose views of the controller differ for a moment).
+BROKER_CLIENT_ID = "hyperkafka-mirror"
 # Discovery answers (DescribeConfigs of one broker, Metadata) are kilobytes: a peer that
 # announces more (or a negative size) is not a broker we talk to, and is not buffered.
 MAX_DISCOVERY_RESPONSE = 1 << 20
@@ -142,7 +146,7 @@ async def kafka_request(host: str, port: int, api_key: int, version: int, schema
     module = importlib.import_module(f"kio.schema.{schema}.v{version}.request")
     name = "".join(part.title() for part in schema.split("_")) + "Request"
     req = shape(getattr(module, name), body)
-    header = RequestHeader(api_key, version, REQUEST_CORRELATION_ID, "hyperkafka-mirror")
+    header = RequestHeader(api_key, version, REQUEST_CORRELATION_ID, BROKER_CLIENT_ID)
     with trio.fail_after(CONNECT_TIMEOUT_S):
         stream = await _open_tcp(host, port)
         try:

@@ -13,6 +13,13 @@ brokers auto-creating one name, never give it two writers.
 Placement is per topic (every partition of a topic has the same writer): topics spread
 over the brokers, partitions of one topic do not (yet).
 
+CreateTopics sent to a broker that is not the controller is forwarded to the controller
+(`forward_create`), as Kafka's brokers do since KIP-590: a client routes admin requests by
+the controller id of its last Metadata answer, and librdkafka asks for Metadata again
+only when a connection (re)opens or names no controller, never on NOT_CONTROLLER. Once
+the controller had moved (lease lost in a partition, then healed), such a client sent
+every CreateTopics to the old controller, which answered NOT_CONTROLLER for ever.
+
 May import trio, `broker.node`, `broker.cluster`.
 """
 
@@ -20,7 +27,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -109,6 +117,90 @@ async def create_placed(
     finally:
         cluster.placing.discard(name)
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
+
+
+FORWARD_TIMEOUT_S = 5.0  # bounds the whole exchange with the controller
+
+
+async def forward_create(
+    cluster: Cluster,
+    name: str,
+    partitions: int,
+    replication_factor: int,
+    configs: Mapping[str, str | None],
+    assignments: Sequence[tuple[int, Sequence[int]]] = (),
+) -> dict[str, Any]:
+    """Ask the controller to create `name` (this broker is not the controller): the
+    controller's result for it (error_code, error_message, topic_id, num_partitions,
+    replication_factor, configs). NOT_CONTROLLER while no other broker is known to be
+    controller (none elected now, or our view has not heard of it yet): the client asks
+    again, here, and is forwarded once the view knows."""
+    from broker.mirror import kafka_request  # the client side of the mirror machinery
+
+    me = cluster.membership.me.node_id
+    controller = cluster.brokers.get(cluster.controller_id)
+    if controller is None or controller.node_id == me:
+        raise TopicError(NOT_CONTROLLER, "No controller is elected now; ask again.")
+    try:
+        with trio.fail_after(FORWARD_TIMEOUT_S):
+            resp = await kafka_request(
+                controller.host,
+                controller.port,
+                19,
+                7,
+                "create_topics",
+                {
+                    "topics": [
+                        {
+                            "name": name,
+                            "num_partitions": partitions,
+                            "replication_factor": replication_factor,
+                            "assignments": [
+                                {"partition_index": i, "broker_ids": list(ids)}
+                                for i, ids in assignments
+                            ],
+                            "configs": [{"name": k, "value": v} for k, v in configs.items()],
+                        }
+                    ],
+                    "timeout": int(FORWARD_TIMEOUT_S * 1000),
+                    "validate_only": False,
+                },
+            )
+    except Exception as exc:  # unreachable, reset, closed, slow: the client asks again
+        raise TopicError(
+            NOT_CONTROLLER, f"The controller, broker {controller.node_id}, did not answer: {exc}"
+        ) from None
+    r = next((t for t in resp.topics if t.name == name), None)
+    if r is None:
+        raise TopicError(
+            NOT_CONTROLLER,
+            f"The controller, broker {controller.node_id}, did not answer for {name}",
+        )
+    log.info(
+        "forwarded CreateTopics %s to the controller, broker %d: error %d",
+        name,
+        controller.node_id,
+        int(r.error_code),
+    )
+    return {
+        "error_code": int(r.error_code),
+        "error_message": r.error_message,
+        "topic_id": r.topic_id,
+        "num_partitions": int(r.num_partitions),
+        "replication_factor": int(r.replication_factor),
+        "configs": None
+        if r.configs is None
+        else [
+            {
+                "name": c.name,
+                "value": c.value,
+                "read_only": c.read_only,
+                "config_source": int(c.config_source),
+                "is_sensitive": c.is_sensitive,
+            }
+            for c in r.configs
+        ],
+    }
 
 
 async def follow_placements(node: Node, cluster: Cluster) -> None:

@@ -344,9 +344,6 @@ def _print(report: Report, workdir: Path, capsys: pytest.CaptureFixture[str]) ->
 KNOWN_GAPS = {
     "internal topics agree": "each broker lists its own __consumer_offsets-0 and names itself "
     "its leader: offsets are not yet one sharded Kafka topic (issue 16 item 3)",
-    "admin recovers": "in 4 of 8 runs, once the controller had been cut off, CreateTopics was "
-    "answered NOT_CONTROLLER until the end of the run, heals included (liveness, not safety; "
-    "not diagnosed yet)",
 }
 
 

@@ -5,7 +5,9 @@ durable before the response says so. Every DescribeConfigs answer lists every co
 with its value and source (topic override, broker file, or Kafka's default), since an
 empty list breaks clients (librdkafka test 0092).
 
-Cluster mode: DeleteTopics reaches the controller (clients send it there), but only a
+Cluster mode: CreateTopics sent to a broker that is not the controller is forwarded to
+the controller (broker/placement.py `forward_create`), as Kafka does since KIP-590.
+DeleteTopics reaches the controller (clients send it there), but only a
 topic's writer can change its catalog: a topic written by another broker (created while
 the first controller was down) is deleted by forwarding the request to its writer, and
 the answer comes once this broker's mirror has dropped it. With the writer down it is
@@ -19,12 +21,13 @@ from typing import Any
 import trio
 
 from broker.api import Reply, RequestContext, api
-from broker.cluster import Cluster
+from broker.cluster import NO_LEADER, Cluster
 from broker.cluster.etcd import EtcdError
 from broker.config import ConfigEntry, ConfigSource
 from broker.handlers import errors
+from broker.mirror import BROKER_CLIENT_ID
 from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, TopicError
-from broker.placement import create_placed
+from broker.placement import create_placed, forward_create
 from broker.replication_server import replication_config_entries
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -88,8 +91,18 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
             configs = {c.name: c.value for c in t.configs}
             if node.cluster is not None:  # the controller places it in etcd (broker/placement.py)
                 writer = t.assignments[0].broker_ids[0] if t.assignments else None  # Kafka's preferred leader
-                topic = await create_placed(node, node.cluster, t.name, partitions, replication, configs,
-                                            validate_only=req.validate_only, writer=writer)
+                try:
+                    topic = await create_placed(node, node.cluster, t.name, partitions, replication, configs,
+                                                validate_only=req.validate_only, writer=writer)
+                except TopicError as exc:
+                    # Not the controller (any more): forward to the one etcd names (KIP-590), once.
+                    if (exc.code != errors.NOT_CONTROLLER or ctx.client_id == BROKER_CLIENT_ID
+                            or node.cluster.controller_id in (NO_LEADER, node.config.node_id)):
+                        raise
+                    entry.update(await forward_create(
+                        node.cluster, t.name, t.num_partitions, t.replication_factor, configs,
+                        [(a.partition_index, a.broker_ids) for a in t.assignments or ()]))
+                    continue
             else:
                 topic = await node.create_topic_off_loop(t.name, partitions, replication, configs,
                                                          validate_only=req.validate_only)
