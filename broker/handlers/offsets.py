@@ -48,9 +48,11 @@ def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
         return errors.NONE, -1, -1
     try:
         if timestamp >= 0:
-            found = records.find_offset_for_timestamp(batch, timestamp)
+            found = records.find_offset_for_timestamp(
+                batch, timestamp, min_offset=plog.log_start_offset
+            )
         else:
-            found = _max_timestamp_record(batch)
+            found = _max_timestamp_record(batch, plog.log_start_offset)
     except RecordBatchError:
         return errors.CORRUPT_MESSAGE, -1, -1
     if found is None or found[0] >= plog.high_watermark:
@@ -58,12 +60,14 @@ def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
     return errors.NONE, found[0], found[1]
 
 
-def _max_timestamp_record(batch: bytes) -> tuple[int, int] | None:
+def _max_timestamp_record(batch: bytes, min_offset: int) -> tuple[int, int] | None:
     header = records.parse_batch_header(batch)
     if header.is_log_append_time:
-        return header.base_offset, header.max_timestamp
+        return max(header.base_offset, min_offset), header.max_timestamp
     best: tuple[int, int] | None = None
     for record in records.iter_records(batch):
+        if record.offset < min_offset:
+            continue  # below the log start (DeleteRecords)
         if best is None or record.timestamp > best[1]:
             best = (record.offset, record.timestamp)
     return best

@@ -413,3 +413,23 @@ async def test_create_partitions_answers_a_duplicate_topic_once_and_first(start:
             },
         )
         assert len(md.topics[0].partitions) == 1  # the duplicate was not grown
+
+
+async def test_list_offsets_by_time_skips_what_delete_records_removed(start: Start) -> None:
+    """As Kafka (the oracle's admin-delete-records-list-offsets-by-time-deleted): the first
+    record at or after the time *and* the log start, not a storage error on the batch
+    DeleteRecords cut through or wholly removed."""
+    async with start() as broker:
+        await create(broker, "drt")
+        c = await broker.connect()
+        for base in (1000, 2000, 3000):  # offsets 0-1, 2-3, 4-5
+            b = bytes(build_batch([b"a", b"b"], timestamps=[base, base + 10]))
+            assert (await produce(c, "drt", b)).error_code == 0
+        assert (await delete_records(c, "drt", 3)).low_watermark == 3
+        assert await list_offset(c, "drt", 0) == 3  # 0-1 gone, 2 below the start
+        assert await list_offset(c, "drt", 2000) == 3
+        assert await list_offset(c, "drt", 3005) == 5
+        assert await list_offset(c, "drt", -3) == 5
+        assert (await delete_records(c, "drt", 5)).low_watermark == 5
+        assert await list_offset(c, "drt", 0) == 5
+        assert await list_offset(c, "drt", -3) == 5
