@@ -178,6 +178,9 @@ def _configs(s: Session, c: RawClient) -> None:
     _record(
         s, c, "admin-incremental-alter-configs-v1-unknown", "incremental_alter_configs", 1, body
     )
+    # A broker config Kafka can change at run time (validate only: nothing changes).
+    body = _incremental_body([(BROKER, "1", [("log.retention.ms", SET, "3600000")])], True)
+    _record(s, c, "admin-incremental-alter-configs-v1-broker", "incremental_alter_configs", 1, body)
     body = _incremental_body([(TOPIC, TOPIC_CFG, [("max.message.bytes", SET, "131072")])])
     _record(s, c, "admin-incremental-alter-configs-v1", "incremental_alter_configs", 1, body)
     _describe_cfg(s, c, "admin-describe-after-incremental-v1", {"max.message.bytes": "131072"})
