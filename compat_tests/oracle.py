@@ -12,9 +12,9 @@ Owns:
 What is normalised away, because it differs between any two healthy brokers (see
 NORMALISED and FINDINGS.md): throttle times, cluster ids, topic ids (kept: zero vs
 non-zero), broker ports, producer ids (kept: -1 vs assigned), error messages (kept: null
-entirely), LogAppendTime timestamps (kept: -1 vs set), config documentation (kept: null
-vs present), record-batch CRCs (kept: valid or not; they cover the producer id), and the
-values of the configs in CONFIG_VALUES_THAT_DIFFER.
+entirely), log dir paths and disk sizes, LogAppendTime timestamps (kept: -1 vs set),
+config documentation (kept: null vs present), record-batch CRCs (kept: valid or not; they
+cover the producer id), and the values of the configs in CONFIG_VALUES_THAT_DIFFER.
 
 Imports the standard library, crc32c, kio and broker.protocol (the codec), broker.shape.
 """
@@ -53,7 +53,10 @@ API_NAMES = {
     14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups", 17: "SaslHandshake",
     18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
     23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 36: "SaslAuthenticate",
-    42: "DeleteGroups", 47: "OffsetDelete", 60: "DescribeCluster",
+    42: "DeleteGroups", 47: "OffsetDelete", 60: "DescribeCluster", 21: "DeleteRecords",
+    29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls", 33: "AlterConfigs",
+    35: "DescribeLogDirs", 37: "CreatePartitions", 44: "IncrementalAlterConfigs",
+    46: "ListPartitionReassignments", 61: "DescribeProducers",
 }  # fmt: skip
 
 # Config values that legitimately differ between the two brokers: they describe the
@@ -74,6 +77,7 @@ NORMALISED = (
     "records[*].crc",
     "records[*].max_timestamp (LogAppendTime batches)",
     f"configs[*].value for {sorted(CONFIG_VALUES_THAT_DIFFER)}",
+    "log_dir (a path), total_bytes and usable_bytes (the disk; -1 vs known kept)",
 )
 
 
@@ -319,6 +323,10 @@ def normalise(data: Any, name: str = "", parent: dict[str, Any] | None = None) -
         return "<text>"
     if name in ("log_append_time", "log_append_time_ms") and data not in (None, -1):
         return "<log-append-time>"
+    if name == "log_dir" and data is not None:
+        return "<log-dir>"
+    if name in ("total_bytes", "usable_bytes") and isinstance(data, int) and data >= 0:
+        return "<disk-bytes>"
     return data
 
 

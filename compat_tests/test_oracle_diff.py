@@ -3,10 +3,10 @@
 A real Apache Kafka KRaft node (the jars of compat_tests/java/pom.xml, started by
 `java_tools.KafkaOracle`, with a SASL_PLAINTEXT listener too) and hyperkafka (child
 processes, node id 1 like the oracle: one open, one with the same SASL listener) each get
-the request script of `compat_tests.oracle` and `compat_tests.oracle_flows` on fresh data
-dirs. Their answers, normalised, must agree field by field, except where
-compat_tests/FINDINGS.md lists the difference under "Accepted differences" (with why it
-is fine). A difference listed under "hyperkafka bugs" still fails (the row only names
+the request script of `compat_tests.oracle`, `compat_tests.oracle_flows` and
+`compat_tests.oracle_admin` on fresh data dirs. Their answers, normalised, must agree
+field by field, except where compat_tests/FINDINGS.md lists the difference under
+"Accepted differences" (with why it is fine). A difference listed under "hyperkafka bugs" still fails (the row only names
 it), and so does one listed nowhere. A FINDINGS row that no longer matches anything
 fails too, so the file cannot go stale. Every API served is compared at its first
 accepted, first flexible and last version, or the coverage test fails.

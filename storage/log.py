@@ -797,29 +797,38 @@ class PartitionLog:
         return good
 
     def batch_for_timestamp(self, timestamp_ms: int) -> bytes | None:
-        """The first batch whose maxTimestamp >= timestamp_ms (the broker scans records)."""
-        hwm = self.high_watermark
+        """The first batch whose maxTimestamp >= timestamp_ms and that holds an offset at
+        or above the log start (the broker scans records; those below the start that
+        DeleteRecords left in the batch are its to skip)."""
+        hwm, start = self.high_watermark, self.log_start_offset
         for seg in self._segments:
             if not seg.count or seg.bases[0] >= hwm:
                 break
             for k, ts in enumerate(seg.max_ts):
                 if seg.bases[k] >= hwm:
                     return None
-                if ts >= timestamp_ms:
-                    return self.read_bytes(int(seg.bases[k]), 1)
+                if ts >= timestamp_ms and self._batch_end(seg, k) > start:
+                    return self.read_bytes(max(int(seg.bases[k]), start), 1)
         return None
+
+    @staticmethod
+    def _batch_end(seg: Segment, k: int) -> int:
+        """The offset after the last one of batch k of `seg`."""
+        return int(seg.bases[k + 1]) if k + 1 < seg.count else seg.next_offset()
 
     def batch_with_max_timestamp(self) -> bytes | None:
         """The first batch holding the largest maxTimestamp below the high watermark."""
         best: tuple[int, int] | None = None
-        hwm = self.high_watermark
+        hwm, start = self.high_watermark, self.log_start_offset
         for seg in self._segments:
             for k, ts in enumerate(seg.max_ts):
                 base = int(seg.bases[k])
                 if base >= hwm:
                     break
+                if self._batch_end(seg, k) <= start:
+                    continue  # wholly below the log start (DeleteRecords)
                 if best is None or ts > best[0]:
-                    best = (ts, base)
+                    best = (ts, max(base, start))
         return None if best is None else self.read_bytes(best[1], 1)
 
     def batch_headers(self, start_offset: int = 0) -> Iterator[bytes]:

@@ -33,12 +33,13 @@ RESOURCE_BROKER_LOGGER = 8
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
-def _topic(ctx: RequestContext, name: str) -> Topic:
+def _topic(ctx: RequestContext, name: str) -> Topic | None:
+    """The topic to alter; None if there is none (its configs are validated first)."""
     if not authorize(ctx, Operation.CREATE, name):
         raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
     topic = ctx.node.topics.get(name)
     if topic is None or name.startswith("__"):
-        raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
+        return None
     if topic.mirrored:
         where = (
             f"broker {topic.leader_id}"
@@ -55,8 +56,8 @@ def _list(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
-def _incremental(node: Node, topic: Topic, changes: Any) -> dict[str, str]:
-    overrides = dict(topic.record.configs)
+def _incremental(node: Node, existing: dict[str, str], changes: Any) -> dict[str, str]:
+    overrides = dict(existing)
     seen: set[str] = set()
     for c in changes:
         if c.name in seen:
@@ -116,14 +117,21 @@ async def _alter(ctx: RequestContext, req: Any, incremental: bool) -> Reply:
                     errors.INVALID_REQUEST, f"Unsupported resource type {r.resource_type}"
                 )
             topic = _topic(ctx, r.resource_name)
+            current = dict(topic.record.configs) if topic is not None else {}
             if incremental:
-                wanted = _incremental(node, topic, r.configs)
+                wanted = _incremental(node, current, r.configs)
             else:
                 wanted = {c.name: c.value for c in r.configs if c.value is not None}
             try:
                 overrides = validate_topic_configs(wanted)
             except ConfigError as exc:
                 raise TopicError(errors.INVALID_CONFIG, str(exc)) from None
+            # As Kafka's controller: the configs are validated before the topic is
+            # looked up, so a bad config on a missing topic is INVALID_CONFIG.
+            if topic is None:
+                raise TopicError(
+                    errors.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {r.resource_name} does not exist"
+                )
             if not req.validate_only and overrides != dict(topic.record.configs):
                 node.set_topic_configs(topic, overrides)
         except TopicError as exc:

@@ -48,9 +48,11 @@ def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
         return errors.NONE, -1, -1
     try:
         if timestamp >= 0:
-            found = records.find_offset_for_timestamp(batch, timestamp)
+            found = records.find_offset_for_timestamp(
+                batch, timestamp, min_offset=plog.log_start_offset
+            )
         else:
-            found = _max_timestamp_record(batch)
+            found = _max_timestamp_record(batch, plog.log_start_offset)
     except RecordBatchError:
         return errors.CORRUPT_MESSAGE, -1, -1
     if found is None or found[0] >= plog.high_watermark:
@@ -58,12 +60,14 @@ def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
     return errors.NONE, found[0], found[1]
 
 
-def _max_timestamp_record(batch: bytes) -> tuple[int, int] | None:
+def _max_timestamp_record(batch: bytes, min_offset: int) -> tuple[int, int] | None:
     header = records.parse_batch_header(batch)
     if header.is_log_append_time:
-        return header.base_offset, header.max_timestamp
+        return max(header.base_offset, min_offset), header.max_timestamp
     best: tuple[int, int] | None = None
     for record in records.iter_records(batch):
+        if record.offset < min_offset:
+            continue  # below the log start (DeleteRecords)
         if best is None or record.timestamp > best[1]:
             best = (record.offset, record.timestamp)
     return best
@@ -72,17 +76,27 @@ def _max_timestamp_record(batch: bytes) -> tuple[int, int] | None:
 @api(2, "ListOffsets", (1, 7))
 async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
-    # As Kafka's ListOffsetsRequest.duplicatePartitions: every entry of a partition named
-    # more than once gets INVALID_REQUEST, and none of them is looked up (a lookup by
-    # timestamp may scan batches: 20,000 of them must not be 20,000 scans).
+    # As Kafka's ListOffsetsRequest.duplicatePartitions: a partition named more than once
+    # gets one INVALID_REQUEST entry (at its first place; Kafka answers from a map keyed by
+    # partition) and is not looked up (a lookup by timestamp may scan batches: 20,000 of
+    # them must not be 20,000 scans).
     named = Counter((t.name, p.partition_index) for t in req.topics for p in t.partitions)
+    answered: set[tuple[str, int]] = set()
     topics = []
     for t in req.topics:
         parts = []
         readable = authorize(ctx, Operation.READ, t.name)
         for p in t.partitions:
+            if (t.name, p.partition_index) in answered:
+                continue
+            answered.add((t.name, p.partition_index))
             partition = node.partition(t.name, p.partition_index)
-            entry: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+            entry: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "timestamp": -1,
+                "offset": -1,
+                "leader_epoch": -1,
+            }
             if not readable:
                 entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
             elif named[(t.name, p.partition_index)] > 1:
@@ -93,7 +107,12 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
                 entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
             else:
                 error, offset, timestamp = _lookup(partition, p.timestamp)
-                entry.update(error_code=error, offset=offset, timestamp=timestamp, leader_epoch=LEADER_EPOCH if offset >= 0 else -1)
+                entry.update(
+                    error_code=error,
+                    offset=offset,
+                    timestamp=timestamp,
+                    leader_epoch=LEADER_EPOCH if offset >= 0 else -1,
+                )
             parts.append(entry)
         topics.append({"name": t.name, "partitions": parts})
     return {"throttle_time": 0, "topics": topics}
@@ -108,7 +127,12 @@ async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Reply:
         describable = authorize(ctx, Operation.DESCRIBE, t.topic)  # Kafka: DESCRIBE on the topic
         for p in t.partitions:
             partition = node.partition(t.topic, p.partition)
-            entry: dict[str, Any] = {"partition": p.partition, "error_code": errors.NONE, "leader_epoch": -1, "end_offset": -1}
+            entry: dict[str, Any] = {
+                "partition": p.partition,
+                "error_code": errors.NONE,
+                "leader_epoch": -1,
+                "end_offset": -1,
+            }
             current = getattr(p, "current_leader_epoch", -1)
             if not describable:
                 entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED

@@ -533,22 +533,27 @@ def validate_batch(
 
 
 def find_offset_for_timestamp(
-    batches: Buf, timestamp: int, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED
+    batches: Buf,
+    timestamp: int,
+    *,
+    min_offset: int = 0,
+    max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
 ) -> tuple[int, int] | None:
-    """First (offset, timestamp) in `batches` whose timestamp is >= `timestamp`, or None.
+    """First (offset, timestamp) in `batches` whose timestamp is >= `timestamp` and whose
+    offset is >= `min_offset` (the log start), or None.
 
     `batches` is a run of whole stored batches in offset order. Batches whose
     maxTimestamp is below the target are skipped without decoding (Kafka's
     LogSegment.findOffsetByTimestamp). LogAppendTime batches answer with their first
-    offset and maxTimestamp.
+    offset at or above `min_offset` and maxTimestamp.
     """
     for view in split_batches(batches, allow_partial_tail=True):
         header = parse_batch_header(view)
-        if header.max_timestamp < timestamp:
+        if header.max_timestamp < timestamp or header.last_offset < min_offset:
             continue
         if header.is_log_append_time:
-            return header.base_offset, header.max_timestamp
+            return max(header.base_offset, min_offset), header.max_timestamp
         for record in iter_records(view, max_decompressed=max_decompressed):
-            if record.timestamp >= timestamp:
+            if record.timestamp >= timestamp and record.offset >= min_offset:
                 return record.offset, record.timestamp
     return None

@@ -357,3 +357,79 @@ async def test_describe_acls_shows_the_static_rules(secured: Secured) -> None:
         },
     )
     assert r.results[0].error_code == 31 and "hyperkafka.acl" in r.results[0].error_message
+
+
+async def test_configs_are_validated_before_the_topic_is_looked_up(start: Start) -> None:
+    """As Kafka's controller (the differential oracle's admin-alter-configs-v2-refused): a
+    bad config on a missing topic is INVALID_CONFIG, a good one UNKNOWN_TOPIC_OR_PARTITION."""
+    async with start() as broker:
+        c = await broker.connect()
+
+        async def alter(name: str, value: str) -> int:
+            r = await c.call(
+                "alter_configs",
+                2,
+                {
+                    "resources": [
+                        {
+                            "resource_type": 2,
+                            "resource_name": name,
+                            "configs": [{"name": "retention.ms", "value": value}],
+                        }
+                    ],
+                    "validate_only": False,
+                },
+            )
+            return int(r.responses[0].error_code)
+
+        assert await alter("nope", "abc") == 40
+        assert await alter("nope", "1000") == 3
+        assert (await incremental(c, "nope", [("retention.ms", 0, "abc")])).error_code == 40
+        assert (await incremental(c, "nope", [("no.such.config", 0, "1")])).error_code == 40
+        assert (await incremental(c, "nope", [("retention.ms", 0, "1000")])).error_code == 3
+
+
+async def test_create_partitions_answers_a_duplicate_topic_once_and_first(start: Start) -> None:
+    """As Kafka's ControllerApis (the oracle's admin-create-partitions-v2-fewer-and-duplicate)."""
+    async with start() as broker:
+        await create(broker, "one", partitions=1)
+        await create(broker, "dup", partitions=1)
+        c = await broker.connect()
+        topics = [
+            {"name": n, "count": k, "assignments": None}
+            for n, k in (("one", 2), ("dup", 3), ("dup", 4))
+        ]
+        r = await c.call(
+            "create_partitions", 3, {"topics": topics, "timeout": 5000, "validate_only": False}
+        )
+        assert [(x.name, x.error_code) for x in r.results] == [("dup", 42), ("one", 0)]
+        md = await c.call(
+            "metadata",
+            12,
+            {
+                "topics": [{"name": "dup", "topic_id": None}],
+                "allow_auto_topic_creation": False,
+                "include_topic_authorized_operations": False,
+            },
+        )
+        assert len(md.topics[0].partitions) == 1  # the duplicate was not grown
+
+
+async def test_list_offsets_by_time_skips_what_delete_records_removed(start: Start) -> None:
+    """As Kafka (the oracle's admin-delete-records-list-offsets-by-time-deleted): the first
+    record at or after the time *and* the log start, not a storage error on the batch
+    DeleteRecords cut through or wholly removed."""
+    async with start() as broker:
+        await create(broker, "drt")
+        c = await broker.connect()
+        for base in (1000, 2000, 3000):  # offsets 0-1, 2-3, 4-5
+            b = bytes(build_batch([b"a", b"b"], timestamps=[base, base + 10]))
+            assert (await produce(c, "drt", b)).error_code == 0
+        assert (await delete_records(c, "drt", 3)).low_watermark == 3
+        assert await list_offset(c, "drt", 0) == 3  # 0-1 gone, 2 below the start
+        assert await list_offset(c, "drt", 2000) == 3
+        assert await list_offset(c, "drt", 3005) == 5
+        assert await list_offset(c, "drt", -3) == 5
+        assert (await delete_records(c, "drt", 5)).low_watermark == 5
+        assert await list_offset(c, "drt", 0) == 5
+        assert await list_offset(c, "drt", -3) == 5
