@@ -49,11 +49,20 @@ class Progress:
     `total` is a number or a callable read at render time (a mirror's remote length
     grows while it catches up). `unit="bytes"` renders sizes as KiB/MiB."""
 
-    def __init__(self, label: str, total: int | Callable[[], int | None], *,
-                 unit: str = "bytes", items_total: int = 0, item_name: str = "archives",
-                 stream: TextIO | None = None, tty: bool | None = None,
-                 logger: logging.Logger | None = None, interval: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int | Callable[[], int | None],
+        *,
+        unit: str = "bytes",
+        items_total: int = 0,
+        item_name: str = "archives",
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        logger: logging.Logger | None = None,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.label = label
         self._total = total
         self.unit = unit
@@ -61,10 +70,10 @@ class Progress:
         self.item_name = item_name
         self.stream = stream if stream is not None else sys.stderr
         self.logger = logger
-        self.tty = (False if logger is not None
-                    else tty if tty is not None else _isatty(self.stream))
-        self.interval = interval if interval is not None else (
-            BAR_INTERVAL_S if self.tty else LINE_INTERVAL_S)
+        self.tty = False if logger is not None else tty if tty is not None else _isatty(self.stream)
+        self.interval = (
+            interval if interval is not None else (BAR_INTERVAL_S if self.tty else LINE_INTERVAL_S)
+        )
         self.clock = clock
         self.done = 0
         self.items_done = 0

@@ -38,8 +38,14 @@ def test_render_line_bytes_with_items_rate_and_eta() -> None:
 def test_render_blocks_with_a_growing_total() -> None:
     clock = Clock()
     remote = [1000]
-    p = Progress("x: catching up", lambda: remote[0], unit="blocks", stream=io.StringIO(),
-                 tty=False, clock=clock)
+    p = Progress(
+        "x: catching up",
+        lambda: remote[0],
+        unit="blocks",
+        stream=io.StringIO(),
+        tty=False,
+        clock=clock,
+    )
     p.done = 250
     clock.t += 5
     assert p.render() == "x: catching up: 250/1000 blocks (25%), 50 blocks/s, ETA 15s"
@@ -96,7 +102,9 @@ def test_a_bar_is_drawn_in_place_cleared_and_ended_with_a_newline() -> None:
     assert out.getvalue().endswith("] v: 100 B/100 B (100%), 100 B/s\n")
 
 
-def test_a_short_job_says_nothing_and_a_logger_gets_records(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_short_job_says_nothing_and_a_logger_gets_records(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     clock = Clock()
     out = io.StringIO()
     quiet = Progress("v", 10, stream=out, tty=True, clock=clock)
@@ -132,8 +140,11 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for p in range(parts):
                 lg = store.log(name, p)
                 for i in range(300):
-                    lg.append(build_batch([bytes(2000) + i.to_bytes(4, "big")],
-                                          timestamp_ms=1_700_000_000_000))
+                    lg.append(
+                        build_batch(
+                            [bytes(2000) + i.to_bytes(4, "big")], timestamp_ms=1_700_000_000_000
+                        )
+                    )
                 lg.commit()
     finally:
         store.close()
@@ -141,8 +152,16 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cmd(d: Path) -> list[str]:
-    return [sys.executable, "-m", "broker", "verify", "--data-dir", str(d),
-            "--progress-interval", "0"]
+    return [
+        sys.executable,
+        "-m",
+        "broker",
+        "verify",
+        "--data-dir",
+        str(d),
+        "--progress-interval",
+        "0",
+    ]
 
 
 def test_verify_prints_progress_lines_on_stderr_when_not_a_tty(data_dir: Path) -> None:
