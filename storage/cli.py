@@ -74,9 +74,6 @@ def verify_command(data_dir: str, topic: str | None, *,
     except Exception as exc:
         print(f"BAD catalog - - {exc}")
         return 1
-    if topic is not None and topic not in topics:
-        print(f"BAD {topic} - - unknown topic")
-        return 1
     own = [(name, p, partition_dir(data_dir, name, p)) for name in sorted(topics)
            if topic is None or name == topic for p in range(topics[name].partitions)]
     planned = [os.path.join(data_dir, CATALOG_DIR)] + [path for _n, _p, path in own]
@@ -94,6 +91,10 @@ def verify_command(data_dir: str, topic: str | None, *,
     if not cat.ok:
         say(f"BAD __catalog 0 {cat.first_bad_offset} {cat.reason}")
         failures += 1
+    if topic is not None and topic not in topics:
+        say(f"BAD {topic} - - unknown topic")
+        prog.finish()
+        return 1
     for name, p, path in own:
         if not os.path.isdir(path):
             say(f"ok {name} {p} 0 blocks (never written)")

@@ -81,6 +81,7 @@ class Progress:
         self._last = self.started
         self._countdown = CHECK_EVERY
         self._drawn = False  # a bar is on the terminal's current line
+        self._shown = (-1, -1)  # (done, items_done) last rendered
         self.rendered = 0  # lines or bars rendered so far
 
     @property
@@ -137,6 +138,7 @@ class Progress:
 
     def _render(self, now: float) -> None:
         self.rendered += 1
+        self._shown = (self.done, self.items_done)
         if self.logger is not None:
             self.logger.info("%s", self.render(now))
         elif self.tty:
@@ -158,8 +160,9 @@ class Progress:
         """Render the final state once if anything was rendered before (a short job says
         nothing), leaving the terminal on a fresh line."""
         if self.rendered:
-            now = self.clock()
-            self._render(now)
+            # once, unless that state is on screen already (a bar taken off by `clear` is not)
+            if self._shown != (self.done, self.items_done) or (self.tty and not self._drawn):
+                self._render(self.clock())
             if self.tty:
                 self.stream.write("\n")
                 self.stream.flush()

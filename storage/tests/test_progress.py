@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -171,7 +172,8 @@ def test_verify_prints_progress_lines_on_stderr_when_not_a_tty(data_dir: Path) -
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("verify: ")]
     assert len(lines) >= 4, r.stderr
     assert "\r" not in r.stderr
-    assert "/5 archives" in lines[0] and " MiB/" in lines[0]
+    assert re.fullmatch(r"verify: 1/5 archives, \d+ B/2\.\d MiB \(0%\), .*/s, ETA \S+", lines[0])
+    assert len(set(lines)) == len(lines)  # the last state is not said twice
     assert lines[-1].startswith("verify: 5/5 archives,") and "(100%)" in lines[-1]
 
 
@@ -198,3 +200,21 @@ def test_verify_draws_a_bar_under_a_pty(data_dir: Path) -> None:
     assert "\r\x1b[K[" in text and "] verify: " in text
     assert "ok alpha 0 300 blocks" in text
     assert "5/5 archives" in text and "(100%)" in text
+
+
+def test_finish_says_the_last_state_once_and_redraws_a_cleared_bar() -> None:
+    clock = Clock()
+    out = io.StringIO()
+    p = Progress("v", 100, unit="blocks", stream=out, tty=False, interval=0, clock=clock)
+    p.done = 100
+    clock.t += 1
+    assert p.tick()
+    p.finish()
+    assert out.getvalue() == "v: 100/100 blocks (100%), 100 blocks/s\n"
+    bar = io.StringIO()
+    b = Progress("v", 100, unit="blocks", stream=bar, tty=True, interval=0, clock=clock)
+    b.done = 100
+    assert b.tick()
+    b.clear()  # a result line was printed: the bar is off the line
+    b.finish()
+    assert bar.getvalue().count("] v: 100/100 blocks (100%)") == 2 and bar.getvalue().endswith("\n")
