@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check every archive offline against its signed head")
     verify.add_argument("--data-dir", type=Path, default=Path("hyperkafka-data"))
     verify.add_argument("--topic", help="only this topic")
+    verify.add_argument("--progress-interval", type=float, metavar="SECONDS",
+                        help="seconds between progress lines on stderr when it is no terminal (default 5)")
     return parser
 
 
@@ -170,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "verify":
         from storage.cli import verify_command
 
-        return verify_command(str(args.data_dir), args.topic)
+        return verify_command(str(args.data_dir), args.topic, progress_interval=args.progress_interval)
     if args.command == "audit":
         from broker.audit import audit_command
 

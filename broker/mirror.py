@@ -79,6 +79,7 @@ from storage.errors import StorageError
 from storage.follower import Equivocation, FollowerLog, ForkChanged, VerificationFailed
 from storage.hypercore import Node as TreeNode
 from storage.hypercore import archive_key
+from storage.progress import Progress
 from storage.replication import MemoryArchive, RemoteProtocolError, ReplicationError
 from storage.replication.noise import Ed25519KeyPair
 from storage.replication.session import Connection, ReplicationChannel
@@ -92,6 +93,7 @@ BACKOFF_MAX_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 30.0  # a probe (manifest, head) is a few round trips
 REPAIR_POLL_S = 0.25
+PROGRESS_INTERVAL_S = 5.0  # between log lines of an archive catching up
 PEERS_FILE = "peers.json"
 ISR_POLL_MIN_S = 0.1
 ISR_POLL_MAX_S = 1.0
@@ -234,15 +236,27 @@ class _Sink:
     def __init__(self, log_: FollowerLog, on_head: Callable[[], None]) -> None:
         self.log = log_
         self.on_head = on_head
+        # set while the channel catches up to the length the peer announced; logs a
+        # progress line every PROGRESS_INTERVAL_S then, and nothing once live
+        self.progress: Progress | None = None
+        self.catch_up_to: Callable[[], int | None] = lambda: None
         self.heads: list[tuple[int, int, bytes, list[TreeNode]]] = []
         self._wake = trio.Event()
         self._lock = trio.Lock()  # one stored head at a time (one job in flight per log)
 
     def put_block(self, index: int, value: bytes | memoryview, leaf: TreeNode) -> None:
         self.log.put_block(index, value, leaf)
+        if self.progress is not None:
+            self.progress.advance()
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
         self.heads.append((length, fork, signature, list(roots)))
+        if self.progress is not None:
+            if length >= (self.catch_up_to() or 0):
+                self.progress.finish()  # caught up: live from here on
+                self.progress = None
+            else:
+                self.progress.tick()
         self._wake.set()
         # Every block under the head is verified and written: readable now; storing the
         # head (fsyncs) follows in `run` and is no part of the replication lag.
@@ -433,8 +447,12 @@ async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable
     await probe_head(link, lg)
     lg.discard_unsigned()  # blocks of an interrupted channel: their head never came
     sink = _Sink(lg, on_head)
-    ch = link.conn.follow(lg.key, sink, live=True, have=lg.verified_tree(),
+    have = lg.verified_tree()
+    ch = link.conn.follow(lg.key, sink, live=True, have=have,
                           public_key=lg.public_key, fork=lg.follow_fork)
+    sink.catch_up_to = lambda: ch.remote_length
+    sink.progress = Progress(f"{lg.path}: catching up", lambda: (ch.remote_length or 0) - have.length,
+                             unit="blocks", logger=log, interval=PROGRESS_INTERVAL_S)
     if channel is not None:
         channel(ch)
     try:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from storage.catalog import TopicRecord, apply_change, decode_changes
 from storage.dirlock import probe
 from storage.follower import PUBLIC_KEY_FILE, check_evidence
 from storage.fs import OsFileSystem
 from storage.hypercore import archive_key, derive_keypair
+from storage.progress import Progress
 from storage.store import (
     CATALOG_DIR,
     CATALOG_NAME,
@@ -54,12 +56,15 @@ def keys_command(data_dir: str) -> int:
     return 0
 
 
-def verify_command(data_dir: str, topic: str | None) -> int:
+def verify_command(data_dir: str, topic: str | None, *,
+                   progress_interval: float | None = None) -> int:
     """Verify every archive (or one topic's) fully. 0 when all hold; 1 otherwise, with a
     line `BAD <topic> <partition> <first bad offset> <reason>` per failing archive.
 
     Read-only, so it takes no lock and may run beside a live broker; it says so (on
-    stderr, stdout keeps its line format) when one holds the directory."""
+    stderr, stdout keeps its line format) when one holds the directory. Progress goes to
+    stderr (storage/progress.py): a bar on a terminal, a line every `progress_interval`
+    seconds (5 by default) otherwise."""
     holder = probe(data_dir)
     if holder is not None:
         print(f"note: a broker (pid {holder or 'unknown'}) holds {data_dir}; "
@@ -69,35 +74,73 @@ def verify_command(data_dir: str, topic: str | None) -> int:
     except Exception as exc:
         print(f"BAD catalog - - {exc}")
         return 1
+    own = [(name, p, partition_dir(data_dir, name, p)) for name in sorted(topics)
+           if topic is None or name == topic for p in range(topics[name].partitions)]
+    planned = [os.path.join(data_dir, CATALOG_DIR)] + [path for _n, _p, path in own]
+    planned += _mirror_dirs(data_dir, topic)
+    prog = Progress("verify", sum(_log_bytes(d) for d in planned), items_total=len(planned),
+                    interval=progress_interval)
+
+    def say(line: str) -> None:
+        prog.clear()  # the bar shares the terminal with these lines
+        print(line, flush=True)
+
     failures = 0
-    cat = verify_partition(os.path.join(data_dir, CATALOG_DIR), node_pk)
+    cat = verify_partition(os.path.join(data_dir, CATALOG_DIR), node_pk, progress=prog)
+    prog.item_done()
     if not cat.ok:
-        print(f"BAD __catalog 0 {cat.first_bad_offset} {cat.reason}")
+        say(f"BAD __catalog 0 {cat.first_bad_offset} {cat.reason}")
         failures += 1
     if topic is not None and topic not in topics:
-        print(f"BAD {topic} - - unknown topic")
+        say(f"BAD {topic} - - unknown topic")
+        prog.finish()
         return 1
-    for name in sorted(topics):
-        if topic is not None and name != topic:
+    for name, p, path in own:
+        if not os.path.isdir(path):
+            say(f"ok {name} {p} 0 blocks (never written)")
+            prog.item_done()
             continue
-        rec = topics[name]
-        for p in range(rec.partitions):
-            path = partition_dir(data_dir, name, p)
-            if not os.path.isdir(path):
-                print(f"ok {name} {p} 0 blocks (never written)")
-                continue
-            pk = derive_keypair(seed, partition_key_name(rec.topic_id, p)).public_key
-            res = verify_partition(path, pk)
-            if res.ok:
-                print(f"ok {name} {p} {res.length} blocks, {res.signed_length} signed")
-            else:
-                failures += 1
-                print(f"BAD {name} {p} {res.first_bad_offset} {res.reason}")
-    failures += _verify_mirrors(data_dir, topic)
+        pk = derive_keypair(seed, partition_key_name(topics[name].topic_id, p)).public_key
+        res = verify_partition(path, pk, progress=prog)
+        prog.item_done()
+        if res.ok:
+            say(f"ok {name} {p} {res.length} blocks, {res.signed_length} signed")
+        else:
+            failures += 1
+            say(f"BAD {name} {p} {res.first_bad_offset} {res.reason}")
+    failures += _verify_mirrors(data_dir, topic, prog, say)
+    prog.finish()
     return 1 if failures else 0
 
 
-def _verify_mirrors(data_dir: str, topic: str | None) -> int:
+def _log_bytes(path: str) -> int:
+    """The bytes of an archive's segments: what verifying it reads (its progress total)."""
+    try:
+        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".log"))
+    except OSError:
+        return 0
+
+
+def _mirror_dirs(data_dir: str, topic: str | None) -> list[str]:
+    """The archive directories `_verify_mirrors` will look at (for the progress total)."""
+    root = os.path.join(data_dir, MIRRORS_DIR)
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for node in sorted(os.listdir(root)):
+        node_dir = os.path.join(root, node)
+        if not os.path.isdir(node_dir):
+            continue
+        for d in sorted(os.listdir(node_dir)):
+            if d == CATALOG_DIR or (
+                    os.path.exists(os.path.join(node_dir, d, PUBLIC_KEY_FILE))
+                    and (topic is None or d.rsplit("-", 1)[0] == topic)):
+                out.append(os.path.join(node_dir, d))
+    return out
+
+
+def _verify_mirrors(data_dir: str, topic: str | None, prog: Progress,
+                    say: Callable[[str], None]) -> int:
     """Every archive this node mirrors (FORMAT.md section 10), each against its writer's
     key: the catalog against the node key in the directory name, each partition against
     the signer key recorded beside it, which must hash to the catalog's archive key.
@@ -117,13 +160,14 @@ def _verify_mirrors(data_dir: str, topic: str | None) -> int:
         tag = f"mirror:{name[:16]}"
         cat_dir = os.path.join(node_dir, CATALOG_DIR)
         topics: dict[str, TopicRecord] = {}
-        cat = verify_partition(cat_dir, node_pk)
+        cat = verify_partition(cat_dir, node_pk, progress=prog)
+        prog.item_done()
         evidence = check_evidence(cat_dir, node_pk)
         if evidence:
-            print(f"BAD {tag}/__catalog 0 - {evidence}")
+            say(f"BAD {tag}/__catalog 0 - {evidence}")
             failures += 1
         if not cat.ok:
-            print(f"BAD {tag}/__catalog 0 {cat.first_bad_offset} {cat.reason}")
+            say(f"BAD {tag}/__catalog 0 {cat.first_bad_offset} {cat.reason}")
             failures += 1
             continue
         for batch in signed_batches(cat_dir, node_pk):
@@ -141,19 +185,21 @@ def _verify_mirrors(data_dir: str, topic: str | None) -> int:
                 with open(kfile, "rb") as f:
                     pk = f.read()
                 if archive_key(pk) != rec.archive_keys[p]:
-                    print(f"BAD {tag}/{tname} {p} - signer key does not match the catalog's archive key")
+                    say(f"BAD {tag}/{tname} {p} - signer key does not match the catalog's archive key")
                     failures += 1
+                    prog.item_done()
                     continue
                 evidence = check_evidence(path, pk)
                 if evidence:
-                    print(f"BAD {tag}/{tname} {p} - {evidence}")
+                    say(f"BAD {tag}/{tname} {p} - {evidence}")
                     failures += 1
-                res = verify_partition(path, pk)
+                res = verify_partition(path, pk, progress=prog)
+                prog.item_done()
                 if res.ok:
-                    print(f"ok {tag}/{tname} {p} {res.length} blocks, {res.signed_length} signed")
+                    say(f"ok {tag}/{tname} {p} {res.length} blocks, {res.signed_length} signed")
                 else:
                     failures += 1
-                    print(f"BAD {tag}/{tname} {p} {res.first_bad_offset} {res.reason}")
+                    say(f"BAD {tag}/{tname} {p} {res.first_bad_offset} {res.reason}")
     return failures
 
 

@@ -27,6 +27,7 @@ from storage.log import (
     entry_ok,
     read_head_slots,
 )
+from storage.progress import Progress
 
 _ENTRY = struct.Struct("<qqIIi32s")
 _NODE = struct.Struct("<Q32s")
@@ -49,8 +50,10 @@ def _node(fs: FileSystem, fd: int, index: int) -> tuple[int, bytes] | None:
     return size, h
 
 
-def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None) -> VerifyResult:
-    """Verify one archive directory completely. Never raises for bad data."""
+def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None,
+                     progress: Progress | None = None) -> VerifyResult:
+    """Verify one archive directory completely. Never raises for bad data. `progress`
+    counts the bytes of every batch checked."""
     fs = fs or OsFileSystem()
     key = archive_key(public_key)
     fds: list[int] = []
@@ -141,6 +144,8 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None)
                 leaf += 1
                 pos += size
                 expect_offset = e_base + delta + 1
+                if progress is not None:
+                    progress.advance(size)
                 if leaf == signed and fr.tree_hash() != head.tree_hash:  # type: ignore[union-attr]
                     assert head is not None
                     bad = (_first_unauthenticated(fs, tree_fd, head, min_index, seen),

@@ -615,3 +615,32 @@ async def test_a_connection_to_itself_is_refused(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ConnectionRefusedError, match="reached itself"):
         await kafka_request("127.0.0.1", port, 3, 1, "metadata", {"topics": None})
     assert sock.fileno() == -1  # closed
+
+
+async def test_a_mirror_catching_up_logs_progress(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import broker.mirror
+
+    monkeypatch.setattr(broker.mirror, "PROGRESS_INTERVAL_S", 0.0)  # a line per check
+    blocks = 600  # > 2 x storage.progress.CHECK_EVERY
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        wport = await _start(nursery, wcfg)
+        key, _ = await discover("127.0.0.1", wport)
+        w = await _client(wport)
+        for i in range(blocks):
+            await _produce(w, "big", [b"v%d" % i])
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}@{key.hex()}"])
+        with caplog.at_level(logging.INFO, logger="hyperkafka.mirror"):
+            mport = await _start(nursery, mcfg)
+            m = await _client(mport)
+            await _wait_hwm(m, "big", blocks)
+            await _produce(w, "big", [b"live"])  # live afterwards: no more progress lines
+            await _wait_hwm(m, "big", blocks + 1)
+        nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records if "big-0: catching up: " in r.getMessage()]
+    assert len(lines) >= 2, lines
+    assert f"/{blocks} blocks (" in lines[0] and "blocks/s" in lines[0]
+    assert lines[-1].startswith(str(tmp_path / "m")) and f"{blocks}/{blocks} blocks (100%)" in lines[-1]
