@@ -6,8 +6,8 @@ with its value and source (topic override, broker file, or Kafka's default), sin
 empty list breaks clients (librdkafka test 0092).
 
 Cluster mode: CreateTopics sent to a broker that is not the controller is forwarded to
-the controller (broker/placement.py `forward_create`), as Kafka does since KIP-590.
-DeleteTopics reaches the controller (clients send it there), but only a
+the controller (broker/placement.py `forward_create`), as Kafka does since KIP-590, and
+so is DeleteTopics (`forward_delete`). On the controller, only a
 topic's writer can change its catalog: a topic written by another broker (created while
 the first controller was down) is deleted by forwarding the request to its writer, and
 the answer comes once this broker's mirror has dropped it. With the writer down it is
@@ -27,7 +27,7 @@ from broker.config import ConfigEntry, ConfigSource
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
 from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, TopicError
-from broker.placement import create_placed, forward_create
+from broker.placement import create_placed, forward_create, forward_delete
 from broker.replication_server import replication_config_entries
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -197,13 +197,21 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
             if topic is not None:
                 entry["topic_id"] = topic.topic_id
             cluster = node.cluster
+            timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
+            if cluster is not None and not cluster.is_controller and ctx.client_id != BROKER_CLIENT_ID:
+                # Not the controller: forward to the one etcd names (KIP-590), once; the
+                # answer comes once this broker dropped the topic too (or the timeout passed).
+                await forward_delete(cluster, name, timeout_s)
+                with trio.move_on_after(timeout_s):
+                    while name in node.topics:
+                        await node.wait_for_data()  # detaching a mirrored topic wakes it
+                continue
             if (cluster is not None and cluster.is_controller and topic is not None and topic.mirrored
                     and topic.leader_id is not None and node.config.delete_topic_enable):
                 if not cluster.alive(topic.leader_id):
                     raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Topic {name} is written by broker "
                                      f"{topic.leader_id}, which is down; delete it once it is back.")
                 await _unplace(cluster, name)
-                timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
                 await _delete_on_writer(node, cluster, name, topic.leader_id, timeout_s)
                 continue
             if cluster is not None and cluster.is_controller and node.config.delete_topic_enable:
