@@ -20,9 +20,9 @@ only when a connection (re)opens or names no controller, never on NOT_CONTROLLER
 the controller had moved (lease lost in a partition, then healed), such a client sent
 every CreateTopics to the old controller, which answered NOT_CONTROLLER for ever.
 DeleteTopics is forwarded the same way (`forward_delete`); both go through
-`forward_to_controller`, whose requests the controller never forwards again.
+broker/forwarding.py, whose requests the controller never forwards again.
 
-May import trio, `broker.node`, `broker.cluster`.
+May import trio, `broker.node`, `broker.cluster`, `broker.forwarding`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import trio
 from broker.cluster import Cluster
 from broker.cluster.etcd import EtcdError
 from broker.cluster.membership import Placement
+from broker.forwarding import FORWARD_TIMEOUT_S, forward_to_controller
 from broker.node import (
     INTERNAL_TOPICS,
     INVALID_REPLICA_ASSIGNMENT,
@@ -119,39 +120,6 @@ async def create_placed(
     finally:
         cluster.placing.discard(name)
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
-
-
-FORWARD_TIMEOUT_S = 5.0  # bounds the whole exchange with the controller
-
-
-async def forward_to_controller(
-    cluster: Cluster,
-    api_key: int,
-    version: int,
-    schema: str,
-    body: dict[str, Any],
-    timeout_s: float = FORWARD_TIMEOUT_S,
-) -> Any:
-    """Send an admin request this broker cannot act on (it is not the controller) to the
-    controller, as another broker (`BROKER_CLIENT_ID`: it is not forwarded again): the
-    controller's response. NOT_CONTROLLER while no other broker is known to be controller
-    (none elected now, or our view has not heard of it yet) or it does not answer: the
-    client asks again, here, and is forwarded once the view knows."""
-    from broker.mirror import kafka_request  # the client side of the mirror machinery
-
-    me = cluster.membership.me.node_id
-    controller = cluster.brokers.get(cluster.controller_id)
-    if controller is None or controller.node_id == me:
-        raise TopicError(NOT_CONTROLLER, "No controller is elected now; ask again.")
-    try:
-        with trio.fail_after(timeout_s):
-            return await kafka_request(
-                controller.host, controller.port, api_key, version, schema, body
-            )
-    except Exception as exc:  # unreachable, reset, closed, slow: the client asks again
-        raise TopicError(
-            NOT_CONTROLLER, f"The controller, broker {controller.node_id}, did not answer: {exc}"
-        ) from None
 
 
 async def forward_create(

@@ -24,6 +24,7 @@ from broker.api import Reply, RequestContext, api
 from broker.cluster import NO_LEADER, Cluster
 from broker.cluster.etcd import EtcdError
 from broker.config import ConfigEntry, ConfigSource
+from broker.forwarding import FORWARD_TIMEOUT_S, forward_to
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
 from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, TopicError
@@ -128,8 +129,6 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
     return {"throttle_time": 0, "topics": results}
 
 
-FORWARD_TIMEOUT_S = 5.0
-
 
 async def _unplace(cluster: Cluster, name: str) -> None:
     """Cluster mode, on the controller: drop the topic's placement from etcd (fenced by the
@@ -145,17 +144,11 @@ async def _unplace(cluster: Cluster, name: str) -> None:
 async def _delete_on_writer(node: Node, cluster: Cluster, name: str, writer: int, timeout_s: float) -> None:
     """Cluster mode, on the controller: delete `name`, which broker `writer` writes, there;
     return once our mirror dropped it (or the timeout passed: it will shortly)."""
-    from broker.mirror import kafka_request  # the client side of the mirror machinery
-
     if not cluster.alive(writer):
         raise TopicError(errors.LEADER_NOT_AVAILABLE,
                          f"Topic {name} is written by broker {writer}, which is down; delete it once it is back.")
-    b = cluster.brokers[writer]
-    try:
-        resp = await kafka_request(b.host, b.port, 20, 4, "delete_topics",
-                                   {"topic_names": [name], "timeout": int(timeout_s * 1000)})
-    except Exception as exc:  # unreachable, reset, closed, slow: the client asks again
-        raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Broker {writer}, which writes {name}, did not answer: {exc}") from None
+    resp = await forward_to(cluster, writer, 20, 4, "delete_topics",
+                            {"topic_names": [name], "timeout": int(timeout_s * 1000)})
     code = int(resp.responses[0].error_code)
     if code != errors.NONE:
         raise TopicError(code, resp.responses[0].error_message or f"Broker {writer} refused to delete {name}")
