@@ -19,8 +19,10 @@ the controller id of its last Metadata answer, and librdkafka asks for Metadata 
 only when a connection (re)opens or names no controller, never on NOT_CONTROLLER. Once
 the controller had moved (lease lost in a partition, then healed), such a client sent
 every CreateTopics to the old controller, which answered NOT_CONTROLLER for ever.
+DeleteTopics is forwarded the same way (`forward_delete`); both go through
+broker/forwarding.py, whose requests the controller never forwards again.
 
-May import trio, `broker.node`, `broker.cluster`.
+May import trio, `broker.node`, `broker.cluster`, `broker.forwarding`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import trio
 from broker.cluster import Cluster
 from broker.cluster.etcd import EtcdError
 from broker.cluster.membership import Placement
+from broker.forwarding import FORWARD_TIMEOUT_S, forward_to_controller
 from broker.node import (
     INTERNAL_TOPICS,
     INVALID_REPLICA_ASSIGNMENT,
@@ -119,9 +122,6 @@ async def create_placed(
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
 
 
-FORWARD_TIMEOUT_S = 5.0  # bounds the whole exchange with the controller
-
-
 async def forward_create(
     cluster: Cluster,
     name: str,
@@ -132,54 +132,38 @@ async def forward_create(
 ) -> dict[str, Any]:
     """Ask the controller to create `name` (this broker is not the controller): the
     controller's result for it (error_code, error_message, topic_id, num_partitions,
-    replication_factor, configs). NOT_CONTROLLER while no other broker is known to be
-    controller (none elected now, or our view has not heard of it yet): the client asks
-    again, here, and is forwarded once the view knows."""
-    from broker.mirror import kafka_request  # the client side of the mirror machinery
-
-    me = cluster.membership.me.node_id
-    controller = cluster.brokers.get(cluster.controller_id)
-    if controller is None or controller.node_id == me:
-        raise TopicError(NOT_CONTROLLER, "No controller is elected now; ask again.")
-    try:
-        with trio.fail_after(FORWARD_TIMEOUT_S):
-            resp = await kafka_request(
-                controller.host,
-                controller.port,
-                19,
-                7,
-                "create_topics",
+    replication_factor, configs)."""
+    resp = await forward_to_controller(
+        cluster,
+        19,
+        7,
+        "create_topics",
+        {
+            "topics": [
                 {
-                    "topics": [
-                        {
-                            "name": name,
-                            "num_partitions": partitions,
-                            "replication_factor": replication_factor,
-                            "assignments": [
-                                {"partition_index": i, "broker_ids": list(ids)}
-                                for i, ids in assignments
-                            ],
-                            "configs": [{"name": k, "value": v} for k, v in configs.items()],
-                        }
+                    "name": name,
+                    "num_partitions": partitions,
+                    "replication_factor": replication_factor,
+                    "assignments": [
+                        {"partition_index": i, "broker_ids": list(ids)} for i, ids in assignments
                     ],
-                    "timeout": int(FORWARD_TIMEOUT_S * 1000),
-                    "validate_only": False,
-                },
-            )
-    except Exception as exc:  # unreachable, reset, closed, slow: the client asks again
-        raise TopicError(
-            NOT_CONTROLLER, f"The controller, broker {controller.node_id}, did not answer: {exc}"
-        ) from None
+                    "configs": [{"name": k, "value": v} for k, v in configs.items()],
+                }
+            ],
+            "timeout": int(FORWARD_TIMEOUT_S * 1000),
+            "validate_only": False,
+        },
+    )
     r = next((t for t in resp.topics if t.name == name), None)
     if r is None:
         raise TopicError(
             NOT_CONTROLLER,
-            f"The controller, broker {controller.node_id}, did not answer for {name}",
+            f"The controller, broker {cluster.controller_id}, did not answer for {name}",
         )
     log.info(
         "forwarded CreateTopics %s to the controller, broker %d: error %d",
         name,
-        controller.node_id,
+        cluster.controller_id,
         int(r.error_code),
     )
     return {
@@ -201,6 +185,36 @@ async def forward_create(
             for c in r.configs
         ],
     }
+
+
+async def forward_delete(cluster: Cluster, name: str, timeout_s: float) -> None:
+    """Ask the controller to delete `name` (this broker is not the controller); its
+    refusal as a TopicError. The controller may wait `timeout_s` for the topic's writer
+    (broker/handlers/admin.py), so the exchange is given that much more."""
+    resp = await forward_to_controller(
+        cluster,
+        20,
+        4,
+        "delete_topics",
+        {"topic_names": [name], "timeout": int(timeout_s * 1000)},
+        timeout_s + FORWARD_TIMEOUT_S,
+    )
+    r = next((t for t in resp.responses if t.name == name), None)
+    if r is None:
+        raise TopicError(
+            NOT_CONTROLLER,
+            f"The controller, broker {cluster.controller_id}, did not answer for {name}",
+        )
+    log.info(
+        "forwarded DeleteTopics %s to the controller, broker %d: error %d",
+        name,
+        cluster.controller_id,
+        int(r.error_code),
+    )
+    if r.error_code:
+        raise TopicError(
+            int(r.error_code), r.error_message or f"The controller refused to delete {name}"
+        )
 
 
 async def follow_placements(node: Node, cluster: Cluster) -> None:

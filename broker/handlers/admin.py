@@ -6,8 +6,8 @@ with its value and source (topic override, broker file, or Kafka's default), sin
 empty list breaks clients (librdkafka test 0092).
 
 Cluster mode: CreateTopics sent to a broker that is not the controller is forwarded to
-the controller (broker/placement.py `forward_create`), as Kafka does since KIP-590.
-DeleteTopics reaches the controller (clients send it there), but only a
+the controller (broker/placement.py `forward_create`), as Kafka does since KIP-590, and
+so is DeleteTopics (`forward_delete`). On the controller, only a
 topic's writer can change its catalog: a topic written by another broker (created while
 the first controller was down) is deleted by forwarding the request to its writer, and
 the answer comes once this broker's mirror has dropped it. With the writer down it is
@@ -24,10 +24,11 @@ from broker.api import Reply, RequestContext, api
 from broker.cluster import NO_LEADER, Cluster
 from broker.cluster.etcd import EtcdError
 from broker.config import ConfigEntry, ConfigSource
+from broker.forwarding import FORWARD_TIMEOUT_S, forward_to
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
 from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, TopicError
-from broker.placement import create_placed, forward_create
+from broker.placement import create_placed, forward_create, forward_delete
 from broker.replication_server import replication_config_entries
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -128,8 +129,6 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
     return {"throttle_time": 0, "topics": results}
 
 
-FORWARD_TIMEOUT_S = 5.0
-
 
 async def _unplace(cluster: Cluster, name: str) -> None:
     """Cluster mode, on the controller: drop the topic's placement from etcd (fenced by the
@@ -145,17 +144,11 @@ async def _unplace(cluster: Cluster, name: str) -> None:
 async def _delete_on_writer(node: Node, cluster: Cluster, name: str, writer: int, timeout_s: float) -> None:
     """Cluster mode, on the controller: delete `name`, which broker `writer` writes, there;
     return once our mirror dropped it (or the timeout passed: it will shortly)."""
-    from broker.mirror import kafka_request  # the client side of the mirror machinery
-
     if not cluster.alive(writer):
         raise TopicError(errors.LEADER_NOT_AVAILABLE,
                          f"Topic {name} is written by broker {writer}, which is down; delete it once it is back.")
-    b = cluster.brokers[writer]
-    try:
-        resp = await kafka_request(b.host, b.port, 20, 4, "delete_topics",
-                                   {"topic_names": [name], "timeout": int(timeout_s * 1000)})
-    except Exception as exc:  # unreachable, reset, closed, slow: the client asks again
-        raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Broker {writer}, which writes {name}, did not answer: {exc}") from None
+    resp = await forward_to(cluster, writer, 20, 4, "delete_topics",
+                            {"topic_names": [name], "timeout": int(timeout_s * 1000)})
     code = int(resp.responses[0].error_code)
     if code != errors.NONE:
         raise TopicError(code, resp.responses[0].error_message or f"Broker {writer} refused to delete {name}")
@@ -197,13 +190,21 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
             if topic is not None:
                 entry["topic_id"] = topic.topic_id
             cluster = node.cluster
+            timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
+            if cluster is not None and not cluster.is_controller and ctx.client_id != BROKER_CLIENT_ID:
+                # Not the controller: forward to the one etcd names (KIP-590), once; the
+                # answer comes once this broker dropped the topic too (or the timeout passed).
+                await forward_delete(cluster, name, timeout_s)
+                with trio.move_on_after(timeout_s):
+                    while name in node.topics:
+                        await node.wait_for_data()  # detaching a mirrored topic wakes it
+                continue
             if (cluster is not None and cluster.is_controller and topic is not None and topic.mirrored
                     and topic.leader_id is not None and node.config.delete_topic_enable):
                 if not cluster.alive(topic.leader_id):
                     raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Topic {name} is written by broker "
                                      f"{topic.leader_id}, which is down; delete it once it is back.")
                 await _unplace(cluster, name)
-                timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
                 await _delete_on_writer(node, cluster, name, topic.leader_id, timeout_s)
                 continue
             if cluster is not None and cluster.is_controller and node.config.delete_topic_enable:

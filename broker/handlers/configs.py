@@ -12,8 +12,11 @@ read-only config.
 Authorization: Kafka asks for ALTER_CONFIGS on the topic, which our rules do not model;
 the principal that may CREATE a topic may alter it.
 
-Cluster mode: only a topic's writer may sign its catalog: a topic written by another
-broker is refused with a message naming that broker (the client may send it there).
+Cluster mode: only a topic's writer may sign its catalog: a change to a topic written
+by another broker is forwarded to that broker (broker/forwarding.py), as Kafka's brokers
+forward it to the controller since KIP-590 (a client sends it to any broker, or to the
+controller, and would not know to ask the writer). Forwarded once: a request another
+broker forwarded here for a topic not written here is refused, naming its writer.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import Any
 
 from broker.api import Reply, RequestContext, api
 from broker.config import TOPIC_CONFIGS, ConfigError, ConfigType, validate_topic_configs
+from broker.forwarding import forward_to
 from broker.handlers import errors
+from broker.mirror import BROKER_CLIENT_ID
 from broker.node import Node, Topic, TopicError
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -40,7 +45,7 @@ def _topic(ctx: RequestContext, name: str) -> Topic | None:
     topic = ctx.node.topics.get(name)
     if topic is None or name.startswith("__"):
         return None
-    if topic.mirrored:
+    if topic.mirrored and _writer_to_ask(ctx, topic) is None:
         where = (
             f"broker {topic.leader_id}"
             if topic.leader_id is not None
@@ -50,6 +55,53 @@ def _topic(ctx: RequestContext, name: str) -> Topic | None:
             errors.INVALID_REQUEST, f"Topic {name} is written by {where}; alter its configs there"
         )
     return topic
+
+
+def _writer_to_ask(ctx: RequestContext, topic: Topic) -> int | None:
+    """The broker to forward a change of `topic` to: its writer, in cluster mode, unless
+    another broker forwarded the request here (never twice)."""
+    if ctx.node.cluster is None or ctx.client_id == BROKER_CLIENT_ID or not topic.mirrored:
+        return None
+    return topic.leader_id
+
+
+async def _forward(
+    ctx: RequestContext, writer: int, r: Any, incremental: bool, validate_only: bool
+) -> None:
+    """Have `writer` apply resource `r`; its refusal as a TopicError."""
+    cluster = ctx.node.cluster
+    assert cluster is not None  # `_writer_to_ask` names a writer in cluster mode only
+    if incremental:
+        configs = [
+            {"name": c.name, "config_operation": int(c.config_operation), "value": c.value}
+            for c in r.configs
+        ]
+        api_key, version, schema = 44, 1, "incremental_alter_configs"
+    else:
+        configs = [{"name": c.name, "value": c.value} for c in r.configs]
+        api_key, version, schema = 33, 2, "alter_configs"
+    resp = await forward_to(
+        cluster,
+        writer,
+        api_key,
+        version,
+        schema,
+        {
+            "resources": [
+                {
+                    "resource_type": RESOURCE_TOPIC,
+                    "resource_name": r.resource_name,
+                    "configs": configs,
+                }
+            ],
+            "validate_only": validate_only,
+        },
+    )
+    answer = resp.responses[0]
+    if answer.error_code:
+        raise TopicError(
+            int(answer.error_code), answer.error_message or f"Broker {writer} refused the change"
+        )
 
 
 def _list(value: str | None) -> list[str]:
@@ -117,6 +169,10 @@ async def _alter(ctx: RequestContext, req: Any, incremental: bool) -> Reply:
                     errors.INVALID_REQUEST, f"Unsupported resource type {r.resource_type}"
                 )
             topic = _topic(ctx, r.resource_name)
+            writer = None if topic is None else _writer_to_ask(ctx, topic)
+            if writer is not None:  # its writer alone signs its catalog: it applies the change
+                await _forward(ctx, writer, r, incremental, req.validate_only)
+                continue
             current = dict(topic.record.configs) if topic is not None else {}
             if incremental:
                 wanted = _incremental(node, current, r.configs)

@@ -12,10 +12,13 @@ DescribeProducers lists the idempotent producers each partition remembers. Parti
 are never reassigned (every broker of a cluster mirrors every archive), so
 ListPartitionReassignments always answers with none.
 
-Cluster mode: CreatePartitions goes to the controller as CreateTopics does (NOT_CONTROLLER
-elsewhere); a topic written by another broker is refused with a message naming it, as
-only its writer signs its catalog. DeleteRecords goes to a partition's leader, which
-here is its writer (NOT_LEADER_OR_FOLLOWER elsewhere).
+Cluster mode: only a topic's writer signs its catalog, so CreatePartitions for a topic
+written by another broker is forwarded to that broker (broker/forwarding.py), from any
+broker: a client sends it to the controller (Kafka's brokers forward it there since
+KIP-590), and librdkafka never asks for Metadata again on NOT_CONTROLLER. Forwarded
+once: a request another broker forwarded here for a topic not written here is refused,
+naming its writer. DeleteRecords goes to a partition's leader, which here is its writer
+(NOT_LEADER_OR_FOLLOWER elsewhere).
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from typing import Any
 import trio
 
 from broker.api import Reply, RequestContext, api
+from broker.cluster import Cluster
+from broker.forwarding import FORWARD_TIMEOUT_S, forward_to
 from broker.handlers import errors
+from broker.mirror import BROKER_CLIENT_ID
 from broker.node import Node, Topic, TopicError
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -69,15 +75,17 @@ async def _grow(ctx: RequestContext, node: Node, t: Any, validate_only: bool) ->
     if not authorize(ctx, Operation.CREATE, t.name):
         raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
     cluster = node.cluster
-    if cluster is not None and not cluster.is_controller:
-        raise TopicError(
-            errors.NOT_CONTROLLER,
-            f"This is not the correct controller for this cluster: "
-            f"partitions are added on broker {cluster.controller_id}.",
-        )
     topic = node.topics.get(t.name)
     if topic is None or t.name.startswith("__"):
         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{t.name}' does not exist.")
+    if (
+        cluster is not None
+        and topic.mirrored
+        and topic.leader_id is not None
+        and ctx.client_id != BROKER_CLIENT_ID
+    ):
+        await _grow_on_writer(cluster, topic.leader_id, t, validate_only)
+        return
     if topic.mirrored:
         where = (
             f"broker {topic.leader_id}"
@@ -112,6 +120,33 @@ async def _grow(ctx: RequestContext, node: Node, t: Any, validate_only: bool) ->
     node.check_partition_limit(t.count - have)
     if not validate_only:
         await node.add_partitions(topic, t.count)
+
+
+async def _grow_on_writer(cluster: Cluster, writer: int, t: Any, validate_only: bool) -> None:
+    """Have `writer`, which writes topic `t.name`, add its partitions; its refusal as a
+    TopicError."""
+    assignments = (
+        None
+        if t.assignments is None
+        else [{"broker_ids": list(a.broker_ids)} for a in t.assignments]
+    )
+    resp = await forward_to(
+        cluster,
+        writer,
+        37,
+        3,
+        "create_partitions",
+        {
+            "topics": [{"name": t.name, "count": t.count, "assignments": assignments}],
+            "timeout": int(FORWARD_TIMEOUT_S * 1000),
+            "validate_only": validate_only,
+        },
+    )
+    r = resp.results[0]
+    if r.error_code:
+        raise TopicError(
+            int(r.error_code), r.error_message or f"Broker {writer} refused to add partitions"
+        )
 
 
 @api(21, "DeleteRecords", (0, 2))

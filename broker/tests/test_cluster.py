@@ -426,6 +426,80 @@ async def test_create_topics_sent_to_a_former_controller(tmp_path: Path, etcd: E
             nursery.cancel_scope.cancel()
 
 
+async def test_topic_changes_forwarded_to_its_writer(tmp_path: Path, etcd: EtcdServer) -> None:
+    """AlterConfigs, IncrementalAlterConfigs and CreatePartitions for a topic another
+    broker writes are forwarded to it (only the writer signs the topic's catalog): a
+    client sends them to the controller or any broker (Kafka's brokers forward them to
+    the controller, KIP-590) and would not know to ask the writer."""
+    ports = _free_ports(2)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            c1 = await _serve(nursery, tmp_path, 1, ports, etcd.endpoint)
+
+            async def elected() -> bool:
+                return await _controller(c1) == 1
+
+            await _until(elected)
+            c2 = await _serve(nursery, tmp_path, 2, ports, etcd.endpoint)
+
+            async def both() -> bool:
+                return [b.node_id for b in (await _metadata(c1, "w")).brokers] == [1, 2]
+
+            await _until(both)
+            r = await c1.call("create_topics", 5, {"topics": [  # written by broker 2
+                {"name": "w", "num_partitions": -1, "replication_factor": -1,
+                 "assignments": [{"partition_index": 0, "broker_ids": [2]}], "configs": []}],
+                "timeout": 5000, "validate_only": False})
+            assert r.topics[0].error_code == 0, r.topics[0].error_message
+
+            async def mirrored() -> bool:
+                t = (await _metadata(c1, "w")).topics[0]
+                return not t.error_code and t.partitions[0].leader_id == 2
+
+            await _until(mirrored)
+
+            def resource(*configs: dict[str, Any]) -> dict[str, Any]:
+                return {"resources": [{"resource_type": 2, "resource_name": "w", "configs": list(configs)}],
+                        "validate_only": False}
+
+            async def configs_on_2() -> dict[str, str]:
+                d = await c2.call("describe_configs", 4, {
+                    "resources": [{"resource_type": 2, "resource_name": "w", "configuration_keys": None}],
+                    "include_synonyms": False, "include_documentation": False})
+                return {e.name: e.value for e in d.results[0].configs if e.config_source == 1}
+
+            # sent to the controller (broker 1): applied by the writer (broker 2)
+            r = await c1.call("incremental_alter_configs", 1, resource(
+                {"name": "retention.ms", "config_operation": 0, "value": "1234"}))
+            assert r.responses[0].error_code == 0, r.responses[0].error_message
+            assert await configs_on_2() == {"retention.ms": "1234"}
+            r = await c1.call("alter_configs", 2, resource({"name": "segment.bytes", "value": "1048576"}))
+            assert r.responses[0].error_code == 0, r.responses[0].error_message
+            assert await configs_on_2() == {"segment.bytes": "1048576"}
+            # the writer's refusal comes back as it is
+            r = await c1.call("incremental_alter_configs", 1, resource(
+                {"name": "cleanup.policy", "config_operation": 0, "value": "compact"}))
+            assert r.responses[0].error_code == 40  # INVALID_CONFIG
+            # a change another broker forwarded is not forwarded again (no loop)
+            raw = await kafka_request("127.0.0.1", ports[0], 44, 1, "incremental_alter_configs", resource(
+                {"name": "retention.ms", "config_operation": 0, "value": "1"}))
+            assert raw.responses[0].error_code == 42  # INVALID_REQUEST, naming the writer
+            assert "broker 2" in raw.responses[0].error_message
+
+            def grow(count: int) -> dict[str, Any]:
+                return {"topics": [{"name": "w", "count": count, "assignments": None}],
+                        "timeout": 5000, "validate_only": False}
+
+            r = await c1.call("create_partitions", 3, grow(2))  # the controller: to the writer
+            assert r.results[0].error_code == 0, r.results[0].error_message
+            r = await c2.call("create_partitions", 3, grow(3))  # the writer, not the controller
+            assert r.results[0].error_code == 0, r.results[0].error_message
+            assert len((await _metadata(c2, "w")).topics[0].partitions) == 3
+            raw = await kafka_request("127.0.0.1", ports[0], 37, 3, "create_partitions", grow(4))
+            assert raw.results[0].error_code == 42  # forwarded here already: not again
+            nursery.cancel_scope.cancel()
+
+
 async def _metadata(c: RawClient, topic: str) -> Any:
     return await c.call("metadata", 9, {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
                                         "include_cluster_authorized_operations": False,
@@ -452,7 +526,7 @@ async def _until(check: Callable[[], Awaitable[bool]]) -> None:
 async def test_two_brokers_in_process(tmp_path: Path, etcd: EtcdServer) -> None:
     """Broker 2 mirrors broker 1: the ISR grows from its range messages, acks=all with
     min.insync.replicas=2 succeeds, a fetch from its rack is sent to it, and a deletion
-    on the controller removes the topic from broker 2 too."""
+    sent to broker 2 is forwarded to the controller and removes the topic from both."""
     ports = _free_ports(2)
 
     async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
@@ -523,15 +597,17 @@ async def test_two_brokers_in_process(tmp_path: Path, etcd: EtcdServer) -> None:
                     for c in (c1, c2)]
             assert pids[0] >> 40 == 1 and pids[1] >> 40 == 2
 
+            # a deletion another broker forwarded is not forwarded again (no loop)
+            raw = await kafka_request("127.0.0.1", ports[1], 20, 4, "delete_topics",
+                                      {"topic_names": ["t"], "timeout": 5000})
+            assert raw.responses[0].error_code == 41  # NOT_CONTROLLER
+            # sent to broker 2, not the controller: forwarded to it (KIP-590; librdkafka
+            # never asks for Metadata again on NOT_CONTROLLER), and gone here when answered
             r = await c2.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
-            assert r.responses[0].error_code == 41  # NOT_CONTROLLER
+            assert r.responses[0].error_code == 0, r.responses[0].error_message
+            assert (await _metadata(c2, "t")).topics[0].error_code == 3
             r = await c1.call("delete_topics", 4, {"topic_names": ["t"], "timeout": 5000})
-            assert r.responses[0].error_code == 0
-
-            async def gone() -> bool:
-                return bool((await _metadata(c2, "t")).topics[0].error_code == 3)
-
-            await _until(gone)
+            assert r.responses[0].error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION: deleted once
             assert list((tmp_path / "b2" / "__mirrors").glob("*/t-0")) == []  # the copy is deleted too
             nursery.cancel_scope.cancel()
 
