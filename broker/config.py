@@ -58,6 +58,9 @@ class ConfigDef:
     broker_synonym: str | None = None  # the broker setting a topic inherits this from
     choices: tuple[str, ...] = ()
     minimum: int | None = None
+    maximum: int | None = None
+    # Values outside [minimum, maximum] that are still valid (gzip's -1: zlib's default).
+    also: tuple[int, ...] = ()
 
 
 def _topic_configs() -> dict[str, ConfigDef]:
@@ -71,10 +74,10 @@ def _topic_configs() -> dict[str, ConfigDef]:
     )
     defs = [
         ConfigDef("cleanup.policy", LS, "delete", "Retention policy; only delete is supported on signed archives.", "log.cleanup.policy", ("delete",)),
-        ConfigDef("compression.gzip.level", INT, "-1", "Kept for clients; batches are never recompressed.", "compression.gzip.level", minimum=-1),
-        ConfigDef("compression.lz4.level", INT, "9", "Kept for clients; batches are never recompressed.", "compression.lz4.level", minimum=1),
-        ConfigDef("compression.zstd.level", INT, "3", "Kept for clients; batches are never recompressed.", "compression.zstd.level", minimum=-131072),
-        ConfigDef("compression.type", S, "producer", "Batches are stored as the producer compressed them.", "compression.type", ("producer",)),
+        ConfigDef("compression.gzip.level", INT, "-1", "Level at which the broker gzips batches of a gzip topic (-1: zlib's default).", "compression.gzip.level", minimum=1, maximum=9, also=(-1,)),
+        ConfigDef("compression.lz4.level", INT, "9", "Level at which the broker compresses batches of an lz4 topic.", "compression.lz4.level", minimum=1, maximum=17),
+        ConfigDef("compression.zstd.level", INT, "3", "Level at which the broker compresses batches of a zstd topic.", "compression.zstd.level", minimum=-131072, maximum=22),
+        ConfigDef("compression.type", S, "producer", "producer stores batches as compressed by the producer; a codec makes the broker recompress other batches with it before signing.", "compression.type", ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
         ConfigDef("delete.retention.ms", L, "86400000", "How long compaction of __consumer_offsets keeps tombstones in cluster mode; unused otherwise.", "log.cleaner.delete.retention.ms", minimum=0),
         ConfigDef("file.delete.delay.ms", L, "60000", "Unused: segments are deleted at once.", "log.segment.delete.delay.ms", minimum=0),
         ConfigDef("flush.messages", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.messages", minimum=1),
@@ -118,8 +121,11 @@ def _check_value(d: ConfigDef, value: str) -> str:
             number = int(value)
         except ValueError:
             raise ConfigError(f"Invalid value {value} for configuration {d.name}: not a number") from None
-        if d.minimum is not None and number < d.minimum:
-            raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be at least {d.minimum}")
+        if number not in d.also:
+            if d.minimum is not None and number < d.minimum:
+                raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be at least {d.minimum}")
+            if d.maximum is not None and number > d.maximum:
+                raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be at most {d.maximum}")
         if d.type == ConfigType.INT and number > 2**31 - 1:
             raise ConfigError(f"Invalid value {value} for configuration {d.name}: out of int range")
     elif d.type == ConfigType.BOOLEAN:

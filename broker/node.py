@@ -45,6 +45,7 @@ from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_conf
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from broker.metrics import BrokerMetrics, TopicStats
+from broker.protocol.compression import topic_compression
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
 from storage.errors import RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget, HandleCache
@@ -178,6 +179,10 @@ class Topic:
     timestamp_after_max_ms: int = 3600000
     timestamp_before_max_ms: int = 2**63 - 1
     min_insync_replicas: int = 1
+    # compression.type: the codec the broker recompresses other batches to (None: producer)
+    # and compression.<codec>.level for it.
+    compression: int | None = None
+    compression_level: int | None = None
     # Written by another node and mirrored here (broker/mirror.py): read-only for Kafka.
     mirrored: bool = False
     # Cluster mode: the broker id of the writer (the partitions' leader); None = this node.
@@ -352,6 +357,7 @@ class Node:
         topic.timestamp_after_max_ms = int(eff(overrides, "message.timestamp.after.max.ms"))
         topic.min_insync_replicas = int(eff(overrides, "min.insync.replicas"))
         topic.timestamp_before_max_ms = int(eff(overrides, "message.timestamp.before.max.ms"))
+        topic.compression, topic.compression_level = topic_compression(lambda name: eff(overrides, name))
 
     def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog],
                         leader_id: int | None = None) -> Topic:

@@ -30,6 +30,7 @@ from broker.handlers import errors
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
+from broker.protocol.compression import recompress_batch
 from broker.protocol.errors import ProtocolError, RecordBatchError
 from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
 from broker.security.authz import Operation
@@ -153,9 +154,20 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         if outcome.verdict is Verdict.OUT_OF_ORDER:
             return _PartitionResult(errors.OUT_OF_ORDER_SEQUENCE_NUMBER, outcome.message)
 
+    if topic.compression is not None and batch.compression != topic.compression:
+        # compression.type names another codec: rebuilt as Kafka's LogValidator does,
+        # before anything is signed; Kafka checks the rebuilt size against the limit.
+        data = recompress_batch(data, topic.compression, topic.compression_level,
+                                inflate_limit(topic.max_message_bytes))
+        if len(data) > topic.max_message_bytes:
+            return _PartitionResult(
+                errors.MESSAGE_TOO_LARGE,
+                f"Message batch size is {len(data)} bytes in append to partition {topic.name}-{partition.index} "
+                f"which exceeds the maximum configured size of {topic.max_message_bytes}.",
+            )
     # The log stamps the base offset into the batch: a writable view of the request frame
     # (the fast decoder's) is used as it is, anything else is copied once.
-    buf = data if isinstance(data, memoryview) and not data.readonly else bytearray(data)
+    buf = data if isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly) else bytearray(data)
     result = _PartitionResult()
     if topic.log_append_time:
         records.set_log_append_time(buf, now)
