@@ -38,6 +38,7 @@ from typing import Any, cast
 
 import trio
 
+from broker.cleaner import Cleaner, compaction_policy
 from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import Etcd
 from broker.cluster.membership import Member, Membership
@@ -47,6 +48,7 @@ from broker.idempotence import ProducerStates
 from broker.metrics import BrokerMetrics, TopicStats
 from broker.protocol.compression import topic_compression
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
+from storage.compaction import CompactionPolicy
 from storage.errors import RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget, HandleCache
 
@@ -183,6 +185,8 @@ class Topic:
     # and compression.<codec>.level for it.
     compression: int | None = None
     compression_level: int | None = None
+    # cleanup.policy with compact: its compaction configs (broker/cleaner.py); else None.
+    compaction: CompactionPolicy | None = None
     # Written by another node and mirrored here (broker/mirror.py): read-only for Kafka.
     mirrored: bool = False
     # Cluster mode: the broker id of the writer (the partitions' leader); None = this node.
@@ -203,6 +207,7 @@ class Node:
 
     def __init__(self, config: BrokerConfig, store: Store) -> None:
         self.config = config
+        self.cleaner = Cleaner(self)  # compacted topics (broker/cleaner.py)
         self.store = store
         self.topics: dict[str, Topic] = {}
         digest = hashlib.blake2b(store.node_public_key, digest_size=16).digest()
@@ -358,6 +363,7 @@ class Node:
         topic.min_insync_replicas = int(eff(overrides, "min.insync.replicas"))
         topic.timestamp_before_max_ms = int(eff(overrides, "message.timestamp.before.max.ms"))
         topic.compression, topic.compression_level = topic_compression(lambda name: eff(overrides, name))
+        topic.compaction = compaction_policy(lambda name: eff(overrides, name))
 
     def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog],
                         leader_id: int | None = None) -> Topic:
@@ -900,6 +906,8 @@ class Node:
                 nursery.start_soon(follow_placements, self, self.cluster)
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
+            if self.config.log_cleaner_enable:
+                nursery.start_soon(self.cleaner.run)
             nursery.start_soon(self.offline_retry_loop)
             await nursery.start(self.groups.run)
             if self.config.replication_listen is not None or self.config.mirrors:

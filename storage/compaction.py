@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from storage.errors import StorageError
-from storage.format import ENTRY_SIZE, IDX_HEADER_SIZE, Segment, encode_entry, encode_index_header
+from storage.format import ENTRY_SIZE, Segment, encode_entry, encode_index_header
 from storage.hashing import compute_leaf
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ def leaf_size(lg: PartitionLog, seg: Segment, k: int) -> int:
         return size
     node = lg._read_node(2 * (seg.first_leaf + k))
     if node is None or node.hash != seg.leaf_of(k):
-        raise StorageError(f"{lg.path}: tree leaf of compacted block {seg.first_leaf + k} is missing")
+        raise StorageError(
+            f"{lg.path}: tree leaf of compacted block {seg.first_leaf + k} is missing"
+        )
     return int(node.size)
 
 
@@ -101,7 +103,9 @@ def cleanable_segments(lg: PartitionLog, policy: CompactionPolicy, now_ms: int) 
     return out
 
 
-def due(lg: PartitionLog, segs: list[Segment], policy: CompactionPolicy, dirty_from: int, now_ms: int) -> bool:
+def due(
+    lg: PartitionLog, segs: list[Segment], policy: CompactionPolicy, dirty_from: int, now_ms: int
+) -> bool:
     """Whether the dirty share of `segs` reached min.cleanable.dirty.ratio, or their
     first dirty batch is older than max.compaction.lag.ms."""
     total = dirty = 0
@@ -126,7 +130,9 @@ def _leaf(lg: PartitionLog, seg: Segment, k: int) -> tuple[int, bytes]:
     blocks appended since open carry no leaf hash: storage/log.py `_store`)."""
     node = lg._read_node(2 * (seg.first_leaf + k))
     if node is None:
-        raise StorageError(f"{lg.path}: tree leaf of block {seg.first_leaf + k} is missing; not compacting")
+        raise StorageError(
+            f"{lg.path}: tree leaf of block {seg.first_leaf + k} is missing; not compacting"
+        )
     return int(node.size), bytes(node.hash)
 
 
@@ -135,12 +141,15 @@ def _read(lg: PartitionLog, seg: Segment, k: int) -> bytes:
     data = lg.fs.pread_exact(seg.log_fd, size, seg.positions[k])
     if len(data) != size or (size, compute_leaf(data, size)) != _leaf(lg, seg, k):
         # never carry bytes that are not the signed ones into a rewritten segment
-        raise StorageError(f"{lg.path}: block {seg.first_leaf + k} does not match its leaf; not compacting")
+        raise StorageError(
+            f"{lg.path}: block {seg.first_leaf + k} does not match its leaf; not compacting"
+        )
     return data
 
 
-def plan(lg: PartitionLog, segs: list[Segment], keys_of: KeysOf, policy: CompactionPolicy,
-         now_ms: int) -> dict[int, list[int]]:
+def plan(
+    lg: PartitionLog, segs: list[Segment], keys_of: KeysOf, policy: CompactionPolicy, now_ms: int
+) -> dict[int, list[int]]:
     """The entries to remove, per index of `segs`: FORMAT.md 4a's rules."""
     last: dict[bytes, int] = {}
     decoded: list[list[Sequence[tuple[int, bytes, bool]] | None]] = []
@@ -166,7 +175,8 @@ def plan(lg: PartitionLog, segs: list[Segment], keys_of: KeysOf, policy: Compact
                 continue  # stays whole; its keys are unknown to us (keyless / control)
             old = int(seg.max_ts[k]) < horizon
             drop = bool(recs) and all(
-                last[key] > off or (tomb and old and key not in kept_keys) for off, key, tomb in recs
+                last[key] > off or (tomb and old and key not in kept_keys)
+                for off, key, tomb in recs
             )
             if drop:
                 out.setdefault(si, []).append(k)
@@ -175,8 +185,15 @@ def plan(lg: PartitionLog, segs: list[Segment], keys_of: KeysOf, policy: Compact
     return out
 
 
-def clean(lg: PartitionLog, keys_of: KeysOf, policy: CompactionPolicy, now_ms: int,
-          dirty_from: int = 0, *, force: bool = False) -> CleanResult | None:
+def clean(
+    lg: PartitionLog,
+    keys_of: KeysOf,
+    policy: CompactionPolicy,
+    now_ms: int,
+    dirty_from: int = 0,
+    *,
+    force: bool = False,
+) -> CleanResult | None:
     """One compaction pass over `lg`; None when nothing was due or the log is busy
     (a commit job in flight, damaged, not writable). `force`: ignore the dirty ratio."""
     lg._close_doomed()
@@ -259,7 +276,9 @@ def finish_swaps(fs: FileSystem, path: str) -> None:
         if n.endswith(".log.swap"):
             stem = n[: -len(".log.swap")]
             if stem + ".bidx.swap" in names:
-                fs.rename(os.path.join(path, stem + ".bidx.swap"), os.path.join(path, stem + ".bidx"))
+                fs.rename(
+                    os.path.join(path, stem + ".bidx.swap"), os.path.join(path, stem + ".bidx")
+                )
             fs.rename(full, os.path.join(path, stem + ".log"))
         elif n.endswith(".cleaned"):
             fs.unlink(full)

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from storage import batch as B
-from storage import compaction
+from storage import compaction, recovery
 from storage import format as fmt
-from storage import recovery
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
 from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
 from storage.format import (

@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
+from broker.cleaner import keyless_message, keyless_record
 from broker.cluster import signed_blocks
 from broker.handlers import errors
 from broker.idempotence import Verdict, last_sequence
@@ -135,8 +136,13 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     try:
         # Every record, before anything is signed.
         max_timestamp = checked.records()
+        # A compacted topic keeps the last record per key: Kafka's LogValidator refuses
+        # records without one there.
+        keyless = keyless_record(data) if topic.compaction is not None else None
     except RecordBatchError as exc:
         return _PartitionResult(exc.error_code, str(exc), exc.record_index)
+    if keyless is not None:
+        return _PartitionResult(errors.INVALID_RECORD, keyless_message(topic.name, partition.index), keyless)
 
     outcome = None
     if batch.producer_id >= 0:

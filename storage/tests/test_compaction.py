@@ -73,8 +73,12 @@ def _values(batch: bytes) -> list[bytes]:
 
 
 def open_log(path: object) -> PartitionLog:
-    return PartitionLog.open(path, KEYPAIR, fsync=FsyncPolicy.ALWAYS,  # type: ignore[arg-type]
-                             config=LogConfig(segment_bytes=400, retention_ms=-1))
+    return PartitionLog.open(
+        path,
+        KEYPAIR,
+        fsync=FsyncPolicy.ALWAYS,  # type: ignore[arg-type]
+        config=LogConfig(segment_bytes=400, retention_ms=-1),
+    )
 
 
 def append(lg: PartitionLog, pairs: list[tuple[bytes, bytes | None]], ts: int = NOW) -> bytes:
@@ -118,8 +122,12 @@ def test_last_value_per_key_stays_with_its_offset(tmp_path: object) -> None:
     assert lg.head == old_head
     off, _, _ = after[0]
     leaf = lg.leaf_of_offset(off)
-    p = inclusion_proof(lg.node, old_head.length, old_head.fork, old_head.signature, leaf, lg.block(leaf))
-    assert verify_proof(p, public_key=KEYPAIR.public_key, key=lg.key, fork=old_head.fork) is not None
+    p = inclusion_proof(
+        lg.node, old_head.length, old_head.fork, old_head.signature, leaf, lg.block(leaf)
+    )
+    assert (
+        verify_proof(p, public_key=KEYPAIR.public_key, key=lg.key, fork=old_head.fork) is not None
+    )
     removed = next(i for i in range(60) if i != leaf and lg.leaf_of_offset(i) == i and _gone(lg, i))
     with pytest.raises(KeyError):
         lg.block(removed)
@@ -158,7 +166,9 @@ def test_a_batch_with_one_live_record_stays_whole(tmp_path: object) -> None:
     assert (0, b"a", b"1") in after and (1, b"b", b"1") in after  # pinned by b
 
 
-def test_tombstones_go_after_delete_retention_and_only_when_nothing_older_stays(tmp_path: object) -> None:
+def test_tombstones_go_after_delete_retention_and_only_when_nothing_older_stays(
+    tmp_path: object,
+) -> None:
     lg = open_log(tmp_path)
     append(lg, [(b"pin", b"x"), (b"t", b"old")])  # t's old value pinned by a live key
     append(lg, [(b"t", None)])
@@ -215,7 +225,9 @@ class _Crash(Exception):
     pass
 
 
-@pytest.mark.parametrize(("renames_before_crash", "committed"), [(0, False), (1, False), (2, True), (3, True)])
+@pytest.mark.parametrize(
+    ("renames_before_crash", "committed"), [(0, False), (1, False), (2, True), (3, True)]
+)
 def test_a_crash_in_the_swap_is_finished_or_undone(
     tmp_path: object, renames_before_crash: int, committed: bool
 ) -> None:
