@@ -88,6 +88,10 @@ class Cleaner:
         self.node = node
         # offset below which each log was cleaned (in memory: FORMAT.md 4a)
         self._clean_to: weakref.WeakKeyDictionary[PartitionLog, int] = weakref.WeakKeyDictionary()
+        # when a kept tombstone becomes removable: a pass is due then, dirty or not
+        self._tombstones_due: weakref.WeakKeyDictionary[PartitionLog, int] = (
+            weakref.WeakKeyDictionary()
+        )
         self.passes = 0
         self.removed_blocks = 0
 
@@ -110,10 +114,11 @@ class Cleaner:
                     if p.failed:
                         continue
                     now = ms_now() if now_ms is None else now_ms
+                    due = self._tombstones_due.get(p.log)
+                    forced = force or (due is not None and now >= due)
+                    dirty_from = self._clean_to.get(p.log, 0)
                     try:
-                        res = clean(
-                            p.log, keys_of, policy, now, self._clean_to.get(p.log, 0), force=force
-                        )
+                        res = clean(p.log, keys_of, policy, now, dirty_from, force=forced)
                     except StorageError as exc:  # before anything was written
                         log.error("compaction of %s-%d failed: %s", topic.name, p.index, exc)
                         continue
@@ -126,6 +131,10 @@ class Cleaner:
                     continue
                 self.passes += 1
                 self._clean_to[p.log] = res.cleaned_to
+                if res.tombstones_due_ms is None:
+                    self._tombstones_due.pop(p.log, None)
+                else:
+                    self._tombstones_due[p.log] = res.tombstones_due_ms
                 removed += res.removed_blocks
                 if res.removed_blocks:
                     log.info(

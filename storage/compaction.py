@@ -52,6 +52,10 @@ class CleanResult:
     removed_blocks: int  # blocks removed by this pass
     freed_bytes: int
     segments_rewritten: int
+    # When a tombstone this pass kept becomes removable by age (its batch's maxTimestamp
+    # + delete.retention.ms), or None: a pass is due then even without new dirty bytes
+    # (Kafka's cleaner also picks a log for its delete horizon, KIP-534).
+    tombstones_due_ms: int | None = None
 
 
 def removed(seg: Segment, k: int) -> bool:
@@ -149,8 +153,9 @@ def _read(lg: PartitionLog, seg: Segment, k: int) -> bytes:
 
 def plan(
     lg: PartitionLog, segs: list[Segment], keys_of: KeysOf, policy: CompactionPolicy, now_ms: int
-) -> dict[int, list[int]]:
-    """The entries to remove, per index of `segs`: FORMAT.md 4a's rules."""
+) -> tuple[dict[int, list[int]], int | None]:
+    """The entries to remove, per index of `segs` (FORMAT.md 4a's rules), and when the
+    first tombstone kept for its age may go."""
     last: dict[bytes, int] = {}
     decoded: list[list[Sequence[tuple[int, bytes, bool]] | None]] = []
     for seg in segs:
@@ -167,6 +172,7 @@ def plan(
     horizon = now_ms - policy.delete_retention_ms
     kept_keys: set[bytes] = set()  # keys with a record that stays, in the log order so far
     out: dict[int, list[int]] = {}
+    tomb_due: int | None = None
     for si, seg in enumerate(segs):
         for k, recs in enumerate(decoded[si]):
             if recs is not None and not recs and removed(seg, k):
@@ -182,7 +188,10 @@ def plan(
                 out.setdefault(si, []).append(k)
             else:
                 kept_keys.update(key for _, key, _ in recs)
-    return out
+                if not old and any(tomb and last[key] == off for off, key, tomb in recs):
+                    at = int(seg.max_ts[k]) + policy.delete_retention_ms + 1
+                    tomb_due = at if tomb_due is None else min(tomb_due, at)
+    return out, tomb_due
 
 
 def clean(
@@ -206,7 +215,7 @@ def clean(
     if not force and not due(lg, segs, policy, dirty_from, now_ms):
         return None
     lg._ensure_open()
-    drops = plan(lg, segs, keys_of, policy, now_ms)
+    drops, tomb_due = plan(lg, segs, keys_of, policy, now_ms)
     freed = blocks = 0
     if drops:
         # A removed leaf's size comes from the tree file from now on: make it durable.
@@ -214,7 +223,7 @@ def clean(
     for si, ks in drops.items():
         freed += _rewrite(lg, segs[si], set(ks))
         blocks += len(ks)
-    return CleanResult(end, blocks, freed, len(drops))
+    return CleanResult(end, blocks, freed, len(drops), tomb_due)
 
 
 def _rewrite(lg: PartitionLog, seg: Segment, drop: set[int]) -> int:

@@ -177,8 +177,9 @@ def test_tombstones_go_after_delete_retention_and_only_when_nothing_older_stays(
     for i in range(12):
         append(lg, [(b"fill%d" % (i % 2), b"y")])
     lg.commit()
-    # before delete.retention.ms: both tombstones stay
-    clean(lg, keys_of, POLICY, NOW + 1000, force=True)
+    # before delete.retention.ms: both tombstones stay, and the pass says when they may go
+    res = clean(lg, keys_of, POLICY, NOW + 1000, force=True)
+    assert res is not None and res.tombstones_due_ms == NOW + DAY + 1
     got = records_of(read_all(lg))
     assert (2, b"t", None) in got and (4, b"u", None) in got
     # after it: u's tombstone goes (its value went); t's stays (the old value is pinned)
