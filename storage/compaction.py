@@ -263,9 +263,11 @@ def _rewrite(lg: PartitionLog, seg: Segment, drop: set[int]) -> int:
     fs.rename(seg.idx_path + ".swap", seg.idx_path)
     fs.rename(seg.log_path + ".swap", seg.log_path)
     fs.fsync_dir(lg.path)
-    # the descriptors still point at the old files: open the new ones
-    fs.close(seg.log_fd)
-    fs.close(seg.idx_fd)
+    # The descriptors still point at the old files: open the new ones. The old ones are
+    # closed later, as retention's (`_close_doomed`): a range read handed out may use them.
+    lg._doomed.append(
+        Segment(seg.base_offset, seg.first_leaf, seg.log_fd, seg.idx_fd, seg.log_path, seg.idx_path)
+    )
     seg.log_fd = fs.open(seg.log_path, os.O_RDWR)
     seg.idx_fd = fs.open(seg.idx_path, os.O_RDWR)
     freed = seg.log_size - len(body)
