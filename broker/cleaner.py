@@ -107,8 +107,8 @@ class Cleaner:
         removed = 0
         for topic in list(self.node.topics.values()):
             policy = topic.compaction
-            if policy is None or topic.mirrored:
-                continue
+            if policy is None or topic.mirrored or topic.name.startswith("__"):
+                continue  # internal topics compact themselves (broker/groups/offsets.py)
             for p in topic.partitions:
                 async with p.lock:
                     if p.failed:
