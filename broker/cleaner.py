@@ -8,14 +8,16 @@ only records with keys (`keyless_record`, Kafka's LogValidator message), and the
 runs a pass over every compacted partition this node writes every log.cleaner.backoff.ms.
 What a pass removes and how the archive stays verifiable: storage/FORMAT.md section 4a.
 
-A pass runs under the partition's lock in the event loop's thread (storage is
-synchronous): it reads the cleanable segments and rewrites those that lose blocks, so a
-large partition holds the loop for the time of that I/O. Imports broker.protocol.records
+A pass is decided and installed under the partition's lock in the event loop's thread;
+reading the cleanable segments and writing their cleaned copies runs in a worker thread
+without the lock, so appends, commits and fetches go on meanwhile (storage/compaction.py
+`begin`/`prepare`/`install`). Imports broker.protocol.records
 and storage; the node only for types.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Sequence
@@ -25,12 +27,12 @@ import trio
 
 from broker.protocol import records
 from broker.protocol.errors import RecordBatchError
-from storage import PartitionLog
-from storage.compaction import CompactionPolicy, clean
+from storage import PartitionLog, compaction
+from storage.compaction import CleanResult, CompactionPolicy
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from broker.node import Node
+    from broker.node import Node, Partition
 
 log = logging.getLogger("hyperkafka.cleaner")
 
@@ -102,7 +104,6 @@ class Cleaner:
 
     async def clean_all(self, *, now_ms: int | None = None, force: bool = False) -> int:
         """One pass over every compacted partition; returns the blocks removed."""
-        from broker.node import ms_now  # the node imports this module
 
         removed = 0
         for topic in list(self.node.topics.values()):
@@ -110,23 +111,7 @@ class Cleaner:
             if policy is None or topic.mirrored or topic.name.startswith("__"):
                 continue  # internal topics compact themselves (broker/groups/offsets.py)
             for p in topic.partitions:
-                async with p.lock:
-                    if p.failed:
-                        continue
-                    now = ms_now() if now_ms is None else now_ms
-                    due = self._tombstones_due.get(p.log)
-                    forced = force or (due is not None and now >= due)
-                    dirty_from = self._clean_to.get(p.log, 0)
-                    try:
-                        res = clean(p.log, keys_of, policy, now, dirty_from, force=forced)
-                    except StorageError as exc:  # before anything was written
-                        log.error("compaction of %s-%d failed: %s", topic.name, p.index, exc)
-                        continue
-                    except OSError as exc:
-                        # A failed write or rename mid-swap: offline until reopened, and
-                        # recovery finishes or undoes the swap (FORMAT.md crash state 18).
-                        self.node.fail_partition(p, f"compaction failed: {exc}")
-                        continue
+                res = await self._clean_one(p, policy, now_ms, force)
                 if res is None:
                     continue
                 self.passes += 1
@@ -148,3 +133,49 @@ class Cleaner:
                     )
         self.removed_blocks += removed
         return removed
+
+    async def _clean_one(
+        self, p: Partition, policy: CompactionPolicy, now_ms: int | None, force: bool
+    ) -> CleanResult | None:
+        """One pass over `p`: decided and installed under its lock, the reading and
+        writing in a worker thread without it (appends and commits go on meanwhile)."""
+        from broker.node import ms_now  # the node imports this module
+
+        plog = p.log
+        async with p.lock:
+            if p.failed:
+                return None
+            now = ms_now() if now_ms is None else now_ms
+            due = self._tombstones_due.get(plog)
+            forced = force or (due is not None and now >= due)
+            try:
+                job = compaction.begin(plog, policy, now, self._clean_to.get(plog, 0), force=forced)
+            except StorageError as exc:  # its files could not be opened
+                log.error("compaction of %s-%d: %s", p.topic.name, p.index, exc)
+                return None
+        if job is None:
+            return None
+        try:
+            await trio.to_thread.run_sync(compaction.prepare, plog, job, keys_of)
+        except (StorageError, OSError) as exc:  # nothing the log serves was changed
+            async with p.lock:
+                with contextlib.suppress(OSError):
+                    compaction.abandon(plog, job)
+            log.error("compaction of %s-%d failed: %s", p.topic.name, p.index, exc)
+            return None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                compaction.abandon(plog, job)
+            raise
+        async with p.lock:
+            if p.failed or plog.closed:
+                with contextlib.suppress(OSError):
+                    compaction.abandon(plog, job)
+                return None
+            try:
+                return compaction.install(plog, job)
+            except OSError as exc:
+                # A failed rename mid-swap: offline until reopened, and recovery finishes
+                # or undoes the swap (FORMAT.md crash state 18).
+                self.node.fail_partition(p, f"compaction failed: {exc}")
+                return None

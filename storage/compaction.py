@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from storage.errors import StorageError
@@ -194,6 +194,83 @@ def plan(
     return out, tomb_due
 
 
+@dataclass
+class Pass:
+    """One compaction pass: `begin` (owner thread), `prepare` (any thread: reads the
+    segments and writes the cleaned files), `install` (owner thread: the swap)."""
+
+    segs: list[Segment]
+    end: int
+    now_ms: int
+    policy: CompactionPolicy
+    # from `prepare`: per segment to swap, its new entries and .log size, and bytes freed
+    rewritten: list[tuple[Segment, bytearray, int]] = field(default_factory=list)
+    removed_blocks: int = 0
+    tombstones_due_ms: int | None = None
+
+
+def begin(
+    lg: PartitionLog,
+    policy: CompactionPolicy,
+    now_ms: int,
+    dirty_from: int = 0,
+    *,
+    force: bool = False,
+) -> Pass | None:
+    """Owner thread: the pass to run, or None when nothing is due or the log is busy (a
+    commit job in flight, damaged, not writable). `force`: ignore the dirty ratio. The
+    log is pinned (its files stay open) until `install` or `abandon`."""
+    lg._close_doomed()
+    if lg._job is not None or lg.damage is not None or lg._poisoned is not None:
+        return None
+    segs = cleanable_segments(lg, policy, now_ms)
+    if not segs or (not force and not due(lg, segs, policy, dirty_from, now_ms)):
+        return None
+    lg.pin()
+    return Pass(segs, segs[-1].next_offset(), now_ms, policy)
+
+
+def prepare(lg: PartitionLog, p: Pass, keys_of: KeysOf) -> None:
+    """Any thread, while the owner may append and commit (only sealed segments and
+    committed tree nodes are read): decide what goes and write each rewritten segment's
+    `.cleaned` files, fsynced. Nothing the log serves changes until `install`."""
+    drops, p.tombstones_due_ms = plan(lg, p.segs, keys_of, p.policy, p.now_ms)
+    if drops:
+        # A removed leaf's size comes from the tree file from now on: make it durable.
+        lg.fs.fsync(lg._tree_fd)
+    for si, ks in drops.items():
+        seg = p.segs[si]
+        entries, size = _write_cleaned(lg, seg, set(ks))
+        p.rewritten.append((seg, entries, size))
+        p.removed_blocks += len(ks)
+
+
+def install(lg: PartitionLog, p: Pass) -> CleanResult:
+    """Owner thread, with no commit job in flight: swap the cleaned files in (a segment
+    retention dropped meanwhile is skipped) and unpin the log."""
+    freed = swapped = 0
+    try:
+        for seg, entries, size in p.rewritten:
+            if seg not in lg._segments:
+                _discard(lg, seg)
+                continue
+            freed += seg.log_size - size
+            _swap(lg, seg, entries, size)
+            swapped += 1
+    finally:
+        lg.unpin()
+    return CleanResult(p.end, p.removed_blocks, freed, swapped, p.tombstones_due_ms)
+
+
+def abandon(lg: PartitionLog, p: Pass) -> None:
+    """Owner thread: drop a pass that failed or was not prepared; unpin the log."""
+    try:
+        for seg, _, _ in p.rewritten:
+            _discard(lg, seg)
+    finally:
+        lg.unpin()
+
+
 def clean(
     lg: PartitionLog,
     keys_of: KeysOf,
@@ -203,34 +280,22 @@ def clean(
     *,
     force: bool = False,
 ) -> CleanResult | None:
-    """One compaction pass over `lg`; None when nothing was due or the log is busy
-    (a commit job in flight, damaged, not writable). `force`: ignore the dirty ratio."""
-    lg._close_doomed()
-    if lg._job is not None or lg.damage is not None or lg._poisoned is not None:
+    """One whole pass in the calling (owner) thread; None when nothing was due."""
+    p = begin(lg, policy, now_ms, dirty_from, force=force)
+    if p is None:
         return None
-    segs = cleanable_segments(lg, policy, now_ms)
-    if not segs:
-        return None
-    end = segs[-1].next_offset()
-    if not force and not due(lg, segs, policy, dirty_from, now_ms):
-        return None
-    lg._ensure_open()
-    drops, tomb_due = plan(lg, segs, keys_of, policy, now_ms)
-    freed = blocks = 0
-    if drops:
-        # A removed leaf's size comes from the tree file from now on: make it durable.
-        lg.fs.fsync(lg._tree_fd)
-    for si, ks in drops.items():
-        freed += _rewrite(lg, segs[si], set(ks))
-        blocks += len(ks)
-    return CleanResult(end, blocks, freed, len(drops), tomb_due)
+    try:
+        prepare(lg, p, keys_of)
+    except BaseException:
+        abandon(lg, p)
+        raise
+    return install(lg, p)
 
 
-def _rewrite(lg: PartitionLog, seg: Segment, drop: set[int]) -> int:
-    """Rewrite `seg` without the blocks `drop` (FORMAT.md 4a: index, swap); returns the
-    bytes freed."""
+def _write_cleaned(lg: PartitionLog, seg: Segment, drop: set[int]) -> tuple[bytearray, int]:
+    """Write `seg` without the blocks `drop` as `.cleaned` files (FORMAT.md 4a: one
+    entry per block, size 0 for a removed one); returns the new entries and .log size."""
     fs = lg.fs
-    log_tmp, idx_tmp = seg.log_path + ".cleaned", seg.idx_path + ".cleaned"
     entries = bytearray()
     body = bytearray()
     for k in range(seg.count):
@@ -246,9 +311,9 @@ def _rewrite(lg: PartitionLog, seg: Segment, drop: set[int]) -> int:
             body += _read(lg, seg, k)
     fds = []
     try:
-        lfd = fs.open(log_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        lfd = fs.open(seg.log_path + ".cleaned", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         fds.append(lfd)
-        ifd = fs.open(idx_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        ifd = fs.open(seg.idx_path + ".cleaned", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         fds.append(ifd)
         fs.pwrite_all(lfd, body, 0)
         fs.pwrite_all(ifd, encode_index_header(seg.base_offset, seg.first_leaf) + entries, 0)
@@ -257,8 +322,20 @@ def _rewrite(lg: PartitionLog, seg: Segment, drop: set[int]) -> int:
     finally:
         for fd in fds:
             fs.close(fd)
-    fs.rename(idx_tmp, seg.idx_path + ".swap")
-    fs.rename(log_tmp, seg.log_path + ".swap")  # the commit point
+    return entries, len(body)
+
+
+def _discard(lg: PartitionLog, seg: Segment) -> None:
+    for path in (seg.log_path + ".cleaned", seg.idx_path + ".cleaned"):
+        if lg.fs.exists(path):
+            lg.fs.unlink(path)
+
+
+def _swap(lg: PartitionLog, seg: Segment, entries: bytearray, size: int) -> None:
+    """The crash-safe swap of FORMAT.md 4a, then the segment's new files in memory."""
+    fs = lg.fs
+    fs.rename(seg.idx_path + ".cleaned", seg.idx_path + ".swap")
+    fs.rename(seg.log_path + ".cleaned", seg.log_path + ".swap")  # the commit point
     fs.fsync_dir(lg.path)
     fs.rename(seg.idx_path + ".swap", seg.idx_path)
     fs.rename(seg.log_path + ".swap", seg.log_path)
@@ -270,11 +347,9 @@ def _rewrite(lg: PartitionLog, seg: Segment, drop: set[int]) -> int:
     )
     seg.log_fd = fs.open(seg.log_path, os.O_RDWR)
     seg.idx_fd = fs.open(seg.idx_path, os.O_RDWR)
-    freed = seg.log_size - len(body)
     seg.set_entries(entries)
     seg.idx_written = seg.count
-    seg.log_size = len(body)
-    return freed
+    seg.log_size = size
 
 
 def finish_swaps(fs: FileSystem, path: str) -> None:
