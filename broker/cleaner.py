@@ -79,7 +79,7 @@ def keyless_record(batch: bytes | bytearray | memoryview) -> int | None:
 def keyless_message(topic: str, partition: int) -> str:
     # Kafka's LogValidator.validateKey
     return (
-        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
+        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}"
     )
 
 

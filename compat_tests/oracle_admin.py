@@ -216,7 +216,7 @@ def _stored_configs(s: Session, c: RawClient) -> None:
         "timeout": 30_000,
         "validate_only": False,
     }
-    _record(s, c, "admin-create-topics-stored-configs", "create_topics", 7, body)
+    _record(s, c, "admin-create-topics-v7-stored-configs", "create_topics", 7, body)
     _wait("stored-configs topic ready", lambda: _topics_ready(c, [TOPIC_S]))
     dc = {
         "resources": [

@@ -50,7 +50,7 @@ async def test_keyless_records_are_refused_on_a_compacted_topic(broker: Broker) 
     assert r.error_code == 87
     assert (
         r.error_message
-        == "Compacted topic cannot accept message without key in topic partition c-0."
+        == "Compacted topic cannot accept message without key in topic partition c-0"
     )
     assert [e.batch_index for e in r.record_errors] == [1]
     assert (await fetch(c, "c", 0)).high_watermark == 0  # nothing stored or signed
