@@ -68,11 +68,36 @@ def keys_of(batch: bytes) -> Sequence[tuple[int, bytes, bool]] | None:
 
 
 def keyless_record(batch: bytes | bytearray | memoryview) -> int | None:
-    """The index of the first record without a key in a produced batch (already
-    validated), or None."""
-    for i, r in enumerate(records.iter_records(batch)):
-        if r.key is None:
+    """The index of the first record without a key in a produced batch that passed
+    validation (so its records are well formed), or None. Reads only each record's
+    length and the varints before its key: a null key is the one-byte varint 0x01
+    (zigzag -1), and no other key length starts with that byte."""
+    header = records.parse_batch_header(batch)
+    body = memoryview(batch)[records.BATCH_HEADER_SIZE : header.size]
+    data = (
+        body
+        if header.compression == records.Compression.NONE
+        else records.decompress(header.compression, body)
+    )
+    pos = 0
+    for i in range(header.records_count):
+        length = shift = 0
+        while True:  # the record's length (zigzag varint)
+            b = data[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        length = (length >> 1) ^ -(length & 1)
+        q = pos + 1  # past the attributes
+        for _ in range(2):  # timestamp delta, offset delta
+            while data[q] & 0x80:
+                q += 1
+            q += 1
+        if data[q] == 0x01:
             return i
+        pos += length
     return None
 
 

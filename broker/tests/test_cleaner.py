@@ -128,3 +128,28 @@ async def test_compact_delete_is_accepted_and_described(broker: Broker) -> None:
         "compact,delete",
         1,
     )
+
+
+@pytest.mark.parametrize("codec", [0, 1, 4])
+def test_keyless_record_scan_agrees_with_decoding(codec: int) -> None:
+    import random
+
+    from broker.cleaner import keyless_record
+    from broker.protocol.compression import recompress_batch
+
+    rnd = random.Random(codec)
+    for _ in range(200):
+        n = rnd.randint(1, 30)
+        keys: list[bytes | None] = [
+            rnd.choice([None, b"", b"k", rnd.randbytes(rnd.randint(60, 300))]) for _ in range(n)
+        ]
+        if rnd.random() < 0.5:
+            keys = [k if k is not None else b"x" for k in keys]
+        values = [rnd.choice([None, rnd.randbytes(rnd.randint(0, 200))]) for _ in range(n)]
+        b = build_batch(
+            values, keys=keys, timestamps=[NOW + rnd.randint(0, 10**6) for _ in range(n)]
+        )
+        if codec:
+            b = recompress_batch(b, codec)
+        truth = next((i for i, r in enumerate(records.decode_records(b)) if r.key is None), None)
+        assert keyless_record(b) == truth
