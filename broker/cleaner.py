@@ -52,10 +52,13 @@ def compaction_policy(config: Callable[[str], str]) -> CompactionPolicy | None:
 
 def keys_of(batch: bytes) -> Sequence[tuple[int, bytes, bool]] | None:
     """(offset, key, is_tombstone) of each record of a stored batch; None when the batch
-    must stay whole: a control batch, a record without a key, records that do not decode."""
+    must stay whole: a control or transactional batch, a record without a key, records
+    that do not decode."""
     try:
         header = records.parse_batch_header(batch)
-        if header.is_control:
+        if header.is_control or header.is_transactional:
+            # Kept whole, and superseding nothing: whether a transaction committed is
+            # not known here (an aborted record must not remove a committed one).
             return None
         out = []
         for r in records.iter_records(batch):

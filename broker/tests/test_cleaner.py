@@ -153,3 +153,18 @@ def test_keyless_record_scan_agrees_with_decoding(codec: int) -> None:
             b = recompress_batch(b, codec)
         truth = next((i for i, r in enumerate(records.decode_records(b)) if r.key is None), None)
         assert keyless_record(b) == truth
+
+
+def test_control_and_transactional_batches_stay_whole_and_supersede_nothing() -> None:
+    import struct
+
+    from broker.cleaner import keys_of
+    from broker.protocol.records import compute_crc
+
+    plain = build_batch([b"v"], keys=[b"k"], timestamp_ms=NOW)
+    assert keys_of(bytes(plain)) == [(0, b"k", False)]
+    for attr in (0x10, 0x20):  # transactional, control
+        b = bytearray(plain)
+        struct.pack_into(">h", b, 21, attr)
+        struct.pack_into(">I", b, 17, compute_crc(b))
+        assert keys_of(bytes(b)) is None
