@@ -1,6 +1,6 @@
 """A topic's compression.type through real clients: the broker recompresses what they send.
 
-A topic created with compression.type=zstd (or lz4) through confluent-kafka's admin client
+A topic created with compression.type=zstd (lz4, snappy, gzip) through confluent-kafka's admin client
 receives uncompressed batches from confluent-kafka and gzip batches from kafka-python;
 the broker stores every batch in the topic's codec (read back from the segment files when
 the broker runs here), and both clients consume every value byte for byte. DescribeConfigs
@@ -100,7 +100,7 @@ def _consume_kafka_python(broker: Broker, topic: str, n: int) -> list[bytes]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.matrix("topic-compression-{codec}", client="confluent+kafka-python")
-@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "snappy", "gzip"])
 def test_topic_codec_recompresses_client_batches(broker: Broker, codec: str) -> None:
     import confluent_kafka as ck
     from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
