@@ -140,7 +140,11 @@ class ConsumerSettings:
                     ),
                 }
             )
-        if settings.heartbeat_interval_ms >= settings.session_timeout_ms:
+        both = (
+            "group.consumer.session.timeout.ms" in props
+            and "group.consumer.heartbeat.interval.ms" in props
+        )
+        if both and settings.heartbeat_interval_ms >= settings.session_timeout_ms:
             raise ValueError(
                 "group.consumer.heartbeat.interval.ms must be below group.consumer.session.timeout.ms"
             )
@@ -301,6 +305,24 @@ class ConsumerGroup:
         return topic in self.topic_metadata or any(
             topic in m.subscribed_topic_names for m in self.members.values()
         )
+
+    def topic_names(self, assignment: Assignment) -> dict[str, frozenset[int]]:
+        """An assignment by topic name (topics no longer subscribed are left out)."""
+        names = {tid: name for name, (tid, _) in self.topic_metadata.items()}
+        return {names[t]: ps for t, ps in assignment.items() if t in names}
+
+    def tombstones(self) -> Records:
+        """Deletes every record of this group (DeleteGroups, expiry, a classic takeover)."""
+        out: Records = [
+            (rec.key(t, self.group_id, m), None)
+            for m in self.members
+            for t in (rec.CURRENT_MEMBER, rec.TARGET_MEMBER, rec.MEMBER_METADATA)
+        ]
+        out += [
+            (rec.key(rec.TARGET_METADATA, self.group_id), None),
+            (rec.key(rec.GROUP_METADATA, self.group_id), None),
+        ]
+        return out
 
     def next_deadline(self) -> int | None:
         deadlines = [
@@ -710,9 +732,18 @@ class ConsumerGroup:
 
     # ------------------------------------------------------------------ loading
 
-    def load(self, now: int, records: Mapping[tuple[int, str], bytes]) -> None:
+    def load(
+        self,
+        now: int,
+        records: Mapping[tuple[int, str], bytes],
+        lookup: TopicLookup | None = None,
+        names: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
         """Install the last word of each record of this group read back from the archive
-        (tombstones already applied); every member gets a fresh session."""
+        (tombstones already applied); every member gets a fresh session. The subscribed
+        topics' metadata is taken from the catalog as it is now (`lookup`), so a topic
+        that changed while the broker was down is noticed only at its next change
+        (Kafka 4.0 keeps a ConsumerGroupPartitionMetadata record for that; not written here)."""
         for (record_type, member_id), value in records.items():
             if record_type == rec.GROUP_METADATA:
                 self.group_epoch = rec.decode_epoch(value)
@@ -759,6 +790,8 @@ class ConsumerGroup:
                 m.revocation_deadline = now + m.rebalance_timeout_ms
             self._hold(m)
         self.assignor_name = self.preferred_assignor()
+        if lookup is not None:
+            self.topic_metadata = self._topic_metadata(lookup, names)
 
 
 def _compile(pattern: str) -> re.Pattern[str] | None:
