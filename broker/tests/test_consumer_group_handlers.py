@@ -258,3 +258,15 @@ async def test_a_classic_group_with_members_is_not_a_consumer_group(broker: Brok
         {"group_ids": ["classic"], "include_authorized_operations": False},
     )
     assert d.groups[0].error_code == codes.GROUP_ID_NOT_FOUND
+
+
+async def test_metadata_v12_describes_topics_by_id(broker: Broker) -> None:
+    """KIP-848 clients (librdkafka) learn the names of their assigned topics by id."""
+    c = await broker.connect()
+    await create(c, "byid", 2)
+    tid = await topic_id(c, "byid")
+    body = {"allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    m = await c.call("metadata", 12, {**body, "topics": [{"name": None, "topic_id": tid}, {"name": None, "topic_id": uuid.uuid4()}]})
+    known, unknown = m.topics
+    assert (known.error_code, known.name, len(known.partitions)) == (0, "byid", 2)
+    assert unknown.error_code == 100 and unknown.name is None  # UNKNOWN_TOPIC_ID
