@@ -14,6 +14,7 @@ classic-group tests (compat_tests/test_groups.py), told to use the consumer prot
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -27,6 +28,7 @@ import pytest
 from compat_tests import harness
 from compat_tests.clients import CLIENTS, create_topic
 from compat_tests.harness import Broker
+from compat_tests.java_tools import JAVA_DIR, JavaTools, require_java
 from compat_tests.test_groups import (
     PARTITIONS,
     WORKER_TIMEOUT_S,
@@ -39,7 +41,25 @@ from compat_tests.test_groups import (
 
 SESSION_MS = 6000
 PROPERTIES = {"group.consumer.session.timeout.ms": str(SESSION_MS), "group.consumer.heartbeat.interval.ms": "500"}
-KIP848_CLIENTS = {"confluent-848": "confluent"}
+# Our client name -> the client whose tools must be installed (None: the Java jars).
+KIP848_CLIENTS: dict[str, str | None] = {"confluent-848": "confluent", "java-848": None}
+
+
+def _require(client: str) -> None:
+    needs = KIP848_CLIENTS[client]
+    if needs is None:
+        require_java()
+    else:
+        CLIENTS[needs].require()
+
+
+def _argv(client: str, broker: Broker, topic: str, group: str, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    if client == "java-848":
+        tools = JavaTools(require_java())
+        # Source-file mode: the worker compiles in the JVM at start (no build step).
+        argv = tools.command(str(JAVA_DIR / "GroupWorker.java"), ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", group, *extra])
+        return argv, dict(os.environ)
+    return _member_argv(client, broker, topic, group, extra)
 
 
 @pytest.fixture
@@ -52,7 +72,7 @@ def kip848_broker(workdir: Path) -> Iterator[Broker]:
 def member(client: str, broker: Broker, topic: str, group: str, workdir: Path, name: str) -> Iterator[tuple[Member, Path]]:
     """One member with its own stop file (so one can leave while the others stay)."""
     stop = workdir / f"{name}.stop"
-    argv, env = _member_argv(client, broker, topic, group, ["--stop-file", str(stop), "--delay-ms", "40", "--timeout", str(WORKER_TIMEOUT_S)])
+    argv, env = _argv(client, broker, topic, group, ["--stop-file", str(stop), "--delay-ms", "40", "--timeout", str(WORKER_TIMEOUT_S)])
     out = workdir / f"{name}.jsonl"
     with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
         proc = subprocess.Popen(argv, cwd=harness.ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
@@ -85,7 +105,7 @@ def _group_type(broker: Broker, group: str) -> str:
 @pytest.mark.matrix("group-kip848")
 @pytest.mark.parametrize("client", sorted(KIP848_CLIENTS))
 def test_consumer_protocol_members_leave_and_die(kip848_broker: Broker, workdir: Path, client: str) -> None:
-    CLIENTS[KIP848_CLIENTS[client]].require()
+    _require(client)
     b = kip848_broker
     tag = uuid.uuid4().hex[:8]
     topic, group = f"k848-{client}-{tag}", f"g848-{client}-{tag}"
