@@ -42,7 +42,7 @@ from compat_tests.test_groups import (
 SESSION_MS = 6000
 PROPERTIES = {"group.consumer.session.timeout.ms": str(SESSION_MS), "group.consumer.heartbeat.interval.ms": "500"}
 # Our client name -> the client whose tools must be installed (None: the Java jars).
-KIP848_CLIENTS: dict[str, str | None] = {"confluent-848": "confluent", "java-848": None}
+KIP848_CLIENTS: dict[str, str | None] = {"confluent-848": "confluent", "java-848": None, "franz-go-848": "franz-go"}
 
 
 def _require(client: str) -> None:
@@ -59,6 +59,8 @@ def _argv(client: str, broker: Broker, topic: str, group: str, extra: list[str])
         # Source-file mode: the worker compiles in the JVM at start (no build step).
         argv = tools.command(str(JAVA_DIR / "GroupWorker.java"), ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", group, *extra])
         return argv, dict(os.environ)
+    if client == "franz-go-848":
+        return _member_argv("franz-go", broker, topic, group, [*extra, "--protocol", "consumer"])
     return _member_argv(client, broker, topic, group, extra)
 
 
