@@ -41,19 +41,19 @@ from compat_tests.test_groups import (
 
 SESSION_MS = 6000
 PROPERTIES = {"group.consumer.session.timeout.ms": str(SESSION_MS), "group.consumer.heartbeat.interval.ms": "500"}
-# Our client name -> the client whose tools must be installed (None: the Java jars).
-KIP848_CLIENTS: dict[str, str | None] = {"confluent-848": "confluent", "java-848": None, "franz-go-848": "franz-go"}
+# The matrix column (compat_tests/matrix.py) -> the worker that speaks KIP-848 for it.
+KIP848_CLIENTS = {"confluent": "confluent-848", "java-tools": "java-848", "franz-go": "franz-go-848"}
 
 
 def _require(client: str) -> None:
-    needs = KIP848_CLIENTS[client]
-    if needs is None:
+    if client == "java-tools":
         require_java()
     else:
-        CLIENTS[needs].require()
+        CLIENTS[client].require()
 
 
 def _argv(client: str, broker: Broker, topic: str, group: str, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`client` is a worker name of KIP848_CLIENTS."""
     if client == "java-848":
         tools = JavaTools(require_java())
         # Source-file mode: the worker compiles in the JVM at start (no build step).
@@ -108,12 +108,13 @@ def _group_type(broker: Broker, group: str) -> str:
 @pytest.mark.parametrize("client", sorted(KIP848_CLIENTS))
 def test_consumer_protocol_members_leave_and_die(kip848_broker: Broker, workdir: Path, client: str) -> None:
     _require(client)
+    worker = KIP848_CLIENTS[client]
     b = kip848_broker
     tag = uuid.uuid4().hex[:8]
     topic, group = f"k848-{client}-{tag}", f"g848-{client}-{tag}"
     create_topic(b, topic, PARTITIONS)
     with ExitStack() as stack:
-        pairs = [stack.enter_context(member(client, b, topic, group, workdir, f"{client}-{i}")) for i in range(3)]
+        pairs = [stack.enter_context(member(worker, b, topic, group, workdir, f"{worker}-{i}")) for i in range(3)]
         ms = [m for m, _ in pairs]
 
         def split_is(members: list[Member]) -> bool:
