@@ -40,9 +40,16 @@ from compat_tests.test_groups import (
 )
 
 SESSION_MS = 6000
-PROPERTIES = {"group.consumer.session.timeout.ms": str(SESSION_MS), "group.consumer.heartbeat.interval.ms": "500"}
+PROPERTIES = {
+    "group.consumer.session.timeout.ms": str(SESSION_MS),
+    "group.consumer.heartbeat.interval.ms": "500",
+}
 # The matrix column (compat_tests/matrix.py) -> the worker that speaks KIP-848 for it.
-KIP848_CLIENTS = {"confluent": "confluent-848", "java-tools": "java-848", "franz-go": "franz-go-848"}
+KIP848_CLIENTS = {
+    "confluent": "confluent-848",
+    "java-tools": "java-848",
+    "franz-go": "franz-go-848",
+}
 
 
 def _require(client: str) -> None:
@@ -52,12 +59,17 @@ def _require(client: str) -> None:
         CLIENTS[client].require()
 
 
-def _argv(client: str, broker: Broker, topic: str, group: str, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+def _argv(
+    client: str, broker: Broker, topic: str, group: str, extra: list[str]
+) -> tuple[list[str], dict[str, str]]:
     """`client` is a worker name of KIP848_CLIENTS."""
     if client == "java-848":
         tools = JavaTools(require_java())
         # Source-file mode: the worker compiles in the JVM at start (no build step).
-        argv = tools.command(str(JAVA_DIR / "GroupWorker.java"), ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", group, *extra])
+        argv = tools.command(
+            str(JAVA_DIR / "GroupWorker.java"),
+            ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", group, *extra],
+        )
         return argv, dict(os.environ)
     if client == "franz-go-848":
         return _member_argv("franz-go", broker, topic, group, [*extra, "--protocol", "consumer"])
@@ -71,13 +83,23 @@ def kip848_broker(workdir: Path) -> Iterator[Broker]:
 
 
 @contextmanager
-def member(client: str, broker: Broker, topic: str, group: str, workdir: Path, name: str) -> Iterator[tuple[Member, Path]]:
+def member(
+    client: str, broker: Broker, topic: str, group: str, workdir: Path, name: str
+) -> Iterator[tuple[Member, Path]]:
     """One member with its own stop file (so one can leave while the others stay)."""
     stop = workdir / f"{name}.stop"
-    argv, env = _argv(client, broker, topic, group, ["--stop-file", str(stop), "--delay-ms", "40", "--timeout", str(WORKER_TIMEOUT_S)])
+    argv, env = _argv(
+        client,
+        broker,
+        topic,
+        group,
+        ["--stop-file", str(stop), "--delay-ms", "40", "--timeout", str(WORKER_TIMEOUT_S)],
+    )
     out = workdir / f"{name}.jsonl"
     with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
-        proc = subprocess.Popen(argv, cwd=harness.ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=harness.ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+        )
     m = Member(name, proc, out)
     try:
         yield m, stop
@@ -106,7 +128,9 @@ def _group_type(broker: Broker, group: str) -> str:
 @pytest.mark.timeout(300)
 @pytest.mark.matrix("group-kip848")
 @pytest.mark.parametrize("client", sorted(KIP848_CLIENTS))
-def test_consumer_protocol_members_leave_and_die(kip848_broker: Broker, workdir: Path, client: str) -> None:
+def test_consumer_protocol_members_leave_and_die(
+    kip848_broker: Broker, workdir: Path, client: str
+) -> None:
     _require(client)
     worker = KIP848_CLIENTS[client]
     b = kip848_broker
@@ -114,7 +138,10 @@ def test_consumer_protocol_members_leave_and_die(kip848_broker: Broker, workdir:
     topic, group = f"k848-{client}-{tag}", f"g848-{client}-{tag}"
     create_topic(b, topic, PARTITIONS)
     with ExitStack() as stack:
-        pairs = [stack.enter_context(member(worker, b, topic, group, workdir, f"{worker}-{i}")) for i in range(3)]
+        pairs = [
+            stack.enter_context(member(worker, b, topic, group, workdir, f"{worker}-{i}"))
+            for i in range(3)
+        ]
         ms = [m for m, _ in pairs]
 
         def split_is(members: list[Member]) -> bool:
@@ -125,23 +152,47 @@ def test_consumer_protocol_members_leave_and_die(kip848_broker: Broker, workdir:
         assert "consumer" in _group_type(b, group)
         produced = produce(b, topic, 400, tag)
         leaver, victim, survivor = ms
-        wait_for("the members to read a few records", lambda: all(len(m.records()) >= 3 for m in ms), 60, ms)
+        wait_for(
+            "the members to read a few records",
+            lambda: all(len(m.records()) >= 3 for m in ms),
+            60,
+            ms,
+        )
         # One leaves: its partitions go to the two others at once (no session timeout).
         pairs[0][1].touch()
         leaver.proc.wait(30)
         assert leaver.proc.returncode == 0, leaver.stderr()
         left_at = time.time()
-        wait_for("the leaver's partitions to move", lambda: split_is([victim, survivor]), 30, [victim, survivor])
-        print(f"\nKIP-848 {client}: a leaving member's partitions moved in {time.time() - left_at:.2f}s")
+        wait_for(
+            "the leaver's partitions to move",
+            lambda: split_is([victim, survivor]),
+            30,
+            [victim, survivor],
+        )
+        print(
+            f"\nKIP-848 {client}: a leaving member's partitions moved in {time.time() - left_at:.2f}s"
+        )
         # One dies: the broker fences it after the session timeout.
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
         killed_at = time.time()
-        wait_for("the survivor to own every partition", lambda: split_is([survivor]), SESSION_MS / 1000 + 30, [survivor])
+        wait_for(
+            "the survivor to own every partition",
+            lambda: split_is([survivor]),
+            SESSION_MS / 1000 + 30,
+            [survivor],
+        )
         took = time.time() - killed_at
-        print(f"KIP-848 {client}: a killed member's partitions moved in {took:.2f}s (session timeout {SESSION_MS / 1000:.0f}s)")
+        print(
+            f"KIP-848 {client}: a killed member's partitions moved in {took:.2f}s (session timeout {SESSION_MS / 1000:.0f}s)"
+        )
         assert took < SESSION_MS / 1000 + 10
-        wait_for("every record to be read", lambda: produced <= {r["v"] for m in ms for r in m.records()}, 120, [survivor])
+        wait_for(
+            "every record to be read",
+            lambda: produced <= {r["v"] for m in ms for r in m.records()},
+            120,
+            [survivor],
+        )
         pairs[2][1].touch()
         survivor.proc.wait(30)
         assert survivor.proc.returncode == 0, survivor.stderr()

@@ -341,7 +341,8 @@ class ConsumerGroup:
         try:
             return self._heartbeat(now, hb, lookup, names)
         except HeartbeatError as exc:
-            return HeartbeatResult(exc.error, exc.message, hb.member_id or None, hb.member_epoch)
+            # Kafka answers an error with no member id and epoch 0, whatever was asked.
+            return HeartbeatResult(exc.error, exc.message)
 
     def _heartbeat(
         self, now: int, hb: Heartbeat, lookup: TopicLookup, names: Callable[[], Iterable[str]]

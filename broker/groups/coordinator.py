@@ -26,6 +26,12 @@ by log order, never by clocks; records itself in etcd as the coordinator of its 
 loads; group requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and
 `resign`s when another broker is.
 
+KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
+are appended in the order it produced them, and a heartbeat is answered once the records
+it caused are stored, as a commit is; records a timer produced (a member fenced) are
+appended by `_dispatch` with nobody waiting. `_install` rebuilds consumer groups from
+`Replayed.consumer_groups`.
+
 Maintenance, a second background task (`maintain`): at start and every
 `offsets.retention.check.interval.ms`, expire offsets as Kafka does (KIP-211, decided by
 the pure `Groups.expire_offsets`) and write their tombstones; and whenever the archive
@@ -433,7 +439,7 @@ class GroupCoordinator:
         if error == codes.NONE and last is not None:
             error = await self._wait_stored(last)
         if error != codes.NONE and result.error == codes.NONE:
-            return HeartbeatResult(error, "The group's records could not be stored.", hb.member_id or None, hb.member_epoch)
+            return HeartbeatResult(error, "The group's records could not be stored.")
         return result
 
     def consumer_group(self, group_id: str) -> ConsumerGroup | None:

@@ -46,8 +46,9 @@ topic was writable by Produce once) are not in `live` and are not carried forwar
 
 Synchronous except `wait_durable` and `drop_below` (they wait on the commit loop and the
 partition lock). Imports the node's types, storage-free helpers from
-broker.protocol.records (to split and decode batches), broker.groups.records and
-storage.errors.
+broker.protocol.records (to split and decode batches), broker.groups.records,
+broker.groups.consumer_records (KIP-848 groups' records, replayed into
+`Replayed.consumer_groups`) and storage.errors.
 """
 
 from __future__ import annotations

@@ -38,8 +38,12 @@ forever (a second JoinGroup replacing a parked one, a member removed while parke
 SyncGroup) we answer the abandoned request with an error instead, because here the
 connection that sent it is not muted and later replies queue behind it.
 
-Imports only the standard library and `broker.groups.codes`: no trio, no storage, no
-protocol classes.
+A group of the KIP-848 consumer protocol is a `Group` holding a `ConsumerGroup`
+(`Group.consumer`, broker.groups.consumer_group): the classic entry points refuse it while
+it has members, and the shared ones (offsets, listing, deletion, expiry, timers) defer to it.
+
+Imports only the standard library, `broker.groups.codes` and the pure
+`broker.groups.consumer_group`: no trio, no storage, no protocol classes.
 """
 
 from __future__ import annotations
@@ -693,11 +697,11 @@ class Groups:
             group = self.get_or_create(hb.group_id)
         if group.consumer is None:
             if not group.is_(State.EMPTY) or group.members or group.pending_members:
-                return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.", hb.member_id, hb.member_epoch)
+                return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.")
             if hb.member_epoch != 0:
                 if created:
                     del self.groups[hb.group_id]
-                return HeartbeatResult(codes.UNKNOWN_MEMBER_ID, f"Member {hb.member_id} is not a member of group {hb.group_id}.", hb.member_id, hb.member_epoch)
+                return HeartbeatResult(codes.UNKNOWN_MEMBER_ID, f"Member {hb.member_id} is not a member of group {hb.group_id}.")
             group.consumer = ConsumerGroup(hb.group_id, self.consumer_settings, self.records)
             group.protocol_type = CONSUMER_PROTOCOL
         result = group.consumer.heartbeat(now, hb, lookup, names)

@@ -48,7 +48,7 @@ def _answer(result: HeartbeatResult) -> dict[str, Any]:
 
 
 def _refused(error: int, message: str, req: Any) -> dict[str, Any]:
-    return _answer(HeartbeatResult(error, message, req.member_id or None, req.member_epoch))
+    return _answer(HeartbeatResult(error, message))  # Kafka: no member id, epoch 0
 
 
 def _ms(value: Any) -> int:
@@ -130,8 +130,8 @@ async def consumer_group_describe(ctx: RequestContext, req: Any) -> Reply:
             "error_message": message,
             "group_id": group_id,
             "group_state": "",
-            "group_epoch": -1,
-            "assignment_epoch": -1,
+            "group_epoch": 0,
+            "assignment_epoch": 0,
             "assignor_name": "",
             "members": [],
             "authorized_operations": INT32_MIN,
@@ -177,7 +177,8 @@ async def consumer_group_describe(ctx: RequestContext, req: Any) -> Reply:
                         "client_id": m.client_id,
                         "client_host": m.client_host,
                         "subscribed_topic_names": list(m.subscribed_topic_names),
-                        "subscribed_topic_regex": m.subscribed_topic_regex,
+                        "subscribed_topic_regex": m.subscribed_topic_regex
+                        or "",  # Kafka: "" when none
                         "assignment": partitions(m.assigned),
                         "target_assignment": partitions(group.target.get(m.member_id, {})),
                         "member_type": 1,  # KIP-1099: 1 = consumer protocol

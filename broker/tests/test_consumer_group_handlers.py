@@ -266,7 +266,14 @@ async def test_metadata_v12_describes_topics_by_id(broker: Broker) -> None:
     await create(c, "byid", 2)
     tid = await topic_id(c, "byid")
     body = {"allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
-    m = await c.call("metadata", 12, {**body, "topics": [{"name": None, "topic_id": tid}, {"name": None, "topic_id": uuid.uuid4()}]})
+    m = await c.call(
+        "metadata",
+        12,
+        {
+            **body,
+            "topics": [{"name": None, "topic_id": tid}, {"name": None, "topic_id": uuid.uuid4()}],
+        },
+    )
     known, unknown = m.topics
     assert (known.error_code, known.name, len(known.partitions)) == (0, "byid", 2)
     assert unknown.error_code == 100 and unknown.name is None  # UNKNOWN_TOPIC_ID
