@@ -150,6 +150,16 @@ def test_consumer_protocol_members_leave_and_die(
 
         wait_for("three members sharing the topic", lambda: split_is(ms), 90, ms)
         assert "consumer" in _group_type(b, group)
+        if client == "java-tools":
+            # kafka-consumer-groups describes a consumer group through ConsumerGroupDescribe.
+            out = (
+                JavaTools(require_java())
+                .consumer_groups(b.bootstrap, "--describe", "--group", group)
+                .stdout.decode()
+            )
+            rows = [line.split() for line in out.splitlines() if line.startswith(group + " ")]
+            assert sorted(int(r[2]) for r in rows) == list(range(PARTITIONS)), out
+            assert all(r[6] != "-" for r in rows), f"a partition without its member:\n{out}"
         produced = produce(b, topic, 400, tag)
         leaver, victim, survivor = ms
         wait_for(
