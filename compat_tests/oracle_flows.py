@@ -577,6 +577,9 @@ def _consumer_groups(s: Session, c: RawClient) -> None:
     for v in (0, 1):
         _record(s, c, f"cg-describe-v{v}", "consumer_group_describe", v,
                 {"group_ids": [g1, "hk-oracle-never"], "include_authorized_operations": False})  # fmt: skip
+    _record(s, c, "cg-describe-groups-v5", "describe_groups", 5, {"groups": [g1], "include_authorized_operations": False})
+    _record(s, c, "cg-list-groups-v5", "list_groups", 5, {"states_filter": [], "types_filter": ["consumer"]})
+    _record(s, c, "cg-classic-join-v9", "join_group", 9, _join_body(g1, ""))
     _record(s, c, "cg-offset-commit-v9", "offset_commit", 9, _commit_body(g1, epoch, member, [(TOPIC_S, 0, 5)]))
     _record(s, c, "cg-offset-commit-v9-stale-epoch", "offset_commit", 9, _commit_body(g1, epoch - 1, member, [(TOPIC_S, 0, 6)]))
     _record(s, c, "cg-heartbeat-v1-leave", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, member, -1))

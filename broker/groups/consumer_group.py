@@ -41,7 +41,6 @@ from __future__ import annotations
 import enum
 import logging
 import re
-import struct
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -305,11 +304,6 @@ class ConsumerGroup:
         return topic in self.topic_metadata or any(
             topic in m.subscribed_topic_names for m in self.members.values()
         )
-
-    def topic_names(self, assignment: Assignment) -> dict[str, frozenset[int]]:
-        """An assignment by topic name (topics no longer subscribed are left out)."""
-        names = {tid: name for name, (tid, _) in self.topic_metadata.items()}
-        return {names[t]: ps for t, ps in assignment.items() if t in names}
 
     def tombstones(self) -> Records:
         """Deletes every record of this group (DeleteGroups, expiry, a classic takeover)."""
@@ -800,30 +794,3 @@ def _compile(pattern: str) -> re.Pattern[str] | None:
         return re.compile(pattern)
     except re.error:
         return None
-
-
-# ---------------------------------------------------------------- classic views
-
-
-def subscription_bytes(topics: Iterable[str]) -> bytes:
-    """A ConsumerProtocolSubscription v0 (what DescribeGroups shows for a member)."""
-    out = bytearray(struct.pack(">hi", 0, len(list(topics))))
-    for t in topics:
-        raw = t.encode()
-        out += struct.pack(">h", len(raw)) + raw
-    return bytes(out + struct.pack(">i", -1))
-
-
-def assignment_bytes(assignment: Mapping[str, Iterable[int]]) -> bytes:
-    """A ConsumerProtocolAssignment v0."""
-    out = bytearray(struct.pack(">hi", 0, len(assignment)))
-    for topic, parts in sorted(assignment.items()):
-        raw = topic.encode()
-        ps = sorted(parts)
-        out += (
-            struct.pack(">h", len(raw))
-            + raw
-            + struct.pack(">i", len(ps))
-            + b"".join(struct.pack(">i", p) for p in ps)
-        )
-    return bytes(out + struct.pack(">i", -1))

@@ -60,14 +60,11 @@ from typing import ClassVar
 from broker.groups import codes
 from broker.groups.consumer_group import (
     ConsumerGroup,
-    ConsumerGroupState,
     ConsumerSettings,
     Heartbeat,
     HeartbeatResult,
     Records,
     TopicLookup,
-    assignment_bytes,
-    subscription_bytes,
 )
 
 log = logging.getLogger("hyperkafka.groups")
@@ -402,7 +399,9 @@ class Group:
 
     def summary(self) -> GroupSummary:
         if self.consumer is not None:
-            return _consumer_summary(self.consumer)
+            # Kafka 4.3's DescribeGroups describes only classic groups: a consumer group
+            # answers as a Dead one, no error (ConsumerGroupDescribe describes it).
+            return GroupSummary(self.group_id, State.DEAD.value, "", "", ())
         if self.is_(State.STABLE):
             protocol = self.protocol_name or ""
             members = tuple(
@@ -1176,29 +1175,6 @@ class Groups:
             group.static_members.clear()
             group.leader_id = None
         return group
-
-
-# How DescribeGroups names a consumer group's state (ConsumerGroup.toClassicGroupState).
-_CLASSIC_STATE = {
-    ConsumerGroupState.EMPTY: State.EMPTY,
-    ConsumerGroupState.ASSIGNING: State.PREPARING_REBALANCE,
-    ConsumerGroupState.RECONCILING: State.COMPLETING_REBALANCE,
-    ConsumerGroupState.STABLE: State.STABLE,
-    ConsumerGroupState.DEAD: State.DEAD,
-}
-
-
-def _consumer_summary(group: ConsumerGroup) -> GroupSummary:
-    """A consumer group as DescribeGroups shows it: each member's subscription and
-    assignment in the classic consumer protocol's encoding."""
-    members = tuple(
-        MemberSummary(
-            m.member_id, m.instance_id, m.client_id, m.client_host,
-            subscription_bytes(m.subscribed_topic_names), assignment_bytes(group.topic_names(m.assigned)),
-        )
-        for m in group.members.values()
-    )
-    return GroupSummary(group.group_id, _CLASSIC_STATE[group.state].value, CONSUMER_PROTOCOL, group.assignor_name, members)
 
 
 def parse_subscription_topics(metadata: bytes) -> list[str]:
