@@ -208,3 +208,48 @@ def test_consumer_protocol_members_leave_and_die(
         assert survivor.proc.returncode == 0, survivor.stderr()
     # Each partition held 100 records; the commits made record by record reached the end.
     assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 100)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.matrix("group-kip848")
+@pytest.mark.parametrize("client", ["confluent"])
+def test_consumer_protocol_member_keeps_its_place_across_a_broker_restart(
+    kip848_broker: Broker, workdir: Path, client: str
+) -> None:
+    """The group's records in __consumer_offsets bring the member back with its epoch and
+    partitions: after the restart its heartbeats are accepted as they are (no new
+    assignment, which a lost group would force through UNKNOWN_MEMBER_ID and a rejoin),
+    and it reads on from where it was, nothing twice."""
+    _require(client)
+    b = kip848_broker
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"k848r-{tag}", f"g848r-{tag}"
+    create_topic(b, topic, PARTITIONS)
+    with member(KIP848_CLIENTS[client], b, topic, group, workdir, "restart-0") as (m, stop):
+        wait_for(
+            "the member to own the topic", lambda: owned(m) == list(range(PARTITIONS)), 90, [m]
+        )
+        first = produce(b, topic, 40, tag + "a")
+        wait_for(
+            "the first records to be read", lambda: first <= {r["v"] for r in m.records()}, 60, [m]
+        )
+        assignments = len(m.assignments())
+        b.stop()
+        b.start()
+        second = produce(b, topic, 40, tag + "b")
+        wait_for(
+            "the records produced after the restart",
+            lambda: second <= {r["v"] for r in m.records()},
+            90,
+            [m],
+        )
+        time.sleep(2)  # a few more heartbeats on the restarted broker
+        assert len(m.assignments()) == assignments, (
+            f"the member was assigned again: {m.assignments()}\n{m.stderr()}"
+        )
+        values = [r["v"] for r in m.records()]
+        assert len(values) == len(set(values)) == 80, "a record was read twice or missed"
+        stop.touch()
+        m.proc.wait(30)
+        assert m.proc.returncode == 0, m.stderr()
+    assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 20)
