@@ -45,7 +45,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from broker.groups import assignors, codes
 from broker.groups import consumer_records as rec
@@ -57,6 +57,8 @@ FENCED_MEMBER_EPOCH = 110
 UNRELEASED_INSTANCE_ID = 111
 UNSUPPORTED_ASSIGNOR = 112
 STALE_MEMBER_EPOCH = 113
+INVALID_REGULAR_EXPRESSION = 128
+MAX_REGEX_CHARS = 1000
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
 
@@ -341,6 +343,13 @@ class ConsumerGroup:
     def _heartbeat(
         self, now: int, hb: Heartbeat, lookup: TopicLookup, names: Callable[[], Iterable[str]]
     ) -> HeartbeatResult:
+        if hb.subscribed_topic_regex:
+            why = regex_refusal(hb.subscribed_topic_regex)
+            if why is not None:
+                raise HeartbeatError(
+                    INVALID_REGULAR_EXPRESSION,
+                    f"SubscribedTopicRegex `{hb.subscribed_topic_regex}` is not a valid regular expression: {why}.",
+                )
         if hb.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
             return self._leave(now, hb)
         member, is_new = self._member_for(now, hb)
@@ -790,7 +799,48 @@ class ConsumerGroup:
 
 
 def _compile(pattern: str) -> re.Pattern[str] | None:
-    try:
-        return re.compile(pattern)
-    except re.error:
+    if regex_refusal(pattern) is not None:
         return None
+    return re.compile(pattern)
+
+
+_REPEATS = frozenset({"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"})
+_NOT_RE2 = frozenset({"GROUPREF", "GROUPREF_EXISTS", "ASSERT", "ASSERT_NOT"})
+
+
+def regex_refusal(pattern: str) -> str | None:
+    """Why a subscription pattern is refused (INVALID_REGULAR_EXPRESSION), or None.
+
+    Kafka matches with RE2/J, in linear time; Python's `re` backtracks, so a hostile
+    pattern such as ``(a+)+$`` could stall the coordinator on a long topic name. What RE2
+    does not have is refused as RE2/J refuses it (backreferences, lookaround), and so is
+    what makes backtracking exponential: a repetition of something that itself repeats or
+    branches (``(a+)+``, ``(a|aa)*``)."""
+    if len(pattern) > MAX_REGEX_CHARS:
+        return f"longer than {MAX_REGEX_CHARS} characters"
+    try:
+        tree = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    except re.error as exc:
+        return str(exc)
+
+    def walk(items: Any, inside_repeat: bool) -> str | None:
+        for op, arg in items:
+            name = str(op)
+            if name in _NOT_RE2:
+                return "backreferences and lookaround are not supported"
+            if name in _REPEATS:
+                if inside_repeat:
+                    return "a repetition inside a repetition"
+                if (why := walk(arg[2], True)) is not None:
+                    return why
+            elif name == "BRANCH":
+                if inside_repeat:
+                    return "an alternation inside a repetition"
+                for branch in arg[1]:
+                    if (why := walk(branch, inside_repeat)) is not None:
+                        return why
+            elif name == "SUBPATTERN" and (why := walk(arg[3], inside_repeat)) is not None:
+                return why
+        return None
+
+    return walk(tree, False)

@@ -11,6 +11,7 @@ from broker.groups import consumer_records as rec
 from broker.groups.assignors import AssignorMember
 from broker.groups.consumer_group import (
     FENCED_MEMBER_EPOCH,
+    INVALID_REGULAR_EXPRESSION,
     STALE_MEMBER_EPOCH,
     UNRELEASED_INSTANCE_ID,
     UNSUPPORTED_ASSIGNOR,
@@ -20,6 +21,7 @@ from broker.groups.consumer_group import (
     Heartbeat,
     HeartbeatResult,
     MemberState,
+    regex_refusal,
 )
 from broker.groups.records import RecordFormatError
 
@@ -330,3 +332,24 @@ def test_record_formats_round_trip_and_refuse_garbage() -> None:
     for cut in range(len(data)):
         with pytest.raises(RecordFormatError):
             rec.decode_current_member(data[:cut])
+
+
+@pytest.mark.parametrize(
+    ("pattern", "refused"),
+    [
+        ("orders-.*", False),
+        ("(orders|payments)-[0-9]+", False),
+        ("[", True),  # does not compile (Kafka's own test)
+        ("(a+)+$", True),  # exponential backtracking in Python's re
+        ("(a|aa)*b", True),
+        ("(x)\\1", True),  # RE2 has no backreferences
+        ("(?=x)x", True),  # nor lookaround
+        ("x" * 1001, True),
+    ],
+)
+def test_subscription_regex_is_checked_before_it_is_used(pattern: str, refused: bool) -> None:
+    assert (regex_refusal(pattern) is not None) is refused
+    w = World({"t": 1})
+    r = w.hb(0, "a", regex=pattern)
+    assert r.error == (INVALID_REGULAR_EXPRESSION if refused else codes.NONE)
+    assert ("a" in w.group.members) is not refused
