@@ -567,25 +567,99 @@ def _consumer_groups(s: Session, c: RawClient) -> None:
     owned = [{"topic_id": uuid.UUID(str(t["topic_id"])), "partitions": list(t["partitions"])}
              for t in (joined.get("assignment") or {}).get("topic_partitions", [])]  # fmt: skip
     epoch = joined["member_epoch"]
-    _record(s, c, "cg-heartbeat-v1-ack", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, member, epoch, topic_partitions=owned))
-    _record(s, c, "cg-heartbeat-v1-fenced", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, member, epoch + 5))
-    _record(s, c, "cg-heartbeat-v1-unknown-member", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, "hk-oracle-nobody", 3))
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-ack",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g1, member, epoch, topic_partitions=owned),
+    )
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-fenced",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g1, member, epoch + 5),
+    )
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-unknown-member",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g1, "hk-oracle-nobody", 3),
+    )
     _record(s, c, "cg-heartbeat-v1-join-without-subscription", "consumer_group_heartbeat", 1,
             _cg_heartbeat(g1, "hk-oracle-member-2", 0, subscribed_topic_names=None))  # fmt: skip
-    _record(s, c, "cg-heartbeat-v1-empty-member-id", "consumer_group_heartbeat", 1, _cg_heartbeat(g0, "", 0))
-    v0 = _record(s, c, "cg-heartbeat-v0-join", "consumer_group_heartbeat", 0, _cg_heartbeat(g0, "", 0))
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-empty-member-id",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g0, "", 0),
+    )
+    v0 = _record(
+        s, c, "cg-heartbeat-v0-join", "consumer_group_heartbeat", 0, _cg_heartbeat(g0, "", 0)
+    )
     for v in (0, 1):
         _record(s, c, f"cg-describe-v{v}", "consumer_group_describe", v,
                 {"group_ids": [g1, "hk-oracle-never"], "include_authorized_operations": False})  # fmt: skip
-    _record(s, c, "cg-describe-groups-v5", "describe_groups", 5, {"groups": [g1], "include_authorized_operations": False})
-    _record(s, c, "cg-list-groups-v5", "list_groups", 5, {"states_filter": [], "types_filter": ["consumer"]})
+    _record(
+        s,
+        c,
+        "cg-describe-groups-v5",
+        "describe_groups",
+        5,
+        {"groups": [g1], "include_authorized_operations": False},
+    )
+    _record(
+        s,
+        c,
+        "cg-list-groups-v5",
+        "list_groups",
+        5,
+        {"states_filter": [], "types_filter": ["consumer"]},
+    )
     _record(s, c, "cg-classic-join-v9", "join_group", 9, _join_body(g1, ""))
-    _record(s, c, "cg-offset-commit-v9", "offset_commit", 9, _commit_body(g1, epoch, member, [(TOPIC_S, 0, 5)]))
-    _record(s, c, "cg-offset-commit-v9-stale-epoch", "offset_commit", 9, _commit_body(g1, epoch - 1, member, [(TOPIC_S, 0, 6)]))
-    _record(s, c, "cg-heartbeat-v1-leave", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, member, -1))
+    _record(
+        s,
+        c,
+        "cg-offset-commit-v9",
+        "offset_commit",
+        9,
+        _commit_body(g1, epoch, member, [(TOPIC_S, 0, 5)]),
+    )
+    _record(
+        s,
+        c,
+        "cg-offset-commit-v9-stale-epoch",
+        "offset_commit",
+        9,
+        _commit_body(g1, epoch - 1, member, [(TOPIC_S, 0, 6)]),
+    )
+    _record(
+        s, c, "cg-heartbeat-v1-leave", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, member, -1)
+    )
     if v0.get("member_id"):
-        _record(s, c, "cg-heartbeat-v0-leave", "consumer_group_heartbeat", 0, _cg_heartbeat(g0, v0["member_id"], -1))
-    _record(s, c, "cg-describe-v1-empty", "consumer_group_describe", 1, {"group_ids": [g1], "include_authorized_operations": False})
+        _record(
+            s,
+            c,
+            "cg-heartbeat-v0-leave",
+            "consumer_group_heartbeat",
+            0,
+            _cg_heartbeat(g0, v0["member_id"], -1),
+        )
+    _record(
+        s,
+        c,
+        "cg-describe-v1-empty",
+        "consumer_group_describe",
+        1,
+        {"group_ids": [g1], "include_authorized_operations": False},
+    )
     _offset_fetch(s, c, "cg-offset-fetch-v9-after-leave", 9, g1, [(TOPIC_S, [0])])
     _record(s, c, "cg-delete-groups", "delete_groups", 2, {"groups_names": [g1, g0]})
 
