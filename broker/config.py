@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.groups.consumer_group import ConsumerSettings
 from broker.groups.state import GroupSettings
 from storage import FsyncPolicy, LogConfig
 
@@ -504,6 +505,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 config.topic_defaults.setdefault("log.retention.ms", str(int(value) * factor))
             elif key in GroupSettings.NAMES:
                 GroupSettings.from_properties({key: value})  # checked here, read by broker.groups
+            elif key in ConsumerSettings.NAMES:
+                ConsumerSettings.from_properties({key: value})  # KIP-848 groups (broker.groups.consumer_group)
             elif key in broker_synonyms:
                 d = next(d for d in TOPIC_CONFIGS.values() if d.broker_synonym == key)
                 config.topic_defaults[key] = _check_value(d, value)

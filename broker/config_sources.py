@@ -124,7 +124,7 @@ KAFKA_ONLY: Mapping[str, str] = {
     "leader.imbalance.check.interval.seconds": _LEADERS,
     "leader.imbalance.per.broker.percentage": _LEADERS,
     "controlled.shutdown.enable": _LEADERS,
-    "group.coordinator.rebalance.protocols": "groups use the classic protocol; the KIP-848 consumer protocol is not offered yet",
+    "group.coordinator.rebalance.protocols": "both group protocols are always served, classic and consumer (KIP-848), as Kafka 4's default classic,consumer",
 }
 
 

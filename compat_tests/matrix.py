@@ -83,6 +83,8 @@ NOTES: dict[str, str] = {
     "enable_idempotence, kafkajs idempotent, sarama Producer.Idempotent are false): row "
     "idempotent-on",
     "e": "idempotent by default: row idempotent-default",
+    "f": "no KIP-848 consumer protocol (group.protocol=consumer) in this client: it "
+    "speaks only the classic group protocol (rows group-*)",
 }
 
 # (scenario pattern, client) -> note key: grid cells that are not run, and why.
@@ -99,6 +101,8 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
         for c in ("kcat-old", "kcat-new", "confluent", "aiokafka", "kafkajs", "sarama")
     },
     **{("idempotent-on", c): "e" for c in ("kafka-python", "franz-go", "java-tools")},
+    **{("group-kip848", c): "c" for c in ("kcat-old", "kcat-new")},
+    **{("group-kip848", c): "f" for c in ("kafka-python", "aiokafka", "kafkajs", "sarama")},
 }
 
 

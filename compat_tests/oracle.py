@@ -57,6 +57,7 @@ API_NAMES = {
     29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls", 33: "AlterConfigs",
     35: "DescribeLogDirs", 37: "CreatePartitions", 44: "IncrementalAlterConfigs",
     46: "ListPartitionReassignments", 61: "DescribeProducers",
+    68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
 }  # fmt: skip
 
 # Config values that legitimately differ between the two brokers: they describe the

@@ -10,6 +10,10 @@ Owns:
   member joining a stable group, sync with a follower the leader gave nothing, heartbeats,
   commits and fetches of offsets, describe, list, leave, delete), and the offsets API on a
   group that has no members;
+- the KIP-848 consumer group flow: ConsumerGroupHeartbeat v0 (coordinator-chosen member
+  id) and v1 (client-chosen) joins, an acknowledging heartbeat, a fenced epoch, a join
+  without a subscription, ConsumerGroupDescribe v0/v1, OffsetCommit v9 with the member
+  epoch and a stale one, leaving, describing the empty group, deleting it;
 - SASL on the oracle's SASL_PLAINTEXT listener: handshakes (both versions), PLAIN and
   SCRAM-SHA-256 logins (SCRAM computed here, RFC 5802), refused credentials, an unknown
   mechanism, requests before authenticating, and SASL requests on a plain listener;
@@ -144,6 +148,7 @@ def run_all(host: str, port: int, sasl_port: int) -> list[Exchange]:
         _sweep(s, c)
         _compressed(s, c)
         _groups(s, c)
+        _consumer_groups(s, c)
         _cleanup(s, c)
         oracle_admin.run(s, c)
     _sasl(s, sasl_port)
@@ -533,6 +538,130 @@ def _group_round(s: Session, c: RawClient, label: str, vs: dict[str, int]) -> No
         {"groups_names": [group, "hk-oracle-never"]},
     )
     _offset_fetch(s, c, f"{p}-offset-fetch-v{fv}-after-delete", fv, group, [(TOPIC_S, [0])])
+
+
+def _cg_heartbeat(group: str, member: str, epoch: int, **kw: Any) -> dict[str, Any]:
+    join = epoch == 0
+    body: dict[str, Any] = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "instance_id": None,
+        "rack_id": None,
+        "rebalance_timeout": 30_000 if join else -1,
+        "subscribed_topic_names": [TOPIC_S] if join else None,
+        "subscribed_topic_regex": None,
+        "server_assignor": None,
+        "topic_partitions": [] if join else None,
+    }
+    body.update(kw)
+    return body
+
+
+def _consumer_groups(s: Session, c: RawClient) -> None:
+    """KIP-848 on both brokers: TOPIC_S has one partition, so every answer is determined."""
+    g1, g0 = "hk-oracle-cg1", "hk-oracle-cg0"
+    member = "hk-oracle-member-1"  # v1: the client names itself (KIP-1082)
+    joined = _record(s, c, "cg-heartbeat-v1-join", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, member, 0),
+                     retry_top_level=True)  # fmt: skip
+    owned = [{"topic_id": uuid.UUID(str(t["topic_id"])), "partitions": list(t["partitions"])}
+             for t in (joined.get("assignment") or {}).get("topic_partitions", [])]  # fmt: skip
+    epoch = joined["member_epoch"]
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-ack",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g1, member, epoch, topic_partitions=owned),
+    )
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-fenced",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g1, member, epoch + 5),
+    )
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-unknown-member",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g1, "hk-oracle-nobody", 3),
+    )
+    _record(s, c, "cg-heartbeat-v1-join-without-subscription", "consumer_group_heartbeat", 1,
+            _cg_heartbeat(g1, "hk-oracle-member-2", 0, subscribed_topic_names=None))  # fmt: skip
+    _record(
+        s,
+        c,
+        "cg-heartbeat-v1-empty-member-id",
+        "consumer_group_heartbeat",
+        1,
+        _cg_heartbeat(g0, "", 0),
+    )
+    v0 = _record(
+        s, c, "cg-heartbeat-v0-join", "consumer_group_heartbeat", 0, _cg_heartbeat(g0, "", 0)
+    )
+    for v in (0, 1):
+        _record(s, c, f"cg-describe-v{v}", "consumer_group_describe", v,
+                {"group_ids": [g1, "hk-oracle-never"], "include_authorized_operations": False})  # fmt: skip
+    _record(
+        s,
+        c,
+        "cg-describe-groups-v5",
+        "describe_groups",
+        5,
+        {"groups": [g1], "include_authorized_operations": False},
+    )
+    _record(
+        s,
+        c,
+        "cg-list-groups-v5",
+        "list_groups",
+        5,
+        {"states_filter": [], "types_filter": ["consumer"]},
+    )
+    _record(s, c, "cg-classic-join-v9", "join_group", 9, _join_body(g1, ""))
+    _record(
+        s,
+        c,
+        "cg-offset-commit-v9",
+        "offset_commit",
+        9,
+        _commit_body(g1, epoch, member, [(TOPIC_S, 0, 5)]),
+    )
+    _record(
+        s,
+        c,
+        "cg-offset-commit-v9-stale-epoch",
+        "offset_commit",
+        9,
+        _commit_body(g1, epoch - 1, member, [(TOPIC_S, 0, 6)]),
+    )
+    _record(
+        s, c, "cg-heartbeat-v1-leave", "consumer_group_heartbeat", 1, _cg_heartbeat(g1, member, -1)
+    )
+    if v0.get("member_id"):
+        _record(
+            s,
+            c,
+            "cg-heartbeat-v0-leave",
+            "consumer_group_heartbeat",
+            0,
+            _cg_heartbeat(g0, v0["member_id"], -1),
+        )
+    _record(
+        s,
+        c,
+        "cg-describe-v1-empty",
+        "consumer_group_describe",
+        1,
+        {"group_ids": [g1], "include_authorized_operations": False},
+    )
+    _offset_fetch(s, c, "cg-offset-fetch-v9-after-leave", 9, g1, [(TOPIC_S, [0])])
+    _record(s, c, "cg-delete-groups", "delete_groups", 2, {"groups_names": [g1, g0]})
 
 
 def _cleanup(s: Session, c: RawClient) -> None:

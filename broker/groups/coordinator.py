@@ -26,6 +26,12 @@ by log order, never by clocks; records itself in etcd as the coordinator of its 
 loads; group requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and
 `resign`s when another broker is.
 
+KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
+are appended in the order it produced them, and a heartbeat is answered once the records
+it caused are stored, as a commit is; records a timer produced (a member fenced) are
+appended by `_dispatch` with nobody waiting. `_install` rebuilds consumer groups from
+`Replayed.consumer_groups`.
+
 Maintenance, a second background task (`maintain`): at start and every
 `offsets.retention.check.interval.ms`, expire offsets as Kafka does (KIP-211, decided by
 the pure `Groups.expire_offsets`) and write their tombstones; and whenever the archive
@@ -41,6 +47,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +56,8 @@ import trio
 
 from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import EtcdError
-from broker.groups import codes
+from broker.groups import codes, consumer_records
+from broker.groups.consumer_group import ConsumerGroup, ConsumerSettings, Heartbeat, HeartbeatResult
 from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, adopt, last_words
 from broker.groups.records import (
     GroupValue,
@@ -61,6 +69,7 @@ from broker.groups.records import (
     offset_value,
 )
 from broker.groups.state import (
+    CONSUMER_PROTOCOL,
     CommittedOffset,
     Expired,
     Group,
@@ -122,7 +131,7 @@ class GroupCoordinator:
     def __init__(self, node: Node, settings: GroupSettings | None = None) -> None:
         self.node = node
         self.settings = settings or GroupSettings.from_properties(node.config.static)
-        self.groups = Groups(self.settings)
+        self.groups = Groups(self.settings, consumer_settings=ConsumerSettings.from_properties(node.config.static))
         self.wall: Callable[[], int] = wall_ms
         self.archive = OffsetsArchive(node)
         if node.cluster is not None:
@@ -341,6 +350,13 @@ class GroupCoordinator:
             group = self.groups.load_group(now, group_id, value.protocol_type, value.generation_id, protocol, value.leader, members)
             if group.is_(State.EMPTY) and value.current_state_timestamp >= 0:
                 group.current_state_timestamp = value.current_state_timestamp
+        for group_id, records in replayed.consumer_groups.items():
+            group = self.groups.get_or_create(group_id)
+            if group.members:
+                continue  # the classic record is the newer word here
+            consumer = ConsumerGroup(group_id, self.groups.consumer_settings, self.groups.records)
+            consumer.load(now, records, self._topic, self._topic_names)
+            group.consumer, group.protocol_type = consumer, CONSUMER_PROTOCOL
         for (group_id, topic, partition), (v, record_offset) in replayed.offsets.items():
             group = self.groups.get_or_create(group_id)
             group.offsets[(topic, partition)] = CommittedOffset(
@@ -355,6 +371,12 @@ class GroupCoordinator:
         effects, self.groups.effects = self.groups.effects, []
         for effect in effects:
             self._store_group(effect)
+        if self.groups.records:
+            # Consumer-group records a timer produced (a member fenced): nothing waits.
+            try:
+                self._flush_records()
+            except Exception as exc:
+                log.error("cannot store consumer group records: %s", exc)
         if wake:  # a handler changed the groups: their deadlines may have moved
             self._wakeup.set()
 
@@ -383,6 +405,46 @@ class GroupCoordinator:
         if self._nursery is None:
             raise RuntimeError("the group coordinator is not running (start GroupCoordinator.run)")
         self._nursery.start_soon(stored)
+
+    def _flush_records(self) -> int | None:
+        """Append the consumer-group records the machine produced; the last offset."""
+        records, self.groups.records[:] = list(self.groups.records), []
+        if not records:
+            return None
+        _, last = self._append_replicated(records, self.wall())
+        return last
+
+    # ------------------------------------------------------------------ KIP-848
+
+    def _topic(self, name: str) -> tuple[uuid.UUID, int] | None:
+        topic = self.node.topics.get(name)
+        return None if topic is None else (topic.topic_id, len(topic.partitions))
+
+    def _topic_names(self) -> list[str]:
+        # Internal topics never match a subscription pattern (Kafka's either).
+        return [name for name in self.node.topics if not name.startswith("__")]
+
+    async def consumer_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat: run the machine, then answer once its records are
+        stored (a signed head covers them; in a cluster, the in-sync peers hold them)."""
+        result = self.groups.consumer_heartbeat(self.now(), hb, self._topic, self._topic_names)
+        try:
+            last = self._flush_records()
+        except Exception as exc:
+            log.error("cannot store consumer group %s: %s", hb.group_id, exc)
+            last, error = None, codes.COORDINATOR_NOT_AVAILABLE
+        else:
+            error = codes.NONE
+        self._dispatch()
+        if error == codes.NONE and last is not None:
+            error = await self._wait_stored(last)
+        if error != codes.NONE and result.error == codes.NONE:
+            return HeartbeatResult(error, "The group's records could not be stored.")
+        return result
+
+    def consumer_group(self, group_id: str) -> ConsumerGroup | None:
+        group = self.groups.get(group_id)
+        return None if group is None else group.consumer
 
     # ------------------------------------------------------------------ membership
 
@@ -509,6 +571,8 @@ class GroupCoordinator:
             if error == codes.NONE and group is not None:
                 tombstones.extend((offset_key(gid, t, p), None) for t, p in group.offsets)
                 tombstones.append((group_key(gid), None))
+                if group.consumer is not None:
+                    tombstones.extend(group.consumer.tombstones())
         self._dispatch()
         if tombstones:
             await self._write_tombstones(tombstones)
@@ -574,6 +638,12 @@ class GroupCoordinator:
             (key, None) for g, t, p in expired.offsets if self.archive.holds(key := offset_key(g, t, p))
         ]
         tombstones += [(key, None) for g in expired.groups if self.archive.holds(key := group_key(g))]
+        tombstones += [
+            (key, None)
+            for g in expired.groups
+            for t in (consumer_records.TARGET_METADATA, consumer_records.GROUP_METADATA)
+            if self.archive.holds(key := consumer_records.key(t, g))
+        ]
         if tombstones:
             await self._write_tombstones(tombstones)
         return expired

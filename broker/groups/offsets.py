@@ -46,8 +46,9 @@ topic was writable by Produce once) are not in `live` and are not carried forwar
 
 Synchronous except `wait_durable` and `drop_below` (they wait on the commit loop and the
 partition lock). Imports the node's types, storage-free helpers from
-broker.protocol.records (to split and decode batches), broker.groups.records and
-storage.errors.
+broker.protocol.records (to split and decode batches), broker.groups.records,
+broker.groups.consumer_records (KIP-848 groups' records, replayed into
+`Replayed.consumer_groups`) and storage.errors.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
+from broker.groups import consumer_records
+from broker.groups.consumer_records import ConsumerGroupKey
 from broker.groups.records import (
     GroupKey,
     GroupValue,
@@ -97,6 +100,13 @@ class Word(NamedTuple):
     timestamp: int
     key: bytes
     value: bytes | None
+
+
+def decode_any_key(raw_key: bytes) -> OffsetKey | GroupKey | ConsumerGroupKey:
+    """A key of the archive: classic (offsets, group metadata) or KIP-848 consumer group."""
+    if len(raw_key) >= 2 and int.from_bytes(raw_key[:2], "big") in consumer_records.TYPES:
+        return consumer_records.decode_key(raw_key)
+    return decode_key(raw_key)
 
 
 def normal_key(raw_key: bytes) -> bytes:
@@ -143,7 +153,7 @@ def last_words(plog: PartitionLog, start: int | None = None, name: str = OFFSETS
     words: dict[bytes, Word] = {}
     for _, timestamp, key, value in read_records(plog, start, name):
         try:
-            decode_key(key)
+            decode_any_key(key)
         except RecordFormatError:
             continue
         words[normal_key(key)] = Word(timestamp, key, value)
@@ -178,11 +188,21 @@ class Replayed:
 
     offsets: dict[tuple[str, str, int], tuple[OffsetValue, int]] = field(default_factory=dict)
     groups: dict[str, GroupValue] = field(default_factory=dict)
+    # KIP-848 consumer groups: group id -> (record type, member id) -> value
+    consumer_groups: dict[str, dict[tuple[int, str], bytes]] = field(default_factory=dict)
     records: int = 0
     skipped: int = 0
 
-    def apply(self, record_offset: int, key: OffsetKey | GroupKey, value: bytes | None) -> None:
-        if isinstance(key, OffsetKey):
+    def apply(self, record_offset: int, key: OffsetKey | GroupKey | ConsumerGroupKey, value: bytes | None) -> None:
+        if isinstance(key, ConsumerGroupKey):
+            records = self.consumer_groups.setdefault(key.group_id, {})
+            if value is None:
+                records.pop((key.record_type, key.member_id), None)
+                if not records:
+                    del self.consumer_groups[key.group_id]
+            else:
+                records[(key.record_type, key.member_id)] = value
+        elif isinstance(key, OffsetKey):
             k = (key.group_id, key.topic, key.partition)
             if value is None:
                 self.offsets.pop(k, None)
@@ -221,7 +241,7 @@ class OffsetsArchive:
         self.tombstones.clear()
         for record_offset, timestamp, key, value in read_records(self.partition.log):
             try:
-                decoded = decode_key(key)
+                decoded = decode_any_key(key)
                 state.apply(record_offset, decoded, value)
                 self._track(key, value, timestamp)
                 state.records += 1

@@ -38,8 +38,12 @@ forever (a second JoinGroup replacing a parked one, a member removed while parke
 SyncGroup) we answer the abandoned request with an error instead, because here the
 connection that sent it is not muted and later replies queue behind it.
 
-Imports only the standard library and `broker.groups.codes`: no trio, no storage, no
-protocol classes.
+A group of the KIP-848 consumer protocol is a `Group` holding a `ConsumerGroup`
+(`Group.consumer`, broker.groups.consumer_group): the classic entry points refuse it while
+it has members, and the shared ones (offsets, listing, deletion, expiry, timers) defer to it.
+
+Imports only the standard library, `broker.groups.codes` and the pure
+`broker.groups.consumer_group`: no trio, no storage, no protocol classes.
 """
 
 from __future__ import annotations
@@ -54,6 +58,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from broker.groups import codes
+from broker.groups.consumer_group import (
+    ConsumerGroup,
+    ConsumerSettings,
+    Heartbeat,
+    HeartbeatResult,
+    Records,
+    TopicLookup,
+)
 
 log = logging.getLogger("hyperkafka.groups")
 
@@ -286,6 +298,9 @@ class Group:
         # current_state_timestamp); None when unknown. Set by the driver, which writes
         # the same value into the record, so memory and archive agree.
         self.current_state_timestamp: int | None = None
+        # Set when the group is of type consumer (KIP-848, broker.groups.consumer_group):
+        # then it has no classic members, and the classic entry points refuse it.
+        self.consumer: ConsumerGroup | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -345,6 +360,8 @@ class Group:
     def is_subscribed_to_topic(self, topic: str) -> bool:
         """ClassicGroup.isSubscribedToTopic: an Empty consumer group subscribes to nothing;
         when the subscriptions cannot be known, only a consumer group counts as subscribed."""
+        if self.consumer is not None:
+            return self.consumer.is_subscribed_to_topic(topic)
         if self.protocol_type == CONSUMER_PROTOCOL and not self.members:
             return False
         subscribed = self.subscribed_topics()
@@ -363,6 +380,8 @@ class Group:
     def expiry_base(self) -> Callable[[CommittedOffset], int] | None:
         """ClassicGroup.offsetExpirationCondition (KIP-211): from when an offset's retention
         counts, or None when this group's offsets do not expire now."""
+        if self.consumer is not None:
+            return lambda o: o.commit_timestamp  # ConsumerGroup's: topics no member subscribes to
         if self.protocol_type is None:
             return lambda o: o.commit_timestamp  # standalone consumer: offsets storage only
         if self.is_(State.EMPTY):
@@ -379,6 +398,10 @@ class Group:
         )
 
     def summary(self) -> GroupSummary:
+        if self.consumer is not None:
+            # Kafka 4.3's DescribeGroups describes only classic groups: a consumer group
+            # answers as a Dead one, no error (ConsumerGroupDescribe describes it).
+            return GroupSummary(self.group_id, State.DEAD.value, "", "", ())
         if self.is_(State.STABLE):
             protocol = self.protocol_name or ""
             members = tuple(
@@ -392,6 +415,8 @@ class Group:
         return GroupSummary(self.group_id, self.state.value, self.protocol_type or "", "", members)
 
     def next_deadline(self) -> int | None:
+        if self.consumer is not None:
+            return self.consumer.next_deadline()
         deadlines = [d for d in (self.join_deadline, self.sync_deadline) if d is not None]
         deadlines.extend(self.pending_members.values())
         deadlines.extend(m.heartbeat_deadline for m in self.members.values() if m.heartbeat_deadline is not None)
@@ -585,6 +610,9 @@ class Group:
     # ------------------------------------------------------------------ timers
 
     def tick(self, now: int) -> None:
+        if self.consumer is not None:
+            self.consumer.tick(now)
+            return
         for member_id, deadline in list(self.pending_members.items()):
             if deadline <= now:
                 self._remove_pending_member(member_id, now)
@@ -617,11 +645,15 @@ class Group:
 class Groups:
     """Every group of this coordinator, with the entry points the handlers call."""
 
-    def __init__(self, settings: GroupSettings | None = None, new_id: Callable[[], str] | None = None) -> None:
+    def __init__(self, settings: GroupSettings | None = None, new_id: Callable[[], str] | None = None,
+                 consumer_settings: ConsumerSettings | None = None) -> None:
         self.settings = settings or GroupSettings()
+        self.consumer_settings = consumer_settings or ConsumerSettings()
         self.groups: dict[str, Group] = {}
         self.outbox: list[tuple[object, JoinResult | SyncResult]] = []
         self.effects: list[StoreGroup] = []
+        # Records of consumer groups (KIP-848) for the driver to append, in order.
+        self.records: Records = []
         self._new_id = new_id or (lambda: str(uuid.uuid4()))
 
     def get(self, group_id: str) -> Group | None:
@@ -649,6 +681,42 @@ class Groups:
     def tick(self, now: int) -> None:
         for group in list(self.groups.values()):
             group.tick(now)
+
+    # ------------------------------------------------------------------ ConsumerGroupHeartbeat
+
+    def consumer_heartbeat(self, now: int, hb: Heartbeat, lookup: TopicLookup, names: Callable[[], Iterable[str]]) -> HeartbeatResult:
+        """KIP-848: one heartbeat of a member of a consumer group (broker.groups.consumer_group).
+        A new group id, or an empty classic group (offsets only), becomes a consumer group;
+        a classic group with members stays one (Kafka: GROUP_ID_NOT_FOUND)."""
+        if not hb.group_id:
+            return HeartbeatResult(codes.INVALID_REQUEST, "GroupId can't be empty.")
+        group = self.groups.get(hb.group_id)
+        created = group is None
+        if group is None:
+            group = self.get_or_create(hb.group_id)
+        if group.consumer is None:
+            if not group.is_(State.EMPTY) or group.members or group.pending_members:
+                return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.")
+            if hb.member_epoch != 0:
+                if created:
+                    del self.groups[hb.group_id]
+                return HeartbeatResult(codes.UNKNOWN_MEMBER_ID, f"Member {hb.member_id} is not a member of group {hb.group_id}.")
+            group.consumer = ConsumerGroup(hb.group_id, self.consumer_settings, self.records)
+            group.protocol_type = CONSUMER_PROTOCOL
+        result = group.consumer.heartbeat(now, hb, lookup, names)
+        if created and not group.consumer.members:
+            del self.groups[hb.group_id]  # a join that failed leaves nothing behind
+        return result
+
+    def to_classic(self, group: Group) -> None:
+        """An empty consumer group joined by a classic member becomes classic again
+        (Kafka's downgrade of an empty group): its consumer records are deleted."""
+        consumer = group.consumer
+        if consumer is None:
+            return
+        group.consumer = None
+        group.protocol_type = None
+        self.records.extend(consumer.tombstones())
 
     # ------------------------------------------------------------------ JoinGroup
 
@@ -681,6 +749,12 @@ class Groups:
             if not unknown:
                 return JoinResult(codes.UNKNOWN_MEMBER_ID, member_id)
             group = self.get_or_create(group_id)
+        if group.consumer is not None:
+            if group.consumer.members:
+                # Kafka 4 lets classic members into a consumer group (a mixed group, for an
+                # online upgrade); that is not implemented: the group keeps its protocol.
+                return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            self.to_classic(group)
         if not self._accept_joining_member(group, member_id):
             group._remove(member_id)
             return JoinResult(codes.GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER)
@@ -844,7 +918,7 @@ class Groups:
         if not group_id:
             return SyncResult(codes.INVALID_GROUP_ID)
         group = self.groups.get(group_id)
-        if group is None:
+        if group is None or group.consumer is not None:
             return SyncResult(codes.UNKNOWN_MEMBER_ID)
         if group.is_(State.DEAD):
             return SyncResult(codes.COORDINATOR_NOT_AVAILABLE)
@@ -898,7 +972,7 @@ class Groups:
         if not group_id:
             return codes.INVALID_GROUP_ID
         group = self.groups.get(group_id)
-        if group is None:
+        if group is None or group.consumer is not None:
             return codes.UNKNOWN_MEMBER_ID
         if group.is_(State.DEAD):
             return codes.COORDINATOR_NOT_AVAILABLE
@@ -922,7 +996,7 @@ class Groups:
         if not group_id:
             return codes.INVALID_GROUP_ID, []
         group = self.groups.get(group_id)
-        if group is None:
+        if group is None or group.consumer is not None:
             return codes.NONE, [codes.UNKNOWN_MEMBER_ID] * len(leaving)
         if group.is_(State.DEAD):
             return codes.COORDINATOR_NOT_AVAILABLE, []
@@ -964,6 +1038,9 @@ class Groups:
             return self.get_or_create(group_id), codes.NONE
         if group.is_(State.DEAD):
             return None, codes.COORDINATOR_NOT_AVAILABLE
+        if group.consumer is not None:
+            refused = group.consumer.validate_offset_commit(member_id, generation_id, api_version)
+            return (group, refused) if refused == codes.NONE else (None, refused)
         if generation_id < 0 and group.is_(State.EMPTY):
             return group, codes.NONE
         if generation_id >= 0 or member_id != UNKNOWN_MEMBER or group_instance_id is not None:
@@ -998,6 +1075,8 @@ class Groups:
             # Kafka would also drop an Empty group holding members it just told
             # MEMBER_ID_REQUIRED; their second JoinGroup then fails with UNKNOWN_MEMBER_ID.
             # Keeping the group until they come back (or their deadline passes) spares that.
+            if group.consumer is not None and group.consumer.members:
+                continue
             if group.is_(State.EMPTY) and not group.offsets and not group.pending_offset_commits and not group.pending_members:
                 group.transition(State.DEAD)
                 del self.groups[group.group_id]
@@ -1012,6 +1091,8 @@ class Groups:
             group = self.groups.get(group_id)
             if group is None or group.is_(State.DEAD):
                 results[group_id] = codes.GROUP_ID_NOT_FOUND
+            elif group.consumer is not None and group.consumer.members:
+                results[group_id] = codes.NON_EMPTY_GROUP
             elif group.is_(State.EMPTY):
                 group.transition(State.DEAD)
                 del self.groups[group_id]
@@ -1026,6 +1107,10 @@ class Groups:
         if group is None or group.is_(State.DEAD):
             return codes.GROUP_ID_NOT_FOUND, {}
         parts = list(partitions)
+        if group.consumer is not None and group.consumer.members:
+            return codes.NONE, {
+                tp: codes.GROUP_SUBSCRIBED_TO_TOPIC if group.consumer.is_subscribed_to_topic(tp[0]) else codes.NONE for tp in parts
+            }
         if group.is_(State.EMPTY):
             return codes.NONE, dict.fromkeys(parts, codes.NONE)
         if group.protocol_type != CONSUMER_PROTOCOL:
@@ -1039,13 +1124,24 @@ class Groups:
         """(group id, protocol type, state) of every group, filtered as ListGroups v4/v5 say."""
         wanted_states = {s.lower() for s in states}
         wanted_types = {t.lower() for t in types}
-        if wanted_types and "classic" not in wanted_types:
-            return []
-        return [
-            (g.group_id, g.protocol_type or "", g.state.value)
-            for g in self.groups.values()
-            if not wanted_states or g.state.value.lower() in wanted_states
-        ]
+        out = []
+        for g in self.groups.values():
+            kind = "classic" if g.consumer is None else "consumer"
+            state = g.state.value if g.consumer is None else g.consumer.state.value
+            if (not wanted_types or kind in wanted_types) and (not wanted_states or state.lower() in wanted_states):
+                out.append((g.group_id, g.protocol_type or "", state))
+        return out
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> int:
+        """OffsetFetch v9's member id and epoch: checked for consumer groups only."""
+        group = self.groups.get(group_id)
+        if group is None or group.consumer is None:
+            return codes.NONE
+        return group.consumer.validate_offset_fetch(member_id, member_epoch)
+
+    def group_type(self, group_id: str) -> str:
+        group = self.groups.get(group_id)
+        return "consumer" if group is not None and group.consumer is not None else "classic"
 
     # ------------------------------------------------------------------ loading
 

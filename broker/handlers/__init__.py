@@ -5,6 +5,7 @@ from broker.handlers import (  # noqa: F401
     admin,
     cluster,
     configs,
+    consumer_groups,
     fetch,
     groups,
     offsets,

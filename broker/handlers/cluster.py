@@ -153,8 +153,15 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
         allow_create = field_of(req, "allow_auto_topic_creation", True) and node.config.auto_create_topics
         topics = []
         seen: set[str] = set()
+        by_id: dict[Any, str] | None = None
         for entry in requested:
             name = entry.name
+            if name is None and field_of(entry, "topic_id") is not None:
+                # v12 addresses topics by id (KIP-848 consumers ask so for the topics of
+                # their assignment): described as by name, unknown ids UNKNOWN_TOPIC_ID.
+                if by_id is None:
+                    by_id = {t.topic_id: n for n, t in node.topics.items()}
+                name = by_id.get(entry.topic_id)
             if name is not None:
                 # Kafka reads the names into a set: a topic named many times is described
                 # once (else a topic of many partitions named 50,000 times is an answer of

@@ -24,8 +24,9 @@ coordinators for long). A controller that has not taken the groups over yet (it 
 for the peers' offsets, `GroupCoordinator.take_over`) answers them with
 COORDINATOR_LOAD_IN_PROGRESS, and ListGroups with it as its error, as Kafka's loading
 coordinator does; clients retry both. Transactions do not exist, so a
-FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. The KIP-848
-consumer protocol (ConsumerGroupHeartbeat 68/69) is deliberately not served.
+FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. Groups of the
+KIP-848 consumer protocol (broker.handlers.consumer_groups) share the OffsetCommit,
+OffsetFetch, ListGroups, DescribeGroups and DeleteGroups paths here.
 """
 
 from __future__ import annotations
@@ -326,17 +327,21 @@ def _fetched_topics(ctx: RequestContext, group_id: str, topics: Any) -> list[dic
 
 @api(9, "OffsetFetch", (1, 9))
 async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
-    # v9's member_id/member_epoch (KIP-848) are checked only for consumer-protocol groups;
-    # for classic groups Kafka ignores them (ClassicGroup.validateOffsetFetch fails only a
-    # Dead group, which answers like an unknown one: every offset -1, no error). Every
-    # group here is classic, so they are ignored here too.
+    # v9's member_id/member_epoch (KIP-848) are checked only for consumer-protocol groups
+    # (UNKNOWN_MEMBER_ID, STALE_MEMBER_EPOCH); for classic groups Kafka ignores them
+    # (ClassicGroup.validateOffsetFetch fails only a Dead group, which answers like an
+    # unknown one: every offset -1, no error).
     refusal = _refusal(ctx)
     if ctx.api_version >= 8:
+        coordinator = _coordinator(ctx)
         groups = [
             {"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
             if not authorize_group(ctx, Operation.READ, g.group_id)
             else {"group_id": g.group_id, "topics": [], "error_code": refusal}
             if refusal
+            else {"group_id": g.group_id, "topics": [], "error_code": member_error}
+            if (member_error := coordinator.groups.validate_offset_fetch(
+                g.group_id, field_of(g, "member_id"), field_of(g, "member_epoch", -1)))
             else {"group_id": g.group_id, "topics": _fetched_topics(ctx, g.group_id, g.topics), "error_code": codes.NONE}
             for g in req.groups
         ]
@@ -415,7 +420,8 @@ async def list_groups(ctx: RequestContext, req: Any) -> Reply:
         "throttle_time": 0,
         "error_code": codes.COORDINATOR_LOAD_IN_PROGRESS if refusal == codes.COORDINATOR_LOAD_IN_PROGRESS else codes.NONE,
         "groups": [
-            {"group_id": gid, "protocol_type": ptype, "group_state": state, "group_type": "classic"} for gid, ptype, state in listed
+            {"group_id": gid, "protocol_type": ptype, "group_state": state, "group_type": _coordinator(ctx).groups.group_type(gid)}
+            for gid, ptype, state in listed
         ],
     }
 

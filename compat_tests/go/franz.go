@@ -210,7 +210,13 @@ func (franz) group(o opts) error {
 			delete(owned, p)
 		}
 	}
-	cl, err := kgo.NewClient(append(franzBase(o),
+	group := []kgo.Opt{}
+	if o.protocol == "consumer" {
+		// KIP-848: the broker assigns (its session and heartbeat interval rule too);
+		// kgo takes the new protocol only with a sticky or range balancer.
+		group = append(group, kgo.ServerSideBalancer(), kgo.Balancers(kgo.CooperativeStickyBalancer()))
+	}
+	cl, err := kgo.NewClient(append(append(franzBase(o), group...),
 		kgo.ConsumerGroup(o.group),
 		kgo.ConsumeTopics(o.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),

@@ -7,7 +7,7 @@
 //
 //	hkgo CLIENT produce  --bootstrap B --topic T --infile F [--codec C] [--idempotence on|off]
 //	hkgo CLIENT consume  --bootstrap B --topic T --outfile F --count N [--offset O]
-//	hkgo CLIENT group    --bootstrap B --topic T --group G [--stop-file F] [--max-records N]
+//	hkgo CLIENT group    --bootstrap B --topic T --group G [--stop-file F] [--max-records N] [--protocol consumer]
 //	hkgo CLIENT admin OP --bootstrap B [--topic T ...] [--group G ...] [--partitions N]
 //
 // Every action takes --spec JSON for TLS and SASL (security.go) and --auto-create (ask the
@@ -226,6 +226,7 @@ type opts struct {
 	delayMs     int
 	maxRecords  int
 	stopFile    string
+	protocol    string
 	spec        *secSpec
 	autoCreate  bool
 }
@@ -254,6 +255,7 @@ func parse(args []string) opts {
 	fs.IntVar(&o.delayMs, "delay-ms", 0, "")
 	fs.IntVar(&o.maxRecords, "max-records", 0, "")
 	fs.StringVar(&o.stopFile, "stop-file", "", "")
+	fs.StringVar(&o.protocol, "protocol", "classic", "group protocol: classic or consumer (KIP-848, franz-go only)")
 	spec := fs.String("spec", "", "TLS/SASL as JSON: protocol, mechanism, user, password, ca, cert, key")
 	fs.BoolVar(&o.autoCreate, "auto-create", false, "let metadata requests create a missing topic")
 	if err := fs.Parse(args); err != nil {

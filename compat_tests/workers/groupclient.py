@@ -83,23 +83,39 @@ def kafka_python(args: argparse.Namespace) -> None:
     emit(ev="closed", n=stop.n)
 
 
-def confluent(args: argparse.Namespace) -> None:
+def confluent(args: argparse.Namespace, kip848: bool = False) -> None:
     from confluent_kafka import Consumer, KafkaException
 
-    def on_assign(consumer: Any, partitions: Any) -> None:
-        emit(ev="assigned", parts=sorted(p.partition for p in partitions), t=time.time())
+    # With the KIP-848 protocol the assignment is incremental: on_assign hands over the
+    # partitions added and on_revoke those taken away, so the member's whole set is kept
+    # here and reported after each change (the classic protocol hands over the whole set).
+    owned: set[int] = set()
 
-    c = Consumer(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "group.id": args.group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": args.session_ms,
-            "heartbeat.interval.ms": args.heartbeat_ms,
-        }
-    )
-    c.subscribe([args.topic], on_assign=on_assign)
+    def on_assign(consumer: Any, partitions: Any) -> None:
+        if kip848:
+            owned.update(p.partition for p in partitions)
+        else:
+            owned.clear()
+            owned.update(p.partition for p in partitions)
+        emit(ev="assigned", parts=sorted(owned), t=time.time())
+
+    def on_revoke(consumer: Any, partitions: Any) -> None:
+        if kip848:
+            owned.difference_update(p.partition for p in partitions)
+
+    config: dict[str, Any] = {
+        "bootstrap.servers": args.bootstrap,
+        "group.id": args.group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
+    if kip848:
+        # The session and heartbeat are the broker's (group.consumer.*) with this protocol.
+        config["group.protocol"] = "consumer"
+    else:
+        config.update({"session.timeout.ms": args.session_ms, "heartbeat.interval.ms": args.heartbeat_ms})
+    c = Consumer(config)
+    c.subscribe([args.topic], on_assign=on_assign, on_revoke=on_revoke)
     stop = Stop(args)
     while not stop.now():
         m = c.poll(0.2)
@@ -162,7 +178,11 @@ def aiokafka(args: argparse.Namespace) -> None:
     asyncio.run(main())
 
 
-CLIENTS = {"kafka-python": kafka_python, "confluent": confluent, "aiokafka": aiokafka}
+def confluent_848(args: argparse.Namespace) -> None:
+    confluent(args, kip848=True)
+
+
+CLIENTS = {"kafka-python": kafka_python, "confluent": confluent, "confluent-848": confluent_848, "aiokafka": aiokafka}
 
 
 def main() -> None:

@@ -1,0 +1,255 @@
+"""KIP-848 consumer groups (group.protocol=consumer) through real clients.
+
+Three members, each in its own process, split a 4-partition topic with the server-side
+assignor; one leaves (closes its consumer: a heartbeat with epoch -1), another is killed
+with SIGKILL (the broker fences it after group.consumer.session.timeout.ms, 6 s here);
+the last one ends up with every partition. Every record produced is read by a live
+member, and the commits the members made record by record end at the log end.
+
+Clients: confluent-kafka (librdkafka >= 2.12 serves the protocol as generally
+available), the Java consumer (kafka-clients 4.x, compat_tests/java) and franz-go (kgo's
+consumer with the new protocol, compat_tests/go). Members are the same workers as the
+classic-group tests (compat_tests/test_groups.py), told to use the consumer protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from compat_tests import harness
+from compat_tests.clients import CLIENTS, create_topic
+from compat_tests.harness import Broker
+from compat_tests.java_tools import JAVA_DIR, JavaTools, require_java
+from compat_tests.test_groups import (
+    PARTITIONS,
+    WORKER_TIMEOUT_S,
+    Member,
+    _member_argv,
+    committed,
+    produce,
+    wait_for,
+)
+
+SESSION_MS = 6000
+PROPERTIES = {
+    "group.consumer.session.timeout.ms": str(SESSION_MS),
+    "group.consumer.heartbeat.interval.ms": "500",
+}
+# The matrix column (compat_tests/matrix.py) -> the worker that speaks KIP-848 for it.
+KIP848_CLIENTS = {
+    "confluent": "confluent-848",
+    "java-tools": "java-848",
+    "franz-go": "franz-go-848",
+}
+
+
+def _require(client: str) -> None:
+    if client == "java-tools":
+        require_java()
+    else:
+        CLIENTS[client].require()
+
+
+def _argv(
+    client: str, broker: Broker, topic: str, group: str, extra: list[str]
+) -> tuple[list[str], dict[str, str]]:
+    """`client` is a worker name of KIP848_CLIENTS."""
+    if client == "java-848":
+        tools = JavaTools(require_java())
+        # Source-file mode: the worker compiles in the JVM at start (no build step).
+        argv = tools.command(
+            str(JAVA_DIR / "GroupWorker.java"),
+            ["--bootstrap", broker.bootstrap, "--topic", topic, "--group", group, *extra],
+        )
+        return argv, dict(os.environ)
+    if client == "franz-go-848":
+        return _member_argv("franz-go", broker, topic, group, [*extra, "--protocol", "consumer"])
+    return _member_argv(client, broker, topic, group, extra)
+
+
+@pytest.fixture
+def kip848_broker(workdir: Path) -> Iterator[Broker]:
+    with harness.configured_broker(workdir / "broker", PROPERTIES) as b:
+        yield b
+
+
+@contextmanager
+def member(
+    client: str, broker: Broker, topic: str, group: str, workdir: Path, name: str
+) -> Iterator[tuple[Member, Path]]:
+    """One member with its own stop file (so one can leave while the others stay)."""
+    stop = workdir / f"{name}.stop"
+    argv, env = _argv(
+        client,
+        broker,
+        topic,
+        group,
+        ["--stop-file", str(stop), "--delay-ms", "40", "--timeout", str(WORKER_TIMEOUT_S)],
+    )
+    out = workdir / f"{name}.jsonl"
+    with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
+        proc = subprocess.Popen(
+            argv, cwd=harness.ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+        )
+    m = Member(name, proc, out)
+    try:
+        yield m, stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def owned(m: Member) -> list[int]:
+    a = m.assignments()
+    return a[-1]["parts"] if a else []
+
+
+def _group_type(broker: Broker, group: str) -> str:
+    """The group's type as confluent-kafka's admin lists it (ListGroups v5)."""
+    from confluent_kafka.admin import AdminClient
+
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})  # kept alive until answered
+    listed = client.list_consumer_groups().result(timeout=20)
+    types = {g.group_id: str(g.type).lower() for g in listed.valid}
+    assert group in types, (group, types, listed.errors)
+    return types[group]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.matrix("group-kip848")
+@pytest.mark.parametrize("client", sorted(KIP848_CLIENTS))
+def test_consumer_protocol_members_leave_and_die(
+    kip848_broker: Broker, workdir: Path, client: str
+) -> None:
+    _require(client)
+    worker = KIP848_CLIENTS[client]
+    b = kip848_broker
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"k848-{client}-{tag}", f"g848-{client}-{tag}"
+    create_topic(b, topic, PARTITIONS)
+    with ExitStack() as stack:
+        pairs = [
+            stack.enter_context(member(worker, b, topic, group, workdir, f"{worker}-{i}"))
+            for i in range(3)
+        ]
+        ms = [m for m, _ in pairs]
+
+        def split_is(members: list[Member]) -> bool:
+            parts = [owned(m) for m in members]
+            return all(parts) and sorted(p for ps in parts for p in ps) == list(range(PARTITIONS))
+
+        wait_for("three members sharing the topic", lambda: split_is(ms), 90, ms)
+        assert "consumer" in _group_type(b, group)
+        if client == "java-tools":
+            # kafka-consumer-groups describes a consumer group through ConsumerGroupDescribe.
+            out = (
+                JavaTools(require_java())
+                .consumer_groups(b.bootstrap, "--describe", "--group", group)
+                .stdout.decode()
+            )
+            rows = [line.split() for line in out.splitlines() if line.startswith(group + " ")]
+            assert sorted(int(r[2]) for r in rows) == list(range(PARTITIONS)), out
+            assert all(r[6] != "-" for r in rows), f"a partition without its member:\n{out}"
+        produced = produce(b, topic, 400, tag)
+        leaver, victim, survivor = ms
+        wait_for(
+            "the members to read a few records",
+            lambda: all(len(m.records()) >= 3 for m in ms),
+            60,
+            ms,
+        )
+        # One leaves: its partitions go to the two others at once (no session timeout).
+        pairs[0][1].touch()
+        leaver.proc.wait(30)
+        assert leaver.proc.returncode == 0, leaver.stderr()
+        left_at = time.time()
+        wait_for(
+            "the leaver's partitions to move",
+            lambda: split_is([victim, survivor]),
+            30,
+            [victim, survivor],
+        )
+        print(
+            f"\nKIP-848 {client}: a leaving member's partitions moved in {time.time() - left_at:.2f}s"
+        )
+        # One dies: the broker fences it after the session timeout.
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        killed_at = time.time()
+        wait_for(
+            "the survivor to own every partition",
+            lambda: split_is([survivor]),
+            SESSION_MS / 1000 + 30,
+            [survivor],
+        )
+        took = time.time() - killed_at
+        print(
+            f"KIP-848 {client}: a killed member's partitions moved in {took:.2f}s (session timeout {SESSION_MS / 1000:.0f}s)"
+        )
+        assert took < SESSION_MS / 1000 + 10
+        wait_for(
+            "every record to be read",
+            lambda: produced <= {r["v"] for m in ms for r in m.records()},
+            120,
+            [survivor],
+        )
+        pairs[2][1].touch()
+        survivor.proc.wait(30)
+        assert survivor.proc.returncode == 0, survivor.stderr()
+    # Each partition held 100 records; the commits made record by record reached the end.
+    assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 100)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.matrix("group-kip848")
+@pytest.mark.parametrize("client", ["confluent"])
+def test_consumer_protocol_member_keeps_its_place_across_a_broker_restart(
+    kip848_broker: Broker, workdir: Path, client: str
+) -> None:
+    """The group's records in __consumer_offsets bring the member back with its epoch and
+    partitions: after the restart its heartbeats are accepted as they are (no new
+    assignment, which a lost group would force through UNKNOWN_MEMBER_ID and a rejoin),
+    and it reads on from where it was, nothing twice."""
+    _require(client)
+    b = kip848_broker
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"k848r-{tag}", f"g848r-{tag}"
+    create_topic(b, topic, PARTITIONS)
+    with member(KIP848_CLIENTS[client], b, topic, group, workdir, "restart-0") as (m, stop):
+        wait_for(
+            "the member to own the topic", lambda: owned(m) == list(range(PARTITIONS)), 90, [m]
+        )
+        first = produce(b, topic, 40, tag + "a")
+        wait_for(
+            "the first records to be read", lambda: first <= {r["v"] for r in m.records()}, 60, [m]
+        )
+        assignments = len(m.assignments())
+        b.stop()
+        b.start()
+        second = produce(b, topic, 40, tag + "b")
+        wait_for(
+            "the records produced after the restart",
+            lambda: second <= {r["v"] for r in m.records()},
+            90,
+            [m],
+        )
+        time.sleep(2)  # a few more heartbeats on the restarted broker
+        assert len(m.assignments()) == assignments, (
+            f"the member was assigned again: {m.assignments()}\n{m.stderr()}"
+        )
+        values = [r["v"] for r in m.records()]
+        assert len(values) == len(set(values)) == 80, "a record was read twice or missed"
+        stop.touch()
+        m.proc.wait(30)
+        assert m.proc.returncode == 0, m.stderr()
+    assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 20)
