@@ -175,8 +175,12 @@ class PartitionLog:
         self._frontier = Frontier()
         self._pending_nodes: list[Node] = []
         self._pending: list[PendingBatch] = []
-        # a follower's verified leaf hashes of `_pending` (storage.follower); None: hash them
+        # a replica's verified leaf hashes of `_pending` (see `replica`); None: hash them
         self._pending_leaves: list[bytes] | None = None
+        # Heads come from another node (storage.follower), never from us: `prepare_commit`
+        # builds no job of its own, blocks past the last stored head are dropped at commit,
+        # close and recovery (fetched again), retention keeps what the writer signed.
+        self.replica = False
         self._next_leaf = 0  # blocks appended (the frontier catches up in the commit job)
         self._head: Head | None = None
         self._head_seq = 0
@@ -293,6 +297,7 @@ class PartitionLog:
         config: LogConfig | None = None,
         fs: FileSystem | None = None,
         cut_unsigned: bool = False,
+        replica: bool = False,
     ) -> PartitionLog:
         """Open (and recover) the archive at `path`. `cut_unsigned`: blocks past the last
         signed head are cut instead of signed (the catalog: a change whose head was never
@@ -301,12 +306,16 @@ class PartitionLog:
         A recovery write that fails (a full disk, EIO: rebuilding derived files, the
         genesis head, signing a tail) does not fail the open: the archive opens read-only
         instead, serving what its signed head covers (authenticated on read), with
-        `damage` a `RecoveryFailed`; reopen it once the disk has room."""
+        `damage` a `RecoveryFailed`; reopen it once the disk has room.
+
+        `replica`: another node signs this archive (see `self.replica`; storage.follower
+        opens it with the writer's public key only and stores the heads it verified)."""
         fs = fs or OsFileSystem()
         p = os.fspath(path)
         fs.makedirs(p)
         self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
         self._cut_unsigned = cut_unsigned
+        self._set_replica(replica)
         try:
             recovery.recover(self)
         except BaseException as exc:
@@ -315,12 +324,17 @@ class PartitionLog:
             if failure is None:
                 raise
             self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
+            self._set_replica(replica)
             try:
                 recovery.open_unwritable(self, failure)
             except BaseException:
                 self._close_fds()
                 raise
         return self
+
+    def _set_replica(self, replica: bool) -> None:
+        self.replica = replica
+        self._pending_leaves = [] if replica else None
 
     def _open_rw(self, name: str) -> int:
         return self.fs.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT)
@@ -355,7 +369,8 @@ class PartitionLog:
         seg, i = self._find(offset)
         return seg.first_leaf + i
 
-    def _offset_of_leaf(self, leaf_index: int) -> int:
+    def offset_of_leaf(self, leaf_index: int) -> int:
+        """The base offset of block `leaf_index` (the log end offset at or past the end)."""
         if not self._segments:
             return self.log_start_offset
         total = self._segments[-1].first_leaf + self._segments[-1].count
@@ -424,7 +439,8 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ append
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
+        """Raise unless the log takes writes (closed, damaged, or poisoned by a failure)."""
         if self._closed:
             raise StorageError("log is closed")
         if self.damage is not None:
@@ -436,7 +452,7 @@ class PartitionLog:
         """Assign offsets to `batch` (written into it in place) and append it.
         Returns (base_offset, last_offset). Invisible to readers until a head covers it."""
         if self._closed or self.damage is not None or self._poisoned is not None:
-            self._check_writable()
+            self.check_writable()
         size = len(batch)
         if size < _HEADER_SIZE:
             raise CorruptBatch("not a record batch v2")
@@ -526,7 +542,14 @@ class PartitionLog:
 
         Under INTERVAL the periodic fsync is not waited for: the job starts it in a
         `BackgroundSync` and a later commit records what it made durable. `force_sync`
-        waits for a running one and syncs inline."""
+        waits for a running one and syncs inline.
+
+        A replica builds jobs only for `prepare_signed` and for a forced sync (shutdown,
+        recovery), which rewrites the last stored head after dropping the blocks past it."""
+        if self.replica:
+            if not force_sync:
+                return None
+            self.drop_unsigned_tail()
         return self._prepare(force_sync, background=True)
 
     def _reap_sync(self, wait: bool) -> int | None:
@@ -543,7 +566,7 @@ class PartitionLog:
         return sync.length
 
     def _prepare(self, force_sync: bool, background: bool) -> CommitJob | None:
-        self._check_writable()
+        self.check_writable()
         self._ensure_open()
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
@@ -674,7 +697,10 @@ class PartitionLog:
 
     def commit(self, *, force_sync: bool = False) -> Head | None:
         """prepare_commit + run + publish in a row (tests, shutdown, recovery); fsyncs
-        inline, after any background sync finished."""
+        inline, after any background sync finished. A replica drops its blocks past the
+        last stored head first (it never signs)."""
+        if self.replica:
+            self.drop_unsigned_tail()
         job = self._prepare(force_sync, background=False)
         if job is None:
             return None
@@ -684,6 +710,137 @@ class PartitionLog:
             self.abandon(job)
             raise
         return self.publish(job)
+
+    # ------------------------------------------------------------------ replica
+
+    @property
+    def published_length(self) -> int:
+        """Blocks covered by the last published head."""
+        return self._published_length
+
+    def append_verified(
+        self, batch: bytes | bytearray | memoryview, base: int, delta: int, max_ts: int, leaf: bytes
+    ) -> None:
+        """Replica: store a batch as is (no offset or epoch stamped), which the caller
+        checked to be the next one (`base` = log end offset) and verified to hash to `leaf`
+        under a signed head. Invisible until `prepare_signed` stores a head over it."""
+        self.check_writable()
+        assert self._pending_leaves is not None, "not a replica"
+        self._store(batch, len(batch), base, delta, max_ts)
+        self._pending_leaves.append(bytes(leaf))
+
+    def drop_unsigned_tail(self) -> None:
+        """Replica: forget blocks past the last stored head (never signed by us, fetched
+        again). Nothing to do while a commit job is in flight."""
+        keep = self._published_length
+        if self._next_leaf <= keep or self._job is not None:
+            return
+        self._ensure_open()
+        fs = self.fs
+        while len(self._segments) > 1 and self._segments[-1].first_leaf >= keep:
+            seg = self._segments.pop()
+            self._drop_segment_files(seg)
+        if self._segments:
+            seg = self._segments[-1]
+            n = max(0, keep - seg.first_leaf)
+            if n < seg.count:
+                end = int(seg.positions[n]) if n < seg.count else seg.log_size
+                self._truncate_entries(seg, n)
+                fs.ftruncate(seg.log_fd, end)
+                seg.log_size = end
+        self._segments_ready()
+        self._pending = []
+        self._pending_leaves = []
+        self._pending_nodes = []
+        self._next_leaf = keep
+        self.log_end_offset = (
+            self._segments[-1].next_offset() if self._segments else self.log_start_offset
+        )
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)  # revealed, unstored
+        self._leaf_ok = self._leaf_ok[: max(0, keep - self._leaf_ok_base)]
+        head = self._head
+        self._frontier = (
+            Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
+        )
+
+    def prepare_signed(
+        self, length: int, fork: int, signature: bytes, tree_hash: bytes
+    ) -> CommitJob | None:
+        """Replica, owner thread: the commit job that stores another node's `signature`
+        over our first `length` blocks on `fork` (the caller verified it). Its `run`
+        folds the verified leaf hashes and writes nothing unless they make `tree_hash`.
+        Blocks past `length` stay pending; more may arrive while the job runs."""
+        assert self._pending_leaves is not None, "not a replica"
+        if length > self._next_leaf:
+            raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
+        self._fork = fork
+        n_tail = self._next_leaf - length
+        if n_tail > len(self._pending):
+            raise StorageError("blocks under the new head were already committed")
+        pending, leaves = self._pending, self._pending_leaves
+        cut = len(pending) - n_tail
+        assert len(leaves) == len(pending)
+        tail = pending[cut:]
+        self._pending, self._pending_leaves = pending[:cut], leaves[:cut]
+        next_offset = tail[0][3] if tail else self.log_end_offset
+        try:
+            job = self._prepare(True, background=True)
+        except BaseException:
+            self._pending, self._pending_leaves = pending, leaves
+            raise
+        if job is None:  # pragma: no cover - new blocks always make a job
+            self._pending, self._pending_leaves = pending, leaves
+            return None
+        self._pending, self._pending_leaves = tail, leaves[cut:]
+        job.next_offset = next_offset
+        job.remote_signature = signature
+        job.expect_tree = (length, tree_hash)
+        return job
+
+    def withdraw(self, job: CommitJob) -> None:
+        """Replica: forget a `prepare_signed` job that never ran (nothing was written): back
+        to the last stored head, the blocks after it dropped (they are fetched again)."""
+        self.abandon(job)
+        self._head_seq = job.seq - 1  # that slot was never written
+        self.drop_unsigned_tail()
+
+    def bad_block(self) -> int | None:
+        """The block of the first stored batch that failed authentication on read, if any."""
+        bad = self._bad_offset
+        if bad is None or not self._segments:
+            return None
+        seg, k = self._find(bad)
+        return seg.first_leaf + k
+
+    def repair_block(self, index: int, value: bytes) -> None:
+        """Overwrite stored block `index` with `value`, which the caller verified against
+        our signed head (a replica's copy damaged on disk, fetched again): data and index
+        entry, fsynced. The next read authenticates it again. KeyError outside the signed
+        blocks; ValueError when `value` is not the size or base offset stored there."""
+        if not self._min_index <= index < self._published_length:
+            raise KeyError(index)
+        self._ensure_open()
+        seg, k = self._locate_leaf(index)
+        size = seg.size_of(k)
+        if len(value) != size:
+            raise ValueError(f"repair of block {index}: {len(value)} bytes, stored {size}")
+        pos = int(seg.positions[k])
+        base = BE_I64.unpack_from(value, B.BASE_OFFSET)[0]
+        if base != int(seg.bases[k]):
+            raise ValueError(f"repair of block {index}: base offset {base}")
+        delta = BE_I32.unpack_from(value, B.LAST_OFFSET_DELTA)[0]
+        max_ts = BE_I64.unpack_from(value, B.MAX_TIMESTAMP)[0]
+        entry = encode_entry(base, max_ts, pos, size, delta, compute_leaf(value, size))
+        self.fs.pwrite_all(seg.log_fd, value, pos)
+        self.fs.pwrite_all(seg.idx_fd, entry, IDX_HEADER_SIZE + k * ENTRY_SIZE)
+        seg.entries[k * ENTRY_SIZE : (k + 1) * ENTRY_SIZE] = entry
+        self.fs.fsync(seg.log_fd)
+        self.fs.fsync(seg.idx_fd)
+        li = index - self._leaf_ok_base
+        if 0 <= li < len(self._leaf_ok):
+            self._leaf_ok[li] = 0
+        if self._bad_offset == base:
+            self._bad_offset = None
 
     # ------------------------------------------------------------------ reads
 
@@ -849,7 +1006,10 @@ class PartitionLog:
     def apply_retention(self, now_ms: int) -> int:
         """Drop whole old segments by retention_ms / retention_bytes. Returns the number of
         segments dropped. Never the active segment, never data above the high watermark;
-        skipped while a commit job is in flight. Tree nodes are kept (proofs)."""
+        skipped while a commit job is in flight. Tree nodes are kept (proofs). A replica
+        keeps what its writer signed (retention of mirrors: not yet)."""
+        if self.replica:
+            return 0
         self._close_doomed()
         if self._job is not None or self.damage is not None or self._poisoned is not None:
             return 0
