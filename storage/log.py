@@ -2,10 +2,11 @@
 
 Owns `PartitionLog`: segments and the dense batch index in memory, appends, preparing and
 publishing group commits (the high watermark), reads as sendfile-ready byte ranges, lazy
-authentication of old batches on first read, retention, and the file budget (parking).
-The ideas it stands on live beside it: the byte formats and `Head` in `storage.format`,
-leaf hashing in `storage.hashing`, what a commit job does in `storage.commit`, recovery
-at open in `storage.recovery`.
+authentication of old batches on first read, the replica mode of storage.follower, and
+the file budget (parking). The ideas it stands on live beside it: the byte formats and
+`Head` in `storage.format`, leaf hashing in `storage.hashing`, what a commit job does in
+`storage.commit`, recovery at open in `storage.recovery`, retention and DeleteRecords in
+`storage.retention`.
 
 Threading: everything runs on one owner thread (the broker's event loop or its commit
 thread) except `CommitJob.run`, which may run in a worker thread while appends continue
@@ -33,7 +34,7 @@ from hashlib import blake2b
 
 from storage import batch as B
 from storage import format as fmt
-from storage import recovery
+from storage import recovery, retention
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
 from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
 from storage.format import (
@@ -1004,95 +1005,19 @@ class PartitionLog:
     # ------------------------------------------------------------------ retention
 
     def apply_retention(self, now_ms: int) -> int:
-        """Drop whole old segments by retention_ms / retention_bytes. Returns the number of
-        segments dropped. Never the active segment, never data above the high watermark;
-        skipped while a commit job is in flight. Tree nodes are kept (proofs). A replica
-        keeps what its writer signed (retention of mirrors: not yet)."""
-        if self.replica:
-            return 0
-        self._close_doomed()
-        if self._job is not None or self.damage is not None or self._poisoned is not None:
-            return 0
-        cfg = self.config
-        total = sum(s.log_size for s in self._segments)
-        drop = 0
-        for seg in self._segments[:-1]:
-            if seg.next_offset() > self.high_watermark or not seg.count:
-                break
-            by_time = cfg.retention_ms >= 0 and max(seg.max_ts) < now_ms - cfg.retention_ms
-            by_size = cfg.retention_bytes >= 0 and total - seg.log_size >= cfg.retention_bytes
-            if not (by_time or by_size):
-                break
-            drop += 1
-            total -= seg.log_size
-        return self._drop_first_segments(drop)
+        """Drop whole old segments by retention_ms / retention_bytes (storage.retention);
+        the number dropped."""
+        return retention.apply_retention(self, now_ms)
 
     def drop_segments_below(self, offset: int) -> int:
-        """Drop the whole segments that end at or below `offset` (never the active one,
-        never data above the high watermark), exactly as retention drops them: the log
-        start offset advances, tree nodes stay (proofs), the head records the new start.
-        For a log whose owner rewrote everything it still needs at `offset` or later
-        (the offsets archive's compaction). Returns the number of segments dropped; 0 also
-        while a commit job is in flight (call again later)."""
-        self._close_doomed()
-        if self._job is not None or self.damage is not None or self._poisoned is not None:
-            return 0
-        drop = 0
-        for seg in self._segments[:-1]:
-            end = seg.next_offset()
-            if not seg.count or end > offset or end > self.high_watermark:
-                break
-            drop += 1
-        return self._drop_first_segments(drop)
+        """Drop the whole segments that end at or below `offset` as retention drops them
+        (storage.retention); the number dropped."""
+        return retention.drop_segments_below(self, offset)
 
     def delete_records_below(self, offset: int) -> int:
-        """Kafka's DeleteRecords: make `offset` (at most the high watermark) the log start
-        offset; returns the new log start (never lower than before). Whole segments below
-        it are dropped as retention drops them; inside a segment the start is only
-        recorded in a new head slot (reads below it are out of range, and recovery keeps
-        the larger of the first segment's base and the head's start). Tree nodes stay:
-        whatever was signed stays provable. Raises StorageError while a commit job is in
-        flight or the archive takes no writes."""
-        if offset > self.high_watermark:
-            raise ValueError(f"offset {offset} is above the high watermark {self.high_watermark}")
-        self._close_doomed()
-        if self._job is not None or self.damage is not None or self._poisoned is not None:
-            raise StorageError(f"{self.path}: busy or not writable; try again")
-        if offset <= self.log_start_offset:
-            return self.log_start_offset
-        self.drop_segments_below(offset)
-        if self.log_start_offset < offset:
-            self._ensure_open()
-            self.commit(force_sync=True)  # the head we copy covers everything appended
-            head = self._head
-            assert head is not None
-            self.log_start_offset = offset
-            self._write_head_slot(head, self._min_index)
-        return self.log_start_offset
-
-    def _write_head_slot(self, head: Head, min_index: int) -> None:
-        """Rewrite the last signed head with this log's start and min index (the signed
-        part is unchanged: the start is local bookkeeping, not part of the tree)."""
-        self._head_seq += 1
-        new_head = Head(
-            head.fork,
-            head.length,
-            head.byte_length,
-            head.tree_hash,
-            head.signature,
-            head.next_offset,
-            self.log_start_offset,
-            min_index,
-            head.roots,
-            self._head_seq,
-            POLICY_CODE[self.policy] << 8,
-            fmt.BOOT_ID,
-            int(time.time() * 1000),
-            head.length,
-        )
-        self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
-        self.fs.fsync(self._head_fd)
-        self._head = new_head
+        """Kafka's DeleteRecords (storage.retention): `offset` becomes the log start offset;
+        returns the new log start."""
+        return retention.delete_records_below(self, offset)
 
     def roll(self) -> None:
         """Make the next append start a new segment (when the active one holds anything).
@@ -1100,42 +1025,6 @@ class PartitionLog:
         checks, so the hot path stays as it is."""
         if self._segments and self._segments[-1].count:
             self._segments[-1].created_ms = -(1 << 80)
-
-    def _close_doomed(self) -> None:
-        for seg in self._doomed:  # ranges handed out before the last drop are stale now
-            self.fs.close(seg.log_fd)
-            self.fs.close(seg.idx_fd)
-        self._doomed = []
-
-    def _drop_first_segments(self, drop: int) -> int:
-        if not drop:
-            return 0
-        # (what to drop is decided from memory: a parked log opens its files only when
-        # retention has something to do, not on every check)
-        self._ensure_open()
-        dropped = self._segments[:drop]
-        keep = self._segments[drop:]
-        # The tree file's nodes for these leaves can no longer be rebuilt: make them durable
-        # (and the data the head covers) before the head that forgets the segments.
-        self.commit(force_sync=True)
-        self.fs.fsync(self._tree_fd)
-        self._segments = keep
-        self._segments_ready()
-        # (DeleteRecords may have put the start inside the first kept segment already)
-        self.log_start_offset = max(self.log_start_offset, keep[0].base_offset)
-        new_min = keep[0].first_leaf
-        self._leaf_ok = self._leaf_ok[new_min - self._leaf_ok_base :]
-        self._leaf_ok_base = new_min
-        self._min_index = new_min
-        head = self._head
-        assert head is not None
-        self._write_head_slot(head, new_min)
-        for seg in dropped:
-            self.fs.unlink(seg.log_path)
-            self.fs.unlink(seg.idx_path)
-        self.fs.fsync_dir(self.path)
-        self._doomed = dropped
-        return drop
 
     # ------------------------------------------------------------------ close
 
