@@ -58,6 +58,9 @@ class ConfigDef:
     broker_synonym: str | None = None  # the broker setting a topic inherits this from
     choices: tuple[str, ...] = ()
     minimum: int | None = None
+    maximum: int | None = None
+    # Values outside [minimum, maximum] that are still valid (gzip's -1: zlib's default).
+    also: tuple[int, ...] = ()
 
 
 def _topic_configs() -> dict[str, ConfigDef]:
@@ -70,12 +73,12 @@ def _topic_configs() -> dict[str, ConfigDef]:
         ConfigType.LIST,
     )
     defs = [
-        ConfigDef("cleanup.policy", LS, "delete", "Retention policy; only delete is supported on signed archives.", "log.cleanup.policy", ("delete",)),
-        ConfigDef("compression.gzip.level", INT, "-1", "Kept for clients; batches are never recompressed.", "compression.gzip.level", minimum=-1),
-        ConfigDef("compression.lz4.level", INT, "9", "Kept for clients; batches are never recompressed.", "compression.lz4.level", minimum=1),
-        ConfigDef("compression.zstd.level", INT, "3", "Kept for clients; batches are never recompressed.", "compression.zstd.level", minimum=-131072),
-        ConfigDef("compression.type", S, "producer", "Batches are stored as the producer compressed them.", "compression.type", ("producer",)),
-        ConfigDef("delete.retention.ms", L, "86400000", "How long compaction of __consumer_offsets keeps tombstones in cluster mode; unused otherwise.", "log.cleaner.delete.retention.ms", minimum=0),
+        ConfigDef("cleanup.policy", LS, "delete", "delete: old segments are dropped by retention; compact: superseded batches leave local storage, the signed tree stays (storage/FORMAT.md 4a); or both.", "log.cleanup.policy", ("compact", "delete")),
+        ConfigDef("compression.gzip.level", INT, "-1", "Level at which the broker gzips batches of a gzip topic (-1: zlib's default).", "compression.gzip.level", minimum=1, maximum=9, also=(-1,)),
+        ConfigDef("compression.lz4.level", INT, "9", "Level at which the broker compresses batches of an lz4 topic.", "compression.lz4.level", minimum=1, maximum=17),
+        ConfigDef("compression.zstd.level", INT, "3", "Level at which the broker compresses batches of a zstd topic.", "compression.zstd.level", minimum=-131072, maximum=22),
+        ConfigDef("compression.type", S, "producer", "producer stores batches as compressed by the producer; a codec makes the broker recompress other batches with it before signing.", "compression.type", ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
+        ConfigDef("delete.retention.ms", L, "86400000", "How long compaction keeps a tombstone (and the offsets archive's, in cluster mode).", "log.cleaner.delete.retention.ms", minimum=0),
         ConfigDef("file.delete.delay.ms", L, "60000", "Unused: segments are deleted at once.", "log.segment.delete.delay.ms", minimum=0),
         ConfigDef("flush.messages", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.messages", minimum=1),
         ConfigDef("flush.ms", L, str(LONG_MAX), "Unused: see the broker's --fsync policy.", "log.flush.interval.ms", minimum=0),
@@ -84,13 +87,13 @@ def _topic_configs() -> dict[str, ConfigDef]:
         ConfigDef("leader.replication.throttled.replicas", LS, "", "Unused: no replication throttling."),
         ConfigDef("local.retention.bytes", L, "-2", "No tiered storage.", "log.local.retention.bytes", minimum=-2),
         ConfigDef("local.retention.ms", L, "-2", "No tiered storage.", "log.local.retention.ms", minimum=-2),
-        ConfigDef("max.compaction.lag.ms", L, str(LONG_MAX), "Unused: no compaction.", "log.cleaner.max.compaction.lag.ms", minimum=1),
+        ConfigDef("max.compaction.lag.ms", L, str(LONG_MAX), "A compacted partition whose first uncleaned batch is older than this is cleaned whatever its dirty ratio.", "log.cleaner.max.compaction.lag.ms", minimum=1),
         ConfigDef("max.message.bytes", INT, "1048588", "Largest record batch accepted, after compression.", "message.max.bytes", minimum=0),
         ConfigDef("message.timestamp.after.max.ms", L, "3600000", "How far ahead of the broker clock a CreateTime timestamp may be.", "log.message.timestamp.after.max.ms", minimum=0),
         ConfigDef("message.timestamp.before.max.ms", L, str(LONG_MAX), "How far behind the broker clock a CreateTime timestamp may be.", "log.message.timestamp.before.max.ms", minimum=0),
         ConfigDef("message.timestamp.type", S, "CreateTime", "CreateTime keeps the producer's timestamps; LogAppendTime stamps batches on append.", "log.message.timestamp.type", ("CreateTime", "LogAppendTime")),
-        ConfigDef("min.cleanable.dirty.ratio", D, "0.5", "Unused: no compaction.", "log.cleaner.min.cleanable.ratio"),
-        ConfigDef("min.compaction.lag.ms", L, "0", "Unused: no compaction.", "log.cleaner.min.compaction.lag.ms", minimum=0),
+        ConfigDef("min.cleanable.dirty.ratio", D, "0.5", "Share of uncleaned bytes at which a compacted partition is cleaned.", "log.cleaner.min.cleanable.ratio"),
+        ConfigDef("min.compaction.lag.ms", L, "0", "Segments holding a batch younger than this are not compacted.", "log.cleaner.min.compaction.lag.ms", minimum=0),
         ConfigDef("min.insync.replicas", INT, "1", "Replicas that must hold a head before acks=all is answered.", "min.insync.replicas", minimum=1),
         ConfigDef("preallocate", B, "false", "Unused.", "log.preallocate"),
         ConfigDef("remote.log.copy.disable", B, "false", "No tiered storage.", None, ("false",)),
@@ -111,6 +114,11 @@ TOPIC_CONFIGS: Mapping[str, ConfigDef] = _topic_configs()
 
 
 def _check_value(d: ConfigDef, value: str) -> str:
+    if d.choices and d.type == ConfigType.LIST:
+        items = [v.strip() for v in value.split(",")]
+        if not all(items) or any(v not in d.choices for v in items):
+            raise ConfigError(f"Invalid value {value} for configuration {d.name}: each must be one of {list(d.choices)}")
+        return ",".join(items)
     if d.choices and value not in d.choices:
         raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be one of {list(d.choices)}")
     if d.type in (ConfigType.INT, ConfigType.LONG, ConfigType.SHORT):
@@ -118,8 +126,11 @@ def _check_value(d: ConfigDef, value: str) -> str:
             number = int(value)
         except ValueError:
             raise ConfigError(f"Invalid value {value} for configuration {d.name}: not a number") from None
-        if d.minimum is not None and number < d.minimum:
-            raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be at least {d.minimum}")
+        if number not in d.also:
+            if d.minimum is not None and number < d.minimum:
+                raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be at least {d.minimum}")
+            if d.maximum is not None and number > d.maximum:
+                raise ConfigError(f"Invalid value {value} for configuration {d.name}: must be at most {d.maximum}")
         if d.type == ConfigType.INT and number > 2**31 - 1:
             raise ConfigError(f"Invalid value {value} for configuration {d.name}: out of int range")
     elif d.type == ConfigType.BOOLEAN:
@@ -128,9 +139,11 @@ def _check_value(d: ConfigDef, value: str) -> str:
         value = value.lower()
     elif d.type == ConfigType.DOUBLE:
         try:
-            float(value)
+            number_f = float(value)
         except ValueError:
             raise ConfigError(f"Invalid value {value} for configuration {d.name}: not a number") from None
+        if d.name == "min.cleanable.dirty.ratio" and not 0 <= number_f <= 1:
+            raise ConfigError(f"Invalid value {value} for configuration {d.name}: Value must be between 0 and 1")
     return value
 
 
@@ -197,6 +210,10 @@ class BrokerConfig:
     max_broker_partitions: int = 100_000
     shutdown_grace_s: float = 10.0
     log_retention_check_ms: int = 300_000
+    # Kafka's log.cleaner.enable and log.cleaner.backoff.ms: whether compacted topics are
+    # cleaned, and the pause between two passes of the cleaner over them (broker/cleaner.py).
+    log_cleaner_enable: bool = True
+    log_cleaner_backoff_ms: int = 15_000
     # Mirrors (broker/mirror.py, broker/replication_server.py): where this node serves its
     # archives over the Hypercore protocol, and the nodes it mirrors ("HOST:PORT" of their
     # Kafka listener, optionally "@<node key hex>" to pin the key instead of trusting it
@@ -266,11 +283,13 @@ class BrokerConfig:
         def num(name: str) -> int:
             return int(self.effective(overrides, name))
 
+        # cleanup.policy without delete (compact only): retention never drops a segment.
+        deletes = "delete" in self.effective(overrides, "cleanup.policy").split(",")
         return LogConfig(
             segment_bytes=num("segment.bytes"),
             segment_ms=num("segment.ms"),
-            retention_ms=num("retention.ms"),
-            retention_bytes=num("retention.bytes"),
+            retention_ms=num("retention.ms") if deletes else -1,
+            retention_bytes=num("retention.bytes") if deletes else -1,
         )
 
     def describe_broker(self) -> list[ConfigEntry]:
@@ -476,6 +495,10 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["mirrors"] = [m.strip() for m in value.split(",") if m.strip()]
             elif key == "log.retention.check.interval.ms":
                 changes["log_retention_check_ms"] = int(value)
+            elif key == "log.cleaner.enable":
+                changes["log_cleaner_enable"] = _BOOL[value.lower()]
+            elif key == "log.cleaner.backoff.ms":
+                changes["log_cleaner_backoff_ms"] = _at_least(key, value, 1)
             elif key in ("log.retention.hours", "log.retention.minutes"):
                 factor = 3_600_000 if key.endswith("hours") else 60_000
                 config.topic_defaults.setdefault("log.retention.ms", str(int(value) * factor))

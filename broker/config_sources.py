@@ -124,7 +124,6 @@ KAFKA_ONLY: Mapping[str, str] = {
     "leader.imbalance.check.interval.seconds": _LEADERS,
     "leader.imbalance.per.broker.percentage": _LEADERS,
     "controlled.shutdown.enable": _LEADERS,
-    "log.cleaner.enable": "topics are never compacted here (cleanup.policy=delete only)",
     "group.coordinator.rebalance.protocols": "groups use the classic protocol; the KIP-848 consumer protocol is not offered yet",
 }
 

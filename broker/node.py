@@ -38,6 +38,7 @@ from typing import Any, cast
 
 import trio
 
+from broker.cleaner import Cleaner, compaction_policy
 from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import Etcd
 from broker.cluster.membership import Member, Membership
@@ -45,7 +46,9 @@ from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_conf
 from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from broker.metrics import BrokerMetrics, TopicStats
+from broker.protocol.compression import topic_compression
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
+from storage.compaction import CompactionPolicy
 from storage.errors import RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget, HandleCache
 
@@ -178,6 +181,12 @@ class Topic:
     timestamp_after_max_ms: int = 3600000
     timestamp_before_max_ms: int = 2**63 - 1
     min_insync_replicas: int = 1
+    # compression.type: the codec the broker recompresses other batches to (None: producer)
+    # and compression.<codec>.level for it.
+    compression: int | None = None
+    compression_level: int | None = None
+    # cleanup.policy with compact: its compaction configs (broker/cleaner.py); else None.
+    compaction: CompactionPolicy | None = None
     # Written by another node and mirrored here (broker/mirror.py): read-only for Kafka.
     mirrored: bool = False
     # Cluster mode: the broker id of the writer (the partitions' leader); None = this node.
@@ -198,6 +207,7 @@ class Node:
 
     def __init__(self, config: BrokerConfig, store: Store) -> None:
         self.config = config
+        self.cleaner = Cleaner(self)  # compacted topics (broker/cleaner.py)
         self.store = store
         self.topics: dict[str, Topic] = {}
         digest = hashlib.blake2b(store.node_public_key, digest_size=16).digest()
@@ -352,6 +362,8 @@ class Node:
         topic.timestamp_after_max_ms = int(eff(overrides, "message.timestamp.after.max.ms"))
         topic.min_insync_replicas = int(eff(overrides, "min.insync.replicas"))
         topic.timestamp_before_max_ms = int(eff(overrides, "message.timestamp.before.max.ms"))
+        topic.compression, topic.compression_level = topic_compression(lambda name: eff(overrides, name))
+        topic.compaction = compaction_policy(lambda name: eff(overrides, name))
 
     def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog],
                         leader_id: int | None = None) -> Topic:
@@ -894,6 +906,8 @@ class Node:
                 nursery.start_soon(follow_placements, self, self.cluster)
             nursery.start_soon(self.commit_loop)
             nursery.start_soon(self.retention_loop)
+            if self.config.log_cleaner_enable:
+                nursery.start_soon(self.cleaner.run)
             nursery.start_soon(self.offline_retry_loop)
             await nursery.start(self.groups.run)
             if self.config.replication_listen is not None or self.config.mirrors:

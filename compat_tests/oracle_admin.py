@@ -36,6 +36,7 @@ from compat_tests.oracle import (
 TOPIC_CFG = "hk-oracle-cfg"  # configs altered
 TOPIC_P = "hk-oracle-p"  # partitions added
 TOPIC_R = "hk-oracle-r"  # records deleted, producers described, log dirs
+TOPIC_S = "hk-oracle-s"  # created with configs that change what is stored
 
 TOPIC, BROKER = 2, 4  # config resource types
 SET, DELETE, APPEND = 0, 1, 2  # IncrementalAlterConfigs operations
@@ -53,6 +54,7 @@ def run(s: Session, c: RawClient) -> None:
     _record(s, c, "admin-create-topics", "create_topics", 7, body)
     _wait("admin topics ready", lambda: _topics_ready(c, [TOPIC_CFG, TOPIC_P, TOPIC_R]))
     _configs(s, c)
+    _stored_configs(s, c)
     _partitions(s, c)
     _records(s, c)
     _acls(s, c)
@@ -184,6 +186,52 @@ def _configs(s: Session, c: RawClient) -> None:
     body = _incremental_body([(TOPIC, TOPIC_CFG, [("max.message.bytes", SET, "131072")])])
     _record(s, c, "admin-incremental-alter-configs-v1", "incremental_alter_configs", 1, body)
     _describe_cfg(s, c, "admin-describe-after-incremental-v1", {"max.message.bytes": "131072"})
+
+
+def _stored_configs(s: Session, c: RawClient) -> None:
+    """CreateTopics with compression.type and compaction configs (and refused values),
+    DescribeConfigs of them, and a keyless record refused by the compacted topic."""
+
+    def topic(name: str, configs: dict[str, str]) -> dict[str, Any]:
+        return {"name": name, "num_partitions": 1, "replication_factor": 1, "assignments": [],
+                "configs": [{"name": k, "value": v} for k, v in configs.items()]}  # fmt: skip
+
+    stored = {
+        "compression.type": "zstd",
+        "compression.zstd.level": "9",
+        "cleanup.policy": "compact,delete",
+        "min.cleanable.dirty.ratio": "0.1",
+        "delete.retention.ms": "1000",
+        "min.compaction.lag.ms": "5",
+        "max.compaction.lag.ms": "600000",
+    }
+    body = {
+        "topics": [
+            topic(TOPIC_S, stored),
+            topic("hk-oracle-bad-codec", {"compression.type": "brotli"}),
+            topic("hk-oracle-bad-policy", {"cleanup.policy": "compact,shred"}),
+            topic("hk-oracle-bad-level", {"compression.gzip.level": "0"}),
+            topic("hk-oracle-bad-ratio", {"min.cleanable.dirty.ratio": "1.5"}),
+        ],
+        "timeout": 30_000,
+        "validate_only": False,
+    }
+    _record(s, c, "admin-create-topics-v7-stored-configs", "create_topics", 7, body)
+    _wait("stored-configs topic ready", lambda: _topics_ready(c, [TOPIC_S]))
+    dc = {
+        "resources": [
+            {"resource_type": TOPIC, "resource_name": TOPIC_S, "configuration_keys": sorted(stored)}
+        ],
+        "include_synonyms": True,
+        "include_documentation": False,
+    }
+    _record(s, c, "admin-describe-stored-configs", "describe_configs", 4, dc)
+    # the script's batch: its second record has no key
+    _record(s, c, "admin-produce-keyless-to-compacted", "produce", 9,
+            _produce_body(TOPIC_S, 0, script_batch()))  # fmt: skip
+    dt = {"topic_names": [TOPIC_S], "timeout": 30_000}
+    _record(s, c, "admin-delete-stored-configs-topic", "delete_topics", 4, dt)
+    _wait("stored-configs topic deleted", lambda: _topics_gone(c, [TOPIC_S]))
 
 
 # ---------------------------------------------------------------------------- partitions

@@ -104,7 +104,8 @@ def verify_command(data_dir: str, topic: str | None, *,
         res = verify_partition(path, pk, progress=prog)
         prog.item_done()
         if res.ok:
-            say(f"ok {name} {p} {res.length} blocks, {res.signed_length} signed")
+            say(f"ok {name} {p} {res.length} blocks, {res.signed_length} signed"
+                + (f", {res.compacted} compacted away (leaf hashes checked)" if res.compacted else ""))
         else:
             failures += 1
             say(f"BAD {name} {p} {res.first_bad_offset} {res.reason}")

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from storage import batch as B
+from storage import compaction, recovery, retention
 from storage import format as fmt
-from storage import recovery, retention
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
 from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
 from storage.format import (
@@ -281,6 +281,8 @@ class PartitionLog:
         if not 0 <= k < seg.count:
             raise KeyError(index)
         size = seg.size_of(k)
+        if not size:  # removed by compaction (FORMAT.md 4a): not held here
+            raise KeyError(index)
         data = self.fs.pread_exact(seg.log_fd, size, seg.positions[k])
         if len(data) != size:
             raise KeyError(index)
@@ -868,6 +870,11 @@ class PartitionLog:
             return FileRange(-1, 0, 0, offset, offset)
         self._ensure_open()
         seg, i = self._find(offset)
+        if compaction.removed(seg, i):  # FORMAT.md 4a: served from the next batch kept
+            kept = compaction.next_present(self, seg, i, hwm)
+            if kept is None:
+                return FileRange(-1, 0, 0, offset, hwm)
+            seg, i = kept
         end_i = bisect.bisect_left(seg.bases, hwm, i)
         start = seg.positions[i]
         limit = start + max_bytes
@@ -913,6 +920,8 @@ class PartitionLog:
         of the head verified at open, or a node authenticated before)."""
         leaf_index = seg.first_leaf + k
         size = seg.size_of(k)
+        if not size:
+            return True  # removed by compaction: no bytes of it are served
         data = self.fs.pread_exact(seg.log_fd, size, seg.positions[k])
         if len(data) != size:
             return False
@@ -965,7 +974,7 @@ class PartitionLog:
             for k, ts in enumerate(seg.max_ts):
                 if seg.bases[k] >= hwm:
                     return None
-                if ts >= timestamp_ms and self._batch_end(seg, k) > start:
+                if ts >= timestamp_ms and self._batch_end(seg, k) > start and seg.size_of(k):
                     return self.read_bytes(max(int(seg.bases[k]), start), 1)
         return None
 
@@ -983,8 +992,8 @@ class PartitionLog:
                 base = int(seg.bases[k])
                 if base >= hwm:
                     break
-                if self._batch_end(seg, k) <= start:
-                    continue  # wholly below the log start (DeleteRecords)
+                if self._batch_end(seg, k) <= start or not seg.size_of(k):
+                    continue  # wholly below the log start (DeleteRecords), or compacted
                 if best is None or ts > best[0]:
                     best = (ts, max(base, start))
         return None if best is None else self.read_bytes(best[1], 1)
@@ -1000,7 +1009,8 @@ class PartitionLog:
             if k < seg.count:
                 self._ensure_open()  # a log parked between two segments opens again
             for kk in range(k, seg.count):
-                yield self.fs.pread_exact(seg.log_fd, B.HEADER_SIZE, seg.positions[kk])
+                if seg.size_of(kk):  # a compacted block has no bytes here
+                    yield self.fs.pread_exact(seg.log_fd, B.HEADER_SIZE, seg.positions[kk])
 
     # ------------------------------------------------------------------ retention
 
@@ -1025,6 +1035,14 @@ class PartitionLog:
         checks, so the hot path stays as it is."""
         if self._segments and self._segments[-1].count:
             self._segments[-1].created_ms = -(1 << 80)
+
+    def _close_doomed(self) -> None:
+        """Close the descriptors of segments dropped earlier (retention, compaction): kept
+        open until now as read ranges handed out before the drop may still use them."""
+        for seg in self._doomed:
+            self.fs.close(seg.log_fd)
+            self.fs.close(seg.idx_fd)
+        self._doomed = []
 
     # ------------------------------------------------------------------ close
 

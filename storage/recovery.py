@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from storage import batch as B
+from storage import compaction
 from storage import format as fmt
 from storage.errors import ArchiveDamaged, RecoveryFailed
 from storage.format import (
@@ -73,6 +74,7 @@ def open_unwritable(lg: PartitionLog, failure: OSError) -> None:
 
 def recover(lg: PartitionLog) -> None:
     fs = lg.fs
+    compaction.finish_swaps(fs, lg.path)
     lg._head_fd = lg._open_rw("head")
     lg._tree_fd = lg._open_rw("tree")
     head, corrupt_slot = read_head_slots(fs, lg._head_fd)
@@ -423,6 +425,8 @@ def check_entry_against_log(lg: PartitionLog, seg: Segment, k: int) -> bool:
     if not entry_ok(seg.entries, k):
         return False
     pos, size = seg.positions[k], seg.size_of(k)
+    if not size:  # removed by compaction (FORMAT.md 4a): the leaf is the tree file's
+        return lg._read_node(2 * (seg.first_leaf + k)) is not None
     data = lg.fs.pread_exact(seg.log_fd, size, pos)
     if len(data) != size or not batch_ok(data):
         return False
@@ -521,7 +525,8 @@ def fold(lg: PartitionLog, start: int, end: int) -> None:
         ent = seg.entries
         for kk in range(k, stop):
             o = kk * ENTRY_SIZE
-            nodes.extend(fr.append(bytes(ent[o + 28 : o + 60]), U32.unpack_from(ent, o + 20)[0]))
+            size = U32.unpack_from(ent, o + 20)[0] or compaction.leaf_size(lg, seg, kk)
+            nodes.extend(fr.append(bytes(ent[o + 28 : o + 60]), size))
         leaf_index = seg.first_leaf + stop
 
 

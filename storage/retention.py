@@ -33,7 +33,7 @@ def apply_retention(lg: PartitionLog, now_ms: int) -> int:
     keeps what its writer signed (retention of mirrors: not yet)."""
     if lg.replica:
         return 0
-    close_doomed(lg)
+    lg._close_doomed()
     if lg._job is not None or lg.damage is not None or lg._poisoned is not None:
         return 0
     cfg = lg.config
@@ -58,7 +58,7 @@ def drop_segments_below(lg: PartitionLog, offset: int) -> int:
     For a log whose owner rewrote everything it still needs at `offset` or later
     (the offsets archive's compaction). Returns the number of segments dropped; 0 also
     while a commit job is in flight (call again later)."""
-    close_doomed(lg)
+    lg._close_doomed()
     if lg._job is not None or lg.damage is not None or lg._poisoned is not None:
         return 0
     drop = 0
@@ -80,7 +80,7 @@ def delete_records_below(lg: PartitionLog, offset: int) -> int:
     flight or the archive takes no writes."""
     if offset > lg.high_watermark:
         raise ValueError(f"offset {offset} is above the high watermark {lg.high_watermark}")
-    close_doomed(lg)
+    lg._close_doomed()
     if lg._job is not None or lg.damage is not None or lg._poisoned is not None:
         raise StorageError(f"{lg.path}: busy or not writable; try again")
     if offset <= lg.log_start_offset:
@@ -119,13 +119,6 @@ def write_head_slot(lg: PartitionLog, head: Head, min_index: int) -> None:
     lg.fs.pwrite_all(lg._head_fd, new_head.encode(), (lg._head_seq % 2) * SLOT_SIZE)
     lg.fs.fsync(lg._head_fd)
     lg._head = new_head
-
-
-def close_doomed(lg: PartitionLog) -> None:
-    for seg in lg._doomed:  # ranges handed out before the last drop are stale now
-        lg.fs.close(seg.log_fd)
-        lg.fs.close(seg.idx_fd)
-    lg._doomed = []
 
 
 def _drop_first_segments(lg: PartitionLog, drop: int) -> int:

@@ -40,6 +40,7 @@ class VerifyResult:
     signed_length: int
     first_bad_offset: int | None = None
     reason: str = ""
+    compacted: int = 0  # blocks removed by compaction: their leaves checked, not their bytes
 
 
 def _node(fs: FileSystem, fd: int, index: int) -> tuple[int, bytes] | None:
@@ -97,6 +98,7 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None,
         expect_offset: int | None = None
         seen: list[tuple[int, int, bytes]] = []  # (offset, size, leaf hash) below the head
         bad: tuple[int, str] | None = None
+        compacted = 0  # blocks removed by compaction, proven by their leaf hashes only
         for base in bases:
             lfd = ropen(os.path.join(path, f"{base:020d}.log"))
             ifd = ropen(os.path.join(path, f"{base:020d}.bidx"))
@@ -121,6 +123,24 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None,
                 if expect_offset is not None and e_base != expect_offset:
                     bad = (expect_offset, "offsets not contiguous")
                     break
+                if size == 0:
+                    # Removed by compaction (FORMAT.md 4a): the leaf is the tree file's.
+                    node = _node(fs, tree_fd, 2 * leaf) if tree_fd >= 0 else None
+                    if node is None or node[1] != e_leaf:
+                        bad = (e_base, "compacted block's leaf is missing from the tree file")
+                        break
+                    if leaf < signed:
+                        seen.append((e_base, node[0], e_leaf))
+                    fr.append(e_leaf, node[0])
+                    leaf += 1
+                    compacted += 1
+                    expect_offset = e_base + delta + 1
+                    if leaf == signed and fr.tree_hash() != head.tree_hash:  # type: ignore[union-attr]
+                        assert head is not None
+                        bad = (_first_unauthenticated(fs, tree_fd, head, min_index, seen),
+                               "tree recomputed from the data differs from the signed head")
+                        break
+                    continue
                 data = fs.pread_exact(lfd, size, pos)
                 if len(data) != size:
                     bad = (e_base, "batch missing from the segment")
@@ -161,7 +181,7 @@ def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None,
                    f"data ends at block {leaf} but the signed head covers {signed}")
         if bad is not None:
             return VerifyResult(False, leaf, signed, bad[0], bad[1])
-        return VerifyResult(True, leaf, signed)
+        return VerifyResult(True, leaf, signed, compacted=compacted)
     finally:
         for fd in fds:
             fs.close(fd)

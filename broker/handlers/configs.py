@@ -4,7 +4,7 @@ A topic's overrides live in the node's catalog (a signed archive), so a change i
 before the answer says so and survives restarts; it takes effect at once (the produce
 path's limits, retention and segment sizes). Only the topic configs of `broker.config`'s
 registry are accepted, each checked as CreateTopics checks it; an unknown name or a value
-we cannot honour (`cleanup.policy=compact`, `remote.storage.enable=true`...) refuses the
+we cannot honour (`remote.storage.enable=true`, `unclean.leader.election.enable=true`...) refuses the
 whole resource with INVALID_CONFIG, naming the config. Broker configs are static (the
 properties file): altering them is refused with INVALID_REQUEST, as Kafka refuses a
 read-only config.

@@ -25,11 +25,13 @@ from typing import Any
 import trio
 
 from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
+from broker.cleaner import keyless_message, keyless_record
 from broker.cluster import signed_blocks
 from broker.handlers import errors
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
+from broker.protocol.compression import recompress_batch
 from broker.protocol.errors import ProtocolError, RecordBatchError
 from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
 from broker.security.authz import Operation
@@ -134,8 +136,13 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     try:
         # Every record, before anything is signed.
         max_timestamp = checked.records()
+        # A compacted topic keeps the last record per key: Kafka's LogValidator refuses
+        # records without one there.
+        keyless = keyless_record(data) if topic.compaction is not None else None
     except RecordBatchError as exc:
         return _PartitionResult(exc.error_code, str(exc), exc.record_index)
+    if keyless is not None:
+        return _PartitionResult(errors.INVALID_RECORD, keyless_message(topic.name, partition.index), keyless)
 
     outcome = None
     if batch.producer_id >= 0:
@@ -153,9 +160,20 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         if outcome.verdict is Verdict.OUT_OF_ORDER:
             return _PartitionResult(errors.OUT_OF_ORDER_SEQUENCE_NUMBER, outcome.message)
 
+    if topic.compression is not None and batch.compression != topic.compression:
+        # compression.type names another codec: rebuilt as Kafka's LogValidator does,
+        # before anything is signed; Kafka checks the rebuilt size against the limit.
+        data = recompress_batch(data, topic.compression, topic.compression_level,
+                                inflate_limit(topic.max_message_bytes))
+        if len(data) > topic.max_message_bytes:
+            return _PartitionResult(
+                errors.MESSAGE_TOO_LARGE,
+                f"Message batch size is {len(data)} bytes in append to partition {topic.name}-{partition.index} "
+                f"which exceeds the maximum configured size of {topic.max_message_bytes}.",
+            )
     # The log stamps the base offset into the batch: a writable view of the request frame
     # (the fast decoder's) is used as it is, anything else is copied once.
-    buf = data if isinstance(data, memoryview) and not data.readonly else bytearray(data)
+    buf = data if isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly) else bytearray(data)
     result = _PartitionResult()
     if topic.log_append_time:
         records.set_log_append_time(buf, now)

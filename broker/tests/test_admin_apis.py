@@ -106,7 +106,7 @@ async def test_alter_configs_persist_and_take_effect(start: Start) -> None:
         assert (await produce(c, "cfg", batch([b"x" * 300]))).error_code == 10
         # refused configs are named, and nothing of the resource changes
         r = await incremental(
-            c, "cfg", [("retention.ms", 0, "99"), ("cleanup.policy", 0, "compact")]
+            c, "cfg", [("retention.ms", 0, "99"), ("cleanup.policy", 0, "compact,shred")]
         )
         assert r.error_code == 40 and "cleanup.policy" in r.error_message
         r = await incremental(c, "cfg", [("no.such.config", 0, "1")])

@@ -478,7 +478,7 @@ async def test_topic_changes_forwarded_to_its_writer(tmp_path: Path, etcd: EtcdS
             assert await configs_on_2() == {"segment.bytes": "1048576"}
             # the writer's refusal comes back as it is
             r = await c1.call("incremental_alter_configs", 1, resource(
-                {"name": "cleanup.policy", "config_operation": 0, "value": "compact"}))
+                {"name": "remote.storage.enable", "config_operation": 0, "value": "true"}))
             assert r.responses[0].error_code == 40  # INVALID_CONFIG
             # a change another broker forwarded is not forwarded again (no loop)
             raw = await kafka_request("127.0.0.1", ports[0], 44, 1, "incremental_alter_configs", resource(

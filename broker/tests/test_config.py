@@ -54,7 +54,10 @@ def test_unknown_or_bad_settings_are_refused() -> None:
     with pytest.raises(ConfigError):
         validate_topic_configs({"message.timestamp.type": "Sometimes"})
     with pytest.raises(ConfigError):
-        validate_topic_configs({"cleanup.policy": "compact"})  # a signed archive is never rewritten
+        validate_topic_configs({"cleanup.policy": "compact,shred"})
+    with pytest.raises(ConfigError, match=r"min\.cleanable\.dirty\.ratio"):
+        validate_topic_configs({"min.cleanable.dirty.ratio": "1.5"})
+    assert validate_topic_configs({"cleanup.policy": "delete, compact"}) == {"cleanup.policy": "delete,compact"}
     assert validate_topic_configs({"preallocate": "TRUE", "segment.ms": None}) == {"preallocate": "true"}
 
 
