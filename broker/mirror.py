@@ -328,7 +328,7 @@ async def _drive(link: ConnectionDriver, ch: ReplicationChannel, *,
         # Tell the peer what a stored signed head now covers (a Hypercore `range`): the
         # writer of a cluster counts it for the ISR and acks=all.
         assert sink is not None
-        ch.announce_stored(signed_blocks(sink.log))
+        ch.announce_stored(signed_blocks(sink.log.log))
         link.kick()
 
     async def repairer(lg: FollowerLog) -> None:
@@ -522,6 +522,7 @@ class NodeMirror:
         # Cluster mode: our copy of the peer's offsets archive (its __consumer_offsets),
         # for the coordinator that takes over from it; never a Kafka topic here.
         self.offsets_copy: PeerCopy | None = None
+        self._offsets_follower: FollowerLog | None = None  # the sink of offsets_copy.log
 
     # -- persistence of the trusted key ---------------------------------------
 
@@ -639,7 +640,7 @@ class NodeMirror:
         if self.node.store.handles is not None:  # their files on the node's budget too
             for lg in logs:
                 lg.attach_handles(self.node.store.handles)
-        plogs: list[PartitionLog] = list(logs)
+        plogs: list[PartitionLog] = [lg.log for lg in logs]
         topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
         self.attached[rec.name] = (rec, logs)
         log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
@@ -659,7 +660,8 @@ class NodeMirror:
             raise VerificationFailed(f"{rec.name}-0: signer key does not match the catalog's archive key")
         lg = FollowerLog.open_replica(self._partition_dir(rec.name, 0), public_key,
                                       config=self.node.config.log_config(rec.configs))
-        self.offsets_copy = PeerCopy(lg)
+        self.offsets_copy = PeerCopy(lg.log)
+        self._offsets_follower = lg
         cluster.offsets_copies[self.broker_id] = self.offsets_copy
         cluster.copy_changed()
         log.info("following the offsets archive of broker %d", self.broker_id)
@@ -667,14 +669,14 @@ class NodeMirror:
             self._spawn.start_soon(self._follow_offsets, self._link)
 
     async def _follow_offsets(self, link: ConnectionDriver) -> None:
-        copy, cluster = self.offsets_copy, self.node.cluster
-        assert copy is not None and cluster is not None and isinstance(copy.log, FollowerLog)
+        copy, cluster, lg = self.offsets_copy, self.node.cluster, self._offsets_follower
+        assert copy is not None and cluster is not None and lg is not None
 
         def channel(ch: ReplicationChannel | None) -> None:
             copy.channel = ch
             cluster.copy_changed()
 
-        await follow_forever(link, copy.log, cluster.copy_changed, f"{OFFSETS_TOPIC} of broker {self.broker_id}",
+        await follow_forever(link, lg, cluster.copy_changed, f"{OFFSETS_TOPIC} of broker {self.broker_id}",
                              channel)
 
     # -- following ---------------------------------------------------------------

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -39,10 +39,14 @@ def _free_port(host: str) -> int:
 
 
 class EtcdServer:
-    """One single-member etcd on `host`, its data in `data_dir`.
+    """One etcd member `name` on `host`, its data in `data_dir`: alone (the default), or one
+    of `members` (every member's name -> peer URL, this one included), which all start
+    with the same `members` and `token` and form one cluster.
 
-    `prefix` runs it under another command (the fault harness: ``ip netns exec NS``).
-    `endpoint` is what ``hyperkafka.cluster.etcd.endpoints`` takes."""
+    `prefix` runs it under another command (``ip netns exec NS``). `command()` is the
+    whole command line, for a harness that runs the process itself (compat_tests/jepsen
+    kills, pauses and restarts its members). `endpoint` is what
+    ``hyperkafka.cluster.etcd.endpoints`` takes. Elections are short by default (tests)."""
 
     def __init__(
         self,
@@ -53,6 +57,11 @@ class EtcdServer:
         peer_port: int | None = None,
         prefix: Sequence[str] = (),
         name: str = "hk-etcd",
+        members: Mapping[str, str] | None = None,
+        token: str | None = None,
+        heartbeat_ms: int = 50,
+        election_ms: int = 500,
+        log_level: str | None = "warn",
     ) -> None:
         binary = etcd_binary()
         if binary is None:
@@ -66,6 +75,11 @@ class EtcdServer:
         self.peer_port = peer_port or _free_port(host)
         self.prefix = list(prefix)
         self.name = name
+        self.members = dict(members) if members is not None else None
+        self.token = token
+        self.heartbeat_ms = heartbeat_ms
+        self.election_ms = election_ms
+        self.log_level = log_level
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / "etcd.log"
 
@@ -73,9 +87,14 @@ class EtcdServer:
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.client_port}"
 
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
     def command(self) -> list[str]:
-        peer = f"http://{self.host}:{self.peer_port}"
-        return [
+        peer = self.peer_url
+        members = self.members if self.members is not None else {self.name: peer}
+        argv = [
             *self.prefix,
             self.binary,
             "--name",
@@ -91,24 +110,36 @@ class EtcdServer:
             "--initial-advertise-peer-urls",
             peer,
             "--initial-cluster",
-            f"{self.name}={peer}",
+            ",".join(f"{n}={url}" for n, url in members.items()),
             "--initial-cluster-state",
             "new",
-            # tests want short elections and no background compaction surprises
-            "--heartbeat-interval",
-            "50",
-            "--election-timeout",
-            "500",
-            "--logger",
-            "zap",
-            "--log-level",
-            "warn",
         ]
+        if self.token is not None:
+            argv += ["--initial-cluster-token", self.token]
+        argv += [
+            "--heartbeat-interval",
+            str(self.heartbeat_ms),
+            "--election-timeout",
+            str(self.election_ms),
+        ]
+        if self.log_level is not None:
+            argv += ["--logger", "zap", "--log-level", self.log_level]
+        return argv
 
     def start(self) -> EtcdServer:
+        """`spawn` and `wait_ready`: a single member (a member of several answers only once
+        a majority of them runs: spawn them all, then wait)."""
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_ready(self) -> EtcdServer:
+        """Wait until it answers (it has a leader); stopped and RuntimeError if it does not."""
+        assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -228,6 +228,25 @@ def new_broker(
 
 
 @contextlib.contextmanager
+def module_broker(prefix: str, what: str) -> Iterator[Broker]:
+    """A started broker of ours on a fresh data dir in a temp dir named `prefix`..., for
+    the tests of one module (`what` names them in a failure). When the with-block ends
+    normally the broker must still be running and exit 0 on SIGTERM (AssertionError with
+    its log tail otherwise); however it ends, the broker is stopped and the dir removed."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        broker = new_broker(Path(tmp))
+        broker.start()
+        try:
+            yield broker
+        finally:
+            alive = broker.alive()
+            code = broker.stop()
+            tail = broker.log_tail()
+        assert alive, f"hyperkafka died during {what}\n{tail}"
+        assert code == 0, f"hyperkafka exited {code} on SIGTERM\n{tail}"
+
+
+@contextlib.contextmanager
 def configured_broker(
     workdir: Path,
     properties: Mapping[str, str],

@@ -205,3 +205,20 @@ def test_page_blocks_run(page: Path, tmp_path: Path) -> None:
             if code not in (0, 130) or "Traceback" in text:
                 failures.append(f"{b.where} ended with {code}:\n{text[-3000:]}")
     assert not failures, "\n".join(failures)
+
+
+def test_properties_blocks_are_broker_configs(tmp_path: Path) -> None:
+    """A `properties` block is a server.properties a reader copies as it is: the broker's
+    own parser reads it, knows every key, and no value carries a trailing `# comment`
+    (in a properties file that is part of the value)."""
+    from broker.config import BrokerConfig, apply_properties, read_properties
+
+    found = [b for page in PAGES for b in blocks(page) if b.lang == "properties"]
+    assert found, "the pages lost their server.properties examples?"
+    for b in found:
+        conf = tmp_path / "server.properties"
+        conf.write_text(b.text)
+        props = read_properties(conf)
+        for key, value in props.items():
+            assert "#" not in value, f"{b.where}: {key}={value!r}: a comment after a value"
+        apply_properties(BrokerConfig(), props)

@@ -12,13 +12,12 @@ java) these tests skip, and under CI=true they fail.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from compat_tests.harness import Broker, new_broker
+from compat_tests.harness import Broker, module_broker
 from compat_tests.java_tools import JavaTools, require_java
 
 CONFIG_COMMAND = "kafka.admin.ConfigCommand"
@@ -34,17 +33,8 @@ def java() -> JavaTools:
 
 @pytest.fixture(scope="module")
 def hk(java: JavaTools) -> Iterator[Broker]:
-    with tempfile.TemporaryDirectory(prefix="hk-javaadmin-") as tmp:
-        broker = new_broker(Path(tmp))
-        broker.start()
-        try:
-            yield broker
-        finally:
-            alive = broker.alive()
-            code = broker.stop()
-            tail = broker.log_tail()
-        assert alive, f"hyperkafka died during the Java admin tests\n{tail}"
-        assert code == 0, f"hyperkafka exited {code} on SIGTERM\n{tail}"
+    with module_broker("hk-javaadmin-", "the Java admin tests") as broker:
+        yield broker
 
 
 def restart(hk: Broker) -> None:

@@ -9,14 +9,13 @@ without them (or java) these tests skip, and under CI=true they fail.
 from __future__ import annotations
 
 import random
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from compat_tests.harness import Broker, new_broker
+from compat_tests.harness import Broker, module_broker, new_broker
 from compat_tests.java_tools import NOOP_FORMATTER, JavaTools, ToolFailed, require_java
 
 
@@ -27,17 +26,8 @@ def java() -> JavaTools:
 
 @pytest.fixture(scope="module")
 def hk(java: JavaTools) -> Iterator[Broker]:
-    with tempfile.TemporaryDirectory(prefix="hk-javalab-") as tmp:
-        broker = new_broker(Path(tmp))
-        broker.start()
-        try:
-            yield broker
-        finally:
-            alive = broker.alive()
-            code = broker.stop()
-            tail = broker.log_tail()
-        assert alive, f"hyperkafka died during the Java tests\n{tail}"
-        assert code == 0, f"hyperkafka exited {code} on SIGTERM\n{tail}"
+    with module_broker("hk-javalab-", "the Java tests") as broker:
+        yield broker
 
 
 def _explain(hk: Broker) -> str:

@@ -115,6 +115,9 @@ class CommitJob:
     # against the writer's signed tree before the batch was written; used instead of
     # reading the batches back and hashing them a second time.
     leaves: list[bytes] | None = None
+    # A follower's commit: (length, tree hash) of the writer's signed head; `run` writes
+    # nothing unless the folded leaves make exactly that tree.
+    expect_tree: tuple[int, bytes] | None = None
     # INTERVAL policy, periodic sync: the fsyncs run in a `BackgroundSync` beside later
     # commits instead of inside this job (FORMAT.md section 6).
     background: bool = False
@@ -130,6 +133,13 @@ class CommitJob:
         fs = lg.fs
         try:
             self._hash_pending()
+            expect = self.expect_tree
+            if expect is not None and (
+                self.frontier.length != expect[0] or self.frontier.tree_hash() != expect[1]
+            ):
+                raise StorageError(
+                    f"{lg.path}: stored blocks do not reproduce the signed head at length {expect[0]}"
+                )
             for fd, pos, data in self.index_writes:
                 fs.pwrite_all(fd, data, pos)
             if self.nodes:

@@ -1,8 +1,9 @@
 """A follower archive: a partition log that another node signs (storage/FORMAT.md sec. 10).
 
-Owns `FollowerLog`, the persistent sink of a mirror. It is a `PartitionLog` on the same
-files and format (segments, dense index, tree file, two-slot head file), opened with the
-writer's *public* key only, fsync `always`, and read-only for Kafka: blocks come in
+Owns `FollowerLog`, the persistent sink of a mirror. It holds a `PartitionLog` (same
+files and format: segments, dense index, tree file, two-slot head file) opened as a
+replica with the writer's *public* key only, fsync `always`, and read-only for Kafka,
+which reads it as any partition (`FollowerLog.log`): blocks come in
 through `append_block` (written byte for byte, with the leaf hash a replication session
 computed from those bytes when it verified them), and become visible only when
 `accept_head` stores a head the writer signed, after checking that the delivered leaf
@@ -41,7 +42,7 @@ from typing import Any, NoReturn, cast
 from storage import batch as B
 from storage.errors import StorageError
 from storage.fs import FileSystem, OsFileSystem
-from storage.hashing import compute_leaf
+from storage.handles import HandleCache
 from storage.hypercore import (
     Frontier,
     HypercoreError,
@@ -53,16 +54,7 @@ from storage.hypercore import (
     verify_head,
 )
 from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
-from storage.log import (
-    ENTRY_SIZE,
-    IDX_HEADER_SIZE,
-    CommitJob,
-    FsyncPolicy,
-    Head,
-    LogConfig,
-    PartitionLog,
-    encode_entry,
-)
+from storage.log import CommitJob, FileRange, FsyncPolicy, Head, LogConfig, PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +77,9 @@ class ForkChanged(StorageError):
     Hypercore, but following it needs a reorg, which a mirror does not do yet."""
 
 
-def _head_json(length: int, fork: int, th: bytes, signature: bytes, roots: Sequence[Node]) -> dict[str, Any]:
+def _head_json(
+    length: int, fork: int, th: bytes, signature: bytes, roots: Sequence[Node]
+) -> dict[str, Any]:
     return {
         "length": length,
         "fork": fork,
@@ -100,8 +94,9 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def check_evidence(path: str, public_key: bytes,
-                   read: Callable[[str], bytes] = _read) -> str | None:
+def check_evidence(
+    path: str, public_key: bytes, read: Callable[[str], bytes] = _read
+) -> str | None:
     """A description of the equivocation recorded in archive dir `path` when its evidence
     file proves one under `public_key`: two heads of one fork, both signed, that disagree
     (same length and another tree hash; or the longer head's tree at the shorter length,
@@ -118,8 +113,10 @@ def check_evidence(path: str, public_key: bytes,
             th = tree_hash(roots)
             sig = bytes.fromhex(h["signature"])
             length, fork = int(h["length"]), int(h["fork"])
-            if not (flat_tree.full_roots(2 * length) == [r.index for r in roots]
-                    and verify_head(public_key, key, th, length, fork, sig)):
+            if not (
+                flat_tree.full_roots(2 * length) == [r.index for r in roots]
+                and verify_head(public_key, key, th, length, fork, sig)
+            ):
                 return None
             heads.append((length, fork, th))
         if len(heads) != 2:
@@ -129,27 +126,29 @@ def check_evidence(path: str, public_key: bytes,
             return None
         where = f"(evidence in {os.path.join(path, EVIDENCE_FILE)})"
         if la == lb:
-            return (f"equivocation: writer signed two trees at length {la}, fork {fa} {where}")
+            return f"equivocation: writer signed two trees at length {la}, fork {fa} {where}"
         (ls, ts), (ll, tl) = sorted([(la, ta), (lb, tb)])
         _, proof = Proof.decode(bytes.fromhex(doc["proof"]))
         if _tree_at(proof, public_key, key, fa, ll, tl, ls) == ts:
             return None
     except (OSError, ValueError, KeyError, TypeError, HypercoreError):
         return None
-    return (f"equivocation: writer signed length {ll} whose tree at length {ls} is not the "
-            f"one it signed at length {ls} (fork {fa}) {where}")
+    return (
+        f"equivocation: writer signed length {ll} whose tree at length {ls} is not the "
+        f"one it signed at length {ls} (fork {fa}) {where}"
+    )
 
 
-def _tree_at(proof: Proof, public_key: bytes, key: bytes, fork: int, length: int, th: bytes,
-             at: int) -> bytes:
+def _tree_at(
+    proof: Proof, public_key: bytes, key: bytes, fork: int, length: int, th: bytes, at: int
+) -> bytes:
     """The tree hash at `at` blocks of the signed head (`length`, `th`, `fork`), shown by
     `proof`: an upgrade proof from 0 to `at` blocks plus the nodes that grow that tree to
     the head. Raises InvalidProof when it is not such a proof or does not verify."""
     up = proof.upgrade
     if up is None or up.start != 0 or up.length != at or proof.fork != fork:
         raise InvalidProof(f"not an upgrade proof from 0 to {at} blocks on fork {fork}")
-    head = verify_proof(proof, public_key=public_key, key=key, fork=fork,
-                        trusted=Frontier()).head
+    head = verify_proof(proof, public_key=public_key, key=key, fork=fork, trusted=Frontier()).head
     if head is None or head.length != length or head.tree_hash() != th:
         raise InvalidProof(f"the proof is not for the head at length {length}")
     # with start 0 the upgrade's nodes are the roots at `at` blocks, and they fold (with
@@ -167,14 +166,15 @@ class AcceptJob:
     ran: bool = False  # run_accept started (a caller cancelled before it may never run it)
 
 
-class FollowerLog(PartitionLog):
-    """A partition archive written by another node. Open with `FollowerLog.open_replica`."""
+class FollowerLog:
+    """A partition archive written by another node. Open with `FollowerLog.open_replica`.
 
-    def __init__(self, path: str, keypair: KeyPair, policy: FsyncPolicy, config: LogConfig,
-                 fs: FileSystem) -> None:
-        super().__init__(path, keypair, policy, config, fs)
-        self._accepting = False  # only accept_head's own prepare_commit may build a job
-        self._pending_leaves = []  # verified leaf hashes of the blocks not yet accepted
+    Holds the archive as `log`, a `PartitionLog` opened as a replica (it never signs and
+    takes blocks only through this class): `log` is what Kafka reads are served from,
+    this class is the replication sink that checks what goes into it."""
+
+    def __init__(self, log_: PartitionLog) -> None:
+        self.log = log_
         self.frozen: str | None = None  # set: equivocation evidence on disk, take nothing
         # a newer fork of the writer shown to extend what we hold (check_conflict): the
         # fork to follow, before a head on it is stored
@@ -184,8 +184,14 @@ class FollowerLog(PartitionLog):
         self.reorg_needed: str | None = None
 
     @classmethod
-    def open_replica(cls, path: str | os.PathLike[str], public_key: bytes, *,
-                     config: LogConfig | None = None, fs: FileSystem | None = None) -> FollowerLog:
+    def open_replica(
+        cls,
+        path: str | os.PathLike[str],
+        public_key: bytes,
+        *,
+        config: LogConfig | None = None,
+        fs: FileSystem | None = None,
+    ) -> FollowerLog:
         """Open (create) the follower archive of the writer key `public_key` at `path`.
         The key is recorded in `public_key` on first open; another key is refused."""
         fs = fs or OsFileSystem()
@@ -198,8 +204,16 @@ class FollowerLog(PartitionLog):
         else:
             fs.write_file_atomic(kpath, bytes(public_key))
         # No secret key: signing would fail loudly, and nothing here ever signs.
-        lg = cast(FollowerLog, cls.open(p, KeyPair(bytes(public_key), b""),
-                                        fsync=FsyncPolicy.ALWAYS, config=config, fs=fs))
+        lg = cls(
+            PartitionLog.open(
+                p,
+                KeyPair(bytes(public_key), b""),
+                fsync=FsyncPolicy.ALWAYS,
+                config=config,
+                fs=fs,
+                replica=True,
+            )
+        )
         if fs.exists(os.path.join(p, EVIDENCE_FILE)):
             proven = check_evidence(p, bytes(public_key), fs.read_file)
             if proven:
@@ -211,60 +225,65 @@ class FollowerLog(PartitionLog):
                 log.warning("%s: %s proves no equivocation; not frozen", p, EVIDENCE_FILE)
         return lg
 
-    # ------------------------------------------------------------------ never sign
+    # ------------------------------------------------------------------ the archive
 
-    def prepare_commit(self, *, force_sync: bool = False) -> CommitJob | None:
-        """Only `accept_head` (with the writer's signature) and shutdown/recovery (which
-        rewrite the last accepted head) build jobs; the broker's commit loop gets None."""
-        if not (self._accepting or force_sync):
-            return None
-        if not self._accepting:
-            self._drop_unsigned_tail()
-        return super().prepare_commit(force_sync=force_sync)
+    @property
+    def path(self) -> str:
+        return self.log.path
 
-    def commit(self, *, force_sync: bool = False) -> Head | None:
-        if not self._accepting:
-            self._drop_unsigned_tail()
-        return super().commit(force_sync=force_sync)
+    @property
+    def key(self) -> bytes:
+        return self.log.key
 
-    def apply_retention(self, now_ms: int) -> int:
-        return 0  # a mirror keeps what its writer signed (retention of mirrors: not yet)
+    @property
+    def public_key(self) -> bytes:
+        return self.log.public_key
 
-    def _drop_unsigned_tail(self) -> None:
-        """Forget blocks past the last accepted head (never signed by us, fetched again)."""
-        keep = self._published_length
-        if self._next_leaf <= keep or self._job is not None:
-            return
-        self._ensure_open()
-        fs = self.fs
-        while len(self._segments) > 1 and self._segments[-1].first_leaf >= keep:
-            seg = self._segments.pop()
-            self._drop_segment_files(seg)
-        if self._segments:
-            seg = self._segments[-1]
-            n = max(0, keep - seg.first_leaf)
-            if n < seg.count:
-                end = int(seg.positions[n]) if n < seg.count else seg.log_size
-                self._truncate_entries(seg, n)
-                fs.ftruncate(seg.log_fd, end)
-                seg.log_size = end
-        self._segments_ready()
-        self._pending = []
-        self._pending_leaves = []
-        self._pending_nodes = []
-        self._next_leaf = keep
-        self.log_end_offset = self._segments[-1].next_offset() if self._segments else self.log_start_offset
-        self.high_watermark = min(self.high_watermark, self.log_end_offset)  # revealed, unstored
-        self._leaf_ok = self._leaf_ok[: max(0, keep - self._leaf_ok_base)]
-        head = self._head
-        self._frontier = Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
+    @property
+    def fork(self) -> int:
+        return self.log.fork
+
+    @property
+    def head(self) -> Head | None:
+        """The last stored head (signed by the writer)."""
+        return self.log.head
+
+    @property
+    def length(self) -> int:
+        """Blocks delivered (stored or not yet under a stored head)."""
+        return self.log.length
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log.high_watermark
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    def read(self, offset: int, max_bytes: int) -> FileRange:
+        return self.log.read(offset, max_bytes)
+
+    def node(self, index: int) -> Node | None:
+        return self.log.node(index)
+
+    def attach_handles(self, handles: HandleCache) -> None:
+        self.log.attach_handles(handles)
+
+    def close(self) -> None:
+        """Close the archive; blocks past the last stored head are dropped."""
+        self.log.close()
 
     # ------------------------------------------------------------------ sink side
 
     def discard_unsigned(self) -> None:
         """Drop blocks delivered past the last stored head (a session that ended before
         their head arrived); a new session fetches them again from `verified_tree()`."""
-        self._drop_unsigned_tail()
+        self.log.drop_unsigned_tail()
 
     @property
     def follow_fork(self) -> int:
@@ -275,18 +294,20 @@ class FollowerLog(PartitionLog):
 
     def verified_tree(self) -> Frontier:
         """The tree of the last accepted head (a replication follower's `have`)."""
-        head = self._head
+        head = self.log.head
         return Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
 
-    def append_block(self, index: int, value: bytes | bytearray | memoryview,
-                     leaf_hash: bytes) -> None:
+    def append_block(
+        self, index: int, value: bytes | bytearray | memoryview, leaf_hash: bytes
+    ) -> None:
         """Store block `index` (the next one), which a replication session verified to hash
         to `leaf_hash` under a signed head. Invisible until `accept_head` covers it."""
         if self.frozen:
             raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
-        self._check_writable()
-        if index != self._next_leaf:
-            raise StorageError(f"block {index} out of order (have {self._next_leaf})")
+        lg = self.log
+        lg.check_writable()
+        if index != lg.length:
+            raise StorageError(f"block {index} out of order (have {lg.length})")
         # The session hashed `value` to `leaf_hash` when it verified the proof, and these
         # very bytes are written (no offset or epoch is stamped into a replicated batch):
         # the index gets `leaf_hash`, and accept_head folds the delivered leaf hashes into
@@ -298,15 +319,15 @@ class FollowerLog(PartitionLog):
         if 12 + _BE_I32.unpack_from(value, B.BATCH_LENGTH)[0] != size:
             raise VerificationFailed(f"block {index}: batch length does not match its size")
         base = _BE_I64.unpack_from(value, B.BASE_OFFSET)[0]
-        if base != self.log_end_offset:
-            raise VerificationFailed(f"block {index} starts at offset {base}, expected {self.log_end_offset}")
+        if base != lg.log_end_offset:
+            raise VerificationFailed(
+                f"block {index} starts at offset {base}, expected {lg.log_end_offset}"
+            )
         delta = _BE_I32.unpack_from(value, B.LAST_OFFSET_DELTA)[0]
         if delta < 0:
             raise VerificationFailed(f"block {index}: negative lastOffsetDelta")
         max_ts = _BE_I64.unpack_from(value, B.MAX_TIMESTAMP)[0]
-        self._store(value, size, base, delta, max_ts)
-        assert self._pending_leaves is not None
-        self._pending_leaves.append(bytes(leaf_hash))
+        lg.append_verified(value, base, delta, max_ts, leaf_hash)
 
     def reveal(self, length: int) -> bool:
         """Make blocks [0, `length`) readable (the high watermark moves) before the head
@@ -317,12 +338,13 @@ class FollowerLog(PartitionLog):
         slot, several milliseconds on a busy disk, are then off the replication lag).
         After a crash before the head is stored the archive reopens at its last stored
         head and fetches the rest again. True when the high watermark moved."""
-        if self.frozen or self._poisoned is not None or not self._published_length < length <= self._next_leaf:
+        lg = self.log
+        if self.frozen or not lg.writable or not lg.published_length < length <= lg.length:
             return False
-        offset = self._offset_of_leaf(length)
-        if offset <= self.high_watermark:
+        offset = lg.offset_of_leaf(length)
+        if offset <= lg.high_watermark:
             return False
-        self.high_watermark = offset
+        lg.high_watermark = offset
         return True
 
     def accept_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> bool:
@@ -337,59 +359,31 @@ class FollowerLog(PartitionLog):
         self.run_accept(job)
         return self.finish_accept(job)
 
-    def prepare_accept(self, length: int, fork: int, signature: bytes,
-                       roots: Sequence[Node]) -> AcceptJob | None:
+    def prepare_accept(
+        self, length: int, fork: int, signature: bytes, roots: Sequence[Node]
+    ) -> AcceptJob | None:
         """Owner thread, cheap: check the head and snapshot the blocks it covers. None when
         it is not newer than ours. Blocks may keep arriving while the job runs."""
         if self.frozen:
             raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
-        self._check_writable()
+        self.log.check_writable()
         roots = list(roots)
         if not self.check_conflict(length, fork, signature, roots):
             return None
-        if length > self._next_leaf:
-            raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
-        self._fork = fork
-        self._next_fork = None
-        n_tail = self._next_leaf - length
-        if n_tail > len(self._pending):
-            raise StorageError("blocks under the new head were already committed")
-        pending, leaves = self._pending, self._pending_leaves
-        cut = len(pending) - n_tail
-        assert leaves is not None and len(leaves) == len(pending)
-        tail = pending[cut:]
-        self._pending, self._pending_leaves = pending[:cut], leaves[:cut]
-        next_offset = tail[0][3] if tail else self.log_end_offset
-        self._accepting = True
-        try:
-            job = self.prepare_commit(force_sync=True)
-        except BaseException:
-            self._pending, self._pending_leaves = pending, leaves
-            raise
-        finally:
-            self._accepting = False
+        th = tree_hash(roots)
+        if length <= self.log.length:
+            self._next_fork = None
+        job = self.log.prepare_signed(length, fork, signature, th)
         if job is None:  # pragma: no cover - new blocks always make a job
-            self._pending, self._pending_leaves = pending, leaves
             return None
-        self._pending, self._pending_leaves = tail, leaves[cut:]
-        job.next_offset = next_offset
-        job.remote_signature = signature
-        return AcceptJob(job, length, tree_hash(roots))
+        return AcceptJob(job, length, th)
 
     def run_accept(self, aj: AcceptJob) -> None:
         """Any thread: fold the verified leaf hashes of the covered blocks into the tree,
-        check it is the signed one, write index, tree nodes and the head slot, fsync."""
-        job = aj.job
+        check it is the signed one, write index, tree nodes and the head slot, fsync.
+        Raises StorageError (the log is poisoned) when they do not make the signed tree."""
         aj.ran = True
-        try:
-            job._hash_pending()  # folds the verified leaf hashes into the tree
-            if job.frontier.length != aj.length or job.frontier.tree_hash() != aj.tree_hash:
-                raise StorageError(f"{self.path}: stored blocks do not reproduce the signed "
-                                   f"head at length {aj.length}")
-            job.run()
-        except BaseException as exc:
-            self._poisoned = exc
-            raise
+        aj.job.run()
 
     def finish_accept(self, aj: AcceptJob) -> bool:
         """Owner thread, after run_accept: publish (the high watermark moves; True). A job
@@ -398,27 +392,35 @@ class FollowerLog(PartitionLog):
         finish jobs in a `finally`) is forgotten without an error, so the caller's own
         exception goes on: nothing was written, the log is back at its last stored head
         and the blocks after it are fetched again (as after `discard_unsigned`); False."""
+        lg = self.log
         if not aj.job.done:
-            self.abandon(aj.job)
-            if not aj.ran:
+            if aj.ran:
+                lg.abandon(aj.job)
+            else:
                 # prepare_accept handed the covered blocks to the job (and may have folded
                 # their leaves into our frontier already): back to the last stored head
-                self._head_seq = aj.job.seq - 1  # that slot was never written
-                self._drop_unsigned_tail()
-            head = self._head
-            self.high_watermark = head.next_offset if head is not None else self.log_start_offset
+                lg.withdraw(aj.job)
+            head = lg.head
+            lg.high_watermark = head.next_offset if head is not None else lg.log_start_offset
             if not aj.ran:
                 return False
-            why = aj.job.error or self._poisoned
-            raise StorageError(f"{self.path}: head at length {aj.length} was not stored") from why
-        revealed = self.high_watermark
-        self.publish(aj.job)
+            raise StorageError(
+                f"{self.path}: head at length {aj.length} was not stored"
+            ) from aj.job.error
+        revealed = lg.high_watermark
+        lg.publish(aj.job)
         # a newer head may have been revealed meanwhile: never move readers back
-        self.high_watermark = max(self.high_watermark, revealed)
+        lg.high_watermark = max(lg.high_watermark, revealed)
         return True
 
-    def check_conflict(self, length: int, fork: int, signature: bytes, roots: Sequence[Node],
-                       proof: Proof | None = None) -> bool:
+    def check_conflict(
+        self,
+        length: int,
+        fork: int,
+        signature: bytes,
+        roots: Sequence[Node],
+        proof: Proof | None = None,
+    ) -> bool:
         """Verify a head the writer signed against what we hold without storing it: raises
         VerificationFailed (bad signature, or a `proof` that does not verify),
         Equivocation (it disagrees with our head: evidence written, frozen) or
@@ -433,9 +435,10 @@ class FollowerLog(PartitionLog):
         roots = list(roots)
         th = tree_hash(roots)
         if flat_tree.full_roots(2 * length) != [r.index for r in roots] or (
-                length and not verify_head(self.public_key, self.key, th, length, fork, signature)):
+            length and not verify_head(self.public_key, self.key, th, length, fork, signature)
+        ):
             raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
-        cur = self._head
+        cur = self.log.head
         if cur is None or not cur.length:
             return length > 0
         if fork < cur.fork:
@@ -445,14 +448,20 @@ class FollowerLog(PartitionLog):
             keeps: bool | None = th == cur.tree_hash
         elif length < cur.length:
             ours = [self.node(i) for i in flat_tree.full_roots(2 * length)]
-            keeps = None if any(n is None for n in ours) else tree_hash(cast(list[Node], ours)) == th
+            keeps = (
+                None if any(n is None for n in ours) else tree_hash(cast(list[Node], ours)) == th
+            )
         elif proof is not None:
             try:
-                keeps = _tree_at(proof, self.public_key, self.key, fork, length, th,
-                                 cur.length) == cur.tree_hash
+                keeps = (
+                    _tree_at(proof, self.public_key, self.key, fork, length, th, cur.length)
+                    == cur.tree_hash
+                )
             except HypercoreError as e:
-                raise VerificationFailed(f"{self.path}: head at length {length}: bad proof of "
-                                         f"its tree at length {cur.length}: {e}") from e
+                raise VerificationFailed(
+                    f"{self.path}: head at length {length}: bad proof of "
+                    f"its tree at length {cur.length}: {e}"
+                ) from e
         else:
             keeps = None  # the session that delivered it verified it extends our tree
         if fork > cur.fork:
@@ -463,14 +472,20 @@ class FollowerLog(PartitionLog):
                 return True  # the session verified it against our tree on that fork
             if keeps and length >= cur.length:
                 if self._next_fork != fork:
-                    log.warning("%s: the writer moved to fork %d keeping the %d blocks we hold",
-                                self.path, fork, cur.length)
+                    log.warning(
+                        "%s: the writer moved to fork %d keeping the %d blocks we hold",
+                        self.path,
+                        fork,
+                        cur.length,
+                    )
                 self._next_fork = fork
                 return length > cur.length
-            self.reorg_needed = (f"the writer truncated its archive (fork {cur.fork} -> "
-                                 f"{fork}, length {length}) below what we hold; a mirror does "
-                                 f"not follow a reorg yet; serving the {cur.length} blocks "
-                                 f"verified")
+            self.reorg_needed = (
+                f"the writer truncated its archive (fork {cur.fork} -> "
+                f"{fork}, length {length}) below what we hold; a mirror does "
+                f"not follow a reorg yet; serving the {cur.length} blocks "
+                f"verified"
+            )
             raise ForkChanged(f"{self.path}: {self.reorg_needed}")
         if keeps is False:
             if length == cur.length:
@@ -479,8 +494,10 @@ class FollowerLog(PartitionLog):
                 why = f"signed head at length {length} is not a prefix of ours"
                 evidence = self._own_proof(cur, length)
             else:
-                why = (f"signed head at length {length} does not extend ours (its tree at "
-                       f"length {cur.length} is another)")
+                why = (
+                    f"signed head at length {length} does not extend ours (its tree at "
+                    f"length {cur.length} is another)"
+                )
                 evidence = proof
             self._equivocation(cur, length, fork, th, signature, roots, why, evidence)
         return length > cur.length
@@ -496,13 +513,23 @@ class FollowerLog(PartitionLog):
             return n
 
         try:
-            return generate_proof(get, cur.length, cur.fork, cur.signature,
-                                  upgrade=UpgradeRequest(0, at))
+            return generate_proof(
+                get, cur.length, cur.fork, cur.signature, upgrade=UpgradeRequest(0, at)
+            )
         except (KeyError, HypercoreError):
             return None
 
-    def _equivocation(self, cur: Head, length: int, fork: int, th: bytes, signature: bytes,
-                      roots: Sequence[Node], why: str, proof: Proof | None = None) -> NoReturn:
+    def _equivocation(
+        self,
+        cur: Head,
+        length: int,
+        fork: int,
+        th: bytes,
+        signature: bytes,
+        roots: Sequence[Node],
+        why: str,
+        proof: Proof | None = None,
+    ) -> NoReturn:
         doc: dict[str, Any] = {
             "reason": why,
             "detected_ms": int(time.time() * 1000),
@@ -514,11 +541,16 @@ class FollowerLog(PartitionLog):
         if proof is not None:
             # the longer head's tree at the shorter length, bound to its signature
             doc["proof"] = proof.encode().hex()
-        self.fs.write_file_atomic(os.path.join(self.path, EVIDENCE_FILE),
-                                  json.dumps(doc, indent=1).encode())
+        self.log.fs.write_file_atomic(
+            os.path.join(self.path, EVIDENCE_FILE), json.dumps(doc, indent=1).encode()
+        )
         self.frozen = why
-        log.error("%s: EQUIVOCATION by the writer (%s); archive frozen, both heads kept in %s",
-                  self.path, why, EVIDENCE_FILE)
+        log.error(
+            "%s: EQUIVOCATION by the writer (%s); archive frozen, both heads kept in %s",
+            self.path,
+            why,
+            EVIDENCE_FILE,
+        )
         raise Equivocation(f"{self.path}: {why}")
 
     # ArchiveSink (storage.replication.sources): a replication follower delivers here.
@@ -532,40 +564,18 @@ class FollowerLog(PartitionLog):
 
     def bad_block(self) -> int | None:
         """The block of the first stored batch that failed authentication on read, if any."""
-        bad = self._bad_offset
-        if bad is None or not self._segments:
-            return None
-        seg, k = self._find(bad)
-        return seg.first_leaf + k
+        return self.log.bad_block()
 
     def repair_block(self, index: int, value: bytes) -> None:
         """Overwrite stored block `index` with `value`, which a replication session verified
         against our signed head. The next read authenticates it again."""
-        if not self._min_index <= index < self._published_length:
-            raise KeyError(index)
-        self._ensure_open()
-        seg, k = self._locate_leaf(index)
-        size = seg.size_of(k)
-        if len(value) != size:
-            raise VerificationFailed(f"repair of block {index}: {len(value)} bytes, stored {size}")
-        pos = int(seg.positions[k])
-        base = _BE_I64.unpack_from(value, B.BASE_OFFSET)[0]
-        if base != int(seg.bases[k]):
-            raise VerificationFailed(f"repair of block {index}: base offset {base}")
-        delta = _BE_I32.unpack_from(value, B.LAST_OFFSET_DELTA)[0]
-        max_ts = _BE_I64.unpack_from(value, B.MAX_TIMESTAMP)[0]
-        entry = encode_entry(base, max_ts, pos, size, delta, compute_leaf(value, size))
-        self.fs.pwrite_all(seg.log_fd, value, pos)
-        self.fs.pwrite_all(seg.idx_fd, entry, IDX_HEADER_SIZE + k * ENTRY_SIZE)
-        seg.entries[k * ENTRY_SIZE : (k + 1) * ENTRY_SIZE] = entry
-        self.fs.fsync(seg.log_fd)
-        self.fs.fsync(seg.idx_fd)
-        li = index - self._leaf_ok_base
-        if 0 <= li < len(self._leaf_ok):
-            self._leaf_ok[li] = 0
-        if self._bad_offset == base:
-            self._bad_offset = None
-        log.warning("%s: block %d (offset %d) was damaged on disk; fetched again and verified",
-                    self.path, index, base)
-
-
+        try:
+            self.log.repair_block(index, value)
+        except ValueError as e:
+            raise VerificationFailed(str(e)) from e
+        log.warning(
+            "%s: block %d (offset %d) was damaged on disk; fetched again and verified",
+            self.path,
+            index,
+            _BE_I64.unpack_from(value, B.BASE_OFFSET)[0],
+        )

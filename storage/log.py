@@ -2,10 +2,11 @@
 
 Owns `PartitionLog`: segments and the dense batch index in memory, appends, preparing and
 publishing group commits (the high watermark), reads as sendfile-ready byte ranges, lazy
-authentication of old batches on first read, retention, and the file budget (parking).
-The ideas it stands on live beside it: the byte formats and `Head` in `storage.format`,
-leaf hashing in `storage.hashing`, what a commit job does in `storage.commit`, recovery
-at open in `storage.recovery`.
+authentication of old batches on first read, the replica mode of storage.follower, and
+the file budget (parking). The ideas it stands on live beside it: the byte formats and
+`Head` in `storage.format`, leaf hashing in `storage.hashing`, what a commit job does in
+`storage.commit`, recovery at open in `storage.recovery`, retention and DeleteRecords in
+`storage.retention`.
 
 Threading: everything runs on one owner thread (the broker's event loop or its commit
 thread) except `CommitJob.run`, which may run in a worker thread while appends continue
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from storage import batch as B
-from storage import compaction, recovery
+from storage import compaction, recovery, retention
 from storage import format as fmt
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
 from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
@@ -175,8 +176,12 @@ class PartitionLog:
         self._frontier = Frontier()
         self._pending_nodes: list[Node] = []
         self._pending: list[PendingBatch] = []
-        # a follower's verified leaf hashes of `_pending` (storage.follower); None: hash them
+        # a replica's verified leaf hashes of `_pending` (see `replica`); None: hash them
         self._pending_leaves: list[bytes] | None = None
+        # Heads come from another node (storage.follower), never from us: `prepare_commit`
+        # builds no job of its own, blocks past the last stored head are dropped at commit,
+        # close and recovery (fetched again), retention keeps what the writer signed.
+        self.replica = False
         self._next_leaf = 0  # blocks appended (the frontier catches up in the commit job)
         self._head: Head | None = None
         self._head_seq = 0
@@ -295,6 +300,7 @@ class PartitionLog:
         config: LogConfig | None = None,
         fs: FileSystem | None = None,
         cut_unsigned: bool = False,
+        replica: bool = False,
     ) -> PartitionLog:
         """Open (and recover) the archive at `path`. `cut_unsigned`: blocks past the last
         signed head are cut instead of signed (the catalog: a change whose head was never
@@ -303,12 +309,16 @@ class PartitionLog:
         A recovery write that fails (a full disk, EIO: rebuilding derived files, the
         genesis head, signing a tail) does not fail the open: the archive opens read-only
         instead, serving what its signed head covers (authenticated on read), with
-        `damage` a `RecoveryFailed`; reopen it once the disk has room."""
+        `damage` a `RecoveryFailed`; reopen it once the disk has room.
+
+        `replica`: another node signs this archive (see `self.replica`; storage.follower
+        opens it with the writer's public key only and stores the heads it verified)."""
         fs = fs or OsFileSystem()
         p = os.fspath(path)
         fs.makedirs(p)
         self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
         self._cut_unsigned = cut_unsigned
+        self._set_replica(replica)
         try:
             recovery.recover(self)
         except BaseException as exc:
@@ -317,12 +327,17 @@ class PartitionLog:
             if failure is None:
                 raise
             self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
+            self._set_replica(replica)
             try:
                 recovery.open_unwritable(self, failure)
             except BaseException:
                 self._close_fds()
                 raise
         return self
+
+    def _set_replica(self, replica: bool) -> None:
+        self.replica = replica
+        self._pending_leaves = [] if replica else None
 
     def _open_rw(self, name: str) -> int:
         return self.fs.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT)
@@ -357,7 +372,8 @@ class PartitionLog:
         seg, i = self._find(offset)
         return seg.first_leaf + i
 
-    def _offset_of_leaf(self, leaf_index: int) -> int:
+    def offset_of_leaf(self, leaf_index: int) -> int:
+        """The base offset of block `leaf_index` (the log end offset at or past the end)."""
         if not self._segments:
             return self.log_start_offset
         total = self._segments[-1].first_leaf + self._segments[-1].count
@@ -426,7 +442,8 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ append
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
+        """Raise unless the log takes writes (closed, damaged, or poisoned by a failure)."""
         if self._closed:
             raise StorageError("log is closed")
         if self.damage is not None:
@@ -438,7 +455,7 @@ class PartitionLog:
         """Assign offsets to `batch` (written into it in place) and append it.
         Returns (base_offset, last_offset). Invisible to readers until a head covers it."""
         if self._closed or self.damage is not None or self._poisoned is not None:
-            self._check_writable()
+            self.check_writable()
         size = len(batch)
         if size < _HEADER_SIZE:
             raise CorruptBatch("not a record batch v2")
@@ -528,7 +545,14 @@ class PartitionLog:
 
         Under INTERVAL the periodic fsync is not waited for: the job starts it in a
         `BackgroundSync` and a later commit records what it made durable. `force_sync`
-        waits for a running one and syncs inline."""
+        waits for a running one and syncs inline.
+
+        A replica builds jobs only for `prepare_signed` and for a forced sync (shutdown,
+        recovery), which rewrites the last stored head after dropping the blocks past it."""
+        if self.replica:
+            if not force_sync:
+                return None
+            self.drop_unsigned_tail()
         return self._prepare(force_sync, background=True)
 
     def _reap_sync(self, wait: bool) -> int | None:
@@ -545,7 +569,7 @@ class PartitionLog:
         return sync.length
 
     def _prepare(self, force_sync: bool, background: bool) -> CommitJob | None:
-        self._check_writable()
+        self.check_writable()
         self._ensure_open()
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
@@ -676,7 +700,10 @@ class PartitionLog:
 
     def commit(self, *, force_sync: bool = False) -> Head | None:
         """prepare_commit + run + publish in a row (tests, shutdown, recovery); fsyncs
-        inline, after any background sync finished."""
+        inline, after any background sync finished. A replica drops its blocks past the
+        last stored head first (it never signs)."""
+        if self.replica:
+            self.drop_unsigned_tail()
         job = self._prepare(force_sync, background=False)
         if job is None:
             return None
@@ -686,6 +713,137 @@ class PartitionLog:
             self.abandon(job)
             raise
         return self.publish(job)
+
+    # ------------------------------------------------------------------ replica
+
+    @property
+    def published_length(self) -> int:
+        """Blocks covered by the last published head."""
+        return self._published_length
+
+    def append_verified(
+        self, batch: bytes | bytearray | memoryview, base: int, delta: int, max_ts: int, leaf: bytes
+    ) -> None:
+        """Replica: store a batch as is (no offset or epoch stamped), which the caller
+        checked to be the next one (`base` = log end offset) and verified to hash to `leaf`
+        under a signed head. Invisible until `prepare_signed` stores a head over it."""
+        self.check_writable()
+        assert self._pending_leaves is not None, "not a replica"
+        self._store(batch, len(batch), base, delta, max_ts)
+        self._pending_leaves.append(bytes(leaf))
+
+    def drop_unsigned_tail(self) -> None:
+        """Replica: forget blocks past the last stored head (never signed by us, fetched
+        again). Nothing to do while a commit job is in flight."""
+        keep = self._published_length
+        if self._next_leaf <= keep or self._job is not None:
+            return
+        self._ensure_open()
+        fs = self.fs
+        while len(self._segments) > 1 and self._segments[-1].first_leaf >= keep:
+            seg = self._segments.pop()
+            self._drop_segment_files(seg)
+        if self._segments:
+            seg = self._segments[-1]
+            n = max(0, keep - seg.first_leaf)
+            if n < seg.count:
+                end = int(seg.positions[n]) if n < seg.count else seg.log_size
+                self._truncate_entries(seg, n)
+                fs.ftruncate(seg.log_fd, end)
+                seg.log_size = end
+        self._segments_ready()
+        self._pending = []
+        self._pending_leaves = []
+        self._pending_nodes = []
+        self._next_leaf = keep
+        self.log_end_offset = (
+            self._segments[-1].next_offset() if self._segments else self.log_start_offset
+        )
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)  # revealed, unstored
+        self._leaf_ok = self._leaf_ok[: max(0, keep - self._leaf_ok_base)]
+        head = self._head
+        self._frontier = (
+            Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
+        )
+
+    def prepare_signed(
+        self, length: int, fork: int, signature: bytes, tree_hash: bytes
+    ) -> CommitJob | None:
+        """Replica, owner thread: the commit job that stores another node's `signature`
+        over our first `length` blocks on `fork` (the caller verified it). Its `run`
+        folds the verified leaf hashes and writes nothing unless they make `tree_hash`.
+        Blocks past `length` stay pending; more may arrive while the job runs."""
+        assert self._pending_leaves is not None, "not a replica"
+        if length > self._next_leaf:
+            raise StorageError(f"head covers {length} blocks, {self._next_leaf} delivered")
+        self._fork = fork
+        n_tail = self._next_leaf - length
+        if n_tail > len(self._pending):
+            raise StorageError("blocks under the new head were already committed")
+        pending, leaves = self._pending, self._pending_leaves
+        cut = len(pending) - n_tail
+        assert len(leaves) == len(pending)
+        tail = pending[cut:]
+        self._pending, self._pending_leaves = pending[:cut], leaves[:cut]
+        next_offset = tail[0][3] if tail else self.log_end_offset
+        try:
+            job = self._prepare(True, background=True)
+        except BaseException:
+            self._pending, self._pending_leaves = pending, leaves
+            raise
+        if job is None:  # pragma: no cover - new blocks always make a job
+            self._pending, self._pending_leaves = pending, leaves
+            return None
+        self._pending, self._pending_leaves = tail, leaves[cut:]
+        job.next_offset = next_offset
+        job.remote_signature = signature
+        job.expect_tree = (length, tree_hash)
+        return job
+
+    def withdraw(self, job: CommitJob) -> None:
+        """Replica: forget a `prepare_signed` job that never ran (nothing was written): back
+        to the last stored head, the blocks after it dropped (they are fetched again)."""
+        self.abandon(job)
+        self._head_seq = job.seq - 1  # that slot was never written
+        self.drop_unsigned_tail()
+
+    def bad_block(self) -> int | None:
+        """The block of the first stored batch that failed authentication on read, if any."""
+        bad = self._bad_offset
+        if bad is None or not self._segments:
+            return None
+        seg, k = self._find(bad)
+        return seg.first_leaf + k
+
+    def repair_block(self, index: int, value: bytes) -> None:
+        """Overwrite stored block `index` with `value`, which the caller verified against
+        our signed head (a replica's copy damaged on disk, fetched again): data and index
+        entry, fsynced. The next read authenticates it again. KeyError outside the signed
+        blocks; ValueError when `value` is not the size or base offset stored there."""
+        if not self._min_index <= index < self._published_length:
+            raise KeyError(index)
+        self._ensure_open()
+        seg, k = self._locate_leaf(index)
+        size = seg.size_of(k)
+        if len(value) != size:
+            raise ValueError(f"repair of block {index}: {len(value)} bytes, stored {size}")
+        pos = int(seg.positions[k])
+        base = BE_I64.unpack_from(value, B.BASE_OFFSET)[0]
+        if base != int(seg.bases[k]):
+            raise ValueError(f"repair of block {index}: base offset {base}")
+        delta = BE_I32.unpack_from(value, B.LAST_OFFSET_DELTA)[0]
+        max_ts = BE_I64.unpack_from(value, B.MAX_TIMESTAMP)[0]
+        entry = encode_entry(base, max_ts, pos, size, delta, compute_leaf(value, size))
+        self.fs.pwrite_all(seg.log_fd, value, pos)
+        self.fs.pwrite_all(seg.idx_fd, entry, IDX_HEADER_SIZE + k * ENTRY_SIZE)
+        seg.entries[k * ENTRY_SIZE : (k + 1) * ENTRY_SIZE] = entry
+        self.fs.fsync(seg.log_fd)
+        self.fs.fsync(seg.idx_fd)
+        li = index - self._leaf_ok_base
+        if 0 <= li < len(self._leaf_ok):
+            self._leaf_ok[li] = 0
+        if self._bad_offset == base:
+            self._bad_offset = None
 
     # ------------------------------------------------------------------ reads
 
@@ -857,92 +1015,19 @@ class PartitionLog:
     # ------------------------------------------------------------------ retention
 
     def apply_retention(self, now_ms: int) -> int:
-        """Drop whole old segments by retention_ms / retention_bytes. Returns the number of
-        segments dropped. Never the active segment, never data above the high watermark;
-        skipped while a commit job is in flight. Tree nodes are kept (proofs)."""
-        self._close_doomed()
-        if self._job is not None or self.damage is not None or self._poisoned is not None:
-            return 0
-        cfg = self.config
-        total = sum(s.log_size for s in self._segments)
-        drop = 0
-        for seg in self._segments[:-1]:
-            if seg.next_offset() > self.high_watermark or not seg.count:
-                break
-            by_time = cfg.retention_ms >= 0 and max(seg.max_ts) < now_ms - cfg.retention_ms
-            by_size = cfg.retention_bytes >= 0 and total - seg.log_size >= cfg.retention_bytes
-            if not (by_time or by_size):
-                break
-            drop += 1
-            total -= seg.log_size
-        return self._drop_first_segments(drop)
+        """Drop whole old segments by retention_ms / retention_bytes (storage.retention);
+        the number dropped."""
+        return retention.apply_retention(self, now_ms)
 
     def drop_segments_below(self, offset: int) -> int:
-        """Drop the whole segments that end at or below `offset` (never the active one,
-        never data above the high watermark), exactly as retention drops them: the log
-        start offset advances, tree nodes stay (proofs), the head records the new start.
-        For a log whose owner rewrote everything it still needs at `offset` or later
-        (the offsets archive's compaction). Returns the number of segments dropped; 0 also
-        while a commit job is in flight (call again later)."""
-        self._close_doomed()
-        if self._job is not None or self.damage is not None or self._poisoned is not None:
-            return 0
-        drop = 0
-        for seg in self._segments[:-1]:
-            end = seg.next_offset()
-            if not seg.count or end > offset or end > self.high_watermark:
-                break
-            drop += 1
-        return self._drop_first_segments(drop)
+        """Drop the whole segments that end at or below `offset` as retention drops them
+        (storage.retention); the number dropped."""
+        return retention.drop_segments_below(self, offset)
 
     def delete_records_below(self, offset: int) -> int:
-        """Kafka's DeleteRecords: make `offset` (at most the high watermark) the log start
-        offset; returns the new log start (never lower than before). Whole segments below
-        it are dropped as retention drops them; inside a segment the start is only
-        recorded in a new head slot (reads below it are out of range, and recovery keeps
-        the larger of the first segment's base and the head's start). Tree nodes stay:
-        whatever was signed stays provable. Raises StorageError while a commit job is in
-        flight or the archive takes no writes."""
-        if offset > self.high_watermark:
-            raise ValueError(f"offset {offset} is above the high watermark {self.high_watermark}")
-        self._close_doomed()
-        if self._job is not None or self.damage is not None or self._poisoned is not None:
-            raise StorageError(f"{self.path}: busy or not writable; try again")
-        if offset <= self.log_start_offset:
-            return self.log_start_offset
-        self.drop_segments_below(offset)
-        if self.log_start_offset < offset:
-            self._ensure_open()
-            self.commit(force_sync=True)  # the head we copy covers everything appended
-            head = self._head
-            assert head is not None
-            self.log_start_offset = offset
-            self._write_head_slot(head, self._min_index)
-        return self.log_start_offset
-
-    def _write_head_slot(self, head: Head, min_index: int) -> None:
-        """Rewrite the last signed head with this log's start and min index (the signed
-        part is unchanged: the start is local bookkeeping, not part of the tree)."""
-        self._head_seq += 1
-        new_head = Head(
-            head.fork,
-            head.length,
-            head.byte_length,
-            head.tree_hash,
-            head.signature,
-            head.next_offset,
-            self.log_start_offset,
-            min_index,
-            head.roots,
-            self._head_seq,
-            POLICY_CODE[self.policy] << 8,
-            fmt.BOOT_ID,
-            int(time.time() * 1000),
-            head.length,
-        )
-        self.fs.pwrite_all(self._head_fd, new_head.encode(), (self._head_seq % 2) * SLOT_SIZE)
-        self.fs.fsync(self._head_fd)
-        self._head = new_head
+        """Kafka's DeleteRecords (storage.retention): `offset` becomes the log start offset;
+        returns the new log start."""
+        return retention.delete_records_below(self, offset)
 
     def roll(self) -> None:
         """Make the next append start a new segment (when the active one holds anything).
@@ -952,40 +1037,12 @@ class PartitionLog:
             self._segments[-1].created_ms = -(1 << 80)
 
     def _close_doomed(self) -> None:
-        for seg in self._doomed:  # ranges handed out before the last drop are stale now
+        """Close the descriptors of segments dropped earlier (retention, compaction): kept
+        open until now as read ranges handed out before the drop may still use them."""
+        for seg in self._doomed:
             self.fs.close(seg.log_fd)
             self.fs.close(seg.idx_fd)
         self._doomed = []
-
-    def _drop_first_segments(self, drop: int) -> int:
-        if not drop:
-            return 0
-        # (what to drop is decided from memory: a parked log opens its files only when
-        # retention has something to do, not on every check)
-        self._ensure_open()
-        dropped = self._segments[:drop]
-        keep = self._segments[drop:]
-        # The tree file's nodes for these leaves can no longer be rebuilt: make them durable
-        # (and the data the head covers) before the head that forgets the segments.
-        self.commit(force_sync=True)
-        self.fs.fsync(self._tree_fd)
-        self._segments = keep
-        self._segments_ready()
-        # (DeleteRecords may have put the start inside the first kept segment already)
-        self.log_start_offset = max(self.log_start_offset, keep[0].base_offset)
-        new_min = keep[0].first_leaf
-        self._leaf_ok = self._leaf_ok[new_min - self._leaf_ok_base :]
-        self._leaf_ok_base = new_min
-        self._min_index = new_min
-        head = self._head
-        assert head is not None
-        self._write_head_slot(head, new_min)
-        for seg in dropped:
-            self.fs.unlink(seg.log_path)
-            self.fs.unlink(seg.idx_path)
-        self.fs.fsync_dir(self.path)
-        self._doomed = dropped
-        return drop
 
     # ------------------------------------------------------------------ close
 

@@ -286,7 +286,7 @@ def recover(lg: PartitionLog) -> None:
                 lg,
                 ArchiveDamaged(
                     f"{lg.path}: tree rebuilt from the data differs from the signed head",
-                    lg._offset_of_leaf(start),
+                    lg.offset_of_leaf(start),
                 ),
                 None,
                 head,

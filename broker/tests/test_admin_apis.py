@@ -73,6 +73,25 @@ async def incremental(
     return r.responses[0]
 
 
+async def alter_configs(c: RawClient, name: str, configs: dict[str, str]) -> int:
+    """AlterConfigs v2 (the whole set of overrides) of topic `name`: its error code."""
+    r = await c.call(
+        "alter_configs",
+        2,
+        {
+            "resources": [
+                {
+                    "resource_type": 2,
+                    "resource_name": name,
+                    "configs": [{"name": k, "value": v} for k, v in configs.items()],
+                }
+            ],
+            "validate_only": False,
+        },
+    )
+    return int(r.responses[0].error_code)
+
+
 async def test_alter_configs_persist_and_take_effect(start: Start) -> None:
     async with start() as broker:
         await create(broker, "cfg")
@@ -107,21 +126,7 @@ async def test_alter_configs_persist_and_take_effect(start: Start) -> None:
         assert configs["retention.ms"] == ("1234", 1)
         assert configs["max.message.bytes"][1] == 5  # DEFAULT_CONFIG again
         # AlterConfigs (not incremental) replaces the whole set of overrides
-        r = await c.call(
-            "alter_configs",
-            2,
-            {
-                "resources": [
-                    {
-                        "resource_type": 2,
-                        "resource_name": "cfg",
-                        "configs": [{"name": "segment.bytes", "value": "1048576"}],
-                    }
-                ],
-                "validate_only": False,
-            },
-        )
-        assert r.responses[0].error_code == 0, r
+        assert await alter_configs(c, "cfg", {"segment.bytes": "1048576"}) == 0
         configs = await describe_topic_configs(c, "cfg")
         assert configs["segment.bytes"] == ("1048576", 1) and configs["retention.ms"][1] == 5
 
@@ -364,26 +369,8 @@ async def test_configs_are_validated_before_the_topic_is_looked_up(start: Start)
     bad config on a missing topic is INVALID_CONFIG, a good one UNKNOWN_TOPIC_OR_PARTITION."""
     async with start() as broker:
         c = await broker.connect()
-
-        async def alter(name: str, value: str) -> int:
-            r = await c.call(
-                "alter_configs",
-                2,
-                {
-                    "resources": [
-                        {
-                            "resource_type": 2,
-                            "resource_name": name,
-                            "configs": [{"name": "retention.ms", "value": value}],
-                        }
-                    ],
-                    "validate_only": False,
-                },
-            )
-            return int(r.responses[0].error_code)
-
-        assert await alter("nope", "abc") == 40
-        assert await alter("nope", "1000") == 3
+        assert await alter_configs(c, "nope", {"retention.ms": "abc"}) == 40
+        assert await alter_configs(c, "nope", {"retention.ms": "1000"}) == 3
         assert (await incremental(c, "nope", [("retention.ms", 0, "abc")])).error_code == 40
         assert (await incremental(c, "nope", [("no.such.config", 0, "1")])).error_code == 40
         assert (await incremental(c, "nope", [("retention.ms", 0, "1000")])).error_code == 3

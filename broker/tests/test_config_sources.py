@@ -24,6 +24,13 @@ def test_env_names_map_as_kafka_images_map_them() -> None:
         == "listener.name.external.ssl.key_password"
     )
     assert env_to_key("KAFKA_A___B") == "a-b"
+    # (the Docker image's cases, from when its entrypoint translated them itself)
+    assert env_to_key("KAFKA_HYPERKAFKA_REPLICATION_LISTEN") == "hyperkafka.replication.listen"
+    assert (
+        env_to_key("KAFKA_LISTENER_NAME_INTERNAL_SSL_KEYSTORE__LOCATION")
+        == "listener.name.internal.ssl.keystore_location"
+    )
+    assert env_to_key("KAFKA_SOME___DASHED_KEY") == "some-dashed.key"
     for key in ("log.retention.ms", "listener.name.x.ssl.key_password", "a-b.c"):
         assert env_to_key(env_name(key)) == key
     env = {

@@ -553,7 +553,7 @@ async def test_a_cancel_while_a_head_is_being_stored_stores_it(
         await trio.lowlevel.checkpoint()
     assert cs.cancelled_caught
     assert follower.head is not None and follower.head.length == 4
-    assert follower.high_watermark == 4 and follower._poisoned is None
+    assert follower.high_watermark == 4 and follower.log.writable
     follower.close()
     w.close()
 

@@ -215,3 +215,25 @@ def test_grow_explicitly_then_read_into_the_room() -> None:
     dec.receive_data(b"d" * (100_000 - 1002))  # fills the grown room, then done
     frame_ = dec.next_frame()
     assert frame_ is not None and len(frame_) == 100_000 and bytes(frame_[:4]) == b"abcc"
+
+
+def test_growing_writes_no_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The room a large frame grows by is left for recv_into to write (CPython: resized,
+    not zero-filled first), and the frame still comes out as received."""
+    from broker.protocol import framing
+
+    def no_zero_fill(n: int) -> bytes:
+        raise AssertionError(f"{n} bytes zero-filled")
+
+    monkeypatch.setattr(framing, "_zeros", no_zero_fill)
+    dec = FrameDecoder(large_frame_size=1024, grow_chunk=4096)
+    payload = bytes(range(256)) * 40
+    dec.receive_data(struct.pack(">i", len(payload)))
+    assert dec.next_frame() is None
+    while (room := dec.receive_buffer()) is not None:
+        n = min(len(room), 1000)
+        with room:
+            room[:n] = payload[dec.buffered : dec.buffered + n]
+        dec.received_into(n)
+    got = dec.next_frame()
+    assert got is not None and bytes(got) == payload

@@ -6,13 +6,12 @@ names the etcd members, ``broker.session.timeout.ms`` is the brokers' lease TTL)
 kills (SIGKILL), pauses (SIGSTOP/SIGCONT) and restarts the processes by pid, and on
 `close` stops every process it started and deletes the network.
 
-May import the standard library and compat_tests (harness, jepsen.net, jepsen.wire).
+May import the standard library and compat_tests (harness, etcd, jepsen.net, jepsen.wire).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from compat_tests.etcd import EtcdServer, etcd_binary
 from compat_tests.harness import ROOT
 from compat_tests.jepsen.net import Network, in_namespace
 from compat_tests.jepsen.wire import Conn, Metadata
@@ -155,38 +155,23 @@ class JepsenCluster:
             self.wait_broker(host, 60)
 
     def _start_etcd(self, host: str) -> None:
-        etcd = shutil.which("etcd")
-        if etcd is None:
+        if etcd_binary() is None:
             raise ClusterError("etcd is not installed (apt-get install -y etcd-server)")
-        me = self.addr(host)
-        peers = ",".join(f"{e}=http://{self.addr(e)}:{ETCD_PEER_PORT}" for e in self.etcd_hosts)
-        argv = [
-            etcd,
-            "--name",
-            host,
-            "--data-dir",
-            str(self.workdir / host / "etcd"),
-            "--listen-client-urls",
-            f"http://{me}:{ETCD_CLIENT_PORT}",
-            "--advertise-client-urls",
-            f"http://{me}:{ETCD_CLIENT_PORT}",
-            "--listen-peer-urls",
-            f"http://{me}:{ETCD_PEER_PORT}",
-            "--initial-advertise-peer-urls",
-            f"http://{me}:{ETCD_PEER_PORT}",
-            "--initial-cluster",
-            peers,
-            "--initial-cluster-state",
-            "new",
-            "--initial-cluster-token",
-            self.net.tag,
-            "--heartbeat-interval",
-            "100",
-            "--election-timeout",
-            "1000",
-        ]
+        # its data in workdir/host/etcd/data, its log where every process of a host logs
+        member = EtcdServer(
+            self.workdir / host / "etcd",
+            host=self.addr(host),
+            client_port=ETCD_CLIENT_PORT,
+            peer_port=ETCD_PEER_PORT,
+            name=host,
+            members={e: f"http://{self.addr(e)}:{ETCD_PEER_PORT}" for e in self.etcd_hosts},
+            token=self.net.tag,
+            heartbeat_ms=100,
+            election_ms=1000,
+            log_level=None,
+        )
         (self.workdir / host).mkdir(parents=True, exist_ok=True)
-        self.procs[host] = Proc(host, argv, self.workdir / host / "etcd.log")
+        self.procs[host] = Proc(host, member.command(), self.workdir / host / "etcd.log")
         self._spawn(self.procs[host])
 
     def _spawn(self, proc: Proc) -> None:

@@ -100,7 +100,7 @@ def test_catch_up_live_and_verify_offline(tmp_path: Path) -> None:
     assert res.ok and res.signed_length == 25, res
     # the follower is read-only for Kafka: it cannot sign
     f2 = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
-    assert f2.prepare_commit() is None
+    assert f2.log.prepare_commit() is None
     assert _all(f2) == _all(w)
     f2.close()
     w.close()
@@ -128,7 +128,7 @@ def test_blocks_past_the_head_are_dropped_at_reopen_not_signed(tmp_path: Path) -
     for i in range(4):  # blocks delivered but the head (length 6) never arrived: a crash
         f.put_block(i, w.block(i), _leaf(w, i))
     assert f.high_watermark == 0
-    f._close_fds()  # simulate a crash: no close(), nothing committed
+    f.log._close_fds()  # simulate a crash: no close(), nothing committed
     f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
     assert f.length == 0 and f.high_watermark == 0
     _sync(w, f)
@@ -376,7 +376,7 @@ def test_leaves_that_do_not_form_the_signed_tree_never_published(tmp_path: Path)
     with pytest.raises(StorageError):
         f.accept_head(3, 0, head.signature, head.roots)
     assert f.high_watermark == 0
-    f._close_fds()
+    f.log._close_fds()
     f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)  # recovery drops the tail
     assert f.length == 0 and f.high_watermark == 0
     _sync(w, f)
@@ -495,7 +495,7 @@ def test_reveal_makes_verified_blocks_readable_before_their_head_is_stored(tmp_p
     data = _all(f)
     assert data and w.read_bytes(0, len(data)) == data  # blocks 0..3, byte for byte
     assert f.head is None or f.head.length == 0  # nothing stored: no head on disk
-    f._close_fds()
+    f.log._close_fds()
     f = FollowerLog.open_replica(tmp_path / "m", KP.public_key)
     assert f.length == 0 and f.high_watermark == 0  # reopened at its last stored head
     for i in range(9):
