@@ -364,6 +364,21 @@ class Node:
         self.topics[record.name] = topic
         return topic
 
+    def update_mirrored(self, record: TopicRecord, more: list[PartitionLog]) -> Topic:
+        """A mirrored topic changed on its writer (broker/mirror.py): serve its new
+        configs (`record`, verified in the writer's catalog) and its new partitions
+        (`more`, follower archives of the partitions past the ones served)."""
+        topic = self.topics[record.name]
+        topic.record = record
+        self._apply_configs(topic)
+        log_config = self.config.log_config(record.configs)
+        for p in topic.partitions:
+            p.log.set_config(log_config)
+        for lg in more:
+            topic.partitions.append(Partition(topic, len(topic.partitions), lg))
+        self.notify_data()
+        return topic
+
     def detach_mirrored(self, name: str) -> None:
         """Stop serving a mirrored topic (its writer deleted it; broker/mirror.py)."""
         topic = self.topics.get(name)
