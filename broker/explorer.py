@@ -7,24 +7,29 @@ it reads, beside /v1/partitions/... (broker/archive_json.py).
     GET /v1/topics         topics, partitions, high watermarks, signed heads
     GET /v1/groups         consumer groups, their committed offsets and lag
     GET /v1/mirrors        the mirrors replicating from this node, and their lag
+    GET /v1/catalog?topic=T    the signed catalog listing T's archive keys (its writer's)
 
 Every list is cut at MAX_ITEMS entries (and says so: `"truncated": true`), so an answer
 stays small whatever the node holds. Topics an anonymous Kafka client may not read are
 left out, as for proofs. Nothing here writes.
 
-May import `broker.node` and `storage`; never the protocol codec.
+May import `broker.node`, `broker.archive_json` and `storage`; never the protocol codec.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs
 
+from broker.archive_json import NotFound
 from broker.node import Node
 from storage.log import PartitionLog
 
 MAX_ITEMS = 1000
+MAX_CATALOG_BYTES = 4 << 20  # /v1/catalog: one catalog change is ~100 bytes a partition
 
 # name -> content type of the static files the page needs (all in broker/static/)
 STATIC = {
@@ -143,8 +148,54 @@ def _mirrors(node: Node, readable: Callable[[str], bool]) -> list[dict[str, Any]
     ]
 
 
-def explorer_json(node: Node, path: str, readable: Callable[[str], bool]) -> dict[str, Any] | None:
-    """The JSON document for `path`, or None when the path is not the explorer's."""
+def _catalog(node: Node, query: str, readable: Callable[[str], bool]) -> dict[str, Any]:
+    """The signed catalog that lists `?topic=`'s archive keys: this node's own, or (a
+    mirrored topic) our verified copy of its writer's. Whole, from block 0 to the signed
+    head, so that a reader holding only the node key can replay it and learn the topic's
+    archive keys without trusting us (explorer/verify.js)."""
+    values = parse_qs(query).get("topic")
+    name = values[0] if values else ""
+    topic = node.topics.get(name)
+    if topic is None or not readable(name):
+        raise NotFound(f"no topic {name!r}")
+    if topic.mirrored:
+        if name not in node.writer_catalogs:
+            raise NotFound(f"the catalog of {name}'s writer is not held here")
+        node_key, cat = node.writer_catalogs[name]
+    else:
+        node_key, cat = node.store.node_public_key, node.store.catalog_log
+    head = cat.head
+    if head is None or head.length == 0:
+        raise NotFound("the catalog has no signed head yet")
+    if cat.log_start_offset > 0:
+        raise NotFound("the catalog's first blocks are gone: the chain cannot be replayed")
+    blocks: list[str] = []
+    size = 0
+    for i in range(head.length):
+        block = cat.block(i)
+        size += len(block)
+        if size > MAX_CATALOG_BYTES:
+            raise NotFound(f"the catalog is larger than {MAX_CATALOG_BYTES} bytes")
+        blocks.append(base64.b64encode(block).decode())
+    return {
+        "topic": name,
+        "node_key": node_key.hex(),
+        "archive_key": cat.key.hex(),
+        "length": head.length,
+        "fork": head.fork,
+        "tree_hash": head.tree_hash.hex(),
+        "signature": head.signature.hex(),
+        "blocks": blocks,
+    }
+
+
+def explorer_json(
+    node: Node, path: str, query: str, readable: Callable[[str], bool]
+) -> dict[str, Any] | None:
+    """The JSON document for `path`, or None when the path is not the explorer's;
+    NotFound (404) when it is but names nothing served."""
+    if path == "/v1/catalog":
+        return _catalog(node, query, readable)
     if path == "/v1/topics":
         items, truncated = _cut(_topics(node, readable))
         return {

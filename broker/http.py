@@ -111,7 +111,7 @@ def _answer(node: Node, head: bytes | None, readable: Callable[[str], bool]) -> 
         try:
             status, doc = (
                 200,
-                explorer_json(node, path, readable)
+                explorer_json(node, path, query.decode("ascii", "replace"), readable)
                 or answer_json(node, path, query.decode("ascii", "replace"), readable),
             )
         except NotFound as exc:

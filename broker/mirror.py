@@ -621,6 +621,7 @@ class NodeMirror:
         for scope in self._scopes.pop(name, set()):
             scope.cancel()
         self.node.detach_mirrored(name)
+        self.node.writer_catalogs.pop(name, None)
         for p, lg in enumerate(logs):
             with contextlib.suppress(Exception):
                 lg.close()
@@ -639,6 +640,8 @@ class NodeMirror:
         logs = self._open_partitions(rec, 0, public_keys)
         plogs: list[PartitionLog] = list(logs)
         topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
+        if self.node_key is not None and self.catalog is not None:
+            self.node.writer_catalogs[rec.name] = (self.node_key, self.catalog)
         self.attached[rec.name] = (rec, logs)
         log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
         if self._spawn is not None and self._link is not None:

@@ -230,6 +230,9 @@ class Node:
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
         self.replication_address: str | None = None
         self.replication_connections = 0  # accepted on the replication port (broker/replication_server.py)
+        # Mirrored topic -> (its writer's node key, our verified copy of the writer's catalog),
+        # filled by broker/mirror.py: the explorer proves a topic's archive keys from it.
+        self.writer_catalogs: dict[str, tuple[bytes, PartitionLog]] = {}
         self.metrics = BrokerMetrics()  # what /metrics shows (broker/metrics.py)
         self.started = time.monotonic()
         # Cluster mode (broker/cluster/): membership, controller and placement in etcd;

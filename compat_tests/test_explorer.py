@@ -4,10 +4,11 @@ Debian's `chromium`, driven by playwright-core from npm (explorer/package.json; 
 browser of Playwright's own is downloaded); scripts/test installs both. A broker with
 `--http-listen` gets records produced by kafka-python and a consumer group's commit; the
 page (explorer/browser_test.mjs) shows the topic, its signed head and the group's lag,
-and verifies a record's inclusion proof in the browser with hypercore-crypto, both with
-the key taken from the node and with it pinned. A wrong pinned key, a proof whose batch
-has one byte changed, and one whose proof node has one byte changed (both served by
-intercepting the page's request) each show as FAILED.
+and verifies a record in the browser with hypercore-crypto: the node's signed catalog
+against the node key (taken from the node, then pinned), the partition's archive key
+from it, the inclusion proof against that. A wrong pinned node key, a catalog block with
+one byte changed, a proof whose batch has one byte changed and one whose proof node has
+one byte changed (each served by intercepting the page's request) show as FAILED.
 
 The same run takes docs/explorer.png when HK_EXPLORER_SCREENSHOT=1 (scripts/explorer-shot).
 
@@ -24,7 +25,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,10 +68,46 @@ def _node_tools() -> tuple[str, str]:
     return node, chromium
 
 
+def _wait_high_watermark(http_port: int, topic: str, want: int) -> None:
+    url = f"http://127.0.0.1:{http_port}/v1/topics"
+    deadline = time.monotonic() + 30
+    seen: list[int] = []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            doc = json.load(r)
+        seen = [
+            p["high_watermark"]
+            for t in doc["topics"]
+            if t["topic"] == topic
+            for p in t["partitions"]
+        ]
+        if seen == [want]:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{topic} at {seen} on the mirror, want [{want}]")
+
+
+def _browse(http_port: int, topic: str, shot: Path | None = None, pin: str = "") -> dict[str, Any]:
+    node, chromium = _node_tools()
+    url = f"http://127.0.0.1:{http_port}/"
+    run = subprocess.run(
+        [node, str(EXPLORER / "browser_test.mjs"), url, topic, "4", *([str(shot)] if shot else [])],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=EXPLORER,
+        env=dict(os.environ, HK_CHROMIUM=chromium, HK_PIN_KEY=pin),
+    )
+    assert run.returncode == 0, run.stderr
+    out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not out["errors"], out["errors"]
+    return out
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.matrix("explorer: records verify in Chromium, tampered proofs fail", client="chromium")
 def test_explorer_verifies_in_the_browser(workdir: Path) -> None:
-    node, chromium = _node_tools()
+    _node_tools()
     http_port = harness.free_port()
     b = harness.new_broker(workdir / "broker", extra=("--http-listen", f"127.0.0.1:{http_port}"))
     topic = "explored"
@@ -80,26 +120,9 @@ def test_explorer_verifies_in_the_browser(workdir: Path) -> None:
             cwd=ROOT,
         )
         shot = ROOT / "docs" / "explorer.png" if os.environ.get("HK_EXPLORER_SCREENSHOT") else None
-        run = subprocess.run(
-            [
-                node,
-                str(EXPLORER / "browser_test.mjs"),
-                f"http://127.0.0.1:{http_port}/",
-                topic,
-                "4",
-                *([str(shot)] if shot else []),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            cwd=EXPLORER,
-            env=dict(os.environ, HK_CHROMIUM=chromium),
-        )
-        assert run.returncode == 0, run.stderr
-        out = json.loads(run.stdout.strip().splitlines()[-1])
+        out = _browse(http_port, topic, shot)
     finally:
         b.stop()
-    assert not out["errors"], out["errors"]
     row = next(r for r in out["topics"] if r[0] == topic)
     assert row[1:5] == ["0", "0", "6", "6"]  # partition, log start, high watermark, signed length
     assert len(row[5]) == len(row[7]) == 64 and len(row[6]) == 136  # root, signature, key in full
@@ -109,12 +132,69 @@ def test_explorer_verifies_in_the_browser(workdir: Path) -> None:
         assert out[name]["ok"], out[name]
         assert out[name]["verdict"].startswith("VERIFIED"), out[name]
         assert out[name]["records"] == [["4", "k4", "explorer-record-4"]]
-    assert "pin it" in out["honest"]["verdict"] and "pin it" not in out["pinned"]["verdict"]
+    assert "pin the writer" in out["honest"]["verdict"]
+    assert "pin the writer" not in out["pinned"]["verdict"]
     assert out["proofNodes"] > 0
-    for name in ("wrongKey", "tamperedBatch", "tamperedNode"):
+    for name in ("wrongKey", "tamperedCatalog", "tamperedBatch", "tamperedNode"):
         assert not out[name]["ok"], out[name]
         assert out[name]["verdict"].startswith("FAILED"), out[name]
-    assert "signer" in out["wrongKey"]["verdict"]
+    assert "not signed by the trusted node key" in out["wrongKey"]["verdict"]
+    assert "not signed by the trusted node key" in out["tamperedCatalog"]["verdict"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.matrix(
+    "explorer: a mirror's page verifies against the writer's node key", client="chromium"
+)
+def test_a_mirrors_page_verifies_against_the_writers_node_key(workdir: Path) -> None:
+    """The page of a mirror (which holds no key of the topic): a record verifies with the
+    WRITER's node key pinned (`hyperkafka keys` on the writer), through the mirror's copy
+    of the writer's signed catalog; the mirror's own node key does not."""
+    _node_tools()
+    rport, http_port = harness.free_port(), harness.free_port()
+    writer = harness.new_broker(
+        workdir / "writer", extra=("--replication-listen", f"127.0.0.1:{rport}")
+    )
+    mirror = harness.new_broker(
+        workdir / "mirror",
+        extra=(
+            "--mirror",
+            writer.bootstrap,
+            "--http-listen",
+            f"127.0.0.1:{http_port}",
+            "--no-auto-create",
+        ),
+    )
+    topic = "copied"
+    try:
+        writer.start()
+        assert writer.data_dir is not None
+        keys = subprocess.run(
+            [sys.executable, "-m", "broker", "keys", "--data-dir", str(writer.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            check=True,
+        )
+        writer_key = keys.stdout.split("\n")[0].split("\t")[1]
+        subprocess.run(
+            [sys.executable, "-c", PRODUCE_AND_COMMIT, writer.bootstrap, topic],
+            check=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        mirror.start()
+        _wait_high_watermark(http_port, topic, 6)
+        out = _browse(http_port, topic, pin=writer_key)
+    finally:
+        mirror.stop()
+        writer.stop()
+    assert out["nodeKey"] != writer_key
+    assert out["pinned"]["ok"] and out["pinned"]["records"] == [["4", "k4", "explorer-record-4"]]
+    assert not out["pageNodeKey"]["ok"], out["pageNodeKey"]
+    for name in ("tamperedCatalog", "tamperedBatch", "tamperedNode"):
+        assert not out[name]["ok"], out[name]
 
 
 def test_committed_bundle_is_built_from_its_source(tmp_path: Path) -> None:

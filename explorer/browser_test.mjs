@@ -2,7 +2,7 @@
 // browser download) for compat_tests/test_explorer.py. Prints one JSON line of what the
 // page showed; the Python test asserts on it.
 //   node browser_test.mjs URL TOPIC OFFSET [SCREENSHOT.png]
-// Env: HK_CHROMIUM, the chromium executable.
+// Env: HK_CHROMIUM, the chromium executable; HK_PIN_KEY, the node key to pin (else the page's).
 import { chromium } from 'playwright-core'
 
 const [url, topic, offset, screenshot] = process.argv.slice(2)
@@ -37,10 +37,24 @@ try {
   out.groups = await page.$$eval('#groups tr', (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)))
 
   await check('honest')
-  const archiveKey = out.topics.find((r) => r[0] === topic)[7]
-  await check('pinned', archiveKey)
+  // HK_PIN_KEY: the writer's node key, when the page is a mirror's (whose own key must fail)
+  const nodeKey = process.env.HK_PIN_KEY || out.nodeKey
+  await check('pinned', nodeKey)
+  if (process.env.HK_PIN_KEY) await check('pageNodeKey', out.nodeKey)
   if (screenshot) await page.screenshot({ path: screenshot, fullPage: true })
   await check('wrongKey', 'ab'.repeat(32))
+
+  // The node lies about the catalog: one byte of its first block changed.
+  await page.route('**/v1/catalog?**', async (route) => {
+    const response = await route.fetch()
+    const doc = await response.json()
+    const block = Buffer.from(doc.blocks[0], 'base64')
+    block[block.length - 1] ^= 0x01
+    doc.blocks[0] = block.toString('base64')
+    await route.fulfill({ response, json: doc })
+  })
+  await check('tamperedCatalog', nodeKey)
+  await page.unroute('**/v1/catalog?**')
 
   // The node lies: the same proof with one byte of the batch changed.
   await page.route('**/proof?**', async (route) => {
@@ -51,7 +65,7 @@ try {
     doc.batch = batch.toString('base64')
     await route.fulfill({ response, json: doc })
   })
-  await check('tamperedBatch', archiveKey)
+  await check('tamperedBatch', nodeKey)
   await page.unroute('**/proof?**')
   // ... or one byte of a proof node's hash.
   await page.route('**/proof?**', async (route) => {
@@ -63,7 +77,7 @@ try {
     else doc.signature = (doc.signature[0] === '0' ? '1' : '0') + doc.signature.slice(1)
     await route.fulfill({ response, json: doc })
   })
-  await check('tamperedNode', archiveKey)
+  await check('tamperedNode', nodeKey)
 } catch (err) {
   out.errors.push(String(err && err.stack ? err.stack : err))
 } finally {

@@ -2,7 +2,7 @@
 // checks an inclusion proof in the browser (verify.js). Everything shown is set with
 // textContent: group ids and record bytes are the world's, never markup.
 const b4a = require('b4a')
-const { verifyProof } = require('./verify.js')
+const { verifyProof, archiveKeyFromCatalog } = require('./verify.js')
 const { decodeBatch } = require('./records.js')
 
 const $ = (id) => document.getElementById(id)
@@ -73,16 +73,19 @@ async function verify (event) {
   out.textContent = 'fetching the proof…'
   $('records').replaceChildren()
   try {
-    const proof = await json(`/v1/partitions/${encodeURIComponent(topic)}/${encodeURIComponent(partition)}/proof?offset=${encodeURIComponent(offset)}`)
-    let key = $('v-key').value.trim()
+    const catalog = await json(`/v1/catalog?topic=${encodeURIComponent(topic)}`)
+    let nodeKey = $('v-key').value.trim()
     let pinned = true
-    if (!key) { key = proof.archive_key; pinned = false }
-    const result = verifyProof(proof, key)
+    if (!nodeKey) { nodeKey = catalog.node_key; pinned = false }
+    const chain = archiveKeyFromCatalog(catalog, nodeKey, topic, Number(partition))
+    const proof = await json(`/v1/partitions/${encodeURIComponent(topic)}/${encodeURIComponent(partition)}/proof?offset=${encodeURIComponent(offset)}`)
+    const result = chain.ok ? verifyProof(proof, chain.archiveKey) : chain
     if (result.ok) {
       out.className = 'ok'
       out.textContent = `VERIFIED: offset ${offset} is in block ${proof.block_index} of ${topic}-${partition}, ` +
-        `under a head of length ${result.length} signed by the writer of archive ${short(key)}` +
-        (pinned ? '' : ' (key taken from this node: pin it, from `hyperkafka keys` on the writer, to trust no one)')
+        `under a head of length ${result.length} signed by its writer, whose archive key ${short(chain.archiveKey)} ` +
+        `the catalog signed by node key ${short(nodeKey)} lists` +
+        (pinned ? '' : ' (node key taken from this node: pin the writer\'s, from `hyperkafka keys`, to trust no one)')
     } else {
       out.className = 'failed'
       out.textContent = `FAILED: ${result.reason}`
@@ -108,4 +111,4 @@ function start () {
   if (q.has('offset')) verify()
 }
 
-module.exports = { start, verifyProof, decodeBatch }
+module.exports = { start, verifyProof, archiveKeyFromCatalog, decodeBatch }

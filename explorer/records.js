@@ -26,8 +26,9 @@ function bytes (buf, pos) {
   return out
 }
 
-// {baseOffset, codec, records: [{offset, key, value}] } (key/value: Uint8Array or null)
-function decodeBatch (buf) {
+// {baseOffset, codec, count, records: [{offset, key, value}]} (key/value: Uint8Array or
+// null), the first `max` records
+function decodeBatch (buf, max = 100) {
   if (buf.length < 61) throw new Error('not a record batch')
   const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength)
   const baseOffset = Number(view.getBigInt64(0))
@@ -36,7 +37,7 @@ function decodeBatch (buf) {
   const out = { baseOffset, codec, count, records: [] }
   if (codec !== 'none') return out
   const pos = { i: 61 }
-  for (let r = 0; r < count && r < 100; r++) {
+  for (let r = 0; r < count && r < max; r++) {
     varint(buf, pos) // record length
     pos.i += 1 // attributes
     varint(buf, pos) // timestamp delta

@@ -1,5 +1,7 @@
 // The explorer's proof check, run in the browser: is this batch, at this block index, in
-// the archive whose key the user trusts, under a head its writer signed? Only the stock
+// the archive whose key the user trusts, under a head its writer signed? And which
+// archive key is that: the one the node's signed catalog lists for the partition, the
+// node key being the only thing the user has to trust. Only the stock
 // `hypercore-crypto` (hashes, signatures: libsodium in JS) and `flat-tree` do the work;
 // this file only arranges Hypercore 11's rules around them (storage/FORMAT.md):
 //   leaf hash = crypto.data(batch); parent = crypto.parent(a, b); tree = crypto.tree(roots)
@@ -10,6 +12,8 @@
 const crypto = require('hypercore-crypto')
 const flat = require('flat-tree')
 const b4a = require('b4a')
+const msgpack = require('@msgpack/msgpack')
+const { decodeBatch } = require('./records.js')
 
 const [TREE_NS, , , MANIFEST_NS, DEFAULT_NS] = crypto.namespace('hypercore', 6)
 
@@ -97,4 +101,51 @@ function verifyProof (proof, trustedKey) {
   }
 }
 
-module.exports = { verifyProof, archiveKey: (hex) => b4a.toString(archiveKey(fromHex(hex)), 'hex') }
+// The signed catalog of a node (GET /v1/catalog?topic=T): every block from 0 to the head,
+// each a batch of msgpack changes (storage/catalog.py). Checked against the node key the
+// user trusts, then replayed: the archive key of `topic`'s partition `partition`.
+// Returns {ok: true, archiveKey} or {ok: false, reason}.
+function archiveKeyFromCatalog (catalog, trustedNodeKey, topic, partition) {
+  try {
+    const nodeKey = fromHex(trustedNodeKey)
+    const key = archiveKey(nodeKey)
+    const length = catalog.length
+    if (!(length > 0) || catalog.blocks.length !== length) {
+      return { ok: false, reason: 'the catalog is not whole' }
+    }
+    const blocks = catalog.blocks.map((b) => b4a.from(b, 'base64'))
+    const resolve = (index) => {
+      if (index % 2 === 0) {
+        const value = blocks[index / 2]
+        return { index, size: value.byteLength, hash: crypto.data(value) }
+      }
+      const [l, r] = flat.children(index)
+      const a = resolve(l)
+      const b = resolve(r)
+      return { index, size: a.size + b.size, hash: crypto.parent(a, b) }
+    }
+    const treeHash = crypto.tree(flat.fullRoots(2 * length).map(resolve))
+    const signable = b4a.concat([TREE_NS, key, treeHash, u64le(length), u64le(catalog.fork)])
+    if (!crypto.verify(signable, signatureOf(fromHex(catalog.signature || '')), nodeKey)) {
+      return { ok: false, reason: 'the catalog is not signed by the trusted node key' }
+    }
+    let keys = null // the topic's archive keys as the catalog's changes leave them
+    for (const block of blocks) {
+      for (const record of decodeBatch(block, Infinity).records) {
+        const change = msgpack.decode(record.value)
+        if (change.name !== topic) continue
+        if (change.op === 'create' || change.op === 'partitions') keys = change.keys
+        else if (change.op === 'delete') keys = null
+      }
+    }
+    if (!keys) return { ok: false, reason: `the node's catalog has no topic ${topic}` }
+    if (!(partition >= 0 && partition < keys.length)) {
+      return { ok: false, reason: `the node's catalog has no partition ${topic}-${partition}` }
+    }
+    return { ok: true, archiveKey: b4a.toString(keys[partition], 'hex') }
+  } catch (err) {
+    return { ok: false, reason: String(err && err.message ? err.message : err) }
+  }
+}
+
+module.exports = { verifyProof, archiveKeyFromCatalog, archiveKey: (hex) => b4a.toString(archiveKey(fromHex(hex)), 'hex') }

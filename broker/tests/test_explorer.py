@@ -5,7 +5,9 @@ in Chromium in compat_tests/test_explorer.py."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -17,6 +19,8 @@ from broker.node import Node
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_metrics import get_json, http
 from broker.tests.test_server import batch, create, produce
+from storage.catalog import decode_changes
+from storage.hypercore import archive_key, verify_head
 
 
 @pytest.fixture
@@ -104,13 +108,44 @@ async def test_topics_and_groups(broker: Broker, monkeypatch: pytest.MonkeyPatch
     assert (await get_json(broker, "/v1/nope"))[0] == 404
 
 
+def _check_catalog(cat: dict[str, Any]) -> None:
+    """The catalog document is whole and signed by its node key."""
+    node_key = bytes.fromhex(cat["node_key"])
+    assert cat["archive_key"] == archive_key(node_key).hex()
+    assert len(cat["blocks"]) == cat["length"] > 0
+    assert verify_head(
+        node_key,
+        archive_key(node_key),
+        bytes.fromhex(cat["tree_hash"]),
+        cat["length"],
+        cat["fork"],
+        bytes.fromhex(cat["signature"]),
+    )
+
+
+async def test_the_catalog_that_lists_a_topic(broker: Broker) -> None:
+    await create(broker, "listed", partitions=2)
+    status, cat = await get_json(broker, "/v1/catalog?topic=listed")
+    assert status == 200 and cat["topic"] == "listed"
+    _, topics = await get_json(broker, "/v1/topics")
+    assert cat["node_key"] == topics["node_key"]
+    _check_catalog(cat)
+    changes = [c for b in cat["blocks"] for c in decode_changes(base64.b64decode(b))]
+    [created] = [c for c in changes if c["name"] == "listed"]
+    assert [bytes(k).hex() for k in created["keys"]] == [
+        p["archive_key"] for p in topics["topics"][0]["partitions"]
+    ]
+    assert (await get_json(broker, "/v1/catalog?topic=nope"))[0] == 404
+    assert (await get_json(broker, "/v1/catalog"))[0] == 404
+
+
 async def test_topics_hidden_from_anonymous_readers_are_left_out(tmp_path: Path) -> None:
     node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
     try:
         node.create_topic("private-x", 1)
         node.create_topic("pub", 1)
         topics = explorer.explorer_json(
-            node, "/v1/topics", lambda name: not name.startswith("private-")
+            node, "/v1/topics", "", lambda name: not name.startswith("private-")
         )
         assert topics is not None and [t["topic"] for t in topics["topics"]] == ["pub"]
     finally:
@@ -136,6 +171,7 @@ async def test_mirrors_and_their_lag(tmp_path: Path) -> None:
         await _produce(w, "copied", [b"a", b"b"])
         await _produce(w, "copied", [b"c"])
         mcfg = BrokerConfig(
+            http_listen=("127.0.0.1", 0),
             data_dir=tmp_path / "m",
             listen_port=0,
             shutdown_grace_s=2,
@@ -156,4 +192,10 @@ async def test_mirrors_and_their_lag(tmp_path: Path) -> None:
         assert len(mirror["mirror"]) == 16 and mirror["lag"] == 0
         assert archives["copied-0"] == {"archive": "copied-0", "verified": 2, "signed": 2, "lag": 0}
         assert "__catalog" in archives
+        # the mirror serves its copy of the WRITER's catalog for the topic: signed by the
+        # writer's node key, not its own
+        mirror_broker = Broker(mcfg, 0)
+        status, cat = await get_json(mirror_broker, "/v1/catalog?topic=copied")
+        assert status == 200 and cat["node_key"] == key.hex()
+        _check_catalog(cat)
         nursery.cancel_scope.cancel()
