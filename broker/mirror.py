@@ -305,6 +305,12 @@ def _single_error() -> Iterator[None]:
         errs = _leaves(group)
         if errs and all(isinstance(e, Exception) and type(e) is type(errs[0]) for e in errs):
             raise errs[0] from None
+        # Being cancelled while the connection also broke (a shutdown closes both ends
+        # at once): the cancellation wins, as if the break had come a moment later.
+        # Otherwise the group would escape `NodeMirror.run`, which handles each error.
+        cancelled = [e for e in errs if isinstance(e, trio.Cancelled)]
+        if cancelled and all(isinstance(e, trio.Cancelled | Exception) for e in errs):
+            raise cancelled[0] from None
         raise
 
 

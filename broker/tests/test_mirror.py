@@ -694,3 +694,21 @@ async def test_a_mirror_follows_config_changes_and_new_partitions(tmp_path: Path
         assert (await describe_topic_configs(m, "grows"))["segment.bytes"] == ("1048576", 1)
         assert await _fetch(m, "grows", 2) == await _fetch(w, "grows", 2)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_lost_while_being_cancelled_is_the_cancellation() -> None:
+    """A shutdown cancels the mirror while the writer's end of the connection closes: a
+    channel task fails with BrokenResourceError as the others are cancelled. The group of
+    both must come out as the cancellation (absorbed by its scope), not escape the mirror."""
+    from broker.mirror import _single_error
+
+    with trio.CancelScope() as scope, _single_error():
+        async with trio.open_nursery() as nursery:
+
+            async def breaks() -> None:
+                scope.cancel()
+                raise trio.BrokenResourceError("replication connection lost")
+
+            nursery.start_soon(breaks)
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
