@@ -1,5 +1,6 @@
-"""The broker's HTTP listener (`hyperkafka.http.listeners`): /metrics for Prometheus, and
-/v1/partitions/... JSON of signed heads and inclusion proofs (broker/archive_json.py).
+"""The broker's HTTP listener (`hyperkafka.http.listeners`): /metrics for Prometheus,
+/v1/partitions/... JSON of signed heads and inclusion proofs (broker/archive_json.py), and
+the explorer page with its JSON (broker/explorer.py).
 
 Owns `serve_http`, a deliberately small HTTP/1.1 responder on Trio in the broker's own
 process and event loop (no threads, no framework): it reads one request head (at most
@@ -9,7 +10,7 @@ all a Prometheus scrape needs. GET and HEAD only; anything else is 405, an unkno
 meant for loopback or a monitoring network, and it must never cost the Kafka port
 memory or descriptors.
 
-May import trio, `broker.node` and `broker.metrics`; never the protocol codec.
+May import trio, `broker.node`, `broker.metrics` and the JSON modules; never the protocol codec.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from functools import partial
 import trio
 
 from broker.archive_json import NotFound, answer_json
+from broker.explorer import explorer_json, static_file
 from broker.metrics import render
 from broker.node import Node
 
@@ -101,28 +103,22 @@ def _answer(node: Node, head: bytes | None, readable: Callable[[str], bool]) -> 
     head_only = method == b"HEAD"
     if target == b"/metrics":
         return _response(200, render(node).encode(), CONTENT_TYPE_METRICS, head_only=head_only)
+    path = target.decode("ascii", "replace")
+    page = static_file(path)
+    if page is not None:
+        return _response(200, page[0], page[1], head_only=head_only)
     if target.startswith(b"/v1/"):
         try:
             status, doc = (
                 200,
-                answer_json(
-                    node,
-                    target.decode("ascii", "replace"),
-                    query.decode("ascii", "replace"),
-                    readable,
-                ),
+                explorer_json(node, path, query.decode("ascii", "replace"), readable)
+                or answer_json(node, path, query.decode("ascii", "replace"), readable),
             )
         except NotFound as exc:
             status, doc = 404, {"error": str(exc)}
         except ValueError as exc:
             status, doc = 400, {"error": str(exc)}
         return _response(status, json.dumps(doc).encode(), "application/json", head_only=head_only)
-    if target == b"/":
-        return _response(
-            200,
-            b"hyperkafka: see /metrics and /v1/partitions/<topic>/<partition>/head\n",
-            head_only=head_only,
-        )
     return _response(404, b"not found\n", head_only=head_only)
 
 

@@ -52,6 +52,7 @@ discovery), `broker.shape`, `broker.replication_server` and `storage`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
@@ -60,7 +61,6 @@ import shutil
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -113,7 +113,7 @@ class DiscoveryError(Exception):
     """The peer's Kafka port did not tell us its node key / replication address."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MirrorTarget:
     host: str
     port: int
@@ -305,6 +305,12 @@ def _single_error() -> Iterator[None]:
         errs = _leaves(group)
         if errs and all(isinstance(e, Exception) and type(e) is type(errs[0]) for e in errs):
             raise errs[0] from None
+        # Being cancelled while the connection also broke (a shutdown closes both ends
+        # at once): the cancellation wins, as if the break had come a moment later.
+        # Otherwise the group would escape `NodeMirror.run`, which handles each error.
+        cancelled = [e for e in errs if isinstance(e, trio.Cancelled)]
+        if cancelled and all(isinstance(e, trio.Cancelled | Exception) for e in errs):
+            raise cancelled[0] from None
         raise
 
 
@@ -567,11 +573,17 @@ class NodeMirror:
                     break
                 with open(kfile, "rb") as f:
                     keys.append(f.read())
+            if not keys:
+                continue
+            if name == OFFSETS_TOPIC:
+                self._open_offsets_copy(rec, keys[0])
+            elif len(keys) < rec.partitions:
+                # The writer grew the topic before we learned the new archives' keys:
+                # serve the partitions we hold; `_follow_changes` adds the rest.
+                self._attach(dataclasses.replace(rec, partitions=len(keys),
+                                                 archive_keys=rec.archive_keys[: len(keys)]), keys)
             else:
-                if name == OFFSETS_TOPIC:
-                    self._open_offsets_copy(rec, keys[0])
-                else:
-                    self._attach(rec, keys)
+                self._attach(rec, keys)
 
     def _partition_dir(self, topic: str, partition: int) -> str:
         return os.path.join(self.dir, f"{topic}-{partition}")
@@ -616,6 +628,7 @@ class NodeMirror:
         for scope in self._scopes.pop(name, set()):
             scope.cancel()
         self.node.detach_mirrored(name)
+        self.node.writer_catalogs.pop(name, None)
         for p, lg in enumerate(logs):
             with contextlib.suppress(Exception):
                 lg.close()
@@ -631,23 +644,60 @@ class NodeMirror:
                       self.target.address, rec.name)
             self.skipped.add(rec.name)
             return False
-        logs: list[FollowerLog] = []
-        for p, pk in enumerate(public_keys):
-            if archive_key(pk) != rec.archive_keys[p]:
-                raise VerificationFailed(f"{rec.name}-{p}: signer key does not match the catalog's archive key")
-            logs.append(FollowerLog.open_replica(self._partition_dir(rec.name, p), pk,
-                                                 config=self.node.config.log_config(rec.configs)))
-        if self.node.store.handles is not None:  # their files on the node's budget too
-            for lg in logs:
-                lg.attach_handles(self.node.store.handles)
+        logs = self._open_partitions(rec, 0, public_keys)
         plogs: list[PartitionLog] = [lg.log for lg in logs]
         topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
+        if self.node_key is not None and self.catalog is not None:
+            self.node.writer_catalogs[rec.name] = (self.node_key, self.catalog)
         self.attached[rec.name] = (rec, logs)
         log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
         if self._spawn is not None and self._link is not None:
             for p, lg in enumerate(logs):
                 self._spawn.start_soon(self._follow_partition, self._link, topic, p, lg)
         return True
+
+    def _open_partitions(self, rec: TopicRecord, first: int, public_keys: list[bytes]) -> list[FollowerLog]:
+        """Follower archives of partitions `first`, `first + 1`... of `rec`, each key
+        checked against the catalog's archive key, their files on the node's budget."""
+        logs: list[FollowerLog] = []
+        for p, pk in enumerate(public_keys, start=first):
+            if archive_key(pk) != rec.archive_keys[p]:
+                raise VerificationFailed(f"{rec.name}-{p}: signer key does not match the catalog's archive key")
+            logs.append(FollowerLog.open_replica(self._partition_dir(rec.name, p), pk,
+                                                 config=self.node.config.log_config(rec.configs)))
+        if self.node.store.handles is not None:
+            for lg in logs:
+                lg.attach_handles(self.node.store.handles)
+        return logs
+
+    async def _follow_changes(self, link: ConnectionDriver, rec: TopicRecord) -> None:
+        """An attached topic whose catalog record changed on the writer: AlterConfigs
+        (new overrides) or CreatePartitions (more partitions, each a new archive whose key
+        we learn from the writer). Kafka never shrinks a topic, so fewer partitions than
+        we serve is the writer's catalog contradicting itself: logged, not followed."""
+        entry = self.attached[rec.name]
+        old, logs = entry
+        if rec == old:
+            return
+        if rec.partitions < len(logs) or rec.archive_keys[: len(logs)] != old.archive_keys[: len(logs)]:
+            log.error("mirror of %s: topic %s: the catalog no longer lists the archives we follow; "
+                      "keeping the copy served", self.target.address, rec.name)
+            self.attached[rec.name] = (rec, logs)  # (logged once, not on every change)
+            return
+        keys = [await learn_public_key(link, rec.archive_keys[p]) for p in range(len(logs), rec.partitions)]
+        if self.attached.get(rec.name) is not entry:
+            return  # detached (or changed again) while we waited
+        more = self._open_partitions(rec, len(logs), keys)
+        plogs: list[PartitionLog] = [lg.log for lg in more]
+        topic = self.node.update_mirrored(rec, plogs)
+        self.attached[rec.name] = (rec, logs + more)
+        if more:
+            log.info("topic %s from %s grown to %d partitions", rec.name, self.target.address, rec.partitions)
+        if old.configs != rec.configs:
+            log.info("topic %s from %s: configs now %s", rec.name, self.target.address, dict(rec.configs))
+        if self._spawn is not None:
+            for p, lg in enumerate(more, start=len(logs)):
+                self._spawn.start_soon(self._follow_partition, link, topic, p, lg)
 
     def _open_offsets_copy(self, rec: TopicRecord, public_key: bytes) -> None:
         """Cluster mode: open our copy of the peer's offsets archive (under this mirror's
@@ -791,9 +841,12 @@ class NodeMirror:
                         log.info("mirror of %s: its offsets archive not followed yet: %s", self.target.address, exc)
                         self._catalog_changed.set()
                         await trio.sleep(BACKOFF_MAX_S / 5)
-                if name in self.attached or name in self.skipped or name.startswith("__"):
+                if name in self.skipped or name.startswith("__"):
                     continue
                 try:
+                    if name in self.attached:
+                        await self._follow_changes(link, rec)
+                        continue
                     keys = [await learn_public_key(link, rec.archive_keys[p])
                             for p in range(rec.partitions)]
                     self._attach(rec, keys)

@@ -240,6 +240,9 @@ class Node:
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
         self.replication_address: str | None = None
         self.replication_connections = 0  # accepted on the replication port (broker/replication_server.py)
+        # Mirrored topic -> (its writer's node key, our verified copy of the writer's catalog),
+        # filled by broker/mirror.py: the explorer proves a topic's archive keys from it.
+        self.writer_catalogs: dict[str, tuple[bytes, PartitionLog]] = {}
         self.metrics = BrokerMetrics()  # what /metrics shows (broker/metrics.py)
         self.started = time.monotonic()
         # Cluster mode (broker/cluster/): membership, controller and placement in etcd;
@@ -374,6 +377,21 @@ class Node:
         self._apply_configs(topic)
         topic.partitions = [Partition(topic, i, lg) for i, lg in enumerate(logs)]
         self.topics[record.name] = topic
+        return topic
+
+    def update_mirrored(self, record: TopicRecord, more: list[PartitionLog]) -> Topic:
+        """A mirrored topic changed on its writer (broker/mirror.py): serve its new
+        configs (`record`, verified in the writer's catalog) and its new partitions
+        (`more`, follower archives of the partitions past the ones served)."""
+        topic = self.topics[record.name]
+        topic.record = record
+        self._apply_configs(topic)
+        log_config = self.config.log_config(record.configs)
+        for p in topic.partitions:
+            p.log.set_config(log_config)
+        for lg in more:
+            topic.partitions.append(Partition(topic, len(topic.partitions), lg))
+        self.notify_data()
         return topic
 
     def detach_mirrored(self, name: str) -> None:

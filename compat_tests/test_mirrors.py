@@ -14,6 +14,9 @@ One scenario, in steps that build on each other (each is slow to set up, so they
    every record; mirror A, up all along, resumes following the restarted writer and both
    get the records produced after it; `hyperkafka verify` on both data dirs passes;
 7. a mirror pinned to another node key refuses the writer: nothing is mirrored.
+
+Then, on their own: a longer fork of the writer is equivocation; a running mirror follows
+AlterConfigs and CreatePartitions made on the writer.
 """
 
 from __future__ import annotations
@@ -93,8 +96,9 @@ PRODUCE_TO_MIRROR = textwrap.dedent(
 
 
 def _py(code: str, *args: str, timeout: float = 120) -> str:
-    out = subprocess.run([sys.executable, "-c", code, *args], check=True, timeout=timeout, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", code, *args], check=False, timeout=timeout, cwd=ROOT,
                          capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
 
@@ -338,6 +342,86 @@ def test_a_longer_fork_of_the_writer_freezes_the_mirror(workdir: Path) -> None:
         time.sleep(2)
         assert _high_watermark(mirror, topic) == 5
         assert "frozen" in _log(mirror)
+    finally:
+        for br in brokers:
+            try:
+                br.stop()
+            except Exception:
+                br.kill()
+
+
+CHANGE_TOPIC = textwrap.dedent(
+    """
+    import sys
+    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions
+    bootstrap, topic = sys.argv[1], sys.argv[2]
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20000)
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={"retention.ms": "86400000"})])
+    admin.create_partitions({topic: NewPartitions(total_count=3)})
+    admin.close()
+    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", max_block_ms=10000)
+    for i in range(5):
+        p.send(topic, b"p2-%d" % i, partition=2).get(timeout=20)
+    p.close()
+    """
+)
+
+DESCRIBE_AND_READ = textwrap.dedent(
+    """
+    import json, sys
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+    from kafka.admin import ConfigResource, ConfigResourceType
+    bootstrap, topic = sys.argv[1], sys.argv[2]
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20000)
+    described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    [by_name] = described.values()
+    entry = by_name[topic].get("retention.ms")
+    configs = {"retention.ms": entry["value"] if isinstance(entry, dict) else entry}
+    admin.close()
+    c = KafkaConsumer(bootstrap_servers=bootstrap, consumer_timeout_ms=5000, enable_auto_commit=False)
+    parts = sorted(c.partitions_for_topic(topic) or ())
+    tp = TopicPartition(topic, 2)
+    values = []
+    if 2 in parts:
+        c.assign([tp])
+        c.seek(tp, 0)
+        values = [m.value.decode() for m in c]
+    c.close()
+    print(json.dumps({"retention.ms": configs.get("retention.ms"), "partitions": parts, "values": values}))
+    """
+)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.matrix("mirrors: a running mirror follows AlterConfigs and CreatePartitions", client="kafka-python")
+def test_a_running_mirror_follows_topic_changes(workdir: Path) -> None:
+    """On the writer, while a mirror runs: AlterConfigs on a mirrored topic and
+    CreatePartitions (1 -> 3), then records produced to the new partition 2. The mirror's
+    DescribeConfigs shows the new value, its Metadata the three partitions, and it serves
+    partition 2's records."""
+    topic = "changing"
+    rport = harness.free_port()
+    writer = harness.new_broker(workdir / "writer", extra=("--replication-listen", f"127.0.0.1:{rport}"))
+    brokers: list[Broker] = [writer]
+    try:
+        writer.start()
+        _py(PRODUCE_EACH, writer.bootstrap, topic, "first", "3")
+        mirror = harness.new_broker(workdir / "mirror", extra=("--mirror", writer.bootstrap, "--no-auto-create"))
+        brokers.append(mirror)
+        mirror.start()
+        _wait_caught_up(mirror, topic, 3)
+        _py(CHANGE_TOPIC, writer.bootstrap, topic)
+        want = {"retention.ms": "86400000", "partitions": [0, 1, 2], "values": [f"p2-{i}" for i in range(5)]}
+        assert json.loads(_py(DESCRIBE_AND_READ, writer.bootstrap, topic)) == want
+        deadline = time.monotonic() + 40
+        seen: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            seen = json.loads(_py(DESCRIBE_AND_READ, mirror.bootstrap, topic))
+            if seen == want:
+                break
+            time.sleep(0.5)
+        assert seen == want, f"{seen}\n{mirror.log_tail()}"
     finally:
         for br in brokers:
             try:

@@ -644,3 +644,71 @@ async def test_a_mirror_catching_up_logs_progress(
     assert len(lines) >= 2, lines
     assert f"/{blocks} blocks (" in lines[0] and "blocks/s" in lines[0]
     assert lines[-1].startswith(str(tmp_path / "m")) and f"{blocks}/{blocks} blocks (100%)" in lines[-1]
+
+
+async def test_a_mirror_follows_config_changes_and_new_partitions(tmp_path: Path) -> None:
+    """IncrementalAlterConfigs and CreatePartitions on the writer, made while the mirror
+    runs: its DescribeConfigs shows the new value (and its logs apply it), its Metadata
+    the new partitions, and it serves their records byte-exact; after a restart too."""
+    from broker.tests.test_admin_apis import describe_topic_configs, incremental
+
+    wcfg = BrokerConfig(data_dir=tmp_path / "w", listen_port=0, shutdown_grace_s=2,
+                        replication_listen=("127.0.0.1", 0))
+
+    async def partitions(c: RawClient) -> int:
+        md = await c.call("metadata", 12, {"topics": [{"name": "grows", "topic_id": None}],
+                                           "allow_auto_topic_creation": False,
+                                           "include_topic_authorized_operations": False})
+        return len(md.topics[0].partitions)
+
+    async with trio.open_nursery() as nursery:
+        wport = await _start(nursery, wcfg)
+        key, _ = await discover("127.0.0.1", wport)
+        w = await _client(wport)
+        await _produce(w, "grows", [b"a", b"b"])
+        mcfg = BrokerConfig(data_dir=tmp_path / "m", listen_port=0, shutdown_grace_s=2,
+                            auto_create_topics=False, mirrors=[f"127.0.0.1:{wport}@{key.hex()}"])
+        async with trio.open_nursery() as mirror_nursery:
+            m = await _client(await _start(mirror_nursery, mcfg))
+            await _wait_hwm(m, "grows", 2)
+            assert (await incremental(w, "grows", [("segment.bytes", 0, "1048576")])).error_code == 0
+            r = await w.call("create_partitions", 3, {"topics": [{"name": "grows", "count": 3, "assignments": None}],
+                                                      "timeout": 5000, "validate_only": False})
+            assert r.results[0].error_code == 0, r
+            batch = bytes(build_batch([b"p2-a", b"p2-b", b"p2-c"], timestamp_ms=1_700_000_000_000))
+            r = await w.call("produce", 8, {"acks": -1, "timeout": 5000, "transactional_id": None, "topic_data": [
+                {"name": "grows", "partition_data": [{"index": 2, "records": batch}]}]})
+            assert r.responses[0].partition_responses[0].error_code == 0
+            with trio.fail_after(20):
+                while await partitions(m) != 3:  # noqa: ASYNC110 (another node's state: polled)
+                    await trio.sleep(0.05)
+            await _wait_hwm(m, "grows", 3, partition=2)
+            assert await _fetch(m, "grows", 2) == await _fetch(w, "grows", 2)
+            assert await _hwm(m, "grows", 1) == (0, 0)
+            configs = await describe_topic_configs(m, "grows")
+            assert configs["segment.bytes"] == ("1048576", 1)
+            mirror_nursery.cancel_scope.cancel()
+        # restarted: the grown topic and its configs are served from the local copy
+        m = await _client(await _start(nursery, mcfg))
+        assert await partitions(m) == 3
+        assert (await describe_topic_configs(m, "grows"))["segment.bytes"] == ("1048576", 1)
+        assert await _fetch(m, "grows", 2) == await _fetch(w, "grows", 2)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_lost_while_being_cancelled_is_the_cancellation() -> None:
+    """A shutdown cancels the mirror while the writer's end of the connection closes: a
+    channel task fails with BrokenResourceError as the others are cancelled. The group of
+    both must come out as the cancellation (absorbed by its scope), not escape the mirror."""
+    from broker.mirror import _single_error
+
+    with trio.CancelScope() as scope, _single_error():
+        async with trio.open_nursery() as nursery:
+
+            async def breaks() -> None:
+                scope.cancel()
+                raise trio.BrokenResourceError("replication connection lost")
+
+            nursery.start_soon(breaks)
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
