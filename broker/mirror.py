@@ -648,7 +648,7 @@ class NodeMirror:
         plogs: list[PartitionLog] = [lg.log for lg in logs]
         topic: Topic = self.node.attach_mirrored(rec, plogs, leader_id=self.broker_id)
         if self.node_key is not None and self.catalog is not None:
-            self.node.writer_catalogs[rec.name] = (self.node_key, self.catalog)
+            self.node.writer_catalogs[rec.name] = (self.node_key, self.catalog.log)
         self.attached[rec.name] = (rec, logs)
         log.info("mirroring topic %s (%d partitions) from %s", rec.name, rec.partitions, self.target.address)
         if self._spawn is not None and self._link is not None:
