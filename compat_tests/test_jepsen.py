@@ -45,7 +45,9 @@ RECOVER_S = 8.0  # and lets the cluster recover before the next
 def _need_namespaces() -> None:
     # CI runs as root with iproute2: there a missing one fails the test (harness.require).
     harness.require(os.geteuid() == 0, "Jepsen-style tests make network namespaces: they need root")
-    harness.require(shutil.which("ip") is not None, "Jepsen-style tests need `ip` (apt-get install -y iproute2)")
+    harness.require(
+        shutil.which("ip") is not None, "Jepsen-style tests need `ip` (apt-get install -y iproute2)"
+    )
     harness.require(
         shutil.which("nft") is not None, "nft (apt-get install -y nftables) to cut links"
     )
