@@ -64,8 +64,6 @@ SINGLE_SUBJECT: dict[str, str] = {
     "scripts/demo: *": "hyperkafka's demo script",
     "security refusal: *": "the broker's security rules, as the clients named report them",
     "security hostile: *": "the broker's limits on idle and trickling TLS connections",
-    "list-offsets": "a broker feature (ListOffsets), driven by the clients named",
-    "offsets-for-times": "a broker feature (ListOffsets by timestamp), driven by kafka-python",
     "sigkill-acks-all": "a broker feature (acks=all durability across SIGKILL)",
     "offsets-expiry-compaction": "a broker feature (offsets expiry, offsets archive compaction)",
     "tampered-record-refused": "a broker feature (signed archives refuse tampered bytes)",

@@ -160,7 +160,6 @@ def _flood(broker: Broker, n: int) -> None:
 
 @pytest.mark.timeout(600)
 def test_many_partitions_on_a_small_open_file_limit(tmp_path: Path) -> None:
-    pytest.importorskip("kafka")
     props = {"max.broker.partitions": str(PARTITIONS + 200), "num.partitions": "1"}
     with _broker(tmp_path / "b", props) as b:
         b.start(timeout=60)

@@ -8,7 +8,8 @@
   detected after its session timeout, 6 s here) and no record is lost, because members
   commit each record after reading it. The time from the kill to the survivors' new
   assignment is printed per client (`REBALANCE <client>: ...` on stderr, run with -s) and
-  kept in the test report's user_properties.
+  kept in the test report's user_properties. No retry: soaked under load (nice 19 on 2
+  shared cores), it passed 36 runs in a row with all six clients.
 - After a broker restart the group resumes at its commits (nothing read twice or skipped).
 - `kcat -G` consumes as a group member and commits.
 - Offsets expiry and compaction of the offsets archive through a broker configured by a

@@ -1,9 +1,8 @@
-"""ListOffsets by time and high watermarks (kafka-python's idempotent default is in
-test_idempotence.py).
+"""kafka-python's offsets_for_times in depth (kafka-python's idempotent default is in
+test_idempotence.py; every client's ListOffsets is in test_list_offsets.py).
 
-- offsets_for_times: the first offset whose timestamp is >= t, None past the end.
-- The high watermark (ListOffsets latest) and log start (earliest) as kafka-python and
-  confluent-kafka read them, after batches of several sizes.
+- offsets_for_times: the first offset whose timestamp is >= t, None past the end, with the
+  record's own timestamp; and the consumer sees the producer's CreateTime timestamps.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import uuid
 
 import pytest
 
-from compat_tests.clients import CLIENTS, create_topic
+from compat_tests.clients import create_topic
 from compat_tests.harness import Broker
 
 
@@ -57,52 +56,5 @@ def test_kafka_python_offsets_for_times(broker: Broker) -> None:
             for msgs in c.poll(timeout_ms=1000).values():
                 seen += [(m.offset, m.timestamp) for m in msgs]
         assert seen[:5] == [(o, base + 10 * o) for o in range(995, 1000)]
-    finally:
-        c.close()
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.matrix("list-offsets")
-@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
-def test_list_offsets_high_watermark(broker: Broker, client: str) -> None:
-    """After batches of 1, 7 and 300 records the high watermark is 1, 8, 308; start is 0."""
-    from kafka import KafkaProducer
-
-    CLIENTS[client].require()
-    topic = f"lo-{client}-{uuid.uuid4().hex[:8]}"
-    create_topic(broker, topic)
-    query = _watermarks_kafka_python if client == "kafka-python" else _watermarks_confluent
-    assert query(broker, topic) == (0, 0)
-    p = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=50, batch_size=1 << 20)
-    total = 0
-    try:
-        for size in (1, 7, 300):
-            for i in range(size):
-                p.send(topic, value=b"x%d" % i, partition=0)
-            p.flush(timeout=30)
-            total += size
-            assert query(broker, topic) == (0, total), f"after a batch of {size}"
-    finally:
-        p.close(timeout=10)
-
-
-def _watermarks_kafka_python(broker: Broker, topic: str) -> tuple[int, int]:
-    from kafka import KafkaConsumer, TopicPartition
-
-    tp = TopicPartition(topic, 0)
-    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, enable_auto_commit=False)
-    try:
-        return c.beginning_offsets([tp])[tp], c.end_offsets([tp])[tp]
-    finally:
-        c.close()
-
-
-def _watermarks_confluent(broker: Broker, topic: str) -> tuple[int, int]:
-    import confluent_kafka as ck
-
-    c = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "hk-compat-lo"})
-    try:
-        low, high = c.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10)
-        return int(low), int(high)
     finally:
         c.close()

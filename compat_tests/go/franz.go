@@ -377,6 +377,32 @@ func (franz) admin(op string, o opts) (map[string]any, error) {
 			}
 		}
 		return map[string]any{"groups": out}, nil
+	case "list-offsets":
+		// kadm's documented mapping: a timestamp past the last record lists the end offset.
+		out := map[string]int64{}
+		for _, at := range o.ats {
+			var res kadm.ListedOffsets
+			switch at {
+			case -1:
+				res, err = adm.ListEndOffsets(ctx, o.topic)
+			case -2:
+				res, err = adm.ListStartOffsets(ctx, o.topic)
+			default:
+				res, err = adm.ListOffsetsAfterMilli(ctx, at, o.topic)
+			}
+			if err != nil {
+				return nil, err
+			}
+			l, ok := res.Lookup(o.topic, int32(o.partition))
+			if !ok {
+				return nil, fmt.Errorf("no answer for %s-%d", o.topic, o.partition)
+			}
+			if l.Err != nil {
+				return nil, l.Err
+			}
+			out[fmt.Sprint(at)] = l.Offset
+		}
+		return map[string]any{"offsets": out}, nil
 	case "offsets":
 		res, err := adm.FetchOffsets(ctx, o.group)
 		if err != nil {

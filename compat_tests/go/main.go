@@ -9,6 +9,8 @@
 //	hkgo CLIENT consume  --bootstrap B --topic T --outfile F --count N [--offset O]
 //	hkgo CLIENT group    --bootstrap B --topic T --group G [--stop-file F] [--max-records N] [--protocol consumer]
 //	hkgo CLIENT admin OP --bootstrap B [--topic T ...] [--group G ...] [--partitions N]
+//	hkgo CLIENT admin list-offsets --bootstrap B --topic T [--partition P] --at TS ...
+//	    (ListOffsets: TS -1 latest, -2 earliest, or a timestamp; {"offsets": {TS: offset}})
 //
 // Every action takes --spec JSON for TLS and SASL (security.go) and --auto-create (ask the
 // broker to create a missing topic when the client looks it up).
@@ -23,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -207,6 +210,7 @@ type opts struct {
 	topic       string
 	topics      multi
 	groups      multi
+	ats         []int64
 	group       string
 	partition   int
 	partitions  int
@@ -237,6 +241,8 @@ func parse(args []string) opts {
 	fs.StringVar(&o.bootstrap, "bootstrap", "", "host:port")
 	fs.Var(&o.topics, "topic", "topic (repeatable for admin)")
 	fs.Var(&o.groups, "group", "group (repeatable for admin)")
+	var ats multi
+	fs.Var(&ats, "at", "ListOffsets timestamp (repeatable for admin list-offsets)")
 	fs.IntVar(&o.partition, "partition", 0, "")
 	fs.IntVar(&o.partitions, "partitions", 1, "partitions for admin create")
 	fs.StringVar(&o.codec, "codec", "none", "none|gzip|snappy|lz4|zstd")
@@ -267,6 +273,13 @@ func parse(args []string) opts {
 	}
 	if o.bootstrap == "" {
 		fail("--bootstrap is required")
+	}
+	for _, a := range ats {
+		v, err := strconv.ParseInt(a, 10, 64)
+		if err != nil {
+			fail("--at %q: %v", a, err)
+		}
+		o.ats = append(o.ats, v)
 	}
 	if len(o.topics) > 0 {
 		o.topic = o.topics[0]

@@ -393,6 +393,23 @@ func (saramaDriver) admin(op string, o opts) (map[string]any, error) {
 			}
 		}
 		return map[string]any{"groups": out}, nil
+	case "list-offsets":
+		// Client.GetOffset answers the broker's offset as is: -1 for no record at or after
+		// the timestamp.
+		client, err := sarama.NewClient([]string{o.bootstrap}, saramaConfig(o))
+		if err != nil {
+			return nil, err
+		}
+		defer client.Close()
+		out := map[string]int64{}
+		for _, at := range o.ats {
+			off, err := client.GetOffset(o.topic, int32(o.partition), at)
+			if err != nil {
+				return nil, err
+			}
+			out[fmt.Sprint(at)] = off
+		}
+		return map[string]any{"offsets": out}, nil
 	case "offsets":
 		res, err := adm.ListConsumerGroupOffsets(o.group, nil)
 		if err != nil {

@@ -1,7 +1,7 @@
 // kafkajs's admin client for hyperkafka's compatibility tests.
 //
-// `node admin.js create|list|describe|delete|configs|list-groups|describe-groups|offsets
-// --bootstrap H:P [--topic T]... [--group G]... [--partitions N] [--timeout S]` prints one JSON line in the shape the Go driver's
+// `node admin.js create|list|describe|delete|configs|list-groups|describe-groups|offsets|list-offsets
+// --bootstrap H:P [--topic T]... [--group G]... [--at TS]... [--partitions N] [--timeout S]` prints one JSON line in the shape the Go driver's
 // `hkgo CLIENT admin OP` prints (see compat_tests/workers/pyadmin.py), so one test serves
 // every admin client. Error codes are Kafka's, read from what kafkajs surfaces: its
 // protocol errors carry `.code`; createTopics answers `false` for a topic that already
@@ -27,11 +27,12 @@ const CONFIG_SOURCES = [
 ]
 
 function parseArgs(argv) {
-  const args = { op: argv[0], topics: [], groups: [], partitions: 1, timeout: 30 }
+  const args = { op: argv[0], topics: [], groups: [], ats: [], partitions: 1, timeout: 30 }
   for (let i = 1; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, '')
     if (name === 'topic') args.topics.push(argv[i + 1])
     else if (name === 'group') args.groups.push(argv[i + 1])
+    else if (name === 'at') args.ats.push(Number(argv[i + 1]))
     else args[name] = argv[i + 1]
   }
   args.partitions = Number(args.partitions)
@@ -142,6 +143,23 @@ async function run(admin, args) {
         out[g.groupId] = { error_code: g.errorCode, state: g.state, protocol_type: g.protocolType, members }
       }
       return { groups: out }
+    }
+    case 'list-offsets': {
+      // Partition 0 of the topic: -1 the high watermark and -2 the log start
+      // (fetchTopicOffsets), a timestamp the first offset at or after it
+      // (fetchTopicOffsetsByTimestamp, which answers the high watermark when there is none).
+      const topic = args.topics[0]
+      const offsets = {}
+      for (const at of args.ats) {
+        if (at === -1 || at === -2) {
+          const p = (await admin.fetchTopicOffsets(topic)).find(x => x.partition === 0)
+          offsets[at] = Number(at === -1 ? p.high : p.low)
+        } else {
+          const p = (await admin.fetchTopicOffsetsByTimestamp(topic, at)).find(x => x.partition === 0)
+          offsets[at] = Number(p.offset)
+        }
+      }
+      return { offsets }
     }
     case 'offsets': {
       const offsets = {}
