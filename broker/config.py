@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.groups.state import GroupSettings
+from broker.transactions.settings import TxnSettings
 from storage import FsyncPolicy, LogConfig
 
 LONG_MAX = 9223372036854775807
@@ -481,6 +482,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 config.topic_defaults.setdefault("log.retention.ms", str(int(value) * factor))
             elif key in GroupSettings.NAMES:
                 GroupSettings.from_properties({key: value})  # checked here, read by broker.groups
+            elif key in TxnSettings.NAMES:
+                TxnSettings.from_properties({key: value})  # checked here, read by broker.transactions
             elif key in broker_synonyms:
                 d = next(d for d in TOPIC_CONFIGS.values() if d.broker_synonym == key)
                 config.topic_defaults[key] = _check_value(d, value)

@@ -17,6 +17,12 @@ A partition named twice in one request is served once, as Kafka's FetchRequest f
 partitions into one ordered map: the last entry's offset and limits win, at the place of
 the first (so a request naming one partition 20,000 times reads it once).
 
+Transactions: every answer carries the partition's last stable offset (below the first
+open transaction; broker/transactions/partition.py). A read_committed fetch
+(isolation_level 1) gets no batch at or past it, and the aborted transactions whose
+records the answer may hold (producer id, first offset), which the client drops;
+control batches (markers) are served like any batch, and clients skip them.
+
 Fetch sessions (KIP-227) are not kept: every response is a full response naming every
 requested partition with session id 0, which the KIP defines as "no session created";
 clients then keep sending full fetches. A request naming a session we never gave out
@@ -78,6 +84,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
               memory: AnswerMemory | None = None) -> tuple[list[dict[str, Any]], int, bool]:
     """(responses, bytes of records, whether a partition named a preferred read replica)."""
     budget = min(req.max_bytes if version >= 3 else 2**31 - 1, node.config.fetch_max_bytes)
+    committed = getattr(req, "isolation_level", 0) == 1  # READ_COMMITTED
     total = 0
     redirected = False
     responses = []
@@ -107,7 +114,8 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             plog = partition.log
             hwm = plog.high_watermark
             entry["high_watermark"] = hwm
-            entry["last_stable_offset"] = hwm  # no transactions: everything stable is committed
+            lso = partition.txns.lso(hwm)
+            entry["last_stable_offset"] = lso
             entry["log_start_offset"] = plog.log_start_offset
             leader_epoch = getattr(p, "current_leader_epoch", -1)
             if leader_epoch > 0:
@@ -125,7 +133,8 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             if limit <= 0 and total > 0:
                 continue
             try:
-                where = plog.read(p.fetch_offset, max(limit, 1))
+                # read_committed: nothing at or past the last stable offset.
+                where = plog.read(p.fetch_offset, max(limit, 1), end=lso if committed else None)
                 if where.size > limit and total > 0:
                     # Only the first partition with data may go past the limits (KIP-74).
                     continue
@@ -170,6 +179,11 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 continue
             entry["records"] = data
             total += len(data)
+            if committed:
+                entry["aborted_transactions"] = [
+                    {"producer_id": a.producer_id, "first_offset": a.first_offset}
+                    for a in partition.txns.aborted_in(p.fetch_offset, where.end_offset)
+                ]
         responses.append({"topic": name, "partitions": parts})
     return responses, total, redirected
 

@@ -27,6 +27,7 @@ import trio
 from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
 from broker.cluster import signed_blocks
 from broker.handlers import errors
+from broker.handlers.transactions import init_transactional
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
@@ -34,7 +35,6 @@ from broker.protocol.errors import ProtocolError, RecordBatchError
 from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
 from broker.security.authz import Operation
 from broker.security.session import authorize, authorize_idempotent_write
-from broker.shape import field_of
 from broker.validation import TimestampRange, check_batch, inflate_limit
 
 log = logging.getLogger("hyperkafka.produce")
@@ -122,8 +122,8 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     batch = checked.header
     if batch.is_control:
         return _PartitionResult(errors.INVALID_RECORD, "Clients may not write control batches")
-    if batch.is_transactional:
-        return _PartitionResult(errors.INVALID_RECORD, "Transactions are not supported by this broker")
+    if batch.is_transactional and batch.producer_id < 0:
+        return _PartitionResult(errors.INVALID_RECORD, "A transactional batch needs a producer id")
     if batch.compression == ZSTD and ctx.api_version < 7:
         return _PartitionResult(errors.UNSUPPORTED_COMPRESSION_TYPE, "zstd needs Produce v7 or later")
     if batch.compression > ZSTD:
@@ -137,6 +137,11 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     except RecordBatchError as exc:
         return _PartitionResult(exc.error_code, str(exc), exc.record_index)
 
+    if batch.is_transactional:
+        # KIP-890 part 1: only into a partition of this producer's ongoing transaction.
+        refused = ctx.node.transactions.check_produce(batch.producer_id, batch.producer_epoch, topic.name, partition.index)
+        if refused is not None:
+            return _PartitionResult(*refused)
     outcome = None
     if batch.producer_id >= 0:
         first_seq = batch.base_sequence
@@ -165,6 +170,8 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         # wrote (the time index, retention and ListOffsets trust it).
         records.set_max_timestamp(buf, max_timestamp)
     base, last = partition.admit(buf, batch.last_offset_delta)
+    if batch.is_transactional:
+        partition.txns.on_data(batch.producer_id, base)  # holds the last stable offset here
     stats = topic.stats
     stats.bytes_in += len(buf)
     stats.messages_in += batch.records_count
@@ -187,13 +194,7 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
 async def produce(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
     acks = req.acks
-    if field_of(req, "transactional_id") is not None:
-        results = {
-            (t.name, p.index): _PartitionResult(errors.INVALID_REQUEST, "Transactions are not supported by this broker")
-            for t in req.topic_data
-            for p in t.partition_data
-        }
-    elif acks not in (0, 1, -1):
+    if acks not in (0, 1, -1):
         results = {
             (t.name, p.index): _PartitionResult(errors.INVALID_REQUIRED_ACKS) for t in req.topic_data for p in t.partition_data
         }
@@ -301,8 +302,7 @@ async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_idempotent_write(ctx):
         return {"throttle_time": 0, "error_code": errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if req.transactional_id is not None:
-        # No transaction coordinator: refuse clearly instead of pretending.
-        return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
+        return await init_transactional(ctx, req)
     # Without a transactional id Kafka always hands out a fresh id at epoch 0 (KIP-360
     # bumps included), so do we.
     try:
