@@ -98,7 +98,9 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 "high_watermark": -1,
                 "last_stable_offset": -1,
                 "log_start_offset": -1,
-                "aborted_transactions": None,
+                # As Kafka: a list (maybe empty) for read_committed, null for
+                # read_uncommitted, and an empty list with an error (below).
+                "aborted_transactions": [] if committed else None,
                 "preferred_read_replica": -1,
                 "records": b"",
             }
@@ -134,7 +136,10 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 continue
             try:
                 # read_committed: nothing at or past the last stable offset.
-                where = plog.read(p.fetch_offset, max(limit, 1), end=lso if committed else None)
+                if committed:
+                    where = plog.read(p.fetch_offset, max(limit, 1), end=lso)
+                else:
+                    where = plog.read(p.fetch_offset, max(limit, 1))
                 if where.size > limit and total > 0:
                     # Only the first partition with data may go past the limits (KIP-74).
                     continue
@@ -184,6 +189,9 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                     {"producer_id": a.producer_id, "first_offset": a.first_offset}
                     for a in partition.txns.aborted_in(p.fetch_offset, where.end_offset)
                 ]
+        for entry in parts:
+            if entry["error_code"] != errors.NONE:
+                entry["aborted_transactions"] = []
         responses.append({"topic": name, "partitions": parts})
     return responses, total, redirected
 

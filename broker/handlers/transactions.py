@@ -24,6 +24,7 @@ from broker.shape import field_of
 from broker.transactions.coordinator import (
     OFFSETS_PARTITION,
     OPERATION_NOT_ATTEMPTED,
+    PRODUCER_FENCED,
     CoordinatorError,
     TxnCoordinator,
     coordinator_node,
@@ -40,6 +41,14 @@ def _time(ms: int) -> datetime.datetime:
     """A timestamp field that may be -1 (no transaction started): a datetime that kio
     writes as that many milliseconds, -1 included."""
     return _EPOCH + datetime.timedelta(milliseconds=ms)
+
+
+def _fenced(ctx: RequestContext, code: int, first_version: int) -> int:
+    """PRODUCER_FENCED (KIP-588) is answered from `first_version` on; older clients get
+    INVALID_PRODUCER_EPOCH, which they handle alike (as Kafka's KafkaApis does)."""
+    if code == PRODUCER_FENCED and ctx.api_version < first_version:
+        return errors.INVALID_PRODUCER_EPOCH
+    return code
 
 
 def _coordinator(ctx: RequestContext) -> TxnCoordinator:
@@ -92,7 +101,7 @@ async def init_transactional(ctx: RequestContext, req: Any) -> Reply:
             field_of(req, "producer_epoch", -1),
         )
     except CoordinatorError as exc:
-        answer["error_code"] = exc.code
+        answer["error_code"] = _fenced(ctx, exc.code, 4)
         return answer
     answer.update(producer_id=pid, producer_epoch=epoch)
     return answer
@@ -125,7 +134,7 @@ async def add_partitions_to_txn(ctx: RequestContext, req: Any) -> Reply:
                     wanted,
                 )
             except CoordinatorError as exc:
-                code = exc.code
+                code = _fenced(ctx, exc.code, 2)
         codes = dict.fromkeys(wanted, code)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, index), code in codes.items():
@@ -151,7 +160,7 @@ async def add_offsets_to_txn(ctx: RequestContext, req: Any) -> Reply:
             req.transactional_id, req.producer_id, req.producer_epoch, [OFFSETS_PARTITION]
         )
     except CoordinatorError as exc:
-        return {"throttle_time": 0, "error_code": exc.code}
+        return {"throttle_time": 0, "error_code": _fenced(ctx, exc.code, 2)}
     return {"throttle_time": 0, "error_code": errors.NONE}
 
 
@@ -229,7 +238,7 @@ async def end_txn(ctx: RequestContext, req: Any) -> Reply:
             req.transactional_id, req.producer_id, req.producer_epoch, req.committed
         )
     except CoordinatorError as exc:
-        return {"throttle_time": 0, "error_code": exc.code}
+        return {"throttle_time": 0, "error_code": _fenced(ctx, exc.code, 2)}
     return {"throttle_time": 0, "error_code": errors.NONE}
 
 

@@ -486,3 +486,34 @@ async def test_restart_aborts_the_open_transaction_and_keeps_the_epoch(
             (a.producer_id, a.first_offset) for a in f.aborted_transactions
         ] == [(pid, 2)]
         nursery.cancel_scope.cancel()
+
+
+async def test_kafka_error_details_by_version(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "v")
+    assert (await init(c, tid="")).error_code == 42  # INVALID_REQUEST, as Kafka
+    pid = (await init(c)).producer_id
+    assert await end(c, pid, 0, False) == INVALID_TXN_STATE  # nothing to abort: Empty
+    r = await c.call(
+        "end_txn",
+        1,
+        {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 5, "committed": True},
+    )
+    assert r.error_code == INVALID_PRODUCER_EPOCH  # PRODUCER_FENCED only from v2 (KIP-588)
+    assert await end(c, pid, 5, True) == PRODUCER_FENCED
+    r = await init(c, pid=pid, epoch=7)
+    assert r.error_code == PRODUCER_FENCED
+    r = await c.call(
+        "init_producer_id",
+        3,
+        {
+            "transactional_id": "tid",
+            "transaction_timeout": 60000,
+            "producer_id": pid,
+            "producer_epoch": 7,
+        },
+    )
+    assert r.error_code == INVALID_PRODUCER_EPOCH
+    # read_committed answers list aborted transactions (an empty list), read_uncommitted null.
+    assert (await fetch(c, "v", 1)).aborted_transactions == ()
+    assert (await fetch(c, "v", 0)).aborted_transactions is None

@@ -82,6 +82,7 @@ MAX_EPOCH = 32767
 # Kafka's error codes (kafka.common.protocol.Errors); the handlers' errors module is not
 # imported here (it would import every handler, and they import the node).
 NONE = 0
+INVALID_REQUEST = 42
 REQUEST_TIMED_OUT = 7
 COORDINATOR_NOT_AVAILABLE = 15
 INVALID_PRODUCER_EPOCH = 47
@@ -140,6 +141,11 @@ class CoordinatorError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _check_id(tid: str) -> None:
+    if not tid:
+        raise CoordinatorError(INVALID_REQUEST, "The transactional id must not be empty")
 
 
 class TxnCoordinator:
@@ -296,6 +302,7 @@ class TxnCoordinator:
         self, tid: str, timeout_ms: int, producer_id: int = -1, producer_epoch: int = -1
     ) -> tuple[int, int]:
         """(producer id, epoch) or CoordinatorError."""
+        _check_id(tid)
         if not 0 < timeout_ms <= self.settings.max_timeout_ms:
             raise CoordinatorError(
                 INVALID_TRANSACTION_TIMEOUT,
@@ -377,6 +384,7 @@ class TxnCoordinator:
     async def add_partitions(
         self, tid: str, producer_id: int, producer_epoch: int, partitions: Iterable[tuple[str, int]]
     ) -> None:
+        _check_id(tid)
         txn = self._current(tid, producer_id, producer_epoch)
         if txn.status is Status.PREPARE_EPOCH_FENCE or txn.status is Status.DEAD:
             raise CoordinatorError(INVALID_TXN_STATE, f"The transaction is {txn.status.kafka_name}")
@@ -422,6 +430,7 @@ class TxnCoordinator:
             txn.offsets[(group, o.topic, o.partition)] = o
 
     async def end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        _check_id(tid)
         txn = self.txns.get(tid)
         if txn is None or txn.producer_id != producer_id:
             raise CoordinatorError(
@@ -446,8 +455,6 @@ class TxnCoordinator:
         if txn.status is prepared:
             raise CoordinatorError(CONCURRENT_TRANSACTIONS, "The transaction is being completed")
         if txn.status is not Status.ONGOING:
-            if txn.status is Status.EMPTY and not commit:
-                return  # nothing to abort (Kafka answers this one with success too)
             raise CoordinatorError(
                 INVALID_TXN_STATE,
                 f"Cannot {'commit' if commit else 'abort'} a transaction in state {txn.status.kafka_name}",
