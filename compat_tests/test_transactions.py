@@ -216,3 +216,32 @@ def _end_offset(b: Broker, topic: str) -> int:
         return int(high)
     finally:
         c.close()
+
+
+@pytest.mark.timeout(180)
+def test_kafka_transactions_tool_lists_and_describes(broker: Broker) -> None:
+    from compat_tests.java_tools import JavaTools, require_java, tool_class
+
+    java = JavaTools(require_java())
+    main = tool_class("kafka-transactions")
+    assert main is not None
+    topic = f"tool-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic)
+    tid = f"tool-{uuid.uuid4().hex[:8]}"
+    p = _producer(broker, tid)
+    p.begin_transaction()
+    p.produce(topic, b"x")
+    p.flush(30)
+
+    def tool(*args: str) -> str:
+        return java.run(main, ["--bootstrap-server", broker.bootstrap, *args]).text
+
+    listed = tool("list")
+    assert any(line.split()[:1] == [tid] and "Ongoing" in line for line in listed.splitlines()), (
+        listed
+    )
+    described = tool("describe", "--transactional-id", tid)
+    assert "Ongoing" in described and f"{topic}-0" in described, described
+    p.commit_transaction(30)
+    described = tool("describe", "--transactional-id", tid)
+    assert "CompleteCommit" in described, described

@@ -57,6 +57,7 @@ from broker.node import Node
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
+from broker.transactions.partition import last_stable_offset
 from storage.errors import CorruptBatch, OffsetOutOfRange, StorageError
 
 log = logging.getLogger("hyperkafka.fetch")
@@ -99,7 +100,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 "last_stable_offset": -1,
                 "log_start_offset": -1,
                 # As Kafka: a list (maybe empty) for read_committed, null for
-                # read_uncommitted, and an empty list with an error (below).
+                # read_uncommitted; with an error, see below.
                 "aborted_transactions": [] if committed else None,
                 "preferred_read_replica": -1,
                 "records": b"",
@@ -116,7 +117,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             plog = partition.log
             hwm = plog.high_watermark
             entry["high_watermark"] = hwm
-            lso = partition.txns.lso(hwm)
+            lso = last_stable_offset(partition)
             entry["last_stable_offset"] = lso
             entry["log_start_offset"] = plog.log_start_offset
             leader_epoch = getattr(p, "current_leader_epoch", -1)
@@ -190,8 +191,12 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                     for a in partition.txns.aborted_in(p.fetch_offset, where.end_offset)
                 ]
         for entry in parts:
-            if entry["error_code"] != errors.NONE:
+            # As Kafka: a partition refused before the read (unknown, not authorized) has
+            # an empty list, one whose read failed has none.
+            if entry["error_code"] in (errors.UNKNOWN_TOPIC_OR_PARTITION, errors.TOPIC_AUTHORIZATION_FAILED):
                 entry["aborted_transactions"] = []
+            elif entry["error_code"] != errors.NONE:
+                entry["aborted_transactions"] = None
         responses.append({"topic": name, "partitions": parts})
     return responses, total, redirected
 

@@ -22,6 +22,7 @@ from broker.protocol import records
 from broker.protocol.errors import RecordBatchError
 from broker.security.authz import Operation
 from broker.security.session import authorize
+from broker.transactions.partition import last_stable_offset
 from storage.errors import StorageError
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
@@ -32,7 +33,7 @@ def _lookup(partition: Partition, timestamp: int, committed: bool = False) -> tu
     plog = partition.log
     if timestamp == LATEST:
         hwm = plog.high_watermark
-        return errors.NONE, partition.txns.lso(hwm) if committed else hwm, -1
+        return errors.NONE, last_stable_offset(partition) if committed else hwm, -1
     if timestamp == EARLIEST:
         return errors.NONE, plog.log_start_offset, -1
     try:

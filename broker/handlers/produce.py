@@ -57,12 +57,25 @@ _NO_LOG_START_OFFSET = frozenset(
 )
 
 
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+
+
+def _has_transactional(req: Any) -> bool:
+    """Whether a partition's first batch is transactional (Kafka's hasTransactionalRecords)."""
+    for t in req.topic_data:
+        for p in t.partition_data:
+            data = p.records
+            if data is not None and len(data) > 22 and data[22] & 0x10:  # attributes, low byte
+                return True
+    return False
+
+
 class CloseConnection(ProtocolError):
     """A Kafka outcome the client can only learn by losing its connection."""
 
 
 class _PartitionResult:
-    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "record_index", "wait_for")
+    __slots__ = ("base_offset", "before_log", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "record_index", "wait_for")
 
     def __init__(self, error: int = errors.NONE, message: str | None = None, record_index: int | None = None) -> None:
         self.error = error
@@ -74,6 +87,7 @@ class _PartitionResult:
         self.partition: Partition | None = None
         self.wait_for = -1  # last offset that must be covered by a head before answering
         self.min_insync = 0  # cluster mode, acks=all: replicas that must hold it (0: none waited for)
+        self.before_log = False  # refused before the log was consulted (log start offset -1)
 
 
 def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks: int) -> _PartitionResult:
@@ -92,7 +106,7 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
             )
     # Checks, idempotence verdict and admission are one atomic step: nothing here yields.
     result = _admit_checked(ctx, topic, partition, data)
-    if result.error not in _NO_LOG_START_OFFSET:
+    if result.error not in _NO_LOG_START_OFFSET and not result.before_log:
         result.log_start_offset = partition.log.log_start_offset
     if acks == -1 and cluster is not None and result.partition is not None:
         result.min_insync = topic.min_insync_replicas
@@ -141,7 +155,9 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         # KIP-890 part 1: only into a partition of this producer's ongoing transaction.
         refused = ctx.node.transactions.check_produce(batch.producer_id, batch.producer_epoch, topic.name, partition.index)
         if refused is not None:
-            return _PartitionResult(*refused)
+            refusal = _PartitionResult(*refused)
+            refusal.before_log = True  # (Kafka's ReplicaManager verifies before the append)
+            return refusal
     outcome = None
     if batch.producer_id >= 0:
         first_seq = batch.base_sequence
@@ -194,7 +210,14 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
 async def produce(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
     acks = req.acks
-    if acks not in (0, 1, -1):
+    if req.transactional_id is None and _has_transactional(req):
+        # As Kafka: transactional records need the request's transactional id (its ACL).
+        results = {
+            (t.name, p.index): _PartitionResult(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional records need a transactional id")
+            for t in req.topic_data
+            for p in t.partition_data
+        }
+    elif acks not in (0, 1, -1):
         results = {
             (t.name, p.index): _PartitionResult(errors.INVALID_REQUIRED_ACKS) for t in req.topic_data for p in t.partition_data
         }

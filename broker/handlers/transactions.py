@@ -258,14 +258,14 @@ async def describe_transactions(ctx: RequestContext, req: Any) -> Reply:
                     "transaction_state": "",
                     "transaction_timeout": 0,
                     "transaction_start_time": _time(0),  # as Kafka: a default entry
-                    "producer_id": -1,
-                    "producer_epoch": -1,
+                    "producer_id": 0,
+                    "producer_epoch": 0,
                     "topics": [],
                 }
             )
             continue
         by_topic: dict[str, list[int]] = {}
-        for topic, index in txn.partitions:
+        for topic, index in sorted(txn.partitions):
             by_topic.setdefault(topic, []).append(index)
         states.append(
             {

@@ -260,8 +260,12 @@ async def test_transactional_batch_only_inside_its_transaction(broker: Broker) -
     r = await init(c)
     assert (r.error_code, r.producer_epoch) == (0, 0)
     pid = r.producer_id
-    # Not added to the transaction: refused (KIP-890 part 1), nothing stored.
-    assert (await produce(c, "t", txn_batch(pid, 0, 0, b"a"))).error_code == INVALID_TXN_STATE
+    # Not added to the transaction: refused (KIP-890 part 1) before the log, nothing stored.
+    refused = await produce(c, "t", txn_batch(pid, 0, 0, b"a"))
+    assert (refused.error_code, refused.log_start_offset) == (INVALID_TXN_STATE, -1)
+    # Transactional records in a request without a transactional id: Kafka's ACL check.
+    anonymous = await produce(c, "t", txn_batch(pid, 0, 0, b"a"), tid=None)
+    assert (anonymous.error_code, anonymous.log_start_offset) == (53, -1)
     # A control batch from a client: refused whatever its state.
     assert (
         await produce(c, "t", txn_batch(pid, 0, 0, b"x", control=True))
@@ -517,3 +521,44 @@ async def test_kafka_error_details_by_version(broker: Broker) -> None:
     # read_committed answers list aborted transactions (an empty list), read_uncommitted null.
     assert (await fetch(c, "v", 1)).aborted_transactions == ()
     assert (await fetch(c, "v", 0)).aborted_transactions is None
+
+
+class _FakeCopy:
+    """A mirror's verified copy, as `PartitionTxns.follow` reads it."""
+
+    def __init__(self) -> None:
+        self.batches: list[bytes] = []
+        self.high_watermark = 0
+        self.log_start_offset = 0
+
+    def add(self, batch: bytes | bytearray) -> None:
+        b = bytearray(batch)
+        struct.pack_into(">q", b, 0, self.high_watermark)
+        self.batches.append(bytes(b))
+        self.high_watermark += struct.unpack_from(">i", b, 23)[0] + 1
+
+    def batch_headers(self, start: int) -> Any:
+        for b in self.batches:
+            if struct.unpack_from(">q", b, 0)[0] + struct.unpack_from(">i", b, 23)[0] >= start:
+                yield b[:61]
+
+    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
+        return next(b for b in self.batches if struct.unpack_from(">q", b, 0)[0] == offset)
+
+
+def test_a_mirror_follows_the_writers_transactions() -> None:
+    copy, t = _FakeCopy(), PartitionTxns()
+    copy.add(txn_batch(7, 0, 0, b"a", b"b"))
+    t.follow(copy)  # type: ignore[arg-type]
+    assert t.lso(copy.high_watermark) == 0
+    copy.add(control_batch(MarkerType.ABORT, 7, 0, 0, 1))
+    copy.add(txn_batch(7, 0, 2, b"c"))
+    t.follow(copy)  # type: ignore[arg-type]
+    assert t.lso(copy.high_watermark) == 3
+    assert [(a.producer_id, a.first_offset, a.last_offset) for a in t.aborted_in(0, 4)] == [
+        (7, 0, 2)
+    ]
+    copy.add(control_batch(MarkerType.COMMIT, 7, 0, 0, 1))
+    t.follow(copy)  # type: ignore[arg-type]
+    t.follow(copy)  # type: ignore[arg-type]  (nothing new: nothing counted twice)
+    assert t.lso(copy.high_watermark) == 5 and len(t.aborted_in(0, 5)) == 1

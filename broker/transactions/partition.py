@@ -13,7 +13,8 @@ transaction keeps the LSO down (`_closing`) until the high watermark passes its 
 an abort is listed at once (a fetch only ever sees it with the range it covers).
 
 Rebuilt on open from the batch headers in the log (markers are read for their type),
-as the idempotence state is, so it survives a restart without a snapshot. Pure: no trio,
+as the idempotence state is, so it survives a restart without a snapshot. A mirror's copy
+has no admissions: `last_stable_offset` takes in the batches it verified since (`follow`). Pure: no trio,
 no I/O except the `rebuild` reader given.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import bisect
 import logging
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ from broker.transactions.records import ATTR_CONTROL, ATTR_TRANSACTIONAL, Marker
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
+    from broker.node import Partition
     from storage import PartitionLog
 
 log = logging.getLogger("hyperkafka.transactions")
@@ -50,6 +52,7 @@ class PartitionTxns:
         self._closing: list[tuple[int, int]] = []  # (marker offset, first offset) not yet durable
         self._aborted: list[Aborted] = []  # by marker offset
         self._aborted_last: list[int] = []
+        self._followed = 0  # a mirror's copy: batches below this were taken in (`follow`)
 
     def on_data(self, producer_id: int, base_offset: int) -> None:
         """A transactional data batch was admitted at `base_offset`."""
@@ -63,6 +66,16 @@ class PartitionTxns:
         if marker is MarkerType.ABORT:
             self._aborted.append(Aborted(producer_id, first, marker_offset))
             self._aborted_last.append(marker_offset)
+
+    def follow(self, plog: PartitionLog) -> None:
+        """A mirror's copy (no admissions here): take in the batches verified since the
+        last call, up to the high watermark."""
+        hwm = plog.high_watermark
+        start = max(self._followed, plog.log_start_offset)
+        if start >= hwm:
+            return
+        self.rebuild(_headers_below(plog, start, hwm), _marker_reader(plog))
+        self._followed = hwm
 
     def lso(self, high_watermark: int) -> int:
         if self._closing:
@@ -104,12 +117,10 @@ class PartitionTxns:
                     self.on_marker(producer_id, marker, base_offset)
             else:
                 self.on_data(producer_id, base_offset)
-        self._closing.clear()  # what was stored at open is what recovery kept
+        self._closing.clear()  # every marker replayed is stored and under a signed head
 
 
-def rebuild_txns(plog: PartitionLog) -> PartitionTxns:
-    """The transactions of a partition archive, from what it stores."""
-
+def _marker_reader(plog: PartitionLog) -> Callable[[int], MarkerType | None]:
     def marker_at(offset: int) -> MarkerType | None:
         try:
             batch = plog.read_bytes(offset, 1)
@@ -119,6 +130,28 @@ def rebuild_txns(plog: PartitionLog) -> PartitionTxns:
             log.warning("no marker readable at offset %d: %s", offset, exc)
         return None
 
+    return marker_at
+
+
+def _headers_below(plog: PartitionLog, start: int, end: int) -> Iterator[bytes]:
+    for header in plog.batch_headers(start):
+        base = struct.unpack_from(">q", header, 0)[0]
+        last = base + struct.unpack_from(">i", header, 23)[0]
+        if base >= end:
+            return
+        if last >= start:
+            yield header
+
+
+def rebuild_txns(plog: PartitionLog) -> PartitionTxns:
+    """The transactions of a partition archive, from what it stores."""
     txns = PartitionTxns()
-    txns.rebuild(plog.batch_headers(plog.log_start_offset), marker_at)
+    txns.rebuild(plog.batch_headers(plog.log_start_offset), _marker_reader(plog))
     return txns
+
+
+def last_stable_offset(partition: Partition) -> int:
+    """The partition's LSO; a mirrored partition first takes in what it verified since."""
+    if partition.topic.mirrored:
+        partition.txns.follow(partition.log)
+    return partition.txns.lso(partition.log.high_watermark)
