@@ -562,3 +562,61 @@ def test_a_mirror_follows_the_writers_transactions() -> None:
     t.follow(copy)  # type: ignore[arg-type]
     t.follow(copy)  # type: ignore[arg-type]  (nothing new: nothing counted twice)
     assert t.lso(copy.high_watermark) == 5 and len(t.aborted_in(0, 5)) == 1
+
+
+async def test_a_prepared_commit_is_completed_after_a_restart(
+    broker_config: BrokerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.transactions import coordinator
+
+    async def crash(self: Any, txn: Any) -> None:  # the broker dies between the two phases
+        raise coordinator.CoordinatorError(56, "simulated crash after PrepareCommit")
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "p")
+        pid = (await init(c)).producer_id
+        assert await add(c, pid, 0, "p") == 0
+        assert (await produce(c, "p", txn_batch(pid, 0, 0, b"x"))).error_code == 0
+        r = await c.call(
+            "add_offsets_to_txn",
+            3,
+            {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "pg"},
+        )
+        assert r.error_code == 0
+        r = await c.call(
+            "txn_offset_commit",
+            3,
+            {"transactional_id": "tid", "group_id": "pg", "producer_id": pid, "producer_epoch": 0, "generation_id": -1, "member_id": "",
+             "group_instance_id": None, "topics": [{"name": "p", "partitions": [{"partition_index": 0, "committed_offset": 11,
+                                                                                   "committed_leader_epoch": -1, "committed_metadata": ""}]}]},
+        )  # fmt: skip
+        assert r.topics[0].partitions[0].error_code == 0
+        monkeypatch.setattr(coordinator.TxnCoordinator, "complete", crash)
+        assert await end(c, pid, 0, True) == 0  # decided: PrepareCommit is durable
+        assert await list_latest(c, "p", 1) == 0  # ... but no marker was written
+        nursery.cancel_scope.cancel()
+    monkeypatch.undo()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+
+        async def state() -> str:
+            d = await c.call("describe_transactions", 0, {"transactional_ids": ["tid"]})
+            return str(d.transaction_states[0].transaction_state)
+
+        with trio.fail_after(10):
+            while await state() != "CompleteCommit":  # noqa: ASYNC110 (a broker in this process: no event to wait on)
+                await trio.sleep(0.05)
+        assert await list_latest(c, "p", 1) == 2  # the marker is there
+        f = await c.call(
+            "offset_fetch",
+            5,
+            {"group_id": "pg", "topics": [{"name": "p", "partition_indexes": [0]}]},
+        )
+        assert (
+            f.topics[0].partitions[0].committed_offset == 11
+        )  # the offsets kept with PrepareCommit
+        nursery.cancel_scope.cancel()
