@@ -330,6 +330,9 @@ async def test_fencing_aborts_the_open_transaction(broker: Broker) -> None:
     assert [(t.topic, list(t.partitions)) for t in s0.topics] == [("f", [0])]
     assert s0.transaction_timeout.total_seconds() == 60 and s0.transaction_start_time.year >= 2024
     assert d.transaction_states[1].error_code == 105  # TRANSACTIONAL_ID_NOT_FOUND
+    dp = await c.call("describe_producers", 0, {"topics": [{"name": "f", "partition_indexes": [0]}]})
+    [active] = dp.topics[0].partitions[0].active_producers
+    assert (active.producer_id, active.current_txn_start_offset) == (pid, 0)
     # A new producer with the same id: the open transaction is aborted with a bumped
     # epoch, and the caller retries.
     assert (await init(c)).error_code == CONCURRENT_TRANSACTIONS
