@@ -1,11 +1,15 @@
-"""Produce and InitProducerId: the write path.
+"""Produce and InitProducerId: the write path (InitProducerId with a transactional id is
+broker/handlers/transactions.py's).
 
 Per partition, in this order and without yielding to the event loop (so checks and the
 admission are atomic per partition): topic lookup (auto-create), batch checks (one v2
 batch, CRC-32C, record count vs lastOffsetDelta, size, codec vs version), every record
 checked as Kafka's LogValidator does (broker/validation.py, natively
 where built: lengths, offset deltas, headers, timestamps, inflated size; refusals name
-the first bad record in record_errors), the idempotence verdict, LogAppendTime stamping, then `Partition.admit`, which gives the
+the first bad record in record_errors), for a transactional batch the transaction check
+(KIP-890 part 1: only into a partition of the producer's ongoing transaction; a control
+batch from a client is refused, only the broker writes markers), the idempotence verdict,
+LogAppendTime stamping, then `Partition.admit`, which gives the
 batch its offsets and queues it for the next commit round (node.py). The handler never
 awaits, so the connection's reader goes on to the next request at once. The response
 waits (in `Deferred`, answered in request order) until a commit round has written the

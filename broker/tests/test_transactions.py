@@ -330,7 +330,9 @@ async def test_fencing_aborts_the_open_transaction(broker: Broker) -> None:
     assert [(t.topic, list(t.partitions)) for t in s0.topics] == [("f", [0])]
     assert s0.transaction_timeout.total_seconds() == 60 and s0.transaction_start_time.year >= 2024
     assert d.transaction_states[1].error_code == 105  # TRANSACTIONAL_ID_NOT_FOUND
-    dp = await c.call("describe_producers", 0, {"topics": [{"name": "f", "partition_indexes": [0]}]})
+    dp = await c.call(
+        "describe_producers", 0, {"topics": [{"name": "f", "partition_indexes": [0]}]}
+    )
     [active] = dp.topics[0].partitions[0].active_producers
     assert (active.producer_id, active.current_txn_start_offset) == (pid, 0)
     # A new producer with the same id: the open transaction is aborted with a bumped
@@ -623,3 +625,17 @@ async def test_a_prepared_commit_is_completed_after_a_restart(
             f.topics[0].partitions[0].committed_offset == 11
         )  # the offsets kept with PrepareCommit
         nursery.cancel_scope.cancel()
+
+
+async def test_a_cluster_broker_coordinates_no_transaction_yet() -> None:
+    from types import SimpleNamespace
+
+    from broker.transactions.coordinator import NOT_COORDINATOR, CoordinatorError, TxnCoordinator
+
+    node = SimpleNamespace(
+        config=SimpleNamespace(static={}, node_id=3), topics={}, cluster=object()
+    )
+    coordinator = TxnCoordinator(node)  # type: ignore[arg-type]
+    with pytest.raises(CoordinatorError) as info:
+        await coordinator.init_producer_id("tid", 60000)
+    assert info.value.code == NOT_COORDINATOR and not node.topics  # no __transaction_state made

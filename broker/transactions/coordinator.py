@@ -290,6 +290,14 @@ class TxnCoordinator:
 
     # ------------------------------------------------------------------ requests
 
+    def _check(self, tid: str) -> None:
+        _check_id(tid)
+        if coordinator_node(self.node, tid) != self.node.config.node_id:
+            # (cluster mode, for now: FindCoordinator names no broker for transactions)
+            raise CoordinatorError(
+                NOT_COORDINATOR, "This broker does not coordinate this transactional id"
+            )
+
     def _new_producer_id(self) -> int:
         try:
             return self.node.allocate_producer_id()
@@ -302,7 +310,7 @@ class TxnCoordinator:
         self, tid: str, timeout_ms: int, producer_id: int = -1, producer_epoch: int = -1
     ) -> tuple[int, int]:
         """(producer id, epoch) or CoordinatorError."""
-        _check_id(tid)
+        self._check(tid)
         if not 0 < timeout_ms <= self.settings.max_timeout_ms:
             raise CoordinatorError(
                 INVALID_TRANSACTION_TIMEOUT,
@@ -384,7 +392,7 @@ class TxnCoordinator:
     async def add_partitions(
         self, tid: str, producer_id: int, producer_epoch: int, partitions: Iterable[tuple[str, int]]
     ) -> None:
-        _check_id(tid)
+        self._check(tid)
         txn = self._current(tid, producer_id, producer_epoch)
         if txn.status is Status.PREPARE_EPOCH_FENCE or txn.status is Status.DEAD:
             raise CoordinatorError(INVALID_TXN_STATE, f"The transaction is {txn.status.kafka_name}")
@@ -409,6 +417,7 @@ class TxnCoordinator:
         offsets: Sequence[TxnOffset],
     ) -> None:
         """TxnOffsetCommit: keep the offsets with the transaction (in memory until EndTxn)."""
+        self._check(tid)
         txn = self.txns.get(tid)
         if txn is None or txn.producer_id != producer_id:
             raise CoordinatorError(
@@ -430,7 +439,7 @@ class TxnCoordinator:
             txn.offsets[(group, o.topic, o.partition)] = o
 
     async def end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
-        _check_id(tid)
+        self._check(tid)
         txn = self.txns.get(tid)
         if txn is None or txn.producer_id != producer_id:
             raise CoordinatorError(
