@@ -16,6 +16,7 @@ from pathlib import Path
 
 from broker.groups.consumer_group import ConsumerSettings
 from broker.groups.state import GroupSettings
+from broker.transactions.settings import TxnSettings
 from storage import FsyncPolicy, LogConfig
 
 LONG_MAX = 9223372036854775807
@@ -507,6 +508,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 GroupSettings.from_properties({key: value})  # checked here, read by broker.groups
             elif key in ConsumerSettings.NAMES:
                 ConsumerSettings.from_properties({key: value})  # KIP-848 groups (broker.groups.consumer_group)
+            elif key in TxnSettings.NAMES:
+                TxnSettings.from_properties({key: value})  # checked here, read by broker.transactions
             elif key in broker_synonyms:
                 d = next(d for d in TOPIC_CONFIGS.values() if d.broker_synonym == key)
                 config.topic_defaults[key] = _check_value(d, value)

@@ -137,11 +137,23 @@ class ProducerStates:
         entry.batches.append(BatchMeta(first_seq, last_seq, first_offset, last_offset, timestamp))
         entry.last_timestamp = max(entry.last_timestamp, timestamp)
 
+    def fence(self, producer_id: int, epoch: int, timestamp: int = -1) -> None:
+        """A transaction marker with `epoch` was written for this producer: an older epoch
+        is fenced from now on (a newer epoch starts at sequence 0, as after InitProducerId)."""
+        entry = self._producers.get(producer_id)
+        if entry is None or entry.epoch < epoch:
+            last = -1 if entry is None else entry.last_timestamp
+            entry = self._producers[producer_id] = ProducerEntry(epoch)
+            entry.last_timestamp = max(last, timestamp)
+
     def rebuild(self, headers: Iterable[tuple[int, int, int, int, int, int]]) -> None:
         """Replay (producer_id, epoch, base_sequence, last_offset_delta, base_offset,
         max_timestamp) for every stored batch, oldest first."""
         for producer_id, epoch, base_seq, last_delta, base_offset, max_ts in headers:
-            if producer_id < 0 or base_seq < 0:
+            if producer_id < 0:
+                continue
+            if base_seq < 0:  # a transaction marker: its epoch fences older ones
+                self.fence(producer_id, epoch, max_ts)
                 continue
             self.record(
                 producer_id,

@@ -47,6 +47,8 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.idempotence import ProducerStates
 from broker.metrics import BrokerMetrics, TopicStats
 from broker.protocol.compression import topic_compression
+from broker.transactions.coordinator import TxnCoordinator
+from broker.transactions.partition import PartitionTxns, rebuild_txns
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
 from storage.compaction import CompactionPolicy
 from storage.errors import RecoveryFailed, StorageError, TopicExists
@@ -119,6 +121,7 @@ class Partition:
     index: int
     log: PartitionLog
     producers: ProducerStates = field(default_factory=ProducerStates)
+    txns: PartitionTxns = field(default_factory=PartitionTxns)  # open/aborted transactions, LSO
     failed: str | None = None  # set when a commit failed: the partition is offline
     # The Kafka error a produce to a failed partition gets (a deleted one: unknown).
     failed_code: int = 56  # KAFKA_STORAGE_ERROR
@@ -263,6 +266,7 @@ class Node:
         for record in store.topics().values():
             self._attach(record)
         self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)
+        self.transactions = TxnCoordinator(self)  # replays __transaction_state (made at first use)
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Node:
@@ -351,6 +355,7 @@ class Node:
                 # Signed history did not verify at open: serve what verifies, take no writes.
                 self.fail_partition(partition, f"archive damaged: {plog.damage}")
             partition.producers.rebuild(_producer_headers(plog))
+            partition.txns = rebuild_txns(plog)
             topic.partitions.append(partition)
             if self.cluster is not None:
                 self.cluster.published(plog.key, signed_blocks(plog))
@@ -882,6 +887,7 @@ class Node:
                 p.log = new
                 p.producers = ProducerStates()
                 p.producers.rebuild(_producer_headers(new))
+                p.txns = rebuild_txns(new)
                 p.failed, p.retry, p.retry_delay = None, False, 0.0
                 del self._offline[id(p)]
                 back += 1
@@ -912,6 +918,7 @@ class Node:
                         # failed commit, this partition goes offline, the broker lives.
                         self.fail_partition(p, f"retention failed: {exc}", retry=_disk_full(exc))
                     p.producers.expire(now, PRODUCER_ID_EXPIRATION_MS)
+                    p.txns.forget_below(p.log.log_start_offset)
                 p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
 
@@ -928,6 +935,7 @@ class Node:
                 nursery.start_soon(self.cleaner.run)
             nursery.start_soon(self.offline_retry_loop)
             await nursery.start(self.groups.run)
+            await nursery.start(self.transactions.run)
             if self.config.replication_listen is not None or self.config.mirrors:
                 from broker.mirror import run_replication  # imports this module
 

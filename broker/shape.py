@@ -131,6 +131,8 @@ def _zero(cls: type, tp: Any, name: str) -> Any:
             return b""
         if issubclass(tp, datetime.timedelta):
             return datetime.timedelta(0)
+        if issubclass(tp, datetime.datetime):
+            return _EPOCH - datetime.timedelta(milliseconds=1)  # written as -1: no time
     if dataclasses.is_dataclass(tp):
         return shape(typing.cast(type, tp), {})
     raise TypeError(f"{cls.__qualname__}.{name} is required and has no neutral value")

@@ -13,6 +13,7 @@ What is normalised away, because it differs between any two healthy brokers (see
 NORMALISED and FINDINGS.md): throttle times, cluster ids, topic ids (kept: zero vs
 non-zero), broker ports, producer ids (kept: -1 vs assigned), error messages (kept: null
 entirely), log dir paths and disk sizes, LogAppendTime timestamps (kept: -1 vs set),
+transaction markers' timestamps and transaction start times,
 config documentation (kept: null vs present), record-batch CRCs (kept: valid or not; they
 cover the producer id), and the values of the configs in CONFIG_VALUES_THAT_DIFFER.
 
@@ -58,6 +59,8 @@ API_NAMES = {
     35: "DescribeLogDirs", 37: "CreatePartitions", 44: "IncrementalAlterConfigs",
     46: "ListPartitionReassignments", 61: "DescribeProducers",
     68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
+    24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit",
+    65: "DescribeTransactions", 66: "ListTransactions",
 }  # fmt: skip
 
 # Config values that legitimately differ between the two brokers: they describe the
@@ -74,6 +77,7 @@ NORMALISED = (
     "producer_id (-1 vs assigned kept)",
     "error_message (free text; the error code carries the meaning)",
     "log_append_time (-1 vs set kept)",
+    "transaction markers' timestamps and transaction start times (the broker's clock)",
     "documentation",
     "records[*].crc",
     "records[*].max_timestamp (LogAppendTime batches)",
@@ -294,6 +298,9 @@ def normalise(data: Any, name: str = "", parent: dict[str, Any] | None = None) -
         out = {k: normalise(v, k, data) for k, v in data.items()}
         if "records_hex" in out and out.get("attributes", 0) & 0x08:
             out["max_timestamp"] = "<log-append-time>"
+        if "records_hex" in out and out.get("attributes", 0) & 0x20:
+            # a transaction marker: written by the broker at its own clock
+            out["base_timestamp"] = out["max_timestamp"] = "<marker-time>"
         if "crc" in out and "crc_valid" in out:
             out["crc"] = "<crc>"
         if (
@@ -324,6 +331,8 @@ def normalise(data: Any, name: str = "", parent: dict[str, Any] | None = None) -
         return "<text>"
     if name in ("log_append_time", "log_append_time_ms") and data not in (None, -1):
         return "<log-append-time>"
+    if name == "transaction_start_time" and isinstance(data, int) and data > 0:
+        return "<transaction-start-time>"
     if name == "log_dir" and data is not None:
         return "<log-dir>"
     if name in ("total_bytes", "usable_bytes") and isinstance(data, int) and data >= 0:

@@ -18,7 +18,7 @@ Owns:
   SCRAM-SHA-256 logins (SCRAM computed here, RFC 5802), refused credentials, an unknown
   mechanism, requests before authenticating, and SASL requests on a plain listener;
 - then `compat_tests.oracle_admin`'s part (configs, partitions, records, log dirs,
-  producers, reassignments, ACLs).
+  producers, reassignments, ACLs) and `compat_tests.oracle_txn`'s (transactions).
 
 Imports the standard library, compat_tests.oracle and broker.api/broker.protocol (which
 APIs and versions we serve).
@@ -34,7 +34,7 @@ import uuid
 import zlib
 from typing import Any
 
-from compat_tests import oracle, oracle_admin
+from compat_tests import oracle, oracle_admin, oracle_txn
 from compat_tests.oracle import (
     Exchange,
     RawClient,
@@ -151,6 +151,7 @@ def run_all(host: str, port: int, sasl_port: int) -> list[Exchange]:
         _consumer_groups(s, c)
         _cleanup(s, c)
         oracle_admin.run(s, c)
+        oracle_txn.run(s, c)
     _sasl(s, sasl_port)
     return s.exchanges
 

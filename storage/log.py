@@ -852,14 +852,19 @@ class PartitionLog:
         seg = self._segments[si]
         return seg, bisect.bisect_right(seg.bases, offset) - 1
 
-    def read(self, offset: int, max_bytes: int) -> FileRange:
+    def read(self, offset: int, max_bytes: int, *, end: int | None = None) -> FileRange:
         """Whole batches starting with the one containing `offset`, up to max_bytes (at
-        least one batch), never past the high watermark, within one segment."""
+        least one batch), never past the high watermark, within one segment; with `end`
+        (a batch boundary: the last stable offset), none starting at or past it."""
         hwm = self.high_watermark
         if self._bad_offset is not None:
             hwm = min(hwm, self._bad_offset)
         if offset < self.log_start_offset or offset > self.high_watermark:
             raise OffsetOutOfRange(offset, self.log_start_offset, self.high_watermark)
+        if end is not None and end < hwm:
+            if offset >= end:
+                return FileRange(-1, 0, 0, offset, offset)
+            hwm = end
         if offset >= hwm:
             if (
                 self._bad_offset is not None

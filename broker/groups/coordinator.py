@@ -546,6 +546,30 @@ class GroupCoordinator:
             if current is None or current.record_offset < record_offset:
                 live.offsets[key] = CommittedOffset(e.offset, e.leader_epoch, e.metadata or "", now_wall, record_offset, expire)
 
+    async def commit_transactional(self, group_id: str, offsets: Sequence[tuple[str, int, int, int, str]]) -> int:
+        """Offsets of a committed transaction ((topic, partition, offset, leader epoch,
+        metadata) each): appended, then visible once durable, like OffsetCommit's but
+        without a member check (TxnOffsetCommit checked it; the transaction coordinator
+        calls this when the commit is decided, broker/transactions). The error code."""
+        if not offsets:
+            return codes.NONE
+        now_wall = self.wall()
+        records = [(offset_key(group_id, t, p), offset_value(OffsetValue(o, e, m, now_wall, None))) for t, p, o, e, m in offsets]
+        try:
+            base, last = self._append_replicated(records, now_wall)
+        except Exception as exc:
+            log.error("cannot append transactional offsets of group %s: %s", group_id, exc)
+            return codes.COORDINATOR_NOT_AVAILABLE
+        error = await self._wait_stored(last)
+        if error != codes.NONE:
+            return error
+        group = self.groups.get_or_create(group_id)
+        for i, (t, p, o, e, m) in enumerate(offsets):
+            current = group.offsets.get((t, p))
+            if current is None or current.record_offset < base + i:
+                group.offsets[(t, p)] = CommittedOffset(o, e, m, now_wall, base + i, None)
+        return codes.NONE
+
     def fetch_offsets(self, group_id: str, wanted: Sequence[tuple[str, Sequence[int]]] | None) -> dict[str, dict[int, CommittedOffset | None]]:
         """topic -> partition -> committed offset (None: nothing committed). `wanted` None
         means every partition the group committed."""

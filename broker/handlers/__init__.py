@@ -11,5 +11,6 @@ from broker.handlers import (  # noqa: F401
     offsets,
     partitions,
     produce,
+    transactions,
 )
 from broker.security import handlers as _sasl  # noqa: F401  (SaslHandshake, SaslAuthenticate)

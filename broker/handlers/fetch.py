@@ -17,6 +17,12 @@ A partition named twice in one request is served once, as Kafka's FetchRequest f
 partitions into one ordered map: the last entry's offset and limits win, at the place of
 the first (so a request naming one partition 20,000 times reads it once).
 
+Transactions: every answer carries the partition's last stable offset (below the first
+open transaction; broker/transactions/partition.py). A read_committed fetch
+(isolation_level 1) gets no batch at or past it, and the aborted transactions whose
+records the answer may hold (producer id, first offset), which the client drops;
+control batches (markers) are served like any batch, and clients skip them.
+
 Fetch sessions (KIP-227) are not kept: every response is a full response naming every
 requested partition with session id 0, which the KIP defines as "no session created";
 clients then keep sending full fetches. A request naming a session we never gave out
@@ -51,6 +57,7 @@ from broker.node import Node
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
+from broker.transactions.partition import last_stable_offset
 from storage.errors import CorruptBatch, OffsetOutOfRange, StorageError
 
 log = logging.getLogger("hyperkafka.fetch")
@@ -78,6 +85,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
               memory: AnswerMemory | None = None) -> tuple[list[dict[str, Any]], int, bool]:
     """(responses, bytes of records, whether a partition named a preferred read replica)."""
     budget = min(req.max_bytes if version >= 3 else 2**31 - 1, node.config.fetch_max_bytes)
+    committed = getattr(req, "isolation_level", 0) == 1  # READ_COMMITTED
     total = 0
     redirected = False
     responses = []
@@ -91,7 +99,9 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 "high_watermark": -1,
                 "last_stable_offset": -1,
                 "log_start_offset": -1,
-                "aborted_transactions": None,
+                # As Kafka: a list (maybe empty) for read_committed, null for
+                # read_uncommitted; with an error, see below.
+                "aborted_transactions": [] if committed else None,
                 "preferred_read_replica": -1,
                 "records": b"",
             }
@@ -107,7 +117,8 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             plog = partition.log
             hwm = plog.high_watermark
             entry["high_watermark"] = hwm
-            entry["last_stable_offset"] = hwm  # no transactions: everything stable is committed
+            lso = last_stable_offset(partition)
+            entry["last_stable_offset"] = lso
             entry["log_start_offset"] = plog.log_start_offset
             leader_epoch = getattr(p, "current_leader_epoch", -1)
             if leader_epoch > 0:
@@ -125,7 +136,11 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             if limit <= 0 and total > 0:
                 continue
             try:
-                where = plog.read(p.fetch_offset, max(limit, 1))
+                # read_committed: nothing at or past the last stable offset.
+                if committed:
+                    where = plog.read(p.fetch_offset, max(limit, 1), end=lso)
+                else:
+                    where = plog.read(p.fetch_offset, max(limit, 1))
                 if where.size > limit and total > 0:
                     # Only the first partition with data may go past the limits (KIP-74).
                     continue
@@ -170,6 +185,18 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 continue
             entry["records"] = data
             total += len(data)
+            if committed:
+                entry["aborted_transactions"] = [
+                    {"producer_id": a.producer_id, "first_offset": a.first_offset}
+                    for a in partition.txns.aborted_in(p.fetch_offset, where.end_offset)
+                ]
+        for entry in parts:
+            # As Kafka: a partition refused before the read (unknown, not authorized) has
+            # an empty list, one whose read failed has none.
+            if entry["error_code"] in (errors.UNKNOWN_TOPIC_OR_PARTITION, errors.TOPIC_AUTHORIZATION_FAILED):
+                entry["aborted_transactions"] = []
+            elif entry["error_code"] != errors.NONE:
+                entry["aborted_transactions"] = None
         responses.append({"topic": name, "partitions": parts})
     return responses, total, redirected
 

@@ -23,10 +23,10 @@ controller coordinated go back to the first one, and a group never has two
 coordinators for long). A controller that has not taken the groups over yet (it waits
 for the peers' offsets, `GroupCoordinator.take_over`) answers them with
 COORDINATOR_LOAD_IN_PROGRESS, and ListGroups with it as its error, as Kafka's loading
-coordinator does; clients retry both. Transactions do not exist, so a
-FindCoordinator for a transactional id answers COORDINATOR_NOT_AVAILABLE. Groups of the
-KIP-848 consumer protocol (broker.handlers.consumer_groups) share the OffsetCommit,
-OffsetFetch, ListGroups, DescribeGroups and DeleteGroups paths here.
+coordinator does; clients retry both. A FindCoordinator for a transactional id is
+answered by broker/handlers/transactions.py. Groups of the KIP-848 consumer protocol
+(broker.handlers.consumer_groups) share the OffsetCommit, OffsetFetch, ListGroups,
+DescribeGroups and DeleteGroups paths here.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from broker.api import Deferred, Reply, RequestContext, api
 from broker.groups import codes
 from broker.groups.coordinator import CommitEntry, GroupCoordinator, Waiter
 from broker.groups.state import JoinResult, SyncResult
+from broker.handlers.transactions import find_transaction_coordinator
 from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
 from broker.security.session import authorize, authorize_group, authorized_operations
 from broker.shape import field_of
@@ -99,9 +100,10 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
         if key_type == GROUP_KEY:
             node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here, once authorized
             return {"key": key, "node_id": coordinator_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}
-        error = codes.COORDINATOR_NOT_AVAILABLE if key_type == TRANSACTION_KEY else codes.INVALID_REQUEST
-        message = "Transactions are not supported by this broker" if key_type == TRANSACTION_KEY else f"Unknown key type {key_type}"
-        return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": error, "error_message": message}
+        if key_type == TRANSACTION_KEY:
+            return find_transaction_coordinator(ctx, key)
+        return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": codes.INVALID_REQUEST,
+                "error_message": f"Unknown key type {key_type}"}
 
     if ctx.api_version >= 4:
         return {"throttle_time": 0, "coordinators": [one(k) for k in req.coordinator_keys]}

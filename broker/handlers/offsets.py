@@ -1,7 +1,6 @@
 """ListOffsets and OffsetForLeaderEpoch.
 
-ListOffsets: -1 is the high watermark (also for read_committed: with no transactions the
-last stable offset is the high watermark), -2 the log start offset, -3 the record with
+ListOffsets: -1 is the high watermark (for read_committed the last stable offset), -2 the log start offset, -3 the record with
 the largest timestamp (KIP-734), and t >= 0 the first record whose timestamp is >= t,
 found through the batch index and then by reading the records of that one batch
 (LogAppendTime batches answer with the batch's append time, as Kafka does).
@@ -23,16 +22,18 @@ from broker.protocol import records
 from broker.protocol.errors import RecordBatchError
 from broker.security.authz import Operation
 from broker.security.session import authorize
+from broker.transactions.partition import last_stable_offset
 from storage.errors import StorageError
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
 
-def _lookup(partition: Partition, timestamp: int) -> tuple[int, int, int]:
-    """(error, offset, timestamp) for one ListOffsets query."""
+def _lookup(partition: Partition, timestamp: int, committed: bool = False) -> tuple[int, int, int]:
+    """(error, offset, timestamp) for one ListOffsets query (`committed`: read_committed)."""
     plog = partition.log
     if timestamp == LATEST:
-        return errors.NONE, plog.high_watermark, -1
+        hwm = plog.high_watermark
+        return errors.NONE, last_stable_offset(partition) if committed else hwm, -1
     if timestamp == EARLIEST:
         return errors.NONE, plog.log_start_offset, -1
     try:
@@ -82,6 +83,7 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
     # them must not be 20,000 scans).
     named = Counter((t.name, p.partition_index) for t in req.topics for p in t.partitions)
     answered: set[tuple[str, int]] = set()
+    committed = getattr(req, "isolation_level", 0) == 1  # READ_COMMITTED: latest is the LSO
     topics = []
     for t in req.topics:
         parts = []
@@ -106,7 +108,7 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
             elif getattr(p, "current_leader_epoch", -1) > LEADER_EPOCH:
                 entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
             else:
-                error, offset, timestamp = _lookup(partition, p.timestamp)
+                error, offset, timestamp = _lookup(partition, p.timestamp, committed)
                 entry.update(
                     error_code=error,
                     offset=offset,

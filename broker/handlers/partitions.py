@@ -8,9 +8,9 @@ are untouched, so every offset once signed stays provable (storage/FORMAT.md sec
 Both persist: the catalog and the head slot survive restarts.
 
 DescribeLogDirs reports the one data directory with every partition's retained bytes.
-DescribeProducers lists the idempotent producers each partition remembers. Partitions
-are never reassigned (every broker of a cluster mirrors every archive), so
-ListPartitionReassignments always answers with none.
+DescribeProducers lists the producers each partition remembers (with the start of an open
+transaction). Partitions are never reassigned (every broker of a cluster mirrors every
+archive), so ListPartitionReassignments always answers with none.
 
 Cluster mode: only a topic's writer signs its catalog, so CreatePartitions for a topic
 written by another broker is forwarded to that broker (broker/forwarding.py), from any
@@ -282,7 +282,8 @@ async def describe_producers(ctx: RequestContext, req: Any) -> Reply:
                         "last_sequence": e.last_seq,
                         "last_timestamp": e.last_timestamp,
                         "coordinator_epoch": -1,
-                        "current_txn_start_offset": -1,
+                        # the first offset of its open transaction here (-1: none)
+                        "current_txn_start_offset": topic.partitions[i].txns.ongoing.get(pid, -1),
                     }
                     for pid, e in sorted(topic.partitions[i].producers.items())
                 ]

@@ -1,11 +1,15 @@
-"""Produce and InitProducerId: the write path.
+"""Produce and InitProducerId: the write path (InitProducerId with a transactional id is
+broker/handlers/transactions.py's).
 
 Per partition, in this order and without yielding to the event loop (so checks and the
 admission are atomic per partition): topic lookup (auto-create), batch checks (one v2
 batch, CRC-32C, record count vs lastOffsetDelta, size, codec vs version), every record
 checked as Kafka's LogValidator does (broker/validation.py, natively
 where built: lengths, offset deltas, headers, timestamps, inflated size; refusals name
-the first bad record in record_errors), the idempotence verdict, LogAppendTime stamping, then `Partition.admit`, which gives the
+the first bad record in record_errors), for a transactional batch the transaction check
+(KIP-890 part 1: only into a partition of the producer's ongoing transaction; a control
+batch from a client is refused, only the broker writes markers), the idempotence verdict,
+LogAppendTime stamping, then `Partition.admit`, which gives the
 batch its offsets and queues it for the next commit round (node.py). The handler never
 awaits, so the connection's reader goes on to the next request at once. The response
 waits (in `Deferred`, answered in request order) until a commit round has written the
@@ -28,6 +32,7 @@ from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, ap
 from broker.cleaner import keyless_message, keyless_record
 from broker.cluster import signed_blocks
 from broker.handlers import errors
+from broker.handlers.transactions import init_transactional
 from broker.idempotence import Verdict, last_sequence
 from broker.node import Partition, Topic, TopicError, ms_now
 from broker.protocol import records
@@ -36,7 +41,6 @@ from broker.protocol.errors import ProtocolError, RecordBatchError
 from broker.protocol.fastpath import ProducePartitionResult, encode_produce_response
 from broker.security.authz import Operation
 from broker.security.session import authorize, authorize_idempotent_write
-from broker.shape import field_of
 from broker.validation import TimestampRange, check_batch, inflate_limit
 
 log = logging.getLogger("hyperkafka.produce")
@@ -59,12 +63,25 @@ _NO_LOG_START_OFFSET = frozenset(
 )
 
 
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+
+
+def _has_transactional(req: Any) -> bool:
+    """Whether a partition's first batch is transactional (Kafka's hasTransactionalRecords)."""
+    for t in req.topic_data:
+        for p in t.partition_data:
+            data = p.records
+            if data is not None and len(data) > 22 and data[22] & 0x10:  # attributes, low byte
+                return True
+    return False
+
+
 class CloseConnection(ProtocolError):
     """A Kafka outcome the client can only learn by losing its connection."""
 
 
 class _PartitionResult:
-    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "record_index", "wait_for")
+    __slots__ = ("base_offset", "before_log", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "record_index", "wait_for")
 
     def __init__(self, error: int = errors.NONE, message: str | None = None, record_index: int | None = None) -> None:
         self.error = error
@@ -76,6 +93,7 @@ class _PartitionResult:
         self.partition: Partition | None = None
         self.wait_for = -1  # last offset that must be covered by a head before answering
         self.min_insync = 0  # cluster mode, acks=all: replicas that must hold it (0: none waited for)
+        self.before_log = False  # refused before the log was consulted (log start offset -1)
 
 
 def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks: int) -> _PartitionResult:
@@ -94,7 +112,7 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
             )
     # Checks, idempotence verdict and admission are one atomic step: nothing here yields.
     result = _admit_checked(ctx, topic, partition, data)
-    if result.error not in _NO_LOG_START_OFFSET:
+    if result.error not in _NO_LOG_START_OFFSET and not result.before_log:
         result.log_start_offset = partition.log.log_start_offset
     if acks == -1 and cluster is not None and result.partition is not None:
         result.min_insync = topic.min_insync_replicas
@@ -124,8 +142,8 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     batch = checked.header
     if batch.is_control:
         return _PartitionResult(errors.INVALID_RECORD, "Clients may not write control batches")
-    if batch.is_transactional:
-        return _PartitionResult(errors.INVALID_RECORD, "Transactions are not supported by this broker")
+    if batch.is_transactional and batch.producer_id < 0:
+        return _PartitionResult(errors.INVALID_RECORD, "A transactional batch needs a producer id")
     if batch.compression == ZSTD and ctx.api_version < 7:
         return _PartitionResult(errors.UNSUPPORTED_COMPRESSION_TYPE, "zstd needs Produce v7 or later")
     if batch.compression > ZSTD:
@@ -144,6 +162,13 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     if keyless is not None:
         return _PartitionResult(errors.INVALID_RECORD, keyless_message(topic.name, partition.index), keyless)
 
+    if batch.is_transactional:
+        # KIP-890 part 1: only into a partition of this producer's ongoing transaction.
+        refused = ctx.node.transactions.check_produce(batch.producer_id, batch.producer_epoch, topic.name, partition.index)
+        if refused is not None:
+            refusal = _PartitionResult(*refused)
+            refusal.before_log = True  # (Kafka's ReplicaManager verifies before the append)
+            return refusal
     outcome = None
     if batch.producer_id >= 0:
         first_seq = batch.base_sequence
@@ -183,6 +208,8 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         # wrote (the time index, retention and ListOffsets trust it).
         records.set_max_timestamp(buf, max_timestamp)
     base, last = partition.admit(buf, batch.last_offset_delta)
+    if batch.is_transactional:
+        partition.txns.on_data(batch.producer_id, base)  # holds the last stable offset here
     stats = topic.stats
     stats.bytes_in += len(buf)
     stats.messages_in += batch.records_count
@@ -205,9 +232,10 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
 async def produce(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
     acks = req.acks
-    if field_of(req, "transactional_id") is not None:
+    if req.transactional_id is None and _has_transactional(req):
+        # As Kafka: transactional records need the request's transactional id (its ACL).
         results = {
-            (t.name, p.index): _PartitionResult(errors.INVALID_REQUEST, "Transactions are not supported by this broker")
+            (t.name, p.index): _PartitionResult(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional records need a transactional id")
             for t in req.topic_data
             for p in t.partition_data
         }
@@ -319,8 +347,7 @@ async def init_producer_id(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_idempotent_write(ctx):
         return {"throttle_time": 0, "error_code": errors.CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if req.transactional_id is not None:
-        # No transaction coordinator: refuse clearly instead of pretending.
-        return {"throttle_time": 0, "error_code": errors.UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
+        return await init_transactional(ctx, req)
     # Without a transactional id Kafka always hands out a fresh id at epoch 0 (KIP-360
     # bumps included), so do we.
     try:

@@ -1,0 +1,641 @@
+"""Transactions end to end over a real socket with raw protocol messages, and the pure
+pieces (records, a partition's transaction index) on their own.
+
+Pins what clients only show indirectly: the coordinator's error codes (fencing, state),
+that a transactional batch is refused outside its transaction, that markers are control
+batches in the archive, the last stable offset and aborted transactions in Fetch and
+ListOffsets, TxnOffsetCommit's offsets appearing only on commit, and recovery after a
+restart (prepared transactions completed, open ones aborted on their timeout).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+import trio
+
+from broker.config import BrokerConfig
+from broker.protocol import records as batches
+from broker.server import run
+from broker.tests.conftest import Broker, RawClient
+from broker.transactions.partition import PartitionTxns
+from broker.transactions.records import (
+    MarkerType,
+    Status,
+    TxnOffset,
+    TxnValue,
+    control_batch,
+    decode_key,
+    decode_offsets,
+    decode_value,
+    encode_offsets,
+    encode_value,
+    marker_type,
+    offsets_key,
+    state_key,
+)
+from storage.batch import build_batch
+
+CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH = 51, 48, 90, 47
+INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD, INVALID_TRANSACTION_TIMEOUT = 49, 87, 50
+
+
+# ------------------------------------------------------------------ pure pieces
+
+
+def test_state_records_round_trip() -> None:
+    v = TxnValue(7, 3, 60000, Status.ONGOING, (("a", 0), ("a", 2), ("b", 1)), 111, 100)
+    assert decode_value(encode_value(v)) == v
+    assert decode_key(state_key("tid")) == (0, "tid")
+    assert decode_key(offsets_key("tid")) == (100, "tid")
+    offsets = [TxnOffset("g", "t", 1, 42, -1, "meta"), TxnOffset("g2", "u", 0, 7, 3, "")]
+    assert decode_offsets(encode_offsets(7, 3, offsets)) == (7, 3, offsets)
+    assert Status.PREPARE_COMMIT.kafka_name == "PrepareCommit"
+
+
+def test_control_batch_is_a_valid_transactional_control_batch() -> None:
+    batch = control_batch(MarkerType.ABORT, 9, 2, 0, 1000)
+    header = batches.parse_batch_header(batch)
+    assert header.is_control and header.is_transactional
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (9, 2, -1)
+    batches.verify_crc(batch)
+    [rec] = list(batches.iter_records(batch))
+    assert marker_type(rec.key) is MarkerType.ABORT
+    assert marker_type(b"\x00\x00\x00\x07") is None
+
+
+def test_partition_index_lso_and_aborted() -> None:
+    t = PartitionTxns()
+    t.on_data(1, 0)
+    t.on_data(2, 3)
+    t.on_data(1, 5)  # same transaction: the first offset stays
+    assert t.lso(10) == 0
+    t.on_marker(1, MarkerType.ABORT, 10)
+    assert t.lso(10) == 0  # the marker is not under the high watermark yet
+    assert t.lso(11) == 3
+    t.on_marker(2, MarkerType.COMMIT, 11)
+    assert t.lso(12) == 12
+    assert [(a.producer_id, a.first_offset) for a in t.aborted_in(0, 12)] == [(1, 0)]
+    assert t.aborted_in(11, 20) == []  # the aborted transaction ended before
+    t.forget_below(11)
+    assert t.aborted_in(0, 12) == []
+
+
+# ------------------------------------------------------------------ over the wire
+
+
+@pytest.fixture
+def broker_config(tmp_path: Path) -> BrokerConfig:
+    config = BrokerConfig(data_dir=tmp_path / "data", listen_port=0, shutdown_grace_s=2)
+    config.static.update({"transaction.abort.timed.out.transaction.cleanup.interval.ms": "100"})
+    return config
+
+
+async def create(c: RawClient, name: str, partitions: int = 1) -> None:
+    r = await c.call(
+        "create_topics",
+        7,
+        {
+            "topics": [
+                {
+                    "name": name,
+                    "num_partitions": partitions,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [],
+                }
+            ],
+            "timeout": 5000,
+            "validate_only": False,
+        },
+    )
+    assert r.topics[0].error_code == 0
+
+
+def txn_batch(
+    pid: int,
+    epoch: int,
+    seq: int,
+    *values: bytes,
+    transactional: bool = True,
+    control: bool = False,
+) -> bytes:
+    batch = build_batch(
+        list(values),
+        timestamp_ms=1_700_000_000_000,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+    )
+    attributes = (0x10 if transactional else 0) | (0x20 if control else 0)
+    struct.pack_into(">h", batch, 21, attributes)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+async def produce(c: RawClient, topic: str, data: bytes, tid: str | None = "tid") -> Any:
+    r = await c.call(
+        "produce",
+        8,
+        {
+            "acks": -1,
+            "timeout": 5000,
+            "transactional_id": tid,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": data}]}],
+        },
+    )
+    return r.responses[0].partition_responses[0]
+
+
+async def fetch(c: RawClient, topic: str, isolation: int, offset: int = 0) -> Any:
+    r = await c.call(
+        "fetch",
+        11,
+        {
+            "replica_id": -1,
+            "max_wait": 0,
+            "min_bytes": 0,
+            "max_bytes": 1 << 20,
+            "isolation_level": isolation,
+            "session_id": 0,
+            "session_epoch": -1,
+            "rack_id": "",
+            "forgotten_topics_data": [],
+            "topics": [
+                {
+                    "topic": topic,
+                    "partitions": [
+                        {
+                            "partition": 0,
+                            "current_leader_epoch": -1,
+                            "fetch_offset": offset,
+                            "log_start_offset": -1,
+                            "partition_max_bytes": 1 << 20,
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    return r.responses[0].partitions[0]
+
+
+async def list_latest(c: RawClient, topic: str, isolation: int) -> int:
+    r = await c.call(
+        "list_offsets",
+        5,
+        {
+            "replica_id": -1,
+            "isolation_level": isolation,
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}
+                    ],
+                }
+            ],
+        },
+    )
+    return int(r.topics[0].partitions[0].offset)
+
+
+async def init(
+    c: RawClient, tid: str = "tid", txn_timeout: int = 60000, pid: int = -1, epoch: int = -1
+) -> Any:
+    return await c.call(
+        "init_producer_id",
+        4,
+        {
+            "transactional_id": tid,
+            "transaction_timeout": txn_timeout,
+            "producer_id": pid,
+            "producer_epoch": epoch,
+        },
+    )
+
+
+async def add(c: RawClient, pid: int, epoch: int, topic: str, tid: str = "tid") -> int:
+    r = await c.call(
+        "add_partitions_to_txn",
+        3,
+        {
+            "v3_and_below_transactional_id": tid,
+            "v3_and_below_producer_id": pid,
+            "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": [0]}],
+        },
+    )
+    return int(r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code)
+
+
+async def end(c: RawClient, pid: int, epoch: int, commit: bool, tid: str = "tid") -> int:
+    r = await c.call(
+        "end_txn",
+        3,
+        {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch, "committed": commit},
+    )
+    return int(r.error_code)
+
+
+def stored(records: bytes) -> list[tuple[int, bool, list[bytes | None]]]:
+    """(base offset, is control, values) of every batch of a fetch answer."""
+    return [
+        (
+            batches.parse_batch_header(b).base_offset,
+            batches.parse_batch_header(b).is_control,
+            [r.value for r in batches.iter_records(b)],
+        )
+        for b in batches.split_batches(records)
+    ]
+
+
+async def test_transactional_batch_only_inside_its_transaction(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "t")
+    r = await init(c)
+    assert (r.error_code, r.producer_epoch) == (0, 0)
+    pid = r.producer_id
+    # Not added to the transaction: refused (KIP-890 part 1) before the log, nothing stored.
+    refused = await produce(c, "t", txn_batch(pid, 0, 0, b"a"))
+    assert (refused.error_code, refused.log_start_offset) == (INVALID_TXN_STATE, -1)
+    # Transactional records in a request without a transactional id: Kafka's ACL check.
+    anonymous = await produce(c, "t", txn_batch(pid, 0, 0, b"a"), tid=None)
+    assert (anonymous.error_code, anonymous.log_start_offset) == (53, -1)
+    # A control batch from a client: refused whatever its state.
+    assert (
+        await produce(c, "t", txn_batch(pid, 0, 0, b"x", control=True))
+    ).error_code == INVALID_RECORD
+    # A transactional batch of a producer id no transactional id has.
+    assert (
+        await produce(c, "t", txn_batch(pid + 50, 0, 0, b"a"))
+    ).error_code == INVALID_PRODUCER_ID_MAPPING
+    assert await add(c, pid, 0, "t") == 0
+    assert (await produce(c, "t", txn_batch(pid, 0, 0, b"a", b"b"))).error_code == 0
+    assert await add(c, pid, 1, "t") == PRODUCER_FENCED
+    assert await add(c, pid + 1, 0, "t") == INVALID_PRODUCER_ID_MAPPING
+    assert (await init(c, txn_timeout=10**9)).error_code == INVALID_TRANSACTION_TIMEOUT
+
+
+async def test_abort_then_commit_read_committed_and_lso(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "rc")
+    pid = (await init(c)).producer_id
+    assert await add(c, pid, 0, "rc") == 0
+    assert (await produce(c, "rc", txn_batch(pid, 0, 0, b"a1", b"a2"))).error_code == 0
+    open_ = await fetch(c, "rc", 1)
+    assert (open_.high_watermark, open_.last_stable_offset, open_.records) == (2, 0, b"")
+    assert await list_latest(c, "rc", 1) == 0 and await list_latest(c, "rc", 0) == 2
+    uncommitted = await fetch(c, "rc", 0)
+    assert (
+        stored(uncommitted.records) == [(0, False, [b"a1", b"a2"])]
+        and uncommitted.last_stable_offset == 0
+    )
+    assert await end(c, pid, 0, False) == 0
+    assert await end(c, pid, 0, False) == 0  # a retried abort: already complete
+    assert await end(c, pid, 0, True) == INVALID_TXN_STATE
+    # Second transaction, committed.
+    assert await add(c, pid, 0, "rc") == 0
+    assert (await produce(c, "rc", txn_batch(pid, 0, 2, b"c1"))).error_code == 0
+    assert await end(c, pid, 0, True) == 0
+    done = await fetch(c, "rc", 1)
+    assert (done.high_watermark, done.last_stable_offset) == (5, 5)
+    assert stored(done.records) == [
+        (0, False, [b"a1", b"a2"]),
+        (2, True, [struct.pack(">hi", 0, 0)]),
+        (3, False, [b"c1"]),
+        (4, True, [struct.pack(">hi", 0, 0)]),
+    ]
+    assert [(a.producer_id, a.first_offset) for a in done.aborted_transactions] == [(pid, 0)]
+    # read_uncommitted lists no aborted transactions (the client shows everything).
+    assert not (await fetch(c, "rc", 0)).aborted_transactions
+    assert not (await fetch(c, "rc", 1, offset=3)).aborted_transactions  # past the aborted one
+    assert await list_latest(c, "rc", 1) == 5
+
+
+async def test_fencing_aborts_the_open_transaction(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "f")
+    pid = (await init(c)).producer_id
+    assert await add(c, pid, 0, "f") == 0
+    assert (await produce(c, "f", txn_batch(pid, 0, 0, b"zombie"))).error_code == 0
+    # (an Empty transaction's start time is -1, which kio's decoder refuses: described Ongoing)
+    d = await c.call("describe_transactions", 0, {"transactional_ids": ["tid", "nope"]})
+    s0 = d.transaction_states[0]
+    assert (s0.transaction_state, s0.producer_id, s0.producer_epoch) == ("Ongoing", pid, 0)
+    assert [(t.topic, list(t.partitions)) for t in s0.topics] == [("f", [0])]
+    assert s0.transaction_timeout.total_seconds() == 60 and s0.transaction_start_time.year >= 2024
+    assert d.transaction_states[1].error_code == 105  # TRANSACTIONAL_ID_NOT_FOUND
+    dp = await c.call(
+        "describe_producers", 0, {"topics": [{"name": "f", "partition_indexes": [0]}]}
+    )
+    [active] = dp.topics[0].partitions[0].active_producers
+    assert (active.producer_id, active.current_txn_start_offset) == (pid, 0)
+    # A new producer with the same id: the open transaction is aborted with a bumped
+    # epoch, and the caller retries.
+    assert (await init(c)).error_code == CONCURRENT_TRANSACTIONS
+    again = await init(c)
+    assert (again.error_code, again.producer_id, again.producer_epoch) == (0, pid, 2)
+    assert await end(c, pid, 0, True) == PRODUCER_FENCED
+    assert (
+        await produce(c, "f", txn_batch(pid, 0, 1, b"late"))
+    ).error_code == INVALID_PRODUCER_EPOCH
+    f = await fetch(c, "f", 1)
+    assert f.last_stable_offset == 2 and [
+        (a.producer_id, a.first_offset) for a in f.aborted_transactions
+    ] == [(pid, 0)]
+    # KIP-360: a producer naming an old epoch is fenced.
+    assert (await init(c, pid=pid, epoch=0)).error_code == PRODUCER_FENCED
+
+
+async def test_txn_offsets_visible_only_on_commit(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "src")
+    pid = (await init(c)).producer_id
+
+    async def offsets(value: int) -> int:
+        r = await c.call(
+            "add_offsets_to_txn",
+            3,
+            {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "g"},
+        )
+        assert r.error_code == 0
+        r = await c.call(
+            "txn_offset_commit",
+            3,
+            {
+                "transactional_id": "tid",
+                "group_id": "g",
+                "producer_id": pid,
+                "producer_epoch": 0,
+                "generation_id": -1,
+                "member_id": "",
+                "group_instance_id": None,
+                "topics": [
+                    {
+                        "name": "src",
+                        "partitions": [
+                            {
+                                "partition_index": 0,
+                                "committed_offset": value,
+                                "committed_leader_epoch": -1,
+                                "committed_metadata": "",
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
+        assert r.topics[0].partitions[0].error_code == 0
+        f = await c.call(
+            "offset_fetch",
+            5,
+            {"group_id": "g", "topics": [{"name": "src", "partition_indexes": [0]}]},
+        )
+        return int(f.topics[0].partitions[0].committed_offset)
+
+    assert await offsets(5) == -1  # pending: not visible
+    assert await end(c, pid, 0, False) == 0
+    f = await c.call(
+        "offset_fetch", 5, {"group_id": "g", "topics": [{"name": "src", "partition_indexes": [0]}]}
+    )
+    assert f.topics[0].partitions[0].committed_offset == -1  # aborted: dropped
+    assert await offsets(7) == -1
+    assert await end(c, pid, 0, True) == 0
+    f = await c.call(
+        "offset_fetch", 5, {"group_id": "g", "topics": [{"name": "src", "partition_indexes": [0]}]}
+    )
+    assert f.topics[0].partitions[0].committed_offset == 7
+    # TxnOffsetCommit outside a transaction that added the group's offsets.
+    r = await c.call(
+        "txn_offset_commit",
+        3,
+        {
+            "transactional_id": "tid",
+            "group_id": "g",
+            "producer_id": pid,
+            "producer_epoch": 0,
+            "generation_id": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": "src",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": 9,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "",
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    assert r.topics[0].partitions[0].error_code == INVALID_TXN_STATE
+    lst = await c.call(
+        "list_transactions",
+        1,
+        {
+            "state_filters": ["CompleteCommit", "Bogus"],
+            "producer_id_filters": [],
+            "duration_filter": -1,
+        },
+    )
+    assert [(t.transactional_id, t.transaction_state) for t in lst.transaction_states] == [
+        ("tid", "CompleteCommit")
+    ]
+    assert list(lst.unknown_state_filters) == ["Bogus"]
+
+
+async def test_restart_aborts_the_open_transaction_and_keeps_the_epoch(
+    broker_config: BrokerConfig,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "r")
+        pid = (await init(c, txn_timeout=500)).producer_id
+        assert await add(c, pid, 0, "r") == 0
+        assert (await produce(c, "r", txn_batch(pid, 0, 0, b"done"))).error_code == 0
+        assert await end(c, pid, 0, True) == 0
+        assert await add(c, pid, 0, "r") == 0
+        assert (await produce(c, "r", txn_batch(pid, 0, 1, b"open"))).error_code == 0
+        nursery.cancel_scope.cancel()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        # Replayed: the open transaction still holds the LSO (rebuilt from the log) ...
+        assert await list_latest(c, "r", 1) == 2
+        # ... until its timeout aborts it (with a bumped epoch: the old producer is fenced).
+        with trio.fail_after(10):
+            while await list_latest(c, "r", 1) != 4:  # noqa: ASYNC110 (a broker in this process: no event to wait on)
+                await trio.sleep(0.05)
+        f = await fetch(c, "r", 1)
+        assert [(a.producer_id, a.first_offset) for a in f.aborted_transactions] == [(pid, 2)]
+        assert (
+            await produce(c, "r", txn_batch(pid, 0, 2, b"late"))
+        ).error_code == INVALID_PRODUCER_EPOCH
+        again = await init(c, txn_timeout=500)
+        assert (again.error_code, again.producer_id, again.producer_epoch) == (0, pid, 2)
+        nursery.cancel_scope.cancel()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        f = await fetch(c, "r", 1)
+        # The aborted-transaction index is rebuilt from the markers in the log.
+        assert f.last_stable_offset == 4 and [
+            (a.producer_id, a.first_offset) for a in f.aborted_transactions
+        ] == [(pid, 2)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_kafka_error_details_by_version(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "v")
+    assert (await init(c, tid="")).error_code == 42  # INVALID_REQUEST, as Kafka
+    pid = (await init(c)).producer_id
+    assert await end(c, pid, 0, False) == INVALID_TXN_STATE  # nothing to abort: Empty
+    r = await c.call(
+        "end_txn",
+        1,
+        {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 5, "committed": True},
+    )
+    assert r.error_code == INVALID_PRODUCER_EPOCH  # PRODUCER_FENCED only from v2 (KIP-588)
+    assert await end(c, pid, 5, True) == PRODUCER_FENCED
+    r = await init(c, pid=pid, epoch=7)
+    assert r.error_code == PRODUCER_FENCED
+    r = await c.call(
+        "init_producer_id",
+        3,
+        {
+            "transactional_id": "tid",
+            "transaction_timeout": 60000,
+            "producer_id": pid,
+            "producer_epoch": 7,
+        },
+    )
+    assert r.error_code == INVALID_PRODUCER_EPOCH
+    # read_committed answers list aborted transactions (an empty list), read_uncommitted null.
+    assert (await fetch(c, "v", 1)).aborted_transactions == ()
+    assert (await fetch(c, "v", 0)).aborted_transactions is None
+
+
+class _FakeCopy:
+    """A mirror's verified copy, as `PartitionTxns.follow` reads it."""
+
+    def __init__(self) -> None:
+        self.batches: list[bytes] = []
+        self.high_watermark = 0
+        self.log_start_offset = 0
+
+    def add(self, batch: bytes | bytearray) -> None:
+        b = bytearray(batch)
+        struct.pack_into(">q", b, 0, self.high_watermark)
+        self.batches.append(bytes(b))
+        self.high_watermark += struct.unpack_from(">i", b, 23)[0] + 1
+
+    def batch_headers(self, start: int) -> Any:
+        for b in self.batches:
+            if struct.unpack_from(">q", b, 0)[0] + struct.unpack_from(">i", b, 23)[0] >= start:
+                yield b[:61]
+
+    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
+        return next(b for b in self.batches if struct.unpack_from(">q", b, 0)[0] == offset)
+
+
+def test_a_mirror_follows_the_writers_transactions() -> None:
+    copy, t = _FakeCopy(), PartitionTxns()
+    copy.add(txn_batch(7, 0, 0, b"a", b"b"))
+    t.follow(copy)  # type: ignore[arg-type]
+    assert t.lso(copy.high_watermark) == 0
+    copy.add(control_batch(MarkerType.ABORT, 7, 0, 0, 1))
+    copy.add(txn_batch(7, 0, 2, b"c"))
+    t.follow(copy)  # type: ignore[arg-type]
+    assert t.lso(copy.high_watermark) == 3
+    assert [(a.producer_id, a.first_offset, a.last_offset) for a in t.aborted_in(0, 4)] == [
+        (7, 0, 2)
+    ]
+    copy.add(control_batch(MarkerType.COMMIT, 7, 0, 0, 1))
+    t.follow(copy)  # type: ignore[arg-type]
+    t.follow(copy)  # type: ignore[arg-type]  (nothing new: nothing counted twice)
+    assert t.lso(copy.high_watermark) == 5 and len(t.aborted_in(0, 5)) == 1
+
+
+async def test_a_prepared_commit_is_completed_after_a_restart(
+    broker_config: BrokerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.transactions import coordinator
+
+    async def crash(self: Any, txn: Any) -> None:  # the broker dies between the two phases
+        raise coordinator.CoordinatorError(56, "simulated crash after PrepareCommit")
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "p")
+        pid = (await init(c)).producer_id
+        assert await add(c, pid, 0, "p") == 0
+        assert (await produce(c, "p", txn_batch(pid, 0, 0, b"x"))).error_code == 0
+        r = await c.call(
+            "add_offsets_to_txn",
+            3,
+            {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "pg"},
+        )
+        assert r.error_code == 0
+        r = await c.call(
+            "txn_offset_commit",
+            3,
+            {"transactional_id": "tid", "group_id": "pg", "producer_id": pid, "producer_epoch": 0, "generation_id": -1, "member_id": "",
+             "group_instance_id": None, "topics": [{"name": "p", "partitions": [{"partition_index": 0, "committed_offset": 11,
+                                                                                   "committed_leader_epoch": -1, "committed_metadata": ""}]}]},
+        )  # fmt: skip
+        assert r.topics[0].partitions[0].error_code == 0
+        monkeypatch.setattr(coordinator.TxnCoordinator, "complete", crash)
+        assert await end(c, pid, 0, True) == 0  # decided: PrepareCommit is durable
+        assert await list_latest(c, "p", 1) == 0  # ... but no marker was written
+        nursery.cancel_scope.cancel()
+    monkeypatch.undo()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+
+        async def state() -> str:
+            d = await c.call("describe_transactions", 0, {"transactional_ids": ["tid"]})
+            return str(d.transaction_states[0].transaction_state)
+
+        with trio.fail_after(10):
+            while await state() != "CompleteCommit":  # noqa: ASYNC110 (a broker in this process: no event to wait on)
+                await trio.sleep(0.05)
+        assert await list_latest(c, "p", 1) == 2  # the marker is there
+        f = await c.call(
+            "offset_fetch",
+            5,
+            {"group_id": "pg", "topics": [{"name": "p", "partition_indexes": [0]}]},
+        )
+        assert (
+            f.topics[0].partitions[0].committed_offset == 11
+        )  # the offsets kept with PrepareCommit
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cluster_broker_coordinates_no_transaction_yet() -> None:
+    from types import SimpleNamespace
+
+    from broker.transactions.coordinator import NOT_COORDINATOR, CoordinatorError, TxnCoordinator
+
+    node = SimpleNamespace(
+        config=SimpleNamespace(static={}, node_id=3), topics={}, cluster=object()
+    )
+    coordinator = TxnCoordinator(node)  # type: ignore[arg-type]
+    with pytest.raises(CoordinatorError) as info:
+        await coordinator.init_producer_id("tid", 60000)
+    assert info.value.code == NOT_COORDINATOR and not node.topics  # no __transaction_state made

@@ -1,0 +1,640 @@
+"""The transaction coordinator: transactional ids, their producer ids and epochs, and the
+two-phase end of every transaction, persisted in the signed `__transaction_state` archive.
+
+Theory of operation (Kafka's TransactionCoordinator and TransactionStateManager):
+
+- InitProducerId(transactional id) gives a producer id the first time, and bumps the
+  epoch every time after, which fences any older producer with that id (its requests
+  then carry an old epoch: PRODUCER_FENCED, and its batches INVALID_PRODUCER_EPOCH at
+  the partitions). A transaction still open is aborted first (with the bumped epoch) and
+  the caller told CONCURRENT_TRANSACTIONS, so it retries once the abort is complete.
+- AddPartitionsToTxn / AddOffsetsToTxn put partitions (the group's offsets partition for
+  the latter) in the transaction: state Ongoing, the start time set at the first one.
+  Produce accepts a transactional batch only for a partition of an Ongoing transaction of
+  that producer id and epoch (KIP-890 part 1's verification: INVALID_TXN_STATE else).
+- TxnOffsetCommit keeps the group's offsets with the transaction, not yet visible.
+- EndTxn writes PrepareCommit (with the pending offsets, `records.py`) or PrepareAbort;
+  once a signed head covers it the outcome is decided and the answer given. Completing
+  follows: a marker (control batch) into every data partition of the transaction, the
+  offsets committed into the group coordinator (a commit) or dropped (an abort), then
+  CompleteCommit / CompleteAbort. A failed completion is retried by `run`.
+- A transaction Ongoing for longer than its timeout is aborted by `run` (every
+  transaction.abort.timed.out.transaction.cleanup.interval.ms) with a bumped epoch, as
+  Kafka does, so its producer is fenced.
+- Every state change is one batch appended to the archive and awaited durable before it
+  is acted on; while one is in flight the transactional id answers CONCURRENT_TRANSACTIONS.
+
+Restart: replaying the archive restores every transactional id's last state. Prepare*
+states are completed at once (their markers again: a marker without an open transaction
+at a partition changes nothing); Ongoing ones time out by their start time and timeout
+and are aborted, so a transaction is never half visible after a crash.
+
+Where the coordinator lives: `coordinator_node` (one function) names the broker that
+coordinates a transactional id; single-node, this one. Cluster mode is not supported yet
+(markers go to partitions other brokers write): FindCoordinator says
+COORDINATOR_NOT_AVAILABLE there.
+
+Wall-clock times (`self.wall`) are replaceable for tests; timers use trio's clock only
+for sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from broker.groups.offsets import read_records
+from broker.transactions.records import (
+    KEY_OFFSETS,
+    MarkerType,
+    RecordFormatError,
+    Status,
+    TxnOffset,
+    TxnValue,
+    build_state_batch,
+    control_batch,
+    decode_key,
+    decode_offsets,
+    decode_value,
+    encode_offsets,
+    encode_value,
+    offsets_key,
+    state_key,
+)
+from broker.transactions.settings import TxnSettings
+
+if TYPE_CHECKING:
+    from broker.node import Node, Partition
+
+log = logging.getLogger("hyperkafka.transactions")
+
+TXN_TOPIC = "__transaction_state"
+# Time and size retention would drop live transactional ids: never drop segments here.
+TXN_TOPIC_CONFIGS = {"retention.ms": "-1", "retention.bytes": "-1"}
+OFFSETS_PARTITION = ("__consumer_offsets", 0)  # where every group's offsets live (one partition)
+MAX_EPOCH = 32767
+# Kafka's error codes (kafka.common.protocol.Errors); the handlers' errors module is not
+# imported here (it would import every handler, and they import the node).
+NONE = 0
+INVALID_REQUEST = 42
+REQUEST_TIMED_OUT = 7
+COORDINATOR_NOT_AVAILABLE = 15
+INVALID_PRODUCER_EPOCH = 47
+KAFKA_STORAGE_ERROR = 56
+CONCURRENT_TRANSACTIONS = 51
+INVALID_PRODUCER_ID_MAPPING = 49
+INVALID_TRANSACTION_TIMEOUT = 50
+INVALID_TXN_STATE = 48
+PRODUCER_FENCED = 90
+TRANSACTIONAL_ID_NOT_FOUND = 105
+NOT_COORDINATOR = 16
+UNKNOWN_TOPIC_OR_PARTITION = 3
+OPERATION_NOT_ATTEMPTED = 55
+
+
+@dataclass
+class Txn:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    status: Status = Status.EMPTY
+    partitions: dict[tuple[str, int], None] = field(default_factory=dict)  # ordered set
+    update_ms: int = -1
+    start_ms: int = -1
+    pending: bool = False  # a state write is in flight
+    pending_status: Status | None = None  # the state it moves to
+    offsets: dict[tuple[str, str, int], TxnOffset] = field(default_factory=dict)
+
+    def value(self) -> TxnValue:
+        return TxnValue(
+            self.producer_id,
+            self.producer_epoch,
+            self.timeout_ms,
+            self.status,
+            tuple(self.partitions),
+            self.update_ms,
+            self.start_ms,
+        )
+
+
+def coordinator_node(node: Node, transactional_id: str) -> int | None:
+    """The broker that coordinates `transactional_id` (None: none can now). The one place
+    that decides it, so a cluster can later spread ids by their `__transaction_state`
+    partition as groups are."""
+    if node.cluster is not None:
+        return None
+    return node.config.node_id
+
+
+def wall_ms() -> int:
+    return math.floor(time.time() * 1000)
+
+
+class CoordinatorError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _check_id(tid: str) -> None:
+    if not tid:
+        raise CoordinatorError(INVALID_REQUEST, "The transactional id must not be empty")
+
+
+class TxnCoordinator:
+    """Create with the node (replays the archive if it exists); run `run` in a nursery."""
+
+    def __init__(self, node: Node, settings: TxnSettings | None = None) -> None:
+        self.node = node
+        self.settings = settings or TxnSettings.from_properties(node.config.static)
+        self.wall: Callable[[], int] = wall_ms
+        self.txns: dict[str, Txn] = {}
+        self.by_pid: dict[int, str] = {}
+        self._partition: Partition | None = None
+        self._poke = trio.Event()
+        if TXN_TOPIC in node.topics:
+            self._partition = node.topics[TXN_TOPIC].partitions[0]
+            self._replay()
+
+    # ------------------------------------------------------------------ the archive
+
+    def _archive(self) -> Partition:
+        if self._partition is None:
+            topic = self.node.create_topic(TXN_TOPIC, 1, -1, TXN_TOPIC_CONFIGS)
+            assert topic is not None
+            self._partition = topic.partitions[0]
+        return self._partition
+
+    def _replay(self) -> None:
+        assert self._partition is not None
+        offsets: dict[str, tuple[int, int, list[TxnOffset]]] = {}
+        for _, _, key, value in read_records(self._partition.log, name=TXN_TOPIC):
+            try:
+                kind, tid = decode_key(key)
+                if kind == KEY_OFFSETS:
+                    if value is None:
+                        offsets.pop(tid, None)
+                    else:
+                        offsets[tid] = decode_offsets(value)
+                    continue
+                if value is None:
+                    self._forget(tid)
+                    continue
+                v = decode_value(value)
+            except RecordFormatError as exc:
+                log.warning("%s: skipping a record that does not parse: %s", TXN_TOPIC, exc)
+                continue
+            self._forget(tid)
+            txn = Txn(
+                tid,
+                v.producer_id,
+                v.producer_epoch,
+                v.timeout_ms,
+                v.status,
+                dict.fromkeys(v.partitions),
+                v.update_ms,
+                v.start_ms,
+            )
+            self.txns[tid] = txn
+            self.by_pid[v.producer_id] = tid
+        for tid, (pid, epoch, entries) in offsets.items():
+            prepared = self.txns.get(tid)
+            if (
+                prepared is not None
+                and prepared.status is Status.PREPARE_COMMIT
+                and (prepared.producer_id, prepared.producer_epoch) == (pid, epoch)
+            ):
+                prepared.offsets = {(o.group, o.topic, o.partition): o for o in entries}
+        log.info("%s replayed: %d transactional ids", TXN_TOPIC, len(self.txns))
+
+    def _forget(self, tid: str) -> None:
+        old = self.txns.pop(tid, None)
+        if old is not None and self.by_pid.get(old.producer_id) == tid:
+            del self.by_pid[old.producer_id]
+
+    async def _persist(self, txn: Txn, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
+        """Append the transaction's state (and `extra` records) as one batch and wait until a
+        signed head covers it. Raises CoordinatorError on failure."""
+        partition = self._archive()
+        if partition.failed:
+            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, partition.failed)
+        records = [(state_key(txn.transactional_id), encode_value(txn.value())), *extra]
+        try:
+            _, last = partition.log.append(build_state_batch(records, self.wall()))
+        except OSError as exc:
+            raise CoordinatorError(
+                COORDINATOR_NOT_AVAILABLE, f"cannot write {TXN_TOPIC}: {exc}"
+            ) from exc
+        self.node.mark_dirty(partition)
+        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000) as scope:
+            try:
+                await partition.wait_durable(last)
+            except Exception as exc:
+                raise CoordinatorError(
+                    COORDINATOR_NOT_AVAILABLE, f"{TXN_TOPIC} not durable: {exc}"
+                ) from exc
+        if scope.cancelled_caught:
+            raise CoordinatorError(REQUEST_TIMED_OUT, f"{TXN_TOPIC} write not durable in time")
+
+    async def _transition(
+        self,
+        txn: Txn,
+        change: Callable[[Txn], None],
+        extra: Sequence[tuple[bytes, bytes | None]] = (),
+    ) -> None:
+        """Apply `change` to a copy, persist it, then install it: memory never runs ahead of
+        the archive. The id answers CONCURRENT_TRANSACTIONS meanwhile."""
+        # (offsets are shared, not copied: TxnOffsetCommit may add to them while an
+        # AddPartitionsToTxn is written; a change that drops them assigns a new dict)
+        new = Txn(
+            txn.transactional_id,
+            txn.producer_id,
+            txn.producer_epoch,
+            txn.timeout_ms,
+            txn.status,
+            dict(txn.partitions),
+            txn.update_ms,
+            txn.start_ms,
+            False,
+            None,
+            txn.offsets,
+        )
+        change(new)
+        new.update_ms = self.wall()
+        txn.pending, txn.pending_status = True, new.status
+        try:
+            await self._persist(new, extra)
+        finally:
+            txn.pending, txn.pending_status = False, None
+        if self.by_pid.get(txn.producer_id) == txn.transactional_id:
+            del self.by_pid[txn.producer_id]
+        for name in (
+            "producer_id",
+            "producer_epoch",
+            "timeout_ms",
+            "status",
+            "partitions",
+            "update_ms",
+            "start_ms",
+            "offsets",
+        ):
+            setattr(txn, name, getattr(new, name))
+        self.by_pid[txn.producer_id] = txn.transactional_id
+
+    # ------------------------------------------------------------------ requests
+
+    def _check(self, tid: str) -> None:
+        _check_id(tid)
+        if coordinator_node(self.node, tid) != self.node.config.node_id:
+            # (cluster mode, for now: FindCoordinator names no broker for transactions)
+            raise CoordinatorError(
+                NOT_COORDINATOR, "This broker does not coordinate this transactional id"
+            )
+
+    def _new_producer_id(self) -> int:
+        try:
+            return self.node.allocate_producer_id()
+        except OSError as exc:
+            raise CoordinatorError(
+                COORDINATOR_NOT_AVAILABLE, f"cannot reserve producer ids: {exc}"
+            ) from exc
+
+    async def init_producer_id(
+        self, tid: str, timeout_ms: int, producer_id: int = -1, producer_epoch: int = -1
+    ) -> tuple[int, int]:
+        """(producer id, epoch) or CoordinatorError."""
+        self._check(tid)
+        if not 0 < timeout_ms <= self.settings.max_timeout_ms:
+            raise CoordinatorError(
+                INVALID_TRANSACTION_TIMEOUT,
+                f"The transaction timeout {timeout_ms} ms is outside (0, transaction.max.timeout.ms="
+                f"{self.settings.max_timeout_ms}]",
+            )
+        txn = self.txns.get(tid)
+        if txn is None:
+            txn = Txn(tid, self._new_producer_id(), -1, timeout_ms)
+            self.txns[tid] = txn
+
+            def first(t: Txn) -> None:
+                t.producer_epoch, t.status = 0, Status.EMPTY
+
+            try:
+                await self._transition(txn, first)
+            except CoordinatorError:
+                if txn.producer_epoch < 0:
+                    self.txns.pop(tid, None)
+                raise
+            return txn.producer_id, txn.producer_epoch
+        if txn.pending:
+            raise CoordinatorError(
+                CONCURRENT_TRANSACTIONS, "A state change of this transactional id is in flight"
+            )
+        if producer_id >= 0 and (producer_id, producer_epoch) != (
+            txn.producer_id,
+            txn.producer_epoch,
+        ):
+            # KIP-360: a producer that names its id and epoch must be the current one.
+            raise CoordinatorError(
+                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
+            )
+        if txn.status in (Status.PREPARE_COMMIT, Status.PREPARE_ABORT):
+            raise CoordinatorError(
+                CONCURRENT_TRANSACTIONS, "The previous transaction is being completed"
+            )
+        if txn.status is Status.ONGOING:
+            # Fence the old producer: abort its transaction with a bumped epoch, and let the
+            # caller retry once the abort is complete (Kafka's prepareAbortOrFenceTransaction).
+            await self._abort(txn, bump=True)
+            raise CoordinatorError(
+                CONCURRENT_TRANSACTIONS, "The open transaction of the previous producer was aborted"
+            )
+
+        def bump(t: Txn) -> None:
+            if t.producer_epoch >= MAX_EPOCH - 1:
+                t.producer_id, t.producer_epoch = self._new_producer_id(), 0
+            else:
+                t.producer_epoch += 1
+            t.timeout_ms, t.status, t.partitions, t.start_ms, t.offsets = (
+                timeout_ms,
+                Status.EMPTY,
+                {},
+                -1,
+                {},
+            )
+
+        await self._transition(txn, bump)
+        return txn.producer_id, txn.producer_epoch
+
+    def _current(self, tid: str, producer_id: int, producer_epoch: int) -> Txn:
+        txn = self.txns.get(tid)
+        if txn is None or txn.producer_id != producer_id:
+            raise CoordinatorError(
+                INVALID_PRODUCER_ID_MAPPING,
+                "The producer id does not belong to this transactional id",
+            )
+        if producer_epoch != txn.producer_epoch:
+            raise CoordinatorError(
+                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
+            )
+        if txn.pending or txn.status in (Status.PREPARE_COMMIT, Status.PREPARE_ABORT):
+            raise CoordinatorError(
+                CONCURRENT_TRANSACTIONS, "The previous transaction is being completed"
+            )
+        return txn
+
+    async def add_partitions(
+        self, tid: str, producer_id: int, producer_epoch: int, partitions: Iterable[tuple[str, int]]
+    ) -> None:
+        self._check(tid)
+        txn = self._current(tid, producer_id, producer_epoch)
+        if txn.status is Status.PREPARE_EPOCH_FENCE or txn.status is Status.DEAD:
+            raise CoordinatorError(INVALID_TXN_STATE, f"The transaction is {txn.status.kafka_name}")
+        wanted = list(partitions)
+        if txn.status is Status.ONGOING and all(p in txn.partitions for p in wanted):
+            return
+
+        def add(t: Txn) -> None:
+            if t.status is not Status.ONGOING:  # a new transaction: the last one's are done
+                t.status, t.start_ms, t.partitions, t.offsets = Status.ONGOING, self.wall(), {}, {}
+            t.partitions.update(dict.fromkeys(wanted))
+
+        await self._transition(txn, add)
+        self._poke.set()
+
+    def txn_offsets(
+        self,
+        tid: str,
+        group: str,
+        producer_id: int,
+        producer_epoch: int,
+        offsets: Sequence[TxnOffset],
+    ) -> None:
+        """TxnOffsetCommit: keep the offsets with the transaction (in memory until EndTxn)."""
+        self._check(tid)
+        txn = self.txns.get(tid)
+        if txn is None or txn.producer_id != producer_id:
+            raise CoordinatorError(
+                INVALID_PRODUCER_ID_MAPPING,
+                "The producer id does not belong to this transactional id",
+            )
+        if producer_epoch != txn.producer_epoch:
+            raise CoordinatorError(
+                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
+            )
+        if txn.pending and txn.pending_status is not Status.ONGOING:
+            raise CoordinatorError(CONCURRENT_TRANSACTIONS, "The transaction is being completed")
+        if txn.status is not Status.ONGOING or OFFSETS_PARTITION not in txn.partitions:
+            raise CoordinatorError(
+                INVALID_TXN_STATE,
+                "The group's offsets were not added to an ongoing transaction (AddOffsetsToTxn)",
+            )
+        for o in offsets:
+            txn.offsets[(group, o.topic, o.partition)] = o
+
+    async def end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        self._check(tid)
+        txn = self.txns.get(tid)
+        if txn is None or txn.producer_id != producer_id:
+            raise CoordinatorError(
+                INVALID_PRODUCER_ID_MAPPING,
+                "The producer id does not belong to this transactional id",
+            )
+        if producer_epoch != txn.producer_epoch:
+            raise CoordinatorError(
+                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
+            )
+        if txn.pending:
+            raise CoordinatorError(
+                CONCURRENT_TRANSACTIONS, "A state change of this transactional id is in flight"
+            )
+        done, prepared = (
+            (Status.COMPLETE_COMMIT, Status.PREPARE_COMMIT)
+            if commit
+            else (Status.COMPLETE_ABORT, Status.PREPARE_ABORT)
+        )
+        if txn.status is done:
+            return  # a retry of an EndTxn already complete
+        if txn.status is prepared:
+            raise CoordinatorError(CONCURRENT_TRANSACTIONS, "The transaction is being completed")
+        if txn.status is not Status.ONGOING:
+            raise CoordinatorError(
+                INVALID_TXN_STATE,
+                f"Cannot {'commit' if commit else 'abort'} a transaction in state {txn.status.kafka_name}",
+            )
+        if commit:
+            await self._prepare(txn, Status.PREPARE_COMMIT)
+            await self._complete_logged(txn)
+        else:
+            await self._abort(txn, bump=False)
+
+    async def _prepare(self, txn: Txn, status: Status, *, bump: bool = False) -> None:
+        extra: list[tuple[bytes, bytes | None]] = []
+        if status is Status.PREPARE_COMMIT and txn.offsets:
+            extra.append(
+                (
+                    offsets_key(txn.transactional_id),
+                    encode_offsets(txn.producer_id, txn.producer_epoch, list(txn.offsets.values())),
+                )
+            )
+
+        def prepare(t: Txn) -> None:
+            if bump:
+                t.producer_epoch += 1
+            t.status = status
+            if status is Status.PREPARE_ABORT:
+                t.offsets = {}
+
+        await self._transition(txn, prepare, extra)
+
+    async def _abort(self, txn: Txn, *, bump: bool) -> None:
+        if bump and txn.producer_epoch >= MAX_EPOCH - 1:
+            bump = False  # the next InitProducerId moves to a new producer id instead
+        await self._prepare(txn, Status.PREPARE_ABORT, bump=bump)
+        await self._complete_logged(txn)
+
+    async def _complete_logged(self, txn: Txn) -> None:
+        try:
+            await self.complete(txn)
+        except CoordinatorError as exc:
+            # Decided and durable: `run` finishes it; the producer need not wait.
+            log.warning("transaction %s: completion deferred: %s", txn.transactional_id, exc)
+            self._poke.set()
+
+    async def complete(self, txn: Txn) -> None:
+        """Second phase of a prepared transaction: markers, offsets, then Complete*."""
+        commit = txn.status is Status.PREPARE_COMMIT
+        assert commit or txn.status is Status.PREPARE_ABORT
+        marker = MarkerType.COMMIT if commit else MarkerType.ABORT
+        waits: list[tuple[Partition, int]] = []
+        now = self.wall()
+        for topic, index in txn.partitions:
+            if (topic, index) == OFFSETS_PARTITION:
+                continue
+            p = self.node.partition(topic, index)
+            if p is None:
+                continue  # deleted since: nothing of it to mark
+            if p.failed:
+                raise CoordinatorError(p.failed_code, f"{topic}-{index}: {p.failed}")
+            batch = control_batch(marker, txn.producer_id, txn.producer_epoch, 0, now)
+            base, _ = p.admit(batch, 0)
+            p.txns.on_marker(txn.producer_id, marker, base)
+            p.producers.fence(txn.producer_id, txn.producer_epoch)
+            self.node.mark_dirty(p)
+            waits.append((p, base))
+        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000) as scope:
+            for p, base in waits:
+                try:
+                    await p.wait_durable(base)
+                except Exception as exc:
+                    raise CoordinatorError(
+                        KAFKA_STORAGE_ERROR, f"marker not durable: {exc}"
+                    ) from exc
+        if scope.cancelled_caught:
+            raise CoordinatorError(REQUEST_TIMED_OUT, "markers not durable in time")
+        if commit and txn.offsets:
+            by_group: dict[str, list[tuple[str, int, int, int, str]]] = {}
+            for o in txn.offsets.values():
+                by_group.setdefault(o.group, []).append(
+                    (o.topic, o.partition, o.offset, o.leader_epoch, o.metadata)
+                )
+            for group, entries in by_group.items():
+                code = await self.node.groups.commit_transactional(group, entries)
+                if code != NONE:
+                    raise CoordinatorError(code, f"offsets of group {group} not committed")
+        extra: list[tuple[bytes, bytes | None]] = (
+            [(offsets_key(txn.transactional_id), None)] if commit and txn.offsets else []
+        )
+
+        def finish(t: Txn) -> None:
+            t.status = Status.COMPLETE_COMMIT if commit else Status.COMPLETE_ABORT
+            t.offsets = {}
+
+        await self._transition(txn, finish, extra)
+
+    # ------------------------------------------------------------------ produce checks
+
+    def check_produce(
+        self, producer_id: int, producer_epoch: int, topic: str, partition: int
+    ) -> tuple[int, str] | None:
+        """KIP-890 part 1: a transactional batch only for a partition of an Ongoing
+        transaction of this producer (None: accepted)."""
+        tid = self.by_pid.get(producer_id)
+        txn = None if tid is None else self.txns.get(tid)
+        if txn is None:
+            return (
+                INVALID_PRODUCER_ID_MAPPING,
+                f"Producer {producer_id} has no transactional id here",
+            )
+        if producer_epoch < txn.producer_epoch:
+            return INVALID_PRODUCER_EPOCH, (
+                f"Producer {producer_id} epoch {producer_epoch} is older than the current epoch {txn.producer_epoch}"
+            )
+        if (
+            txn.status is not Status.ONGOING
+            or (topic, partition) not in txn.partitions
+            or producer_epoch != txn.producer_epoch
+        ):
+            log.debug(
+                "refused transactional batch of %d/%d to %s-%d: %s %s",
+                producer_id,
+                producer_epoch,
+                topic,
+                partition,
+                txn.status,
+                list(txn.partitions),
+            )
+            return (
+                INVALID_TXN_STATE,
+                f"{topic}-{partition} is not part of an ongoing transaction of producer {producer_id}",
+            )
+        return None
+
+    # ------------------------------------------------------------------ describe
+
+    def describe(self, tid: str) -> Txn | None:
+        return self.txns.get(tid)
+
+    def listing(self) -> list[Txn]:
+        return list(self.txns.values())
+
+    # ------------------------------------------------------------------ background
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Complete prepared transactions (after a restart, or a failed completion) and abort
+        those past their timeout; wakes every cleanup interval or when poked."""
+        task_status.started()
+        while True:
+            await self.sweep()
+            with trio.move_on_after(self.settings.abort_check_interval_ms / 1000):
+                await self._poke.wait()
+            self._poke = trio.Event()
+
+    async def sweep(self) -> int:
+        """One pass; how many transactions it moved on."""
+        moved = 0
+        now = self.wall()
+        for txn in list(self.txns.values()):
+            if txn.pending:
+                continue
+            try:
+                if txn.status in (Status.PREPARE_COMMIT, Status.PREPARE_ABORT):
+                    await self.complete(txn)
+                    moved += 1
+                elif txn.status is Status.ONGOING and now - txn.start_ms > txn.timeout_ms:
+                    log.info(
+                        "transaction %s timed out after %d ms: aborting",
+                        txn.transactional_id,
+                        txn.timeout_ms,
+                    )
+                    await self._abort(txn, bump=True)
+                    moved += 1
+            except CoordinatorError as exc:
+                log.warning("transaction %s: %s", txn.transactional_id, exc)
+        return moved

@@ -1,0 +1,30 @@
+"""The transaction coordinator's broker settings, with Kafka's names (checked by
+broker/config.py at start, read by broker/transactions/coordinator.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass
+class TxnSettings:
+    """Kafka's broker settings of the transaction coordinator (names in NAMES)."""
+
+    max_timeout_ms: int = 900_000
+    abort_check_interval_ms: int = 10_000
+    state_write_timeout_ms: int = 5_000
+
+    NAMES: ClassVar[dict[str, str]] = {
+        "transaction.max.timeout.ms": "max_timeout_ms",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "abort_check_interval_ms",
+    }
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> TxnSettings:
+        values = {attr: int(props[name]) for name, attr in cls.NAMES.items() if name in props}
+        for attr, value in values.items():
+            if value < 1:
+                raise ValueError(f"{attr} out of range: {value}")
+        return cls(**values)
