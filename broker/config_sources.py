@@ -79,7 +79,7 @@ _KRAFT = "there is no KRaft quorum here: one broker needs none, and a cluster el
 _INTER_BROKER = "brokers copy each other's archives over the Hypercore protocol (hyperkafka.replication.listen), not a Kafka listener"
 _THREADS = "the broker is one Trio event loop, with no thread pools to size"
 _SOCKET_BUFFERS = "the kernel's socket buffer sizes are used"
-_INTERNAL = "__consumer_offsets partitions are kept in one signed archive per broker, copied by every broker; transactions and share groups do not exist here yet"
+_INTERNAL = "__consumer_offsets is one signed archive per broker; transactions and share groups do not exist here yet"
 _LEADERS = "a partition's archive has one writer: there is no leadership to move"
 
 KAFKA_ONLY: Mapping[str, str] = {

@@ -190,8 +190,10 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
         )
         assert r.topics[0].error_code == 0
         for b in (b1, b2):  # groups land on different brokers, the same from every broker
-            _wait("G1 on broker 1, G2 on broker 2",
-                  lambda b=b: (_coordinator(b, G1), _coordinator(b, G2)) == ((0, 1), (0, 2)))
+            _wait(
+                "G1 on broker 1, G2 on broker 2",
+                lambda b=b: (_coordinator(b, G1), _coordinator(b, G2)) == ((0, 1), (0, 2)),
+            )
         assert _wait("a commit on broker 1", lambda: _commit(b1, 5) == 0)
         assert _wait("a commit on broker 2", lambda: _commit(b2, 50, G2) == 0)
         time.sleep(1)  # broker 2's copy of broker 1's offsets archive follows it live
@@ -275,7 +277,8 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
         print(f"  G1 back on broker 1 after {time.monotonic() - back:.2f}s", file=sys.stderr)
         for b in (b1, b2):
             assert _wait(
-                f"{b.bootstrap} names broker 1 coordinator of G1", lambda b=b: _coordinator(b) == (0, 1)
+                f"{b.bootstrap} names broker 1 coordinator of G1",
+                lambda b=b: _coordinator(b) == (0, 1),
             )
             assert _coordinator(b, G2) == (0, 2)
         assert _committed(b2)[0] == 16

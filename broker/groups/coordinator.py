@@ -262,14 +262,15 @@ class GroupCoordinator:
             if gone:
                 self.resign(gone)
             wanted = {p: rev for p, rev in named.items() if p not in self.shards}
+            changed = cluster.membership.changed
             if wanted:
                 try:
-                    await self.take_over(cluster, wanted)
+                    if await self.take_over(cluster, wanted):
+                        continue
                 except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
                     log.exception("taking over partitions of %s failed", OFFSETS_TOPIC)
                     await trio.sleep(TAKEOVER_RETRY_S)
-                continue
-            changed = cluster.membership.changed
+                    continue
             with trio.move_on_after(SHARDS_TICK_S):  # the lease also ends by time alone
                 await changed.wait()
 
@@ -291,7 +292,7 @@ class GroupCoordinator:
         except RecordFormatError:
             return False
 
-    async def take_over(self, cluster: Cluster, wanted: dict[int, int]) -> None:
+    async def take_over(self, cluster: Cluster, wanted: dict[int, int]) -> bool:
         """Become the coordinator of partitions `wanted` of __consumer_offsets (partition
         -> the revision of the record naming us): wait (at most a session timeout) until
         our copy of every live peer's offsets archive holds what that peer has; adopt
@@ -300,14 +301,15 @@ class GroupCoordinator:
         (`broker.groups.offsets.adopt`: its log order, no clocks), writing them into our
         own archive; then claim the partitions in etcd (one transaction comparing each
         record's revision: a new revision, their epoch) and load their groups. Their
-        groups' requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        groups' requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile. Whether they
+        were claimed (not: they were moved again meanwhile, or our lease is gone)."""
         started = trio.current_time()
         if not await cluster.wait_handed_over(cluster.session_s):
             log.warning("taking over groups with copies of the peers' offsets that may be behind")
         records = cluster.membership.shards.get(OFFSETS_TOPIC, {})
         wanted = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
         if not wanted:
-            return
+            return False
         by_holder: dict[int, set[int]] = {}
         for p in wanted:
             holder = records[p].holder
@@ -330,7 +332,7 @@ class GroupCoordinator:
             await self._wait_durable(span[1])
         revision = await cluster.membership.claim_shards(OFFSETS_TOPIC, wanted)
         if revision is None:
-            return  # fenced: moved again meanwhile (the loop looks again)
+            return False  # fenced: moved again meanwhile (the loop looks again at the next change)
         replayed = self.archive.replay()
         self._install(replayed, set(wanted))
         self.shards.update(dict.fromkeys(wanted, revision))
@@ -339,6 +341,7 @@ class GroupCoordinator:
         log.info("group coordinator of %s partitions %s now, revision %d (took over in %.2fs): "
                  "%d records adopted from brokers %s", OFFSETS_TOPIC, sorted(wanted), revision,
                  trio.current_time() - started, len(adopted), sorted(by_holder) or "-")
+        return True
 
     async def _wait_durable(self, last: int) -> None:
         """Records the coordinator copies (compaction, records adopted from the peers):

@@ -223,6 +223,11 @@ async def test_a_coordinator_whose_partition_moved_acknowledges_nothing(tmp_path
         assert fence == {0: first}
         await client.put(SHARD_KEY, json.dumps({"id": 2, "holder": 1}).encode())
         assert not await cluster.membership.check_shards("__consumer_offsets", fence)
+        # a commit appended under the old revision (the coordinator's view may still say
+        # it is ours: a pause, a slow watch) is refused by etcd's comparison itself
+        _, last = a.groups.archive.append([(offset_key("g", "t", 0), offset_value(OffsetValue(6, -1, "", T0)))], T0)
+        with trio.fail_after(10):
+            assert await a.groups._wait_stored(last, fence) == codes.NOT_COORDINATOR
         entries = [CommitEntry("t", 0, 6, -1, None)]
         with trio.fail_after(10):
             await a.groups.commit_offsets("g", -1, "", None, entries)
