@@ -99,10 +99,10 @@ def _sharded_partitions(cluster: Cluster, name: str) -> list[dict[str, Any]]:
 
 def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
     partitions = []
-    sharded = node.cluster is not None and topic.name == OFFSETS_TOPIC
-    if node.cluster is not None and sharded:
-        partitions = _sharded_partitions(node.cluster, topic.name)
-    for p in [] if sharded else topic.partitions:
+    cluster = node.cluster if topic.name == OFFSETS_TOPIC else None
+    if cluster is not None:
+        partitions = _sharded_partitions(cluster, topic.name)
+    for p in [] if cluster is not None else topic.partitions:
         leader, replicas, isr, offline = _replicas(node, topic, p)
         partitions.append({
             # Kafka's offline partition: no live in-sync replica to lead it
