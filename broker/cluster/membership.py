@@ -23,6 +23,8 @@ Owns `Membership`: this broker's session in etcd and its view of everyone else's
   state (`Shard`, broker/cluster/shards.py). Moved by the controller under its epoch;
   claimed by the coordinator it names. The record's mod revision is that partition's
   epoch: every act of its coordinator is a transaction comparing it (`check_shards`).
+  ``groups/coordinator``, left by the version before sharded groups, is read only to
+  give the first placement its holder (`legacy_holder`).
 
 Everything is learnt by one watch of the whole prefix (no polling); when the watch ends it
 is re-read and watched again. Never etcd's lock API: leases and transactions only.
@@ -143,6 +145,10 @@ class Membership:
         self.controller_epoch = 0  # create revision of the controller key (0: none)
         # internal topic -> partition -> its coordinator (broker/cluster/shards.py)
         self.shards: dict[str, dict[int, Shard]] = {}
+        # ``groups/coordinator``, written by brokers of the version before sharded groups:
+        # the broker whose archive held every group's state (the first placement of the
+        # partitions of __consumer_offsets names it their holder, so nothing is lost).
+        self.legacy_holder: int | None = None
         self.lease = 0
         self._lease_deadline = float("-inf")  # by our clock, the lease may have expired after this
         self._changed = trio.Event()
@@ -224,6 +230,8 @@ class Membership:
                     self.placements.pop(rest, None)
                 else:
                     self.placements[rest] = Placement.decode(rest, kv.value)
+            elif rel == "groups/coordinator":
+                self.legacy_holder = None if deleted else int(json.loads(kv.value)["id"])
             elif kind == "internal":
                 topic, _, index = rest.rpartition("/")
                 shards = self.shards.setdefault(topic, {})
@@ -365,6 +373,7 @@ class Membership:
             self.known.clear()
             self.placements.clear()
             self.shards.clear()
+            self.legacy_holder = None
             self.controller, self.controller_epoch = None, 0
             for kv in kvs:
                 self._apply(kv, False)

@@ -96,12 +96,18 @@ class Shard:
 
 
 def plan(
-    shards: Mapping[int, Shard], partitions: int, known: Sequence[int], live: Sequence[int]
+    shards: Mapping[int, Shard],
+    partitions: int,
+    known: Sequence[int],
+    live: Sequence[int],
+    first_holder: int | None = None,
 ) -> dict[int, tuple[int, int | None]]:
     """The moves the controller makes now: partition -> (new owner, holder kept). A
     partition without a record, or whose owner is dead, goes to its preferred broker
     (``known[p % len(known)]``) when alive, else to the live broker owning the fewest; a
-    partition away from its live preferred broker moves back to it."""
+    partition away from its live preferred broker moves back to it. A partition placed
+    for the first time gets `first_holder` as its holder (a cluster upgraded from
+    unsharded groups: the broker whose archive holds them all)."""
     known = sorted(set(known) | set(live))
     live_set = set(live)
     if not live_set or not known:
@@ -121,7 +127,7 @@ def plan(
         if current is not None and current.owner in live_set:
             load[current.owner] -= 1
         load[owner] += 1
-        moves[p] = (owner, current.holder if current is not None else None)
+        moves[p] = (owner, current.holder if current is not None else first_holder)
     return moves
 
 
@@ -137,7 +143,7 @@ async def place_shards(m: Membership, topic: str, partitions: int) -> None:
             current = dict(m.shards.get(topic, {}))
             count = max(current) + 1 if current else partitions
             known = sorted(set(m.known) | set(m.members) | {m.me.node_id})
-            moves = plan(current, count, known, m.live_ids())
+            moves = plan(current, count, known, m.live_ids(), m.legacy_holder)
             if moves:
                 try:
                     ok = await m.place_shards(topic, moves, current)

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import trio
 
 from broker.cluster import PeerCopy
@@ -146,31 +147,37 @@ def _cluster_config(path: Path, etcd: EtcdServer) -> BrokerConfig:
 SHARD_KEY = b"/test/internal/__consumer_offsets/0"
 
 
-async def _peer_registered(etcd: EtcdServer, coordinated: bool) -> Etcd:
+async def _peer_registered(etcd: EtcdServer, coordinated: bool, legacy: bool = False) -> Etcd:
     """Broker 2, as etcd shows it: registered (with no lease: it never expires here) and,
     if `coordinated`, the coordinator and holder of the one partition of
-    __consumer_offsets (the controller, broker 1, moves it to itself: its preferred)."""
+    __consumer_offsets (the controller, broker 1, moves it to itself: its preferred);
+    `legacy`: instead, the coordinator of every group as the version before sharded
+    groups recorded it (``groups/coordinator``)."""
     client = Etcd([etcd.endpoint])
     await client.put(b"/test/brokers/2", Member(2, "127.0.0.1", 1).encode())
     await client.put(b"/test/members/2", Member(2, "127.0.0.1", 1).encode())
-    if coordinated:
+    if coordinated and legacy:
+        await client.put(b"/test/groups/coordinator", json.dumps({"id": 2, "epoch": 1}).encode())
+    elif coordinated:
         await client.put(SHARD_KEY, json.dumps({"id": 2, "holder": 2}).encode())
     return client
 
 
+@pytest.mark.parametrize("legacy", [False, True])
 async def test_a_new_coordinator_waits_for_the_handover_then_adopts_the_previous_coordinators_state(
-        tmp_path: Path, etcd: EtcdServer) -> None:
+        tmp_path: Path, etcd: EtcdServer, legacy: bool) -> None:
     """Broker 1 (no network: broker 2's archive is handed to it as its copy), named
     coordinator of the partition broker 2 held, loads only once the copy caught up; it
     takes broker 2's state over its own older records even when their clock says
-    otherwise; then it claims the partition in etcd (itself the holder)."""
+    otherwise; then it claims the partition in etcd (itself the holder). `legacy`: a
+    cluster upgraded from unsharded groups, whose coordinator was broker 2: the same."""
     clock = Clock()
     b_config = BrokerConfig(data_dir=tmp_path / "b", listen_port=0)
     async with running(BrokerConfig(data_dir=tmp_path / "a", listen_port=0), clock) as a:
         a.create_topic("t", 1)
         clock.now = T0 + 60_000  # broker 1's clock runs a minute ahead
         await commit(a.groups, "both", {("t", 0): 99})  # then it stopped coordinating
-    client = await _peer_registered(etcd, coordinated=True)
+    client = await _peer_registered(etcd, coordinated=True, legacy=legacy)
     async with running(b_config, clock) as b, running(_cluster_config(tmp_path / "a", etcd), clock) as a:
         cluster = a.cluster
         assert cluster is not None

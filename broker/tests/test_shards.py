@@ -56,6 +56,9 @@ def test_plan_places_every_partition_and_moves_only_what_must_move() -> None:
         **{p: Shard("__consumer_offsets", p, o, 2, 99) for p, (o, _) in moves.items()},
     }
     assert plan(moved, 6, [1, 2, 3], [1, 2, 3]) == {1: (2, 2), 4: (2, 2)}
+    # a cluster upgraded from unsharded groups: every partition starts from the archive
+    # of the broker that coordinated them all
+    assert plan({}, 2, [1, 2], [1, 2], first_holder=2) == {0: (1, 2), 1: (2, 2)}
     # nobody alive: nothing to do
     assert plan(placed, 6, [1, 2, 3], []) == {}
 
