@@ -72,8 +72,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from broker.cluster.membership import Membership
-from broker.config import ClusterBroker
+from broker.cluster.etcd import Etcd
+from broker.cluster.membership import Member, Membership
+from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, ClusterBroker
 from storage import PartitionLog
 from storage.replication.session import ReplicationChannel
 
@@ -167,6 +168,26 @@ class Cluster:
         digest = hashlib.blake2b(membership.prefix, digest_size=16).digest()
         # Every broker of the cluster derives the same id from the same etcd prefix.
         self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig, node_key: bytes) -> Cluster | None:
+        """The cluster view of a broker whose config names etcd (None: a single broker)."""
+        if not config.cluster_etcd_endpoints:
+            return None
+        host, port = config.advertised
+        me = Member(config.node_id, host, port, config.rack, node_key.hex())
+        membership = Membership(
+            Etcd(config.cluster_etcd_endpoints),
+            config.cluster_name,
+            me,
+            max(1, round(config.session_timeout_ms / 1000)),
+        )
+        return cls(
+            membership,
+            replica_lag_ms=config.replica_lag_ms,
+            session_timeout_ms=config.session_timeout_ms,
+            rack_aware=config.replica_selector == RACK_AWARE_SELECTOR,
+        )
 
     # -- membership (etcd) --------------------------------------------------------
 
