@@ -695,8 +695,9 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
         server = Server(node)
         async with trio.open_nursery() as nursery:
             await nursery.start(run_node, node)
-            listeners = await nursery.start(server.serve)
             if config.http_listen is not None:
+                # Before the Kafka listener: whoever waits for the Kafka port to answer
+                # (scripts, orchestrators, tests) finds /metrics and the explorer up too.
                 from broker.http import serve_http
                 from broker.security.authz import ANONYMOUS, Operation
 
@@ -706,6 +707,7 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
                     return authorizer.allowed(ANONYMOUS, Operation.READ, topic)
 
                 await nursery.start(serve_http, node, *config.http_listen, readable)
+            listeners = await nursery.start(server.serve)
             if config.listen_port == 0 and config.advertised_port is None:
                 config.advertised_port = listeners[0].socket.getsockname()[1]
             for spec in server.security.listeners:
