@@ -94,6 +94,23 @@ def test_blocks_not_run_are_rare_and_say_why() -> None:
     assert sum(not b.not_run for b in readme) >= 6, "the README tour has no runnable blocks?"
 
 
+# Under pipefail a reader that stops early (grep -q, grep -m) fails the writer with
+# SIGPIPE (curl exits 23) whenever the writer still had more than a pipe buffer to send:
+# a block that passes or fails by timing.
+EARLY_EXIT = re.compile(r"\|\s*grep\s+(-\w*[qm]\w*\b|--quiet|--silent|--max-count)")
+
+
+def test_no_block_pipes_into_a_reader_that_stops_early() -> None:
+    offenders = [
+        f"{b.where}: {line.strip()}"
+        for page in PAGES
+        for b in shell_blocks(page)
+        for line in b.text.splitlines()
+        if EARLY_EXIT.search(line)
+    ]
+    assert not offenders, "read the whole input (grep without -q/-m), or not through a pipe: " + "; ".join(offenders)
+
+
 def sandbox(tmp: Path) -> Path:
     """A copy of the checkout's files (not .git, not ignored ones) with the real .venv and tools."""
     listed = subprocess.run(
