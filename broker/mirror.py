@@ -417,6 +417,11 @@ async def learn_public_key(target: str | ConnectionDriver, key: bytes) -> bytes:
             await _drive(link, ch, until=lambda: ch.public_key is not None)
     if ch.public_key is None:
         raise RemoteProtocolError("peer did not send the archive's manifest")
+    if not isinstance(ch.public_key, bytes):
+        # a quorum-signed (multisig) archive: FollowerLog stores one signer key so far
+        raise RemoteProtocolError(
+            "archive is quorum-signed; this mirror follows single-signer archives only"
+        )
     return ch.public_key
 
 

@@ -35,6 +35,7 @@ from storage.hypercore.crypto import (
     Signer,
     sign_raw,
     signable,
+    verify_head,
     verify_raw,
 )
 from storage.hypercore.errors import HypercoreError
@@ -197,3 +198,30 @@ def signable_length(lengths: Sequence[int], quorum: int) -> int:
     if q > len(lengths):
         return 0
     return sorted(lengths, reverse=True)[q - 1]
+
+
+HeadSigner = bytes | Manifest
+"""Who signs an archive's heads: a single signer's public key (the default v1 manifest
+of that key, as every single-node archive has) or a full manifest."""
+
+
+def head_manifest(signer: HeadSigner) -> Manifest:
+    """The manifest a `HeadSigner` stands for."""
+    return signer if isinstance(signer, Manifest) else Manifest.default(signer)
+
+
+def verify_signed_head(
+    signer: HeadSigner,
+    key: bytes,
+    roots_or_tree_hash: Sequence[Node] | bytes,
+    length: int,
+    fork: int,
+    signature: bytes | None,
+) -> bool:
+    """Check a head against a single signer's key (the unchanged `verify_head` path) or
+    against a manifest (`verify_manifest_head`)."""
+    if isinstance(signer, Manifest):
+        return verify_manifest_head(signer, key, roots_or_tree_hash, length, fork, signature)
+    if signature is None:
+        return False
+    return verify_head(signer, key, roots_or_tree_hash, length, fork, signature)
