@@ -29,7 +29,7 @@ from storage.errors import StorageError
 from storage.format import ENTRY, ENTRY_SIZE, IDX_HEADER_SIZE, SLOT_SIZE, U32, Head
 from storage.fs import FileSystem
 from storage.hashing import NATIVE_LEAVES, hash_leaves, hash_many
-from storage.hypercore import Frontier, Node, sign_head
+from storage.hypercore import Frontier, Manifest, Node, sign_head
 
 if TYPE_CHECKING:
     from storage.log import PartitionLog
@@ -158,6 +158,9 @@ class CommitJob:
             if self.remote_signature is not None:
                 sig = self.remote_signature
             elif self.sign:
+                if lg.manifest is not None and lg.manifest != Manifest.default(lg.public_key):
+                    # a quorum-signed archive's head comes from its replicas (remote_signature)
+                    raise StorageError(f"{lg.path}: a quorum-signed archive is not signed alone")
                 t0 = time.perf_counter()
                 sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)
                 timing.SIGN_SECONDS.observe(time.perf_counter() - t0)

@@ -24,7 +24,7 @@ blocks we hold we would have to reorg, which we do not do yet: `ForkChanged` is 
 and nothing is stored. A head on an older fork is stale and ignored, as Hypercore does.
 
 May import the standard library, `storage.log`, `storage.hypercore`, `storage.fs`,
-`storage.errors`, `storage.batch`. Never `broker` or trio.
+`storage.errors`, `storage.batch`, `storage.manifest_file`. Never `broker` or trio.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from storage import batch as B
-from storage.errors import StorageError
+from storage.errors import ArchiveDamaged, StorageError
 from storage.fs import FileSystem, OsFileSystem
 from storage.hashing import compute_leaf
 from storage.hypercore import (
@@ -47,11 +47,12 @@ from storage.hypercore import (
     HypercoreError,
     InvalidProof,
     KeyPair,
+    Manifest,
     Node,
     flat_tree,
     tree_hash,
-    verify_head,
 )
+from storage.hypercore.multisig import HeadSigner, head_manifest, verify_signed_head
 from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
 from storage.log import (
     ENTRY_SIZE,
@@ -63,6 +64,7 @@ from storage.log import (
     PartitionLog,
     encode_entry,
 )
+from storage.manifest_file import MANIFEST_FILE, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +102,14 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def check_evidence(path: str, public_key: bytes,
+def check_evidence(path: str, public_key: HeadSigner,
                    read: Callable[[str], bytes] = _read) -> str | None:
     """A description of the equivocation recorded in archive dir `path` when its evidence
     file proves one under `public_key`: two heads of one fork, both signed, that disagree
     (same length and another tree hash; or the longer head's tree at the shorter length,
     shown by the recorded proof, is another tree). None when there is no such evidence
     (no file, or one that proves nothing: a forged or consistent pair)."""
-    from storage.hypercore import archive_key
-
-    key = archive_key(public_key)
+    key = head_manifest(public_key).hash()
     try:
         doc = json.loads(read(os.path.join(path, EVIDENCE_FILE)))
         heads = []
@@ -119,7 +119,7 @@ def check_evidence(path: str, public_key: bytes,
             sig = bytes.fromhex(h["signature"])
             length, fork = int(h["length"]), int(h["fork"])
             if not (flat_tree.full_roots(2 * length) == [r.index for r in roots]
-                    and verify_head(public_key, key, th, length, fork, sig)):
+                    and verify_signed_head(public_key, key, th, length, fork, sig)):
                 return None
             heads.append((length, fork, th))
         if len(heads) != 2:
@@ -140,7 +140,7 @@ def check_evidence(path: str, public_key: bytes,
             f"one it signed at length {ls} (fork {fa}) {where}")
 
 
-def _tree_at(proof: Proof, public_key: bytes, key: bytes, fork: int, length: int, th: bytes,
+def _tree_at(proof: Proof, public_key: HeadSigner, key: bytes, fork: int, length: int, th: bytes,
              at: int) -> bytes:
     """The tree hash at `at` blocks of the signed head (`length`, `th`, `fork`), shown by
     `proof`: an upgrade proof from 0 to `at` blocks plus the nodes that grow that tree to
@@ -184,24 +184,37 @@ class FollowerLog(PartitionLog):
         self.reorg_needed: str | None = None
 
     @classmethod
-    def open_replica(cls, path: str | os.PathLike[str], public_key: bytes, *,
+    def open_replica(cls, path: str | os.PathLike[str], public_key: HeadSigner, *,
                      config: LogConfig | None = None, fs: FileSystem | None = None) -> FollowerLog:
         """Open (create) the follower archive of the writer key `public_key` at `path`.
-        The key is recorded in `public_key` on first open; another key is refused."""
+        The key is recorded in `public_key` on first open; another key is refused. A
+        quorum-signed archive is opened by its manifest instead, recorded in `manifest`."""
         fs = fs or OsFileSystem()
         p = os.fspath(path)
         fs.makedirs(p)
         kpath = os.path.join(p, PUBLIC_KEY_FILE)
-        if fs.exists(kpath):
-            if fs.read_file(kpath) != public_key:
-                raise VerificationFailed(f"{p} holds the archive of another key")
+        if isinstance(public_key, Manifest):
+            if fs.exists(kpath):
+                raise VerificationFailed(f"{p} holds the archive of a single signer")
+            try:
+                write_manifest(fs, p, public_key)
+            except ArchiveDamaged as exc:
+                raise VerificationFailed(str(exc)) from exc
+            pk = public_key.signers[0].public_key  # unused for signing or checking
         else:
-            fs.write_file_atomic(kpath, bytes(public_key))
+            if fs.exists(os.path.join(p, MANIFEST_FILE)):
+                raise VerificationFailed(f"{p} holds a quorum-signed archive")
+            if fs.exists(kpath):
+                if fs.read_file(kpath) != public_key:
+                    raise VerificationFailed(f"{p} holds the archive of another key")
+            else:
+                fs.write_file_atomic(kpath, bytes(public_key))
+            pk = bytes(public_key)
         # No secret key: signing would fail loudly, and nothing here ever signs.
-        lg = cast(FollowerLog, cls.open(p, KeyPair(bytes(public_key), b""),
+        lg = cast(FollowerLog, cls.open(p, KeyPair(pk, b""),
                                         fsync=FsyncPolicy.ALWAYS, config=config, fs=fs))
         if fs.exists(os.path.join(p, EVIDENCE_FILE)):
-            proven = check_evidence(p, bytes(public_key), fs.read_file)
+            proven = check_evidence(p, lg.head_signer, fs.read_file)
             if proven:
                 lg.frozen = proven
                 log.error("%s: frozen: %s", p, proven)
@@ -433,7 +446,8 @@ class FollowerLog(PartitionLog):
         roots = list(roots)
         th = tree_hash(roots)
         if flat_tree.full_roots(2 * length) != [r.index for r in roots] or (
-                length and not verify_head(self.public_key, self.key, th, length, fork, signature)):
+                length and not verify_signed_head(self.head_signer, self.key, th, length, fork,
+                                                  signature)):
             raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
         cur = self._head
         if cur is None or not cur.length:
@@ -448,7 +462,7 @@ class FollowerLog(PartitionLog):
             keeps = None if any(n is None for n in ours) else tree_hash(cast(list[Node], ours)) == th
         elif proof is not None:
             try:
-                keeps = _tree_at(proof, self.public_key, self.key, fork, length, th,
+                keeps = _tree_at(proof, self.head_signer, self.key, fork, length, th,
                                  cur.length) == cur.tree_hash
             except HypercoreError as e:
                 raise VerificationFailed(f"{self.path}: head at length {length}: bad proof of "

@@ -66,8 +66,10 @@ from storage.format import (
 from storage.fs import FileSystem, OsFileSystem
 from storage.handles import HandleCache
 from storage.hashing import INLINE_HASH_BELOW, compute_leaf
-from storage.hypercore import Frontier, KeyPair, Node, archive_key, flat_tree
+from storage.hypercore import Frontier, KeyPair, Manifest, Node, archive_key, flat_tree
+from storage.hypercore.multisig import HeadSigner
 from storage.hypercore.tree import NATIVE_LEAVES
+from storage.manifest_file import read_manifest
 
 # Names other modules and tools import from here (kept where they were).
 __all__ = [
@@ -164,6 +166,8 @@ class PartitionLog:
         self.keypair = keypair
         self.public_key = keypair.public_key
         self.key = archive_key(keypair.public_key)
+        # a quorum-signed archive's manifest (its `manifest` file); None: single signer
+        self.manifest: Manifest | None = None
         self.policy = policy
         self.config = config
         # a segment stays below segment_bytes and below 4 GiB (positions are u32)
@@ -305,7 +309,9 @@ class PartitionLog:
         fs = fs or OsFileSystem()
         p = os.fspath(path)
         fs.makedirs(p)
+        manifest = read_manifest(fs, p)
         self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
+        self._use_manifest(manifest)
         self._cut_unsigned = cut_unsigned
         try:
             recovery.recover(self)
@@ -315,12 +321,24 @@ class PartitionLog:
             if failure is None:
                 raise
             self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
+            self._use_manifest(manifest)
             try:
                 recovery.open_unwritable(self, failure)
             except BaseException:
                 self._close_fds()
                 raise
         return self
+
+    def _use_manifest(self, manifest: Manifest | None) -> None:
+        if manifest is not None:
+            self.manifest = manifest
+            self.key = manifest.hash()
+
+    @property
+    def head_signer(self) -> HeadSigner:
+        """What heads are checked against: the manifest of a quorum-signed archive, else
+        the single signer's public key."""
+        return self.manifest if self.manifest is not None else self.public_key
 
     def _open_rw(self, name: str) -> int:
         return self.fs.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT)

@@ -1,0 +1,183 @@
+"""Quorum-signed archives on disk: head slots with a quorum signature, the `manifest`
+file, a mirror (FollowerLog) storing one, and offline `verify` of it.
+
+Single-signer archives must not change by a byte: their 68-byte signature stays inline
+at offset 80 with the flag clear (checked here against the slot layout)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from storage.batch import build_batch
+from storage.cli import _signer
+from storage.errors import StorageError
+from storage.follower import PUBLIC_KEY_FILE, FollowerLog, VerificationFailed
+from storage.format import FLAG_CLEAN, FLAG_LONG_SIGNATURE, SLOT_SIZE, Head, read_head_slots
+from storage.fs import OsFileSystem
+from storage.hypercore import KeyPair, Node, sign_raw, signable
+from storage.hypercore.multisig import (
+    PartialSignature,
+    assemble,
+    multisig_manifest,
+    sign_partial,
+)
+from storage.manifest_file import MANIFEST_FILE
+from storage.replication import MemoryArchive, ReplicationSession
+from storage.tests.test_follower import _pump
+from storage.verify import verify_partition
+
+KPS = [KeyPair.from_seed(bytes([0x51 + i]) * 32) for i in range(3)]
+MANIFEST = multisig_manifest([kp.public_key for kp in KPS])  # quorum 2 of 3
+
+
+def _head(sig: bytes, roots: int = 3) -> Head:
+    rs = tuple(Node(2**k - 1 + 2**k * j, 10, bytes([j]) * 32) for j, k in enumerate([5, 3, 1][:roots]))
+    return Head(0, 42, 30, b"\x07" * 32, sig, 99, 0, 0, rs, seq=4, flags=FLAG_CLEAN | (1 << 8))
+
+
+def test_single_signer_signature_stays_inline() -> None:
+    h = _head(b"\xab" * 68)
+    slot = h.encode()
+    assert slot[80:148] == b"\xab" * 68
+    assert struct.unpack_from("<I", slot, 12)[0] & FLAG_LONG_SIGNATURE == 0
+    assert Head.decode(slot) == h
+
+
+@pytest.mark.parametrize("n", [0, 1, 134, 200, 794])
+def test_other_signatures_follow_the_roots(n: int) -> None:
+    sig = bytes(range(256)) * 4
+    h = _head(sig[:n], roots=3)
+    slot = h.encode()
+    assert slot[80:148] == bytes(68)
+    assert struct.unpack_from("<I", slot, 12)[0] & FLAG_LONG_SIGNATURE
+    tail = 208 + 3 * 48
+    assert struct.unpack_from("<H", slot, tail)[0] == n and slot[tail + 2 : tail + 2 + n] == sig[:n]
+    back = Head.decode(slot)
+    assert back == h and back is not None and back.flags == h.flags  # the flag is format-only
+
+
+def test_a_signature_that_does_not_fit_is_refused() -> None:
+    with pytest.raises(StorageError, match="does not fit"):
+        _head(bytes(SLOT_SIZE)).encode()
+
+
+def test_a_long_signature_length_past_the_slot_is_a_torn_slot() -> None:
+    slot = bytearray(_head(bytes(134)).encode())
+    struct.pack_into("<H", slot, 208 + 3 * 48, 4000)
+    import crc32c
+
+    struct.pack_into("<I", slot, 8, crc32c.crc32c(bytes(slot[12:])))
+    assert Head.decode(bytes(slot)) is None
+
+
+def _batches(n: int) -> list[bytes]:
+    out, off = [], 0
+    for i in range(n):
+        b = build_batch([b"v%d" % i, b"w%d" % i], timestamp_ms=1000 + i)
+        struct.pack_into(">q", b, 0, off)  # baseOffset, as a writer stamps it
+        off += 2
+        out.append(bytes(b))
+    return out
+
+
+def _source(n: int) -> MemoryArchive:
+    src = MemoryArchive.create_multisig(MANIFEST, [KPS[1], KPS[2]])
+    bs = _batches(n)
+    for i in range(0, n, 4):
+        src.append(*bs[i : i + 4])
+    return src
+
+
+def _mirror(path: Path, src: MemoryArchive) -> FollowerLog:
+    lg = FollowerLog.open_replica(path, MANIFEST)
+    server = ReplicationSession.serve(src)
+    client = ReplicationSession.follow(src.key, lg, initiator=True, have=lg.verified_tree())
+    _pump(client, server)
+    return lg
+
+
+def test_mirror_stores_and_verifies_a_quorum_signed_archive(tmp_path: Path) -> None:
+    src = _source(10)
+    lg = _mirror(tmp_path / "p", src)
+    assert lg.key == MANIFEST.hash() and lg.head_signer == MANIFEST
+    assert lg.head is not None and lg.head.length == 10 and lg.high_watermark == 20
+    assert lg.head.signature == src.head().signature and len(lg.head.signature) == 134
+    assert (tmp_path / "p" / MANIFEST_FILE).read_bytes() == MANIFEST.encode()
+    assert not (tmp_path / "p" / PUBLIC_KEY_FILE).exists()
+    lg.close()
+    # reopening runs recovery, which checks the stored quorum head
+    lg = FollowerLog.open_replica(tmp_path / "p", MANIFEST)
+    assert lg.head is not None and lg.head.length == 10
+    src.append(*_batches(13)[10:])
+    lg.close()
+    lg = _mirror(tmp_path / "p", src)
+    assert lg.head is not None and lg.head.length == 13
+    lg.close()
+    res = verify_partition(str(tmp_path / "p"), MANIFEST)
+    assert res.ok and res.length == 13 and res.signed_length == 13, res
+    # one signer's key alone is not what signs this archive
+    assert not verify_partition(str(tmp_path / "p"), KPS[1].public_key).ok
+
+
+def test_another_signer_or_manifest_is_refused(tmp_path: Path) -> None:
+    _mirror(tmp_path / "p", _source(2)).close()
+    with pytest.raises(VerificationFailed, match="quorum-signed"):
+        FollowerLog.open_replica(tmp_path / "p", KPS[0].public_key)
+    other = multisig_manifest([kp.public_key for kp in KPS], 3)
+    with pytest.raises(VerificationFailed, match="another manifest"):
+        FollowerLog.open_replica(tmp_path / "p", other)
+
+
+def _rewrite_head(path: Path, signature: bytes) -> None:
+    fs = OsFileSystem()
+    fd = fs.open(str(path / "head"), os.O_RDWR)
+    try:
+        head, _ = read_head_slots(fs, fd)
+        assert head is not None
+        new = Head(**{**head.__dict__, "signature": signature, "seq": head.seq + 1})
+        fs.pwrite_all(fd, new.encode(), (new.seq % 2) * SLOT_SIZE)
+    finally:
+        fs.close(fd)
+
+
+def test_verify_rejects_a_head_below_quorum_and_tampered_data(tmp_path: Path) -> None:
+    src = _source(6)
+    _mirror(tmp_path / "p", src).close()
+    h = src.head()
+    th = src.frontier.tree_hash()
+    one = assemble([sign_partial(KPS[0], MANIFEST, th, h.length, h.fork)])
+    _rewrite_head(tmp_path / "p", one)
+    res = verify_partition(str(tmp_path / "p"), MANIFEST)
+    assert not res.ok and "not signed by a quorum (2 of 3)" in res.reason, res
+    # two proofs, but the second by a non-signer posing as signer 2
+    outsider = KeyPair.from_seed(b"\x66" * 32)
+    msg = signable(MANIFEST.hash(), th, h.length, h.fork)
+    forged = assemble([sign_partial(KPS[0], MANIFEST, th, h.length, h.fork),
+                       PartialSignature(2, sign_raw(outsider, msg))])
+    _rewrite_head(tmp_path / "p", forged)
+    assert "not signed by a quorum" in verify_partition(str(tmp_path / "p"), MANIFEST).reason
+    # a valid quorum again, then one flipped byte in a batch
+    good = assemble([sign_partial(kp, MANIFEST, th, h.length, h.fork) for kp in KPS[1:]])
+    _rewrite_head(tmp_path / "p", good)
+    assert verify_partition(str(tmp_path / "p"), MANIFEST).ok
+    log_file = tmp_path / "p" / f"{0:020d}.log"
+    data = bytearray(log_file.read_bytes())
+    data[-3] ^= 1
+    log_file.write_bytes(bytes(data))
+    res = verify_partition(str(tmp_path / "p"), MANIFEST)
+    assert not res.ok and res.first_bad_offset is not None
+
+
+def test_cli_picks_the_manifest_and_checks_it_against_the_catalog(tmp_path: Path) -> None:
+    _mirror(tmp_path / "p", _source(2)).close()
+    signer, why = _signer(str(tmp_path / "p"), None, [MANIFEST.hash()])
+    assert signer == MANIFEST and why is None
+    _s, why = _signer(str(tmp_path / "p"), None, [bytes(32)])
+    assert why == "manifest does not match the catalog's archive key"
+    (tmp_path / "p" / MANIFEST_FILE).write_bytes(b"\x01\x00")
+    _s, why = _signer(str(tmp_path / "p"), None, [MANIFEST.hash()])
+    assert why is not None and "manifest" in why
