@@ -47,8 +47,11 @@ def majority(signers: int) -> int:
     return (signers >> 1) + 1 if signers > 0 else 0
 
 
-def multisig_manifest(public_keys: Sequence[bytes], quorum: int | None = None) -> Manifest:
-    """A v1 manifest naming `public_keys` (in this order) with `quorum` (default majority).
+def multisig_manifest(
+    public_keys: Sequence[bytes], quorum: int | None = None, user_data: bytes | None = None
+) -> Manifest:
+    """A manifest naming `public_keys` (in this order) with `quorum` (default majority):
+    v1, or v2 carrying `user_data` (as Hypercore's createManifest picks the version).
 
     The order is part of the archive key: a proof names its signer by index. Refuses what
     Hypercore's ``createManifest`` refuses (a quorum above the signer count) and what
@@ -64,7 +67,10 @@ def multisig_manifest(public_keys: Sequence[bytes], quorum: int | None = None) -
     q = majority(len(keys)) if quorum is None else quorum
     if not 1 <= q <= len(keys):
         raise ValueError(f"quorum must be between 1 and {len(keys)} signers, got {q}")
-    return Manifest(signers=tuple(Signer(k, DEFAULT_NAMESPACE) for k in keys), quorum=q)
+    signers = tuple(Signer(k, DEFAULT_NAMESPACE) for k in keys)
+    if user_data:
+        return Manifest(signers=signers, quorum=q, version=2, user_data=bytes(user_data))
+    return Manifest(signers=signers, quorum=q)
 
 
 def signer_index(manifest: Manifest, public_key: bytes) -> int:

@@ -83,7 +83,12 @@ def core(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 def test_vectors_cover_the_cases() -> None:
     names = {c["name"] for c in CORES}
-    assert {"three-of-majority", "five-quorum-3", "single-multisig-form"} <= names
+    assert {
+        "three-of-majority",
+        "five-quorum-3",
+        "single-multisig-form",
+        "three-v2-user-data",
+    } <= names
     # signer order in the assembled proofs is not always ascending
     assert any(h["signWith"] != sorted(h["signWith"]) for c in CORES for h in c["heads"])
 
@@ -99,8 +104,9 @@ def test_manifest_and_key(core: dict[str, Any]) -> None:
     assert discovery_key(m.hash()).hex() == core["discoveryKey"]
     if not core["allowPatch"]:
         q = None if core["quorum"] == majority(len(kps)) else core["quorum"]
-        built = multisig_manifest([kp.public_key for kp in kps], q)
-        assert built.encode() == raw
+        ud = bytes.fromhex(core["userData"]) if core["userData"] else None
+        built = multisig_manifest([kp.public_key for kp in kps], q, ud)
+        assert built.encode() == raw and built.version == core["version"]
     if len(kps) == 1:
         # Hypercore's one-signer manifest is exactly the default single-signer core
         assert m == Manifest.default(kps[0].public_key)

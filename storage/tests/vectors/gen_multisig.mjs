@@ -45,6 +45,7 @@ async function makeCore(dir, spec) {
     signers: kps.map((kp) => ({ publicKey: kp.publicKey }))
   }
   if (spec.quorum !== undefined) manifest.quorum = spec.quorum
+  if (spec.userData !== undefined) manifest.userData = Buffer.from(spec.userData, 'hex')
   const core = new Hypercore(path.join(dir, spec.name), { manifest })
   await core.ready()
   const blocks = spec.sizes.map((size, j) => ruleBlock(spec.salt, j, size))
@@ -85,6 +86,8 @@ async function makeCore(dir, spec) {
     seedBase: spec.seedBase,
     publicKeys: kps.map((kp) => hex(kp.publicKey)),
     quorum: core.manifest.quorum,
+    version: core.manifest.version,
+    userData: spec.userData === undefined ? null : spec.userData,
     allowPatch: !!spec.allowPatch,
     manifest: hex(core.getManifest({ raw: true })),
     key: hex(core.key),
@@ -103,6 +106,9 @@ const specs = [
   { name: 'three-signed-by-2-0', seedBase: 0x31, signers: 3, salt: 4, sizes: [9, 8, 7], groups: [3], signWith: [2, 0] },
   { name: 'five-quorum-3', seedBase: 0x41, signers: 5, salt: 5, sizes: [10, 20, 30, 40], groups: [2, 2], signWith: [4, 1, 3] },
   { name: 'two-quorum-1-patchable', seedBase: 0x51, signers: 2, quorum: 1, allowPatch: true, salt: 6, sizes: [1, 1], groups: [1, 1], signWith: [1] },
+  // a cluster partition's manifest: v2, userData naming the partition (the archive key
+  // must differ per partition even when the replica set is the same)
+  { name: 'three-v2-user-data', seedBase: 0x31, signers: 3, userData: Buffer.from('hyperkafka/partition/0123456789abcdef/7').toString('hex'), salt: 8, sizes: [33, 44], groups: [1, 1], signWith: [1, 2] },
   { name: 'single-multisig-form', seedBase: 0x61, signers: 1, salt: 7, sizes: [5], groups: [1], signWith: [0] }
 ]
 
