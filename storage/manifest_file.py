@@ -36,8 +36,10 @@ def read_manifest(fs: FileSystem, path: str) -> Manifest | None:
     except HypercoreError as exc:
         raise ArchiveDamaged(f"{mpath}: undecodable manifest: {exc}") from exc
     if not m.signers or not 1 <= m.quorum <= len(m.signers) or m.prologue or m.allow_patch:
-        raise ArchiveDamaged(f"{mpath}: unsupported manifest (quorum {m.quorum} of "
-                             f"{len(m.signers)} signers, prologue or patches)")
+        raise ArchiveDamaged(
+            f"{mpath}: unsupported manifest (quorum {m.quorum} of "
+            f"{len(m.signers)} signers, prologue or patches)"
+        )
     return m
 
 

@@ -35,7 +35,9 @@ MANIFEST = multisig_manifest([kp.public_key for kp in KPS])  # quorum 2 of 3
 
 
 def _head(sig: bytes, roots: int = 3) -> Head:
-    rs = tuple(Node(2**k - 1 + 2**k * j, 10, bytes([j]) * 32) for j, k in enumerate([5, 3, 1][:roots]))
+    rs = tuple(
+        Node(2**k - 1 + 2**k * j, 10, bytes([j]) * 32) for j, k in enumerate([5, 3, 1][:roots])
+    )
     return Head(0, 42, 30, b"\x07" * 32, sig, 99, 0, 0, rs, seq=4, flags=FLAG_CLEAN | (1 << 8))
 
 
@@ -156,8 +158,12 @@ def test_verify_rejects_a_head_below_quorum_and_tampered_data(tmp_path: Path) ->
     # two proofs, but the second by a non-signer posing as signer 2
     outsider = KeyPair.from_seed(b"\x66" * 32)
     msg = signable(MANIFEST.hash(), th, h.length, h.fork)
-    forged = assemble([sign_partial(KPS[0], MANIFEST, th, h.length, h.fork),
-                       PartialSignature(2, sign_raw(outsider, msg))])
+    forged = assemble(
+        [
+            sign_partial(KPS[0], MANIFEST, th, h.length, h.fork),
+            PartialSignature(2, sign_raw(outsider, msg)),
+        ]
+    )
     _rewrite_head(tmp_path / "p", forged)
     assert "not signed by a quorum" in verify_partition(str(tmp_path / "p"), MANIFEST).reason
     # a valid quorum again, then one flipped byte in a batch
