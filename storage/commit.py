@@ -30,6 +30,7 @@ from storage.format import ENTRY, ENTRY_SIZE, IDX_HEADER_SIZE, SLOT_SIZE, U32, H
 from storage.fs import FileSystem
 from storage.hashing import NATIVE_LEAVES, hash_leaves, hash_many
 from storage.hypercore import Frontier, Manifest, Node, sign_head
+from storage.hypercore.multisig import verify_manifest_head
 
 if TYPE_CHECKING:
     from storage.log import PartitionLog
@@ -157,10 +158,15 @@ class CommitJob:
                 timing.FSYNC_SECONDS.observe(time.perf_counter() - t0)
             if self.remote_signature is not None:
                 sig = self.remote_signature
-            elif self.sign:
-                if lg.manifest is not None and lg.manifest != Manifest.default(lg.public_key):
-                    # a quorum-signed archive's head comes from its replicas (remote_signature)
+            elif self.sign and lg.manifest is not None and lg.manifest != Manifest.default(lg.public_key):
+                # a quorum-signed archive: its replicas sign (PartitionLog.quorum_sign), and
+                # nothing short of a verifying quorum signature is ever stored as a head
+                if lg.quorum_sign is None:
                     raise StorageError(f"{lg.path}: a quorum-signed archive is not signed alone")
+                sig = lg.quorum_sign(fr.tree_hash(), fr.length, self.fork)
+                if not verify_manifest_head(lg.manifest, lg.key, fr.tree_hash(), fr.length, self.fork, sig):
+                    raise StorageError(f"{lg.path}: the quorum signature for length {fr.length} does not verify")
+            elif self.sign:
                 t0 = time.perf_counter()
                 sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)
                 timing.SIGN_SECONDS.observe(time.perf_counter() - t0)

@@ -27,7 +27,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from hashlib import blake2b
 
@@ -168,6 +168,10 @@ class PartitionLog:
         self.key = archive_key(keypair.public_key)
         # a quorum-signed archive's manifest (its `manifest` file); None: single signer
         self.manifest: Manifest | None = None
+        # how a quorum-signed archive gets a head signed: (tree hash, length, fork) ->
+        # the assembled quorum signature (called from the commit job's thread, may block
+        # while the replicas sign; raises when they do not). None: commits refuse to sign.
+        self.quorum_sign: Callable[[bytes, int, int], bytes] | None = None
         self.policy = policy
         self.config = config
         # a segment stays below segment_bytes and below 4 GiB (positions are u32)
@@ -312,7 +316,11 @@ class PartitionLog:
         manifest = read_manifest(fs, p)
         self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
         self._use_manifest(manifest)
-        self._cut_unsigned = cut_unsigned
+        # a quorum-signed archive cannot sign its tail alone: blocks past its last quorum
+        # head were never acknowledged as acks=all, and are cut (docs/clusters.md)
+        self._cut_unsigned = cut_unsigned or (
+            manifest is not None and manifest != Manifest.default(keypair.public_key)
+        )
         try:
             recovery.recover(self)
         except BaseException as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,11 @@ from storage.errors import StorageError
 from storage.follower import PUBLIC_KEY_FILE, FollowerLog, VerificationFailed
 from storage.format import FLAG_CLEAN, FLAG_LONG_SIGNATURE, SLOT_SIZE, Head, read_head_slots
 from storage.fs import OsFileSystem
-from storage.hypercore import KeyPair, Node, sign_raw, signable
+from storage.hypercore import KeyPair, Manifest, Node, sign_raw, signable
 from storage.hypercore.multisig import (
     PartialSignature,
     assemble,
+    assemble_quorum,
     multisig_manifest,
     sign_partial,
 )
@@ -187,3 +189,127 @@ def test_cli_picks_the_manifest_and_checks_it_against_the_catalog(tmp_path: Path
     (tmp_path / "p" / MANIFEST_FILE).write_bytes(b"\x01\x00")
     _s, why = _signer(str(tmp_path / "p"), None, [MANIFEST.hash()])
     assert why is not None and "manifest" in why
+
+
+# ------------------------------------------------- a quorum-signed topic in a data dir
+
+
+def _quorum_log(tmp_path: Path, m: Manifest | None, held: list[bytes]):  # type: ignore[no-untyped-def]
+    """A Store whose topic "q" (1 partition) is quorum-signed by three brokers (KPS): this
+    node and two replicas that sign through the signing rule (storage/quorum.py) over
+    the tree of `held`, the batches "sent" to them, hashed on their own. Creates the
+    topic when `m` is None."""
+    from storage.hypercore import Frontier
+    from storage.log import FsyncPolicy
+    from storage.quorum import partition_manifest, sign_proposal
+    from storage.store import Store
+
+    st = Store.open(tmp_path / "d", fsync=FsyncPolicy.NEVER)
+    if m is None:
+        tid = uuid.uuid4()
+        m = partition_manifest([kp.public_key for kp in KPS], tid, 0)
+        st.create_topic("q", 1, {}, topic_id=tid, manifests=[m])
+    lg = st.log("q", 0)
+    assert lg.key == m.hash() == st.archive_key("q", 0)
+
+    def tree_at(k: int) -> bytes | None:
+        if k > len(held):
+            return None
+        f = Frontier()
+        for blk in held[:k]:
+            f.append_data(blk)
+        return f.tree_hash()
+
+    def quorum_sign(th: bytes, length: int, fork: int) -> bytes:
+        parts = []
+        for i in (1, 2):
+            d = tmp_path / f"replica{i}"
+            d.mkdir(exist_ok=True)
+            parts.append(
+                sign_proposal(OsFileSystem(), str(d), KPS[i], m, fork, length, th, tree_at)
+            )
+        return assemble_quorum(m, parts)
+
+    lg.quorum_sign = quorum_sign
+    return st, lg, m
+
+
+def test_verify_command_checks_a_quorum_signed_topic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from storage.cli import verify_command
+
+    held: list[bytes] = []
+    st, lg, m = _quorum_log(tmp_path, None, held)
+    lg.quorum_sign = None  # no replicas: the writer must not sign alone
+    with pytest.raises(StorageError, match="not signed alone"):
+        lg.append(build_batch([b"x"], timestamp_ms=1))
+        lg.commit()
+    st.close()
+    # reopened: the unsigned block is cut (nobody acknowledged it), then replicas sign
+    st, lg, m = _quorum_log(tmp_path, m, held)
+    assert lg.log_end_offset == 0
+    for i in range(4):
+        b = build_batch([b"a%d" % i, b"b%d" % i], timestamp_ms=10 + i)
+        lg.append(b)
+        held.append(bytes(b))  # as stamped by the writer: what it sends its replicas
+        lg.commit()
+    assert lg.head is not None and lg.head.length == 4 and len(lg.head.signature) == 134
+    st.close()
+    assert verify_command(str(tmp_path / "d"), None) == 0
+    assert "ok q 0 4 blocks, 4 signed" in capsys.readouterr().out
+    # a flipped byte in a stored batch: BAD, naming where
+    seg = tmp_path / "d" / "q-0" / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    data[-2] ^= 1
+    seg.write_bytes(bytes(data))
+    assert verify_command(str(tmp_path / "d"), None) == 1
+    assert "BAD q 0 6" in capsys.readouterr().out
+    data[-2] ^= 1
+    seg.write_bytes(bytes(data))
+    # a head carrying one signer only (below the quorum): BAD, saying so
+    fs = OsFileSystem()
+    fd = fs.open(str(tmp_path / "d" / "q-0" / "head"), os.O_RDONLY)
+    h = read_head_slots(fs, fd)[0]
+    fs.close(fd)
+    assert h is not None
+    good = h.signature
+    _rewrite_head(
+        tmp_path / "d" / "q-0", assemble([sign_partial(KPS[1], m, h.tree_hash, 4, h.fork)])
+    )
+    assert verify_command(str(tmp_path / "d"), None) == 1
+    assert "head is not signed by a quorum (2 of 3)" in capsys.readouterr().out
+    _rewrite_head(tmp_path / "d" / "q-0", good)
+    assert verify_command(str(tmp_path / "d"), None) == 0
+    capsys.readouterr()
+    # a manifest swapped for another: BAD, it is not the archive the catalog signed
+    other = multisig_manifest([kp.public_key for kp in KPS], 3, m.user_data)
+    (tmp_path / "d" / "q-0" / MANIFEST_FILE).write_bytes(other.encode())
+    assert verify_command(str(tmp_path / "d"), None) == 1
+    assert "BAD q 0 - manifest does not match the catalog's archive key" in capsys.readouterr().out
+    # and the store refuses to open it as the catalog's archive
+    from storage.log import FsyncPolicy
+    from storage.store import Store
+
+    st = Store.open(tmp_path / "d", fsync=FsyncPolicy.NEVER)
+    with pytest.raises(StorageError, match="not the catalog's"):
+        st.log("q", 0)
+    st.close()
+
+
+def test_a_quorum_signature_that_does_not_verify_is_never_stored(tmp_path: Path) -> None:
+    held: list[bytes] = []
+    st, lg, m = _quorum_log(tmp_path, None, held)
+    b = build_batch([b"a"], timestamp_ms=1)
+    lg.append(b)
+    held.append(bytes(b))
+    lg.commit()
+    assert lg.head is not None and lg.head.length == 1
+    lg.quorum_sign = lambda th, n, f: assemble([sign_partial(KPS[1], m, th, n, f)])  # one signer
+    lg.append(build_batch([b"b"], timestamp_ms=2))
+    with pytest.raises(StorageError, match="does not verify"):
+        lg.commit()
+    st.close()
+    st, lg, m = _quorum_log(tmp_path, m, held)
+    assert lg.head is not None and lg.head.length == 1 and lg.log_end_offset == 1
+    st.close()
