@@ -155,7 +155,7 @@ class PartitionLogSource:
 
     @property
     def manifest(self) -> Manifest:
-        return Manifest.default(self.log.public_key)
+        return head_manifest(self.log.head_signer)
 
     def head(self) -> SignedHead:
         h = self.log.head

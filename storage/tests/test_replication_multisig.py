@@ -15,20 +15,32 @@ import hashlib
 import json
 import subprocess
 from functools import partial
+from pathlib import Path
 
 import pytest
 import trio
 
+from storage.fs import OsFileSystem
 from storage.hypercore import KeyPair, Manifest, signable
 from storage.hypercore.multisig import (
     PartialSignature,
     assemble,
+    assemble_quorum,
     multisig_manifest,
     sign_partial,
     verify_manifest_head,
 )
-from storage.replication import MemoryArchive, ReplicationSession, SignedHead, VerificationError
+from storage.log import FsyncPolicy, PartitionLog
+from storage.manifest_file import write_manifest
+from storage.replication import (
+    MemoryArchive,
+    PartitionLogSource,
+    ReplicationSession,
+    SignedHead,
+    VerificationError,
+)
 from storage.replication.trio_driver import follow_archive, serve_archive
+from storage.tests.storage_testutil import make_batch
 from storage.tests.test_replication_interop import PEER, _blocks, _require_node
 from storage.tests.test_replication_session import _pump
 
@@ -207,3 +219,45 @@ async def test_python_follows_a_quorum_signed_node_core() -> None:
     # the head Node assembled names signers 2 then 0, exactly as asked
     parts = [sign_partial(KPS[i], MANIFEST, sink.frontier.roots(), n, 0) for i in (2, 0)]
     assert h.signature == assemble(parts)
+
+
+async def test_node_replicates_a_quorum_signed_partition_log(tmp_path: Path) -> None:
+    """A partition archive on disk, quorum-signed (manifest file, heads assembled from
+    two of three signers), served from its files: stock hypercore verifies every block."""
+    node = _require_node()
+    path = tmp_path / "p"
+    path.mkdir()
+    write_manifest(OsFileSystem(), str(path), MANIFEST)
+    lg = PartitionLog.open(path, KPS[0], fsync=FsyncPolicy.NEVER)
+    lg.quorum_sign = lambda th, n, f: assemble_quorum(
+        MANIFEST, [sign_partial(kp, MANIFEST, th, n, f) for kp in KPS[:2]]
+    )
+    for i in range(30):
+        lg.append(make_batch(2, 30, ts=1000 + i, seed=i))
+        if i % 9 == 8:
+            lg.commit()
+    lg.commit()
+    n = lg.head.length if lg.head else 0
+    blocks = [lg.block(i) for i in range(n)]
+    sha = hashlib.sha256(b"".join(blocks)).hexdigest()
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+
+            async def serve_one() -> None:
+                stream = await listeners[0].accept()
+                await serve_archive(stream, PartitionLogSource(lg))
+
+            nursery.start_soon(serve_one)
+            proc = await trio.run_process(
+                [node, str(PEER), "fetch", str(port), lg.key.hex(), str(n), sha],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
+    for listener in listeners:
+        await listener.aclose()
+    lg.close()
+    assert n == 30 and lg.key == MANIFEST.hash()
