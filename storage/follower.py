@@ -24,7 +24,7 @@ blocks we hold we would have to reorg, which we do not do yet: `ForkChanged` is 
 and nothing is stored. A head on an older fork is stale and ignored, as Hypercore does.
 
 May import the standard library, `storage.log`, `storage.hypercore`, `storage.fs`,
-`storage.errors`, `storage.batch`, `storage.manifest_file`. Never `broker` or trio.
+`storage.errors`, `storage.batch`, `storage.manifest_file`, `storage.quorum`. Never `broker` or trio.
 """
 
 from __future__ import annotations
@@ -52,7 +52,12 @@ from storage.hypercore import (
     flat_tree,
     tree_hash,
 )
-from storage.hypercore.multisig import HeadSigner, head_manifest, verify_signed_head
+from storage.hypercore.multisig import (
+    HeadSigner,
+    PartialSignature,
+    head_manifest,
+    verify_signed_head,
+)
 from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
 from storage.log import (
     ENTRY_SIZE,
@@ -65,6 +70,7 @@ from storage.log import (
     encode_entry,
 )
 from storage.manifest_file import MANIFEST_FILE, write_manifest
+from storage.quorum import sign_proposal
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +291,54 @@ class FollowerLog(PartitionLog):
         newer one that `check_conflict` found to extend it (the writer bumped its fork
         without dropping anything we hold, e.g. its recovery after a reboot)."""
         return self._next_fork if self._next_fork is not None else self.fork
+
+    # ------------------------------------------------------- quorum-signed archives
+
+    def sign_held(self, keypair: KeyPair, fork: int, length: int, tree_hash_: bytes) -> PartialSignature:
+        """As one of the signers of this quorum-signed archive, sign the head its leader
+        proposes (`fork`, `length`, `tree_hash_`) over blocks this replica holds: those
+        under its stored head and the ones delivered after it (`append_block`, not yet
+        covered by a stored head). The blocks are made durable first, then the signing
+        rule (storage/quorum.py) checks the tree against them and against what this
+        replica signed before, and records the new head before the signature is
+        returned. Raises RefusedToSign or StorageError.
+
+        Not yet: a reopen still drops blocks past the stored head (as for any mirror),
+        also the ones signed here, so until the leader's assembled head reaches this
+        replica (`accept_head`) a crash loses them here; the signing record stays, and
+        refuses any other history at those lengths in the fork. Keeping the signed
+        tail across a reopen is the next step (docs/clusters.md, failover)."""
+        if self.manifest is None or self.manifest == Manifest.default(self.public_key):
+            raise StorageError(f"{self.path}: not a quorum-signed archive")
+        if self.frozen:
+            raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
+        self._check_writable()
+        self._ensure_open()
+        for seg in self._segments:  # the blocks it vouches for outlive a crash
+            if seg.first_leaf + seg.count > self._published_length:
+                self.fs.fsync(seg.log_fd)
+        return sign_proposal(self.fs, self.path, keypair, self.manifest, fork, length,
+                             tree_hash_, self._held_tree_at)
+
+    def _held_tree_at(self, n: int) -> bytes | None:
+        """The tree hash of the first `n` blocks held (None when fewer are held, or the
+        tree is busy in a commit job)."""
+        head = self._head
+        stored = head.length if head is not None else 0
+        if n <= stored:
+            if head is not None and n == stored:
+                return head.tree_hash
+            nodes = [self.node(i) for i in flat_tree.full_roots(2 * n)]
+            if any(x is None for x in nodes):
+                return None
+            return tree_hash(cast(list[Node], nodes))
+        leaves = self._pending_leaves
+        if self._job is not None or leaves is None or n > self._next_leaf:
+            return None
+        f = Frontier.from_roots(list(head.roots)) if head is not None and stored else Frontier()
+        for leaf, p in zip(leaves[: n - stored], self._pending[: n - stored], strict=True):
+            f.append(leaf, p[6])
+        return f.tree_hash()
 
     def verified_tree(self) -> Frontier:
         """The tree of the last accepted head (a replication follower's `have`)."""

@@ -313,3 +313,59 @@ def test_a_quorum_signature_that_does_not_verify_is_never_stored(tmp_path: Path)
     st, lg, m = _quorum_log(tmp_path, m, held)
     assert lg.head is not None and lg.head.length == 1 and lg.log_end_offset == 1
     st.close()
+
+
+def test_a_replica_signs_only_the_blocks_it_holds(tmp_path: Path) -> None:
+    """A replica (FollowerLog of the quorum archive) takes the leader's blocks before any
+    head covers them, signs the proposed head over them, and the quorum head it helped
+    make is then stored; a proposal for another history is refused, also after a crash."""
+    from storage.hypercore import leaf_hash
+    from storage.quorum import RefusedToSign, read_record
+
+    leader = _source(0)
+    replica = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    bs = _batches(6)
+    leader.append(*bs[:4])
+    for i, b in enumerate(bs[:4]):
+        replica.append_block(i, b, leaf_hash(b))
+    th = leader.frontier.tree_hash()
+    p = replica.sign_held(KPS[0], 0, 4, th)
+    assert p.signer == 0 and read_record(OsFileSystem(), str(tmp_path / "r")) is not None
+    with pytest.raises(RefusedToSign, match="not the tree"):
+        replica.sign_held(KPS[0], 0, 4, bytes(32))
+    with pytest.raises(RefusedToSign, match="fewer"):
+        replica.sign_held(KPS[0], 0, 5, th)
+    sig = assemble_quorum(MANIFEST, [p, sign_partial(KPS[2], MANIFEST, th, 4, 0)])
+    assert replica.accept_head(4, 0, sig, leader.frontier.roots())
+    assert replica.head is not None and replica.head.length == 4
+    # the stored head's tree is what it signed: signing it again is idempotent
+    assert replica.sign_held(KPS[0], 0, 4, th) == p
+    # two more blocks; then a crash before any head covers them
+    leader.append(*bs[4:])
+    for i in (4, 5):
+        replica.append_block(i, bs[i], leaf_hash(bs[i]))
+    th6 = leader.frontier.tree_hash()
+    replica.sign_held(KPS[0], 0, 6, th6)
+    replica.close()
+    replica = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    assert replica.head is not None and replica.head.length == 4  # the unsigned tail is gone
+    # another history at length 6 in the same fork: refused (it signed one already)
+    other = _batches(6)
+    alt = build_batch([b"other", b"history"], timestamp_ms=7)
+    struct.pack_into(">q", alt, 0, 10)  # a valid batch at the same offset, other records
+    other[5] = bytes(alt)
+    for i in (4, 5):
+        replica.append_block(i, other[i], leaf_hash(other[i]))
+    f = replica.verified_tree()
+    for b in other[4:]:
+        f.append_data(b)
+    with pytest.raises(RefusedToSign, match="not the tree"):
+        replica.sign_held(KPS[0], 0, 6, th6)
+    with pytest.raises(RefusedToSign, match="no longer form the tree"):
+        replica.sign_held(KPS[0], 0, 6, f.tree_hash())
+    replica.sign_held(KPS[0], 1, 6, f.tree_hash())  # a new fork may: the tail was never a quorum's
+    replica.close()
+    single = FollowerLog.open_replica(tmp_path / "s", KPS[0].public_key)
+    with pytest.raises(StorageError, match="not a quorum-signed"):
+        single.sign_held(KPS[0], 0, 1, bytes(32))
+    single.close()
