@@ -51,11 +51,13 @@ from storage.hypercore import (
     REPLICATE_RESPONDER_NS,
     Frontier,
     HypercoreError,
+    Manifest,
     Node,
     discovery_key,
     flat_tree,
 )
 from storage.hypercore.encoding import Reader, encode_uint
+from storage.hypercore.multisig import HeadSigner
 from storage.hypercore.proofs import (
     BlockRequest,
     InvalidRequest,
@@ -197,8 +199,9 @@ class ReplicationChannel:
         return self.role.source if isinstance(self.role, _Server) else None
 
     @property
-    def public_key(self) -> bytes | None:
-        """Follower: the signer's key, once given or learned from a verified manifest."""
+    def public_key(self) -> HeadSigner | None:
+        """Follower: the signer's key (or, for a multisig archive, its manifest), once given
+        or learned from a verified manifest."""
         return self.role.public_key if isinstance(self.role, _Follower) else None
 
     @property
@@ -336,7 +339,7 @@ class Connection:
     # ------------------------------------------------------------------ channels
 
     def follow(self, key: bytes, sink: ArchiveSink, *, live: bool = False,
-               have: Frontier | None = None, public_key: bytes | None = None,
+               have: Frontier | None = None, public_key: HeadSigner | None = None,
                window: int = DEFAULT_WINDOW, probe_at: int | None = None,
                fork: int = 0) -> ReplicationChannel:
         """Follow archive `key` into `sink`. `have` is a verified tree the sink already
@@ -603,7 +606,7 @@ class ReplicationSession(Connection):
     @classmethod
     def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,  # type: ignore[override]
                keypair: Ed25519KeyPair | None = None, live: bool = False,
-               have: Frontier | None = None, public_key: bytes | None = None,
+               have: Frontier | None = None, public_key: HeadSigner | None = None,
                window: int = DEFAULT_WINDOW, probe_at: int | None = None,
                fork: int = 0) -> ReplicationSession:
         """Follow archive `key` into `sink` (see `Connection.follow`)."""
@@ -682,7 +685,7 @@ class ReplicationSession(Connection):
         return self._ch.source if self._ch is not None else None
 
     @property
-    def public_key(self) -> bytes | None:
+    def public_key(self) -> HeadSigner | None:
         return self._ch.public_key if self._ch is not None else None
 
     @property
@@ -905,7 +908,7 @@ class _Follower(_Role):
     sink: ArchiveSink
     live: bool
     have: Frontier | None
-    public_key: bytes | None
+    public_key: HeadSigner | None
     window: int
     trusted: Frontier = field(default_factory=Frontier)
     fork: int = 0
@@ -1080,10 +1083,19 @@ class _Follower(_Role):
                 raise VerificationError("peer did not send the manifest we asked for")
             if proof.manifest.hash() != self.key:
                 raise VerificationError("manifest does not hash to the archive key")
-            signers = proof.manifest.signers
-            if len(signers) != 1 or proof.manifest.quorum != 1 or proof.manifest.prologue:
-                raise VerificationError("only single-signer manifests are supported")
-            self.public_key = signers[0].public_key
+            man = proof.manifest
+            if (
+                man.prologue is not None
+                or man.allow_patch
+                or not 1 <= man.quorum <= len(man.signers)
+            ):
+                raise VerificationError(
+                    "manifests with a prologue, patches or no quorum are unsupported"
+                )
+            single = len(man.signers) == 1 and man == Manifest.default(man.signers[0].public_key)
+            # a default single-signer core keeps its bare key (the path every archive of a
+            # single node takes); any other manifest is checked as a whole (multisig)
+            self.public_key = man.signers[0].public_key if single else man
         if self.public_key is None:
             raise VerificationError("no public key to verify against")
         if p.manifest and not p.upgrade and p.block is None:
