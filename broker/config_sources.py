@@ -113,7 +113,6 @@ KAFKA_ONLY: Mapping[str, str] = {
     "socket.send.buffer.bytes": _SOCKET_BUFFERS,
     "socket.receive.buffer.bytes": _SOCKET_BUFFERS,
     "offsets.topic.replication.factor": _INTERNAL,
-    "offsets.topic.num.partitions": _INTERNAL,
     "offsets.topic.segment.bytes": _INTERNAL,
     "transaction.state.log.replication.factor": _TXN_STATE,
     "transaction.state.log.min.isr": _TXN_STATE,

@@ -1,6 +1,6 @@
 """Mirrors: follow other nodes' archives, verify them, serve them read-only over Kafka.
 
-Owns `run_replication` (started by `Node.run_background` when `--replication-listen` or
+Owns `run_replication` (started by `broker.compose.run_node` when `--replication-listen` or
 `--mirror` is set) and `NodeMirror`, one per `--mirror HOST:PORT[@NODEKEY]`:
 
 1. Discovery over Kafka: DescribeConfigs on the BROKER resource of HOST:PORT gives

@@ -4,7 +4,9 @@ Owns the state every handler shares and the two background loops that keep it mo
 `commit_loop` (group commit: one signed head per partition per round, fsync off the
 event loop, then wake the produces and fetches waiting on it) and `retention_loop`.
 Handlers never touch `storage` directly for writes; they call `Partition.admit` and
-`Partition.wait_durable`. Imports `storage`, never the protocol codec.
+`Partition.wait_durable`. Imports `storage` and `broker.cluster`, never the protocol
+codec, the group coordinator, placement or the mirrors: broker/compose.py (the
+composition root) builds the node with them and runs their background tasks.
 
 The write path is a pipeline. `admit` runs on the event loop, never yields, and only
 assigns offsets and queues the batch, so a connection's reader goes straight on to its
@@ -34,16 +36,13 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
 from broker.cleaner import Cleaner, compaction_policy
 from broker.cluster import Cluster, signed_blocks
-from broker.cluster.etcd import Etcd
-from broker.cluster.membership import Member, Membership
-from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, validate_topic_configs
-from broker.groups.coordinator import GroupCoordinator
+from broker.config import BrokerConfig, validate_topic_configs
 from broker.idempotence import ProducerStates
 from broker.metrics import BrokerMetrics, TopicStats
 from broker.protocol.compression import topic_compression
@@ -52,7 +51,10 @@ from broker.transactions.partition import PartitionTxns, rebuild_txns
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
 from storage.compaction import CompactionPolicy
 from storage.errors import RecoveryFailed, StorageError, TopicExists
-from storage.handles import FdBudget, HandleCache
+from storage.handles import FdBudget
+
+if TYPE_CHECKING:
+    from broker.groups.coordinator import GroupCoordinator
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -206,9 +208,13 @@ class Topic:
 
 
 class Node:
-    """The broker's shared state. Create with `Node.open`, run `run_background` in a nursery."""
+    """The broker's shared state. Built by broker/compose.py (`open_node`), which also runs
+    its background tasks (`run_node`)."""
 
-    def __init__(self, config: BrokerConfig, store: Store) -> None:
+    groups: GroupCoordinator  # set by broker/compose.py: it replays __consumer_offsets
+    transactions: TxnCoordinator  # set by broker/compose.py: it replays __transaction_state
+
+    def __init__(self, config: BrokerConfig, store: Store, cluster: Cluster | None = None) -> None:
         self.config = config
         self.cleaner = Cleaner(self)  # compacted topics (broker/cleaner.py)
         self.store = store
@@ -237,7 +243,7 @@ class Node:
         # made, outside the partition-file budget, and concurrent creations only contend
         # for the same disk.
         self._create_limiter = trio.CapacityLimiter(1)
-        self.fd_budget: FdBudget | None = None  # set by `open` (storage/handles.py)
+        self.fd_budget: FdBudget | None = None  # set by broker/compose.py (storage/handles.py)
         # Set by the first FindCoordinator for a group: __consumer_offsets is then listed.
         self.offsets_topic_in_use = False
         # Set by broker.replication_server once it listens ("host:port", for DescribeConfigs).
@@ -250,36 +256,14 @@ class Node:
         self.started = time.monotonic()
         # Cluster mode (broker/cluster/): membership, controller and placement in etcd;
         # the ISR and acks=all.
-        self.cluster: Cluster | None = None
-        if config.cluster_etcd_endpoints:
-            host, port = config.advertised
-            me = Member(config.node_id, host, port, config.rack, store.node_public_key.hex())
-            membership = Membership(Etcd(config.cluster_etcd_endpoints), config.cluster_name, me,
-                                    max(1, round(config.session_timeout_ms / 1000)))
-            self.cluster = Cluster(membership, replica_lag_ms=config.replica_lag_ms,
-                                   session_timeout_ms=config.session_timeout_ms,
-                                   rack_aware=config.replica_selector == RACK_AWARE_SELECTOR)
-            self.cluster_id = self.cluster.cluster_id
+        self.cluster = cluster
+        if cluster is not None:
+            self.cluster_id = cluster.cluster_id
         # every partition recovered in worker threads first (storage/store.py: preopen)
         store.preopen([(r.name, i, config.log_config(r.configs))
                        for r in store.topics().values() for i in range(r.partitions)])
         for record in store.topics().values():
             self._attach(record)
-        self.groups = GroupCoordinator(self)  # replays __consumer_offsets (creates it once)
-        self.transactions = TxnCoordinator(self)  # replays __transaction_state (made at first use)
-
-    @classmethod
-    def open(cls, config: BrokerConfig) -> Node:
-        # Descriptors on a budget (storage/handles.py): partition files are opened on
-        # demand within their share, so partitions are not bounded by RLIMIT_NOFILE.
-        budget = FdBudget.of_process(config.max_connections)
-        store = Store.open(config.data_dir, fsync=config.fsync,
-                           handles=HandleCache(budget.partition_files))
-        # (after the data dir's lock: a refused second broker says one line, the lock's)
-        log.info("open-file budget: %s", budget.describe())
-        node = cls(config, store)
-        node.fd_budget = budget
-        return node
 
     def partition_count(self) -> int:
         """Partitions this node holds (written and mirrored) plus those being created."""
@@ -921,26 +905,6 @@ class Node:
                     p.txns.forget_below(p.log.log_start_offset)
                 p.notify()  # a drop commits pending appends first: wake their waiters
         return dropped
-
-    async def run_background(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            if self.cluster is not None:  # registered in etcd before anything else
-                from broker.placement import follow_placements  # imports this module
-
-                await nursery.start(self.cluster.membership.run)
-                nursery.start_soon(follow_placements, self, self.cluster)
-            nursery.start_soon(self.commit_loop)
-            nursery.start_soon(self.retention_loop)
-            if self.config.log_cleaner_enable:
-                nursery.start_soon(self.cleaner.run)
-            nursery.start_soon(self.offline_retry_loop)
-            await nursery.start(self.groups.run)
-            await nursery.start(self.transactions.run)
-            if self.config.replication_listen is not None or self.config.mirrors:
-                from broker.mirror import run_replication  # imports this module
-
-                await nursery.start(run_replication, self)
-            task_status.started()
 
     def close(self) -> None:
         """Commit what is pending and close every file (after the server stopped)."""

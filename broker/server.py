@@ -46,6 +46,7 @@ import trio
 
 import broker.handlers  # noqa: F401  (fills the registry)
 from broker.api import NO_RESPONSE, REGISTRY, Deferred, Encoded, RequestContext, advertised
+from broker.compose import open_node, run_node
 from broker.config import BrokerConfig
 from broker.memory import AnswerMemory, ConnectionBudget, RequestPool, Ticket, memory_of
 from broker.metrics import MAX_API_KEY, MAX_VERSION
@@ -689,11 +690,11 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
     global _trace
     _trace = log.isEnabledFor(logging.DEBUG)
     raise_nofile_limit()
-    node = await trio.to_thread.run_sync(Node.open, config)
+    node = await trio.to_thread.run_sync(open_node, config)
     try:
         server = Server(node)
         async with trio.open_nursery() as nursery:
-            await nursery.start(node.run_background)
+            await nursery.start(run_node, node)
             listeners = await nursery.start(server.serve)
             if config.http_listen is not None:
                 from broker.http import serve_http

@@ -1,9 +1,11 @@
 """Cluster mode under a pause: the fencing that etcd gives (issue 16), as real processes.
 
 Two brokers on one etcd (compat_tests/etcd.py); broker 1 is elected controller, so it
-coordinates the groups and places topics. Broker 1 is then stopped (SIGSTOP) past
-broker.session.timeout.ms: its etcd lease expires, broker 2 is elected controller, takes
-the groups over and acknowledges a commit. Broker 1 is resumed (SIGCONT) and, at once,
+places topics. Groups are sharded as in Kafka: group G1 maps to a partition of
+__consumer_offsets that broker 1 coordinates, G2 to one of broker 2 (every broker's
+FindCoordinator says so). Broker 1 is then stopped (SIGSTOP) past
+broker.session.timeout.ms: its etcd lease expires, broker 2 is elected controller, moves
+broker 1's partitions to itself, takes G1 over and acknowledges a commit. Broker 1 is resumed (SIGCONT) and, at once,
 asked to commit an older offset, to create a topic, to fetch offsets, and (with broker 2
 at the same moment) to auto-create one new name. Under the old design (the lowest live id
 is controller, each broker judging liveness by its own probes) broker 1 went on as
@@ -14,8 +16,9 @@ and created the topic a second time. Now:
   clock that its lease may be gone, and its epoch fails in etcd anyway), CreateTopics
   NOT_CONTROLLER (or, once its view names broker 2, forwarded there: KIP-590), OffsetFetch
   NOT_COORDINATOR (never its stale offset);
-* the acknowledged commit on broker 2 is never moved backwards, and both brokers name
-  broker 2 as the group's coordinator (never two);
+* the acknowledged commit on broker 2 is never moved backwards; once broker 1 is back,
+  G1's partition moves back to it (its preferred coordinator), which adopts broker 2's
+  commit; both brokers name one coordinator at a time; G2 stays on broker 2 throughout;
 * the name auto-created through both brokers has one writer: one broker holds it as its
   own archive, and both brokers' Metadata name that one as leader.
 """
@@ -35,12 +38,16 @@ from typing import Any
 import pytest
 import trio
 
+from broker.cluster.shards import partition_for
 from broker.mirror import kafka_request
 from compat_tests import harness
 from compat_tests.etcd import EtcdServer, etcd_binary
 from compat_tests.harness import Broker
 
 SESSION_MS = 3000
+# 50 partitions of __consumer_offsets (the default), partition p preferring [1, 2][p % 2]
+G1 = next(g for g in (f"g{i}" for i in range(100)) if partition_for(g, 50) % 2 == 0)
+G2 = next(g for g in (f"g{i}" for i in range(100)) if partition_for(g, 50) % 2 == 1)
 ETCD_MISSING = "etcd is not installed (Debian: apt-get install -y etcd-server etcd-client; scripts/test does it as root)"
 
 
@@ -76,14 +83,14 @@ def _metadata(b: Broker, topics: list[str] | None = None, create: bool = False) 
     )
 
 
-def _commit(b: Broker, offset: int) -> int:
+def _commit(b: Broker, offset: int, group: str = G1) -> int:
     r = _ask(
         b,
         8,
         8,
         "offset_commit",
         {
-            "group_id": "g",
+            "group_id": group,
             "generation_id_or_member_epoch": -1,
             "member_id": "",
             "group_instance_id": None,
@@ -105,14 +112,14 @@ def _commit(b: Broker, offset: int) -> int:
     return int(r.topics[0].partitions[0].error_code)
 
 
-def _committed(b: Broker) -> tuple[int, int]:
+def _committed(b: Broker, group: str = G1) -> tuple[int, int]:
     r = _ask(
         b,
         9,
         8,
         "offset_fetch",
         {
-            "groups": [{"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0]}]}],
+            "groups": [{"group_id": group, "topics": [{"name": "t", "partition_indexes": [0]}]}],
             "require_stable": False,
         },
     )
@@ -120,8 +127,8 @@ def _committed(b: Broker) -> tuple[int, int]:
     return int(g.error_code), (int(g.topics[0].partitions[0].committed_offset) if g.topics else -1)
 
 
-def _coordinator(b: Broker) -> tuple[int, int]:
-    r = _ask(b, 10, 3, "find_coordinator", {"key": "g", "key_type": 0})
+def _coordinator(b: Broker, group: str = G1) -> tuple[int, int]:
+    r = _ask(b, 10, 3, "find_coordinator", {"key": group, "key_type": 0})
     return int(r.error_code), int(r.node_id)
 
 
@@ -182,7 +189,13 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
             },
         )
         assert r.topics[0].error_code == 0
+        for b in (b1, b2):  # groups land on different brokers, the same from every broker
+            _wait(
+                "G1 on broker 1, G2 on broker 2",
+                lambda b=b: (_coordinator(b, G1), _coordinator(b, G2)) == ((0, 1), (0, 2)),
+            )
         assert _wait("a commit on broker 1", lambda: _commit(b1, 5) == 0)
+        assert _wait("a commit on broker 2", lambda: _commit(b2, 50, G2) == 0)
         time.sleep(1)  # broker 2's copy of broker 1's offsets archive follows it live
 
         assert b1.proc is not None
@@ -197,8 +210,10 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
             timeout=SESSION_MS / 1000 + 20,
         )
         failover_s = time.monotonic() - paused
-        assert _wait("broker 2 takes the groups over", lambda: _committed(b2) == (0, 5))
+        assert _wait("broker 2 takes G1 over", lambda: _committed(b2) == (0, 5))
+        takeover_s = time.monotonic() - paused
         assert _commit(b2, 7) == 0  # acknowledged by the new coordinator
+        assert _committed(b2, G2) == (0, 50)  # broker 2's own groups never moved
 
         # resume broker 1, and ask it (and broker 2, for the auto-created name) at once
         answers: dict[str, Any] = {}
@@ -240,7 +255,8 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
         for th in threads:
             th.join(30)
         print(
-            f"\n  broker 2 elected {failover_s:.2f}s after broker 1 was paused (session {SESSION_MS} ms); "
+            f"\n  broker 2 elected {failover_s:.2f}s after broker 1 was paused (session {SESSION_MS} ms), "
+            f"coordinator of G1 with its commit after {takeover_s:.2f}s; "
             f"broker 1 resumed answered {answers}",
             file=sys.stderr,
         )
@@ -254,12 +270,19 @@ def test_a_paused_controller_is_fenced_when_it_resumes(workdir: Path) -> None:
             "broker 1 registered again",
             lambda: [b.node_id for b in _metadata(b2).brokers] == [1, 2],
         )
+        # G1's partition moves back to broker 1, its preferred coordinator, which adopts
+        # broker 2's commit: never moved backwards, never served by two
+        back = time.monotonic()
+        assert _wait("broker 1 coordinates G1 again", lambda: _committed(b1) == (0, 7))
+        print(f"  G1 back on broker 1 after {time.monotonic() - back:.2f}s", file=sys.stderr)
         for b in (b1, b2):
             assert _wait(
-                f"{b.bootstrap} names broker 2 coordinator", lambda b=b: _coordinator(b) == (0, 2)
+                f"{b.bootstrap} names broker 1 coordinator of G1",
+                lambda b=b: _coordinator(b) == (0, 1),
             )
-        assert _committed(b2) == (0, 7)  # never moved backwards
-        assert _committed(b1)[0] == 16
+            assert _coordinator(b, G2) == (0, 2)
+        assert _committed(b2)[0] == 16
+        assert _committed(b2, G2) == (0, 50)
 
         def one_leader() -> int | None:
             leaders = set()

@@ -330,10 +330,7 @@ def _print(report: Report, workdir: Path, capsys: pytest.CaptureFixture[str]) ->
 
 # Checks that do not hold yet, each with the reason: printed, not asserted. Delete an
 # entry when its cause is fixed; the lead decides what may stand here.
-KNOWN_GAPS = {
-    "internal topics agree": "each broker lists its own __consumer_offsets-0 and names itself "
-    "its leader: offsets are not yet one sharded Kafka topic (issue 16 item 3)",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _assert_held(report: Report) -> None:

@@ -18,8 +18,13 @@ Owns `Membership`: this broker's session in etcd and its view of everyone else's
   was paused knows, when it resumes, that it must not act before asking etcd.
 * ``topics/<name>``: placement, one record per topic (writer, partitions, configs), created
   only if absent by the controller under its epoch: one name never has two writers.
-* ``groups/coordinator``: the broker whose offsets archive holds the groups' latest state
-  (the coordinator of the last epoch that loaded them), written under the epoch.
+* ``internal/<topic>/<partition>``: who coordinates each partition of an internal topic
+  (``__consumer_offsets``: the groups that map to it) and whose archive holds its latest
+  state (`Shard`, broker/cluster/shards.py). Moved by the controller under its epoch;
+  claimed by the coordinator it names. The record's mod revision is that partition's
+  epoch: every act of its coordinator is a transaction comparing it (`check_shards`).
+  ``groups/coordinator``, left by the version before sharded groups, is read only to
+  give the first placement its holder (`legacy_holder`).
 
 Everything is learnt by one watch of the whole prefix (no polling); when the watch ends it
 is re-read and watched again. Never etcd's lock API: leases and transactions only.
@@ -39,11 +44,13 @@ from typing import Any
 import trio
 
 from broker.cluster.etcd import Compare, Etcd, EtcdError, Event, KeyValue, Op
+from broker.cluster.shards import Shard
 
 log = logging.getLogger("hyperkafka.cluster")
 
 RETRY_MIN_S = 0.2
 RETRY_MAX_S = 2.0
+SHARD_TXN_OPS = 64  # below etcd's default --max-txn-ops (128)
 
 
 @dataclass(frozen=True)
@@ -136,9 +143,12 @@ class Membership:
         self.placements: dict[str, Placement] = {}
         self.controller: int | None = None
         self.controller_epoch = 0  # create revision of the controller key (0: none)
-        self.coordinator_record: tuple[int, int] | None = (
-            None  # (broker id, epoch) of groups/coordinator
-        )
+        # internal topic -> partition -> its coordinator (broker/cluster/shards.py)
+        self.shards: dict[str, dict[int, Shard]] = {}
+        # ``groups/coordinator``, written by brokers of the version before sharded groups:
+        # the broker whose archive held every group's state (the first placement of the
+        # partitions of __consumer_offsets names it their holder, so nothing is lost).
+        self.legacy_holder: int | None = None
         self.lease = 0
         self._lease_deadline = float("-inf")  # by our clock, the lease may have expired after this
         self._changed = trio.Event()
@@ -160,6 +170,9 @@ class Membership:
 
     def topic_key(self, name: str) -> bytes:
         return self._key("topics", name)
+
+    def shard_key(self, topic: str, partition: int) -> bytes:
+        return self._key("internal", topic, str(partition))
 
     # -- the view ------------------------------------------------------------------
 
@@ -218,11 +231,18 @@ class Membership:
                 else:
                     self.placements[rest] = Placement.decode(rest, kv.value)
             elif rel == "groups/coordinator":
-                if deleted:
-                    self.coordinator_record = None
+                self.legacy_holder = None if deleted else int(json.loads(kv.value)["id"])
+            elif kind == "internal":
+                topic, _, index = rest.rpartition("/")
+                shards = self.shards.setdefault(topic, {})
+                p = int(index)
+                old = shards.get(p)
+                if old is not None and old.revision > kv.mod_revision:
+                    pass  # older than what our own transaction already told us
+                elif deleted:
+                    shards.pop(p, None)
                 else:
-                    d = json.loads(kv.value)
-                    self.coordinator_record = (int(d["id"]), int(d["epoch"]))
+                    shards[p] = Shard.decode(topic, p, kv.value, kv.mod_revision)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("cluster: ignoring a malformed etcd record %r: %s", kv.key, exc)
 
@@ -352,7 +372,9 @@ class Membership:
             self.members.clear()
             self.known.clear()
             self.placements.clear()
-            self.controller, self.controller_epoch, self.coordinator_record = None, 0, None
+            self.shards.clear()
+            self.legacy_holder = None
+            self.controller, self.controller_epoch = None, 0
             for kv in kvs:
                 self._apply(kv, False)
             self._notify()
@@ -457,14 +479,63 @@ class Membership:
             self.placements.pop(name, None)
         return ok
 
-    async def record_coordinator(self, epoch: int) -> bool | None:
-        """Say in etcd that our offsets archive now holds the groups' state (fenced by
-        `epoch`, the controller epoch the coordinator took over in)."""
-        value = json.dumps({"id": self.me.node_id, "epoch": epoch}).encode()
-        ok = await self.fenced([], [Op.put(self._key("groups", "coordinator"), value)], epoch=epoch)
-        if ok:
-            self.coordinator_record = (self.me.node_id, epoch)
-        return ok
+    async def place_shards(
+        self, topic: str, moves: dict[int, tuple[int, int | None]], seen: dict[int, Shard]
+    ) -> bool | None:
+        """Record new coordinators of partitions of internal topic `topic` (controller
+        only), partition -> (owner, holder), each only if its record is still the one
+        `seen` (absent when not in it): True, False when one changed meanwhile, None when
+        we are not the controller. At most SHARD_TXN_OPS per transaction (etcd's
+        --max-txn-ops)."""
+        items = sorted(moves.items())
+        for i in range(0, len(items), SHARD_TXN_OPS):
+            compare, ops = [], []
+            for p, (owner, holder) in items[i : i + SHARD_TXN_OPS]:
+                key = self.shard_key(topic, p)
+                old = seen.get(p)
+                compare.append(
+                    Compare.absent(key) if old is None else Compare.mod_revision(key, old.revision)
+                )
+                ops.append(Op.put(key, Shard(topic, p, owner, holder).encode()))
+            ok = await self.fenced(compare, ops)
+            if not ok:
+                return ok
+        return True
+
+    async def claim_shards(self, topic: str, seen: dict[int, int]) -> int | None:
+        """This broker, named coordinator of the partitions `seen` (partition -> the
+        revision of the record naming it), says it holds their state now: one
+        transaction, only if every record is still at that revision and our lease lives.
+        The new revision (their epoch from now on), or None when fenced."""
+        if not self.lease_valid():
+            return None
+        compare = [Compare.create_revision(self.broker_key(self.me.node_id), 0, "GREATER")]
+        ops = []
+        for p, revision in sorted(seen.items()):
+            key = self.shard_key(topic, p)
+            compare.append(Compare.mod_revision(key, revision))
+            shard = Shard(topic, p, self.me.node_id, self.me.node_id)
+            ops.append(Op.put(key, shard.encode()))
+        r = await self.etcd.txn(compare, ops)
+        if not r.succeeded:
+            return None
+        shards = self.shards.setdefault(topic, {})
+        for p in seen:
+            shards[p] = Shard(topic, p, self.me.node_id, self.me.node_id, r.revision)
+        self._notify()
+        return r.revision
+
+    async def check_shards(self, topic: str, revisions: dict[int, int]) -> bool:
+        """Whether this broker still coordinates these partitions at these revisions
+        (their epochs), asked of etcd: a transaction comparing each, and that our lease
+        lives (our registration is on it)."""
+        if not self.lease_valid():
+            return False
+        compare = [Compare.create_revision(self.broker_key(self.me.node_id), 0, "GREATER")]
+        compare += [
+            Compare.mod_revision(self.shard_key(topic, p), rev) for p, rev in revisions.items()
+        ]
+        return (await self.etcd.txn(compare, [])).succeeded
 
     def statistics(self) -> dict[str, Any]:
         return {

@@ -23,14 +23,17 @@ wait. Design, as Kafka and Hypercore each would have it:
   LEADER_NOT_AVAILABLE, as Kafka's offline partitions. A broker that started after the
   writer died takes its last ISR from a peer's Metadata (`take_metadata`, polled by
   broker/mirror.py `poll_leader_isr`: the writer is the authority on its ISR).
-* The controller (elected in etcd) places topics and coordinates every group; its acts are
-  fenced by its epoch (broker/placement.py, broker/groups/coordinator.py).
+* The controller (elected in etcd) places topics and the partitions of ``__consumer_offsets``
+  (each one's coordinator, broker/cluster/shards.py); its acts are fenced by its epoch,
+  a coordinator's by its partition's record revision (broker/placement.py,
+  broker/groups/coordinator.py).
 * Committed offsets survive any broker (Kafka replicates ``__consumer_offsets``): every
   broker follows every peer's offsets archive (`PeerCopy`, kept by broker/mirror.py,
   never a Kafka topic); the coordinator's commits wait for the in-sync peers like an
-  acks=all produce. A broker that becomes controller loads once `handed_over` (every
-  live peer names it controller, and our copy of its archive holds what it has), then
-  adopts the previous coordinator's state by log order (broker/groups/offsets.py `adopt`).
+  acks=all produce. A broker named coordinator of a partition of ``__consumer_offsets``
+  loads it once `handed_over` (our copy of every live peer's archive holds what it has),
+  adopting its state from the archive of its previous holder by log order
+  (broker/groups/offsets.py `adopt`).
 * Progress comes from the Hypercore protocol itself: a peer that stored blocks tells the
   writer with ``range`` (and ``bitfield``) messages, exactly as a Hypercore peer does after
   each download (`ReplicationSession.remote_contiguous_length`). Our mirrors announce a
@@ -69,8 +72,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from broker.cluster.membership import Membership
-from broker.config import ClusterBroker
+from broker.cluster.etcd import Etcd
+from broker.cluster.membership import Member, Membership
+from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, ClusterBroker
 from storage import PartitionLog
 from storage.replication.session import ReplicationChannel
 
@@ -165,6 +169,26 @@ class Cluster:
         # Every broker of the cluster derives the same id from the same etcd prefix.
         self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
+    @classmethod
+    def from_config(cls, config: BrokerConfig, node_key: bytes) -> Cluster | None:
+        """The cluster view of a broker whose config names etcd (None: a single broker)."""
+        if not config.cluster_etcd_endpoints:
+            return None
+        host, port = config.advertised
+        me = Member(config.node_id, host, port, config.rack, node_key.hex())
+        membership = Membership(
+            Etcd(config.cluster_etcd_endpoints),
+            config.cluster_name,
+            me,
+            max(1, round(config.session_timeout_ms / 1000)),
+        )
+        return cls(
+            membership,
+            replica_lag_ms=config.replica_lag_ms,
+            session_timeout_ms=config.session_timeout_ms,
+            rack_aware=config.replica_selector == RACK_AWARE_SELECTOR,
+        )
+
     # -- membership (etcd) --------------------------------------------------------
 
     @property
@@ -232,14 +256,12 @@ class Cluster:
         return self._copies_changed
 
     def handed_over(self) -> bool:
-        """Whether this broker, the controller, may take the groups over: every live peer
-        named it controller in its last Metadata answer (so it coordinates no group any
-        more), and our copy of that peer's offsets archive holds what the peer said it
-        has. A dead peer's copy is what it is: nobody adds to it."""
+        """Whether a coordinator taking partitions of ``__consumer_offsets`` over may load
+        them: our copy of every live peer's offsets archive holds what the peer said it
+        has (what a previous coordinator acknowledged, it had replicated to its in-sync
+        peers first). A dead peer's copy is what it is: nobody adds to it."""
         return all(
-            self._named_controller.get(i) == self.me
-            and (c := self.offsets_copies.get(i)) is not None
-            and c.caught_up()
+            (c := self.offsets_copies.get(i)) is not None and c.caught_up()
             for i in self.live_ids()
             if i != self.me
         )

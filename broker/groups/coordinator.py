@@ -14,17 +14,22 @@ commits that overlap in flight land in log order). Replaying the archive on open
 restores every committed offset and every group's last stored generation and members,
 who then have one session timeout to heartbeat before they are dropped.
 
-Cluster mode (broker/cluster/): the controller elected in etcd alone coordinates, fenced by
-its controller epoch. Commits, group metadata and tombstones are answered once the in-sync
-peers hold them too (`_wait_stored`, Kafka's acks=-1 for the offsets topic; refused before
-the append when the ISR is below the topic's min.insync.replicas) and then only if a
-transaction in etcd confirms that our epoch still holds (else NOT_COORDINATOR, and this
-broker resigns). `_follow_controller` watches who is controller: this broker `take_over`s
-when it becomes controller (waits for `Cluster.handed_over`, adopts the previous
-coordinator's state from its copy of that broker's archive, `broker.groups.offsets.adopt`,
-by log order, never by clocks; records itself in etcd as the coordinator of its epoch;
-loads; group requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and
-`resign`s when another broker is.
+Cluster mode (broker/cluster/): groups are sharded as Kafka shards them. A group maps to a
+partition of ``__consumer_offsets`` (`broker.cluster.shards.partition_for`, Kafka's hash,
+over ``offsets.topic.num.partitions``); the controller names each partition's coordinator
+in etcd (`broker.cluster.shards.place_shards`, started here), and that broker coordinates
+the partition's groups. Every broker keeps one offsets archive (all the partitions it
+coordinates write there) that every other broker copies. Commits, group metadata and
+tombstones are answered once the in-sync peers hold them too (`_wait_stored`, Kafka's
+acks=-1 for the offsets topic; refused before the append when the ISR is below the
+topic's min.insync.replicas) and then only if a transaction in etcd confirms that the
+partition's record still has the revision we claimed it at (its epoch; else
+NOT_COORDINATOR, and this broker gives the partition up). `_follow_shards` watches the
+records: this broker `take_over`s the partitions newly named to it (waits for
+`Cluster.handed_over`, adopts their groups' state from its copy of the archive of the
+partition's previous holder, `broker.groups.offsets.adopt`, by log order, never by clocks;
+claims them in etcd, a new revision; loads; their groups' requests answer
+COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s those moved elsewhere.
 
 KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
 are appended in the order it produced them, and a heartbeat is answered once the records
@@ -44,6 +49,7 @@ Imports trio, the node's types (for typing only), `broker.groups.*`; no protocol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -56,6 +62,7 @@ import trio
 
 from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import EtcdError
+from broker.cluster.shards import partition_for, place_shards
 from broker.groups import codes, consumer_records
 from broker.groups.consumer_group import ConsumerGroup, ConsumerSettings, Heartbeat, HeartbeatResult
 from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, adopt, last_words
@@ -63,6 +70,8 @@ from broker.groups.records import (
     GroupValue,
     MemberValue,
     OffsetValue,
+    RecordFormatError,
+    decode_key,
     group_key,
     group_value,
     offset_key,
@@ -88,7 +97,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hyperkafka.groups")
 
-CONTROLLER_TICK_S = 0.1  # cluster mode: how often the coordinator looks who is controller
+SHARDS_TICK_S = 0.1  # cluster mode: how often the coordinator looks at its partitions
 TAKEOVER_RETRY_S = 1.0  # after a takeover failed (its archive failed, say)
 
 
@@ -151,15 +160,12 @@ class GroupCoordinator:
         self._maintenance_wanted = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.compactions = 0
-        # Whether the groups are in memory and served. Alone: from the start. In cluster
-        # mode: once this broker is controller and has taken over (`take_over`), until
-        # another broker is controller.
-        self.loaded = node.cluster is None
+        # Cluster mode: the partitions of __consumer_offsets whose groups are in memory
+        # and served here -> the revision of their etcd record we claimed them at (their
+        # epoch: every ack is fenced by it; any other revision means taking over again).
+        # Alone, every group is served from the start.
+        self.shards: dict[int, int] = {}
         self.takeovers = 0
-        # Cluster mode: the controller epoch the groups were loaded in. Every ack is fenced
-        # by it, and a new epoch (even ours again, after our lease expired in between:
-        # another broker may have coordinated meanwhile) means taking over again.
-        self.loaded_epoch = 0
 
     # ------------------------------------------------------------------ driver
 
@@ -175,7 +181,10 @@ class GroupCoordinator:
                 if replayed is not None:
                     self._install(replayed)
             else:
-                nursery.start_soon(self._follow_controller, self.node.cluster)
+                membership = self.node.cluster.membership
+                partitions = self.settings.offsets_topic_num_partitions
+                nursery.start_soon(place_shards, membership, OFFSETS_TOPIC, partitions)
+                nursery.start_soon(self._follow_shards, self.node.cluster)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -193,85 +202,155 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ cluster mode
 
-    def refusal(self) -> int:
-        """NONE when this broker serves the groups now; else what a group request answers:
-        NOT_COORDINATOR on a broker that is not the controller (the client asks
-        FindCoordinator again), COORDINATOR_LOAD_IN_PROGRESS while the controller takes
-        over (both retriable)."""
+    @property
+    def loaded(self) -> bool:
+        """Whether this broker serves groups now (alone: always; in cluster mode: whether
+        it coordinates at least one partition of __consumer_offsets)."""
+        return self.node.cluster is None or bool(self.shards)
+
+    def shard_of(self, group_id: str) -> int:
+        """The partition of __consumer_offsets group `group_id` maps to (cluster mode:
+        how many partitions etcd records; before any, the configured count)."""
+        cluster = self.node.cluster
+        count = self.settings.offsets_topic_num_partitions
+        if cluster is not None:
+            shards = cluster.membership.shards.get(OFFSETS_TOPIC)
+            if shards:
+                count = max(shards) + 1
+        return partition_for(group_id, count)
+
+    def coordinator_of(self, group_id: str) -> int | None:
+        """Cluster mode: the broker etcd names coordinator of `group_id` (None: none yet)."""
+        cluster = self.node.cluster
+        if cluster is None:
+            return self.node.config.node_id
+        shard = cluster.membership.shards.get(OFFSETS_TOPIC, {}).get(self.shard_of(group_id))
+        return None if shard is None else shard.owner
+
+    def refusal(self, group_id: str) -> int:
+        """NONE when this broker serves group `group_id` now; else what a request for it
+        answers: NOT_COORDINATOR on a broker that does not coordinate its partition of
+        __consumer_offsets (the client asks FindCoordinator again),
+        COORDINATOR_LOAD_IN_PROGRESS while this broker takes the partition over (both
+        retriable)."""
         cluster = self.node.cluster
         if cluster is None:
             return codes.NONE
-        if not cluster.is_controller:
-            if self.loaded:
-                self.resign()
+        p = self.shard_of(group_id)
+        record = cluster.membership.shards.get(OFFSETS_TOPIC, {}).get(p)
+        if record is None or record.owner != cluster.me or not cluster.membership.lease_valid():
+            if p in self.shards:
+                self.resign([p])
             return codes.NOT_COORDINATOR
-        if self.loaded and self.loaded_epoch != cluster.membership.controller_epoch:
-            self.resign()  # controller again in a new epoch: take over again first
-        return codes.NONE if self.loaded else codes.COORDINATOR_LOAD_IN_PROGRESS
+        if p in self.shards and self.shards[p] != record.revision:
+            self.resign([p])  # moved away and back meanwhile: take it over again first
+        return codes.NONE if p in self.shards else codes.COORDINATOR_LOAD_IN_PROGRESS
 
-    async def _follow_controller(self, cluster: Cluster) -> None:
+    def refusal_all(self) -> int:
+        """ListGroups: COORDINATOR_LOAD_IN_PROGRESS while a partition named to this broker
+        is not loaded yet, else NONE (it lists the groups of the partitions it serves)."""
+        cluster = self.node.cluster
+        if cluster is None:
+            return codes.NONE
+        mine = self._named_here(cluster)
+        return codes.COORDINATOR_LOAD_IN_PROGRESS if any(p not in self.shards for p in mine) else codes.NONE
+
+    @staticmethod
+    def _named_here(cluster: Cluster) -> dict[int, int]:
+        """Partitions etcd names this broker coordinator of -> their record revision
+        (none while our lease may have expired)."""
+        if not cluster.membership.lease_valid():
+            return {}
+        return {p: s.revision for p, s in cluster.membership.shards.get(OFFSETS_TOPIC, {}).items()
+                if s.owner == cluster.me}
+
+    async def _follow_shards(self, cluster: Cluster) -> None:
         while True:
-            if self.loaded and (not cluster.is_controller or self.loaded_epoch != cluster.membership.controller_epoch):
-                self.resign()
-            if cluster.is_controller and not self.loaded:
-                try:
-                    await self.take_over(cluster)
-                except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
-                    log.exception("taking over the groups failed")
-                    await trio.sleep(TAKEOVER_RETRY_S)
+            named = self._named_here(cluster)
+            gone = [p for p, rev in self.shards.items() if named.get(p) != rev]
+            if gone:
+                self.resign(gone)
+            wanted = {p: rev for p, rev in named.items() if p not in self.shards}
             changed = cluster.membership.changed
-            with trio.move_on_after(CONTROLLER_TICK_S):  # is_controller also ends by time alone
+            if wanted:
+                try:
+                    if await self.take_over(cluster, wanted):
+                        continue
+                except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
+                    log.exception("taking over partitions of %s failed", OFFSETS_TOPIC)
+                    await trio.sleep(TAKEOVER_RETRY_S)
+                    continue
+            with trio.move_on_after(SHARDS_TICK_S):  # the lease also ends by time alone
                 await changed.wait()
 
-    def resign(self) -> None:
-        """Another broker is controller now: stop coordinating (its archive, merged with
-        ours when it took over, carries the offsets from here on)."""
-        self.loaded = False
-        self.groups.unload()
+    def resign(self, partitions: Iterable[int] | None = None) -> None:
+        """Stop coordinating the groups of these partitions of __consumer_offsets (all:
+        None): another broker coordinates them now (its archive, where it adopted our
+        state when it took over, carries their offsets from here on)."""
+        gone = set(self.shards) if partitions is None else set(partitions)
+        for p in gone:
+            self.shards.pop(p, None)
+        self.groups.unload([g for g in self.groups.groups if partitions is None or self.shard_of(g) in gone])
         self._dispatch()
-        log.info("no longer the group coordinator (broker %s is controller)",
-                 self.node.cluster.controller_id if self.node.cluster is not None else "?")
+        if gone:
+            log.info("no longer the coordinator of %s partitions %s", OFFSETS_TOPIC, sorted(gone))
 
-    async def take_over(self, cluster: Cluster) -> None:
-        """Become the coordinator: wait (at most a session timeout) until our copy of every
-        live peer's offsets archive holds what that peer has; adopt from the archive of
-        the previous coordinator (the broker etcd names in ``groups/coordinator``) every
-        key whose last word differs from ours (`broker.groups.offsets.adopt`: its log
-        order, no clocks), writing them into our own archive; then record in etcd, under
-        our controller epoch, that our archive is the one now, and load it. Group
-        requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+    def _in_shards(self, raw_key: bytes, partitions: Mapping[int, object]) -> bool:
+        try:
+            return self.shard_of(decode_key(raw_key).group_id) in partitions
+        except RecordFormatError:
+            return False
+
+    async def take_over(self, cluster: Cluster, wanted: dict[int, int]) -> bool:
+        """Become the coordinator of partitions `wanted` of __consumer_offsets (partition
+        -> the revision of the record naming us): wait (at most a session timeout) until
+        our copy of every live peer's offsets archive holds what that peer has; adopt
+        from the archive of each partition's previous holder (its etcd record says who)
+        every key of its groups whose last word differs from ours
+        (`broker.groups.offsets.adopt`: its log order, no clocks), writing them into our
+        own archive; then claim the partitions in etcd (one transaction comparing each
+        record's revision: a new revision, their epoch) and load their groups. Their
+        groups' requests answer COORDINATOR_LOAD_IN_PROGRESS meanwhile. Whether they
+        were claimed (not: they were moved again meanwhile, or our lease is gone)."""
         started = trio.current_time()
-        epoch = cluster.membership.controller_epoch
         if not await cluster.wait_handed_over(cluster.session_s):
-            log.warning("taking over the groups with copies of the peers' offsets that may be behind")
-        if not cluster.is_controller:
-            return
-        previous = cluster.membership.coordinator_record
+            log.warning("taking over groups with copies of the peers' offsets that may be behind")
+        records = cluster.membership.shards.get(OFFSETS_TOPIC, {})
+        wanted = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
+        if not wanted:
+            return False
+        by_holder: dict[int, set[int]] = {}
+        for p in wanted:
+            holder = records[p].holder
+            if holder is not None and holder != cluster.me:
+                by_holder.setdefault(holder, set()).add(p)
         adopted = []
-        if previous is not None and previous[0] != cluster.me:
-            copy = cluster.offsets_copies.get(previous[0])
+        own = {k: w for k, w in self.archive.words().items() if self._in_shards(w.key, wanted)}
+        for holder, parts in sorted(by_holder.items()):
+            copy = cluster.offsets_copies.get(holder)
             if copy is None:
-                raise RuntimeError(f"no copy of the offsets archive of broker {previous[0]}, the previous coordinator")
-            words = last_words(copy.log, name=f"{OFFSETS_TOPIC} of broker {previous[0]}")
-            adopted = adopt(self.archive.words(), words)
+                raise RuntimeError(f"no copy of the offsets archive of broker {holder}, the previous coordinator")
+            words = last_words(copy.log, name=f"{OFFSETS_TOPIC} of broker {holder}")
+            theirs = {k: w for k, w in words.items() if self._in_shards(w.key, dict.fromkeys(parts))}
+            adopted += adopt({k: w for k, w in own.items() if self._in_shards(w.key, dict.fromkeys(parts))}, theirs)
         if adopted:
             # Durable here is enough to serve them (as Kafka's load needs no acks): the
             # peers copy them from our archive as they copy everything else.
             span = self.archive.adopt(adopted)
             assert span is not None
             await self._wait_durable(span[1])
-        if not await cluster.membership.record_coordinator(epoch):
-            return  # fenced: another broker (or another epoch of ours) is controller now
+        revision = await cluster.membership.claim_shards(OFFSETS_TOPIC, wanted)
+        if revision is None:
+            return False  # fenced: moved again meanwhile (the loop looks again at the next change)
         replayed = self.archive.replay()
-        self.groups.unload()
-        self._install(replayed)
+        self._install(replayed, set(wanted))
+        self.shards.update(dict.fromkeys(wanted, revision))
         self._dispatch()
-        self.loaded = True
-        self.loaded_epoch = epoch
         self.takeovers += 1
-        log.info("group coordinator now, epoch %d (took over in %.2fs): %d records adopted from broker %s; "
-                 "%d offsets, %d groups", epoch, trio.current_time() - started,
-                 len(adopted), previous[0] if previous else "-", len(replayed.offsets), len(replayed.groups))
+        log.info("group coordinator of %s partitions %s now, revision %d (took over in %.2fs): "
+                 "%d records adopted from brokers %s", OFFSETS_TOPIC, sorted(wanted), revision,
+                 trio.current_time() - started, len(adopted), sorted(by_holder) or "-")
+        return True
 
     async def _wait_durable(self, last: int) -> None:
         """Records the coordinator copies (compaction, records adopted from the peers):
@@ -279,12 +358,29 @@ class GroupCoordinator:
         with trio.fail_after(max(self.settings.offset_commit_timeout_ms / 1000, 1) * 6):
             await self.archive.wait_durable(last)
 
-    async def _wait_stored(self, last: int) -> int:
+    def _fence(self, group_ids: Iterable[str]) -> dict[int, int] | None:
+        """Cluster mode: the partitions of these groups -> the revision we serve them at
+        (what `_wait_stored` has etcd compare); None when one is not served here. Alone: {}."""
+        if self.node.cluster is None:
+            return {}
+        fence: dict[int, int] = {}
+        for g in group_ids:
+            p = self.shard_of(g)
+            revision = self.shards.get(p)
+            if revision is None:
+                return None
+            fence[p] = revision
+        return fence
+
+    async def _wait_stored(self, last: int, fence: dict[int, int] | None) -> int:
         """Wait until a signed head covers offset `last` of the archive and, in cluster mode,
         every in-sync peer holds it (Kafka writes the offsets topic with acks=-1); the
-        error to answer: NONE, REQUEST_TIMED_OUT, or COORDINATOR_NOT_AVAILABLE (a storage
+        error to answer: NONE, REQUEST_TIMED_OUT, COORDINATOR_NOT_AVAILABLE (a storage
         failure, or fewer than min.insync.replicas copies: Kafka maps
-        NOT_ENOUGH_REPLICAS(_AFTER_APPEND) to it for commits)."""
+        NOT_ENOUGH_REPLICAS(_AFTER_APPEND) to it for commits), or NOT_COORDINATOR when
+        `fence` (`_fence`, taken before the append) no longer holds in etcd."""
+        if fence is None:
+            return codes.NOT_COORDINATOR
         with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
             try:
                 await self.archive.wait_durable(last)
@@ -297,16 +393,16 @@ class GroupCoordinator:
             plog = self.archive.partition.log
             if not await cluster.wait_replicated(plog.key, signed_blocks(plog), self._min_insync):
                 return codes.COORDINATOR_NOT_AVAILABLE
-            # Fencing: answered only while our controller epoch still holds in etcd, so a
-            # coordinator that was paused or cut off acknowledges nothing once another
-            # broker may coordinate (it steps down instead).
+            # Fencing: answered only while the records of the partitions concerned still
+            # have the revision we claimed them at, so a coordinator that was paused or
+            # cut off acknowledges nothing once the controller moved them (it steps down).
             try:
-                still = await cluster.membership.check_epoch(self.loaded_epoch)
+                still = await cluster.membership.check_shards(OFFSETS_TOPIC, fence)
             except EtcdError as exc:
-                log.warning("cannot check the controller epoch in etcd: %s", exc)
+                log.warning("cannot check the coordinator's epoch in etcd: %s", exc)
                 return codes.COORDINATOR_NOT_AVAILABLE
             if not still:
-                self.resign()
+                self.resign([p for p, rev in fence.items() if self.shards.get(p) == rev])
                 return codes.NOT_COORDINATOR
             return codes.NONE
         return codes.REQUEST_TIMED_OUT
@@ -329,9 +425,13 @@ class GroupCoordinator:
         self._check_compaction()
         return span
 
-    def _install(self, replayed: Replayed) -> None:
+    def _install(self, replayed: Replayed, partitions: set[int] | None = None) -> None:
+        """Load the groups of `replayed` (only those of these partitions of
+        __consumer_offsets, when given: the others are served from memory or elsewhere)."""
         now = self.now()
         for group_id, value in replayed.groups.items():
+            if partitions is not None and self.shard_of(group_id) not in partitions:
+                continue
             protocol = value.protocol
             members = [
                 Member(
@@ -351,6 +451,8 @@ class GroupCoordinator:
             if group.is_(State.EMPTY) and value.current_state_timestamp >= 0:
                 group.current_state_timestamp = value.current_state_timestamp
         for group_id, records in replayed.consumer_groups.items():
+            if partitions is not None and self.shard_of(group_id) not in partitions:
+                continue
             group = self.groups.get_or_create(group_id)
             if group.members:
                 continue  # the classic record is the newer word here
@@ -358,6 +460,8 @@ class GroupCoordinator:
             consumer.load(now, records, self._topic, self._topic_names)
             group.consumer, group.protocol_type = consumer, CONSUMER_PROTOCOL
         for (group_id, topic, partition), (v, record_offset) in replayed.offsets.items():
+            if partitions is not None and self.shard_of(group_id) not in partitions:
+                continue
             group = self.groups.get_or_create(group_id)
             group.offsets[(topic, partition)] = CommittedOffset(
                 v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, record_offset, v.expire_timestamp
@@ -388,6 +492,7 @@ class GroupCoordinator:
         if group.is_(State.EMPTY):
             group.current_state_timestamp = now_wall  # the record says the same (KIP-211)
         value = _group_value(group, effect.assignment, now_wall)
+        fence = self._fence([effect.group_id])
         try:
             _, last = self._append_replicated([(group_key(group.group_id), group_value(value))], now_wall)
         except Exception as exc:
@@ -396,7 +501,7 @@ class GroupCoordinator:
             return
 
         async def stored() -> None:
-            error = await self._wait_stored(last)
+            error = await self._wait_stored(last, fence)
             if error != codes.NONE:
                 log.error("group %s metadata not stored: error %d", effect.group_id, error)
             self.groups.group_stored(self.now(), effect.group_id, effect.generation_id, effect.assignment, error)
@@ -427,6 +532,7 @@ class GroupCoordinator:
     async def consumer_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
         """ConsumerGroupHeartbeat: run the machine, then answer once its records are
         stored (a signed head covers them; in a cluster, the in-sync peers hold them)."""
+        fence = self._fence([hb.group_id])  # taken before the append, as a commit's
         result = self.groups.consumer_heartbeat(self.now(), hb, self._topic, self._topic_names)
         try:
             last = self._flush_records()
@@ -437,7 +543,7 @@ class GroupCoordinator:
             error = codes.NONE
         self._dispatch()
         if error == codes.NONE and last is not None:
-            error = await self._wait_stored(last)
+            error = await self._wait_stored(last, fence)
         if error != codes.NONE and result.error == codes.NONE:
             return HeartbeatResult(error, "The group's records could not be stored.")
         return result
@@ -518,6 +624,7 @@ class GroupCoordinator:
         ]
         partitions = [(e.topic, e.partition) for e in to_write]
         group.begin_offset_commit(partitions)  # not expired while in flight
+        fence = self._fence([group_id])
         try:
             try:
                 base, last = self._append_replicated(records, now_wall)
@@ -526,7 +633,7 @@ class GroupCoordinator:
                 for e in to_write:
                     e.error = codes.COORDINATOR_NOT_AVAILABLE
                 return
-            error = await self._wait_stored(last)
+            error = await self._wait_stored(last, fence)
             if error != codes.NONE:
                 for e in to_write:
                     e.error = error
@@ -555,12 +662,13 @@ class GroupCoordinator:
             return codes.NONE
         now_wall = self.wall()
         records = [(offset_key(group_id, t, p), offset_value(OffsetValue(o, e, m, now_wall, None))) for t, p, o, e, m in offsets]
+        fence = self._fence([group_id])
         try:
             base, last = self._append_replicated(records, now_wall)
         except Exception as exc:
             log.error("cannot append transactional offsets of group %s: %s", group_id, exc)
             return codes.COORDINATOR_NOT_AVAILABLE
-        error = await self._wait_stored(last)
+        error = await self._wait_stored(last, fence)
         if error != codes.NONE:
             return error
         group = self.groups.get_or_create(group_id)
@@ -615,10 +723,15 @@ class GroupCoordinator:
         return error, per_partition
 
     async def _write_tombstones(self, tombstones: list[tuple[bytes, bytes | None]]) -> None:
+        groups = set()
+        for raw_key, _ in tombstones:
+            with contextlib.suppress(RecordFormatError):
+                groups.add(decode_key(raw_key).group_id)
+        fence = self._fence(groups)
         try:
             _, last = self.archive.append(tombstones, self.wall())
             self._check_compaction()
-            error = await self._wait_stored(last)
+            error = await self._wait_stored(last, fence)
             if error != codes.NONE:
                 log.error("%d tombstones not stored everywhere: error %d", len(tombstones), error)
         except Exception as exc:  # the in-memory delete stands; a restart may bring them back

@@ -114,6 +114,9 @@ class GroupSettings:
     # Compact the offsets archive once this many of its records are superseded and they
     # are at least half of it (Kafka's log.cleaner.min.cleanable.ratio = 0.5).
     offsets_compaction_min_dirty_records: int = 10_000
+    # Cluster mode: partitions of __consumer_offsets, each coordinated by one broker
+    # (groups map to them by Kafka's hash). Read once, when the controller first places them.
+    offsets_topic_num_partitions: int = 50
 
     NAMES: ClassVar[dict[str, str]] = {
         "group.initial.rebalance.delay.ms": "initial_rebalance_delay_ms",
@@ -126,9 +129,11 @@ class GroupSettings:
         "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
         "hyperkafka.offsets.retention.ms": "offsets_retention_ms_override",
         "hyperkafka.offsets.compaction.min.dirty.records": "offsets_compaction_min_dirty_records",
+        "offsets.topic.num.partitions": "offsets_topic_num_partitions",
     }
     _AT_LEAST_ONE: ClassVar[frozenset[str]] = frozenset(
-        {"max_size", "offsets_retention_minutes", "offsets_retention_check_interval_ms", "offsets_compaction_min_dirty_records"}
+        {"max_size", "offsets_retention_minutes", "offsets_retention_check_interval_ms", "offsets_compaction_min_dirty_records",
+         "offsets_topic_num_partitions"}
     )
 
     @classmethod
@@ -668,15 +673,17 @@ class Groups:
     def next_deadline(self) -> int | None:
         return min((d for g in self.groups.values() if (d := g.next_deadline()) is not None), default=None)
 
-    def unload(self) -> None:
-        """This broker stops coordinating (Kafka's onResignation): parked JoinGroup and
-        SyncGroup requests answer NOT_COORDINATOR, so their members look for the new
-        coordinator, and every group is forgotten."""
-        for group in self.groups.values():
+    def unload(self, group_ids: Iterable[str] | None = None) -> None:
+        """This broker stops coordinating these groups (all: None; Kafka's onResignation
+        of a partition): parked JoinGroup and SyncGroup requests answer NOT_COORDINATOR,
+        so their members look for the new coordinator, and the groups are forgotten."""
+        for group_id in list(self.groups) if group_ids is None else list(group_ids):
+            group = self.groups.pop(group_id, None)
+            if group is None:
+                continue
             for m in group.members.values():
                 group._answer_join(m, JoinResult(codes.NOT_COORDINATOR, m.member_id))
                 group._answer_sync(m, SyncResult(codes.NOT_COORDINATOR))
-        self.groups.clear()
 
     def tick(self, now: int) -> None:
         for group in list(self.groups.values()):

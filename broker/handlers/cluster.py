@@ -10,7 +10,7 @@ from typing import Any
 from broker.api import Reply, RequestContext, advertised, api
 from broker.cluster import NO_LEADER, Cluster
 from broker.handlers import errors
-from broker.node import Node, Partition, Topic, TopicError, check_topic_name
+from broker.node import OFFSETS_TOPIC, Node, Partition, Topic, TopicError, check_topic_name
 from broker.placement import create_placed
 from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
 from broker.security.session import authorize, authorized_operations, cluster_operations
@@ -77,9 +77,32 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
     return leader, replicas, isr, offline
 
 
+def _sharded_partitions(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    """An internal topic in cluster mode: its partitions as etcd places them (each one's
+    coordinator leads it, broker/cluster/shards.py), the same on every broker. Every
+    broker copies every other's offsets archive: all are replicas, the live ones in sync."""
+    out = []
+    for index, shard in sorted(cluster.membership.shards.get(name, {}).items()):
+        replicas = cluster.replicas(shard.owner)
+        leader = shard.owner if cluster.alive(shard.owner) else NO_LEADER
+        out.append({
+            "error_code": errors.LEADER_NOT_AVAILABLE if leader == NO_LEADER else errors.NONE,
+            "partition_index": index,
+            "leader_id": leader,
+            "leader_epoch": LEADER_EPOCH,
+            "replica_nodes": replicas,
+            "isr_nodes": [i for i in replicas if cluster.alive(i)],
+            "offline_replicas": [i for i in replicas if not cluster.alive(i)],
+        })
+    return out
+
+
 def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
     partitions = []
-    for p in topic.partitions:
+    cluster = node.cluster if topic.name == OFFSETS_TOPIC else None
+    if cluster is not None:
+        partitions = _sharded_partitions(cluster, topic.name)
+    for p in [] if cluster is not None else topic.partitions:
         leader, replicas, isr, offline = _replicas(node, topic, p)
         partitions.append({
             # Kafka's offline partition: no live in-sync replica to lead it

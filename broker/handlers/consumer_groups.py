@@ -59,7 +59,7 @@ def _ms(value: Any) -> int:
 async def consumer_group_heartbeat(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return _refused(GROUP_AUTHORIZATION_FAILED, "Group authorization failed.", req)
-    if refusal := ctx.node.groups.refusal():
+    if refusal := ctx.node.groups.refusal(req.group_id):
         return _refused(refusal, "This broker does not coordinate the group now.", req)
     names = req.subscribed_topic_names
     if names is not None:
@@ -144,7 +144,7 @@ async def consumer_group_describe(ctx: RequestContext, req: Any) -> Reply:
                 empty(group_id, GROUP_AUTHORIZATION_FAILED, "Group authorization failed.")
             )
             continue
-        if refusal := coordinator.refusal():
+        if refusal := coordinator.refusal(group_id):
             described.append(
                 empty(group_id, refusal, "This broker does not coordinate the group now.")
             )

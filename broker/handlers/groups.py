@@ -16,17 +16,16 @@ DELETE; OffsetCommit and OffsetDelete also READ on each topic, OffsetFetch DESCR
 each topic. Denials are GROUP_AUTHORIZATION_FAILED / TOPIC_AUTHORIZATION_FAILED where
 each version carries an error.
 
-This node is the coordinator of every group (in cluster mode, the controller is: any
-other broker's FindCoordinator names it, broker/cluster/; the others answer the group
-requests themselves with NOT_COORDINATOR, so that members of a group that a failed-over
-controller coordinated go back to the first one, and a group never has two
-coordinators for long). A controller that has not taken the groups over yet (it waits
-for the peers' offsets, `GroupCoordinator.take_over`) answers them with
-COORDINATOR_LOAD_IN_PROGRESS, and ListGroups with it as its error, as Kafka's loading
-coordinator does; clients retry both. A FindCoordinator for a transactional id is
-answered by broker/handlers/transactions.py. Groups of the KIP-848 consumer protocol
-(broker.handlers.consumer_groups) share the OffsetCommit, OffsetFetch, ListGroups,
-DescribeGroups and DeleteGroups paths here.
+This node is the coordinator of every group when alone. In cluster mode groups are
+sharded as in Kafka: a group maps to a partition of __consumer_offsets, whose coordinator
+etcd names (broker/cluster/shards.py); FindCoordinator answers that broker, whichever
+broker is asked, and the others answer the group's requests with NOT_COORDINATOR. A
+broker that has not taken a partition over yet (it waits for the peers' offsets,
+`GroupCoordinator.take_over`) answers its groups with COORDINATOR_LOAD_IN_PROGRESS, and
+ListGroups with it as its error, as Kafka's loading coordinator does; clients retry both.
+A FindCoordinator for a transactional id is answered by broker/handlers/transactions.py.
+Groups of the KIP-848 consumer protocol (broker.handlers.consumer_groups) share the
+OffsetCommit, OffsetFetch, ListGroups, DescribeGroups and DeleteGroups paths here.
 """
 
 from __future__ import annotations
@@ -54,11 +53,12 @@ def _coordinator(ctx: RequestContext) -> GroupCoordinator:
     return ctx.node.groups
 
 
-def _refusal(ctx: RequestContext) -> int:
-    """NONE, or why this broker does not serve group requests now (cluster mode):
-    NOT_COORDINATOR when it is not the controller, COORDINATOR_LOAD_IN_PROGRESS while the
-    controller takes over the peers' offsets (`GroupCoordinator.refusal`)."""
-    return ctx.node.groups.refusal()
+def _refusal(ctx: RequestContext, group_id: str) -> int:
+    """NONE, or why this broker does not serve requests for `group_id` now (cluster mode):
+    NOT_COORDINATOR when it does not coordinate the group's partition of
+    __consumer_offsets, COORDINATOR_LOAD_IN_PROGRESS while it takes the partition over
+    (`GroupCoordinator.refusal`)."""
+    return ctx.node.groups.refusal(group_id)
 
 
 def _ms(value: Any) -> int:
@@ -78,28 +78,25 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
     # The coordinator's address on the listener this request came in on, as Metadata.
     host, port = ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
-    coordinator_id = node.config.node_id
-    unknown = False
-    if node.cluster is not None and not node.cluster.is_controller:
-        # Cluster mode: the controller elected in etcd coordinates every group (fenced by
-        # its epoch), so a group never has two coordinators whichever broker a client asks.
-        coordinator_id = node.cluster.controller_id
-        controller = node.cluster.brokers.get(coordinator_id)
-        if controller is None:  # no controller elected right now: retriable
-            unknown = True
-        else:
-            host, port = controller.host, controller.port
     key_type = field_of(req, "key_type", GROUP_KEY)
 
     def one(key: str) -> dict[str, Any]:
         if key_type == GROUP_KEY and not authorize_group(ctx, Operation.DESCRIBE, key):
             return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": "Group authorization failed."}
-        if key_type == GROUP_KEY and unknown:
-            return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": codes.COORDINATOR_NOT_AVAILABLE,
-                    "error_message": "No controller is elected right now."}
         if key_type == GROUP_KEY:
+            # Cluster mode: the coordinator etcd names for the group's partition of
+            # __consumer_offsets (fenced by that record's revision), whichever broker is
+            # asked, so a group never has two coordinators.
+            coordinator_id = _coordinator(ctx).coordinator_of(key)
+            address = (host, port) if coordinator_id == node.config.node_id else None
+            if address is None and coordinator_id is not None and node.cluster is not None and node.cluster.alive(coordinator_id):
+                b = node.cluster.brokers.get(coordinator_id)
+                address = None if b is None else (b.host, b.port)
+            if coordinator_id is None or address is None:  # none named or alive right now: retriable
+                return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": codes.COORDINATOR_NOT_AVAILABLE,
+                        "error_message": "The group's coordinator is not available right now."}
             node.offsets_topic_in_use = True  # Kafka creates __consumer_offsets here, once authorized
-            return {"key": key, "node_id": coordinator_id, "host": host, "port": port, "error_code": codes.NONE, "error_message": None}
+            return {"key": key, "node_id": coordinator_id, "host": address[0], "port": address[1], "error_code": codes.NONE, "error_message": None}
         if key_type == TRANSACTION_KEY:
             return find_transaction_coordinator(ctx, key)
         return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": codes.INVALID_REQUEST,
@@ -137,7 +134,7 @@ async def join_group(ctx: RequestContext, req: Any) -> Reply:
     version = ctx.api_version
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return _join_description(JoinResult(GROUP_AUTHORIZATION_FAILED, req.member_id), version)
-    if refusal := _refusal(ctx):
+    if refusal := _refusal(ctx, req.group_id):
         return _join_description(JoinResult(refusal, req.member_id), version)
     session_ms = _ms(req.session_timeout)
     rebalance_ms = _ms(req.rebalance_timeout) if version >= 1 else session_ms
@@ -182,7 +179,7 @@ def _sync_description(result: SyncResult) -> dict[str, Any]:
 async def sync_group(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return _sync_description(SyncResult(GROUP_AUTHORIZATION_FAILED))
-    if refusal := _refusal(ctx):
+    if refusal := _refusal(ctx, req.group_id):
         return _sync_description(SyncResult(refusal))
     answer = _coordinator(ctx).sync(
         req.group_id,
@@ -211,7 +208,7 @@ async def sync_group(ctx: RequestContext, req: Any) -> Reply:
 async def heartbeat(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
-    if refusal := _refusal(ctx):
+    if refusal := _refusal(ctx, req.group_id):
         return {"throttle_time": 0, "error_code": refusal}
     error = _coordinator(ctx).heartbeat(req.group_id, req.generation_id, req.member_id, field_of(req, "group_instance_id"))
     return {"throttle_time": 0, "error_code": error}
@@ -221,7 +218,7 @@ async def heartbeat(ctx: RequestContext, req: Any) -> Reply:
 async def leave_group(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
-    if refusal := _refusal(ctx):
+    if refusal := _refusal(ctx, req.group_id):
         return {"throttle_time": 0, "error_code": refusal, "members": []}
     if ctx.api_version >= 3:
         leaving = [(m.member_id, field_of(m, "group_instance_id")) for m in req.members]
@@ -268,7 +265,7 @@ async def offset_commit(ctx: RequestContext, req: Any) -> Reply:
     retention_ms = -1 if retention is None else _ms(retention)
 
     async def finish() -> dict[str, Any]:
-        if refusal := _refusal(ctx):
+        if refusal := _refusal(ctx, req.group_id):
             refused.update({i: refused.get(i, refusal) for i in range(len(entries))})
         allowed = [e for i, e in enumerate(entries) if i not in refused]
         if allowed or not (entries or refusal):
@@ -333,14 +330,13 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
     # (UNKNOWN_MEMBER_ID, STALE_MEMBER_EPOCH); for classic groups Kafka ignores them
     # (ClassicGroup.validateOffsetFetch fails only a Dead group, which answers like an
     # unknown one: every offset -1, no error).
-    refusal = _refusal(ctx)
     if ctx.api_version >= 8:
         coordinator = _coordinator(ctx)
         groups = [
             {"group_id": g.group_id, "topics": [], "error_code": GROUP_AUTHORIZATION_FAILED}
             if not authorize_group(ctx, Operation.READ, g.group_id)
             else {"group_id": g.group_id, "topics": [], "error_code": refusal}
-            if refusal
+            if (refusal := _refusal(ctx, g.group_id))
             else {"group_id": g.group_id, "topics": [], "error_code": member_error}
             if (member_error := coordinator.groups.validate_offset_fetch(
                 g.group_id, field_of(g, "member_id"), field_of(g, "member_epoch", -1)))
@@ -348,6 +344,7 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
             for g in req.groups
         ]
         return {"throttle_time": 0, "groups": groups}
+    refusal = _refusal(ctx, req.group_id)
     if not authorize_group(ctx, Operation.READ, req.group_id):
         refusal = GROUP_AUTHORIZATION_FAILED
     if refusal:
@@ -379,7 +376,7 @@ async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
                 }
             )
             continue
-        if refusal := _refusal(ctx):
+        if refusal := _refusal(ctx, group_id):
             described.append({"error_code": refusal, "group_id": group_id, "group_state": "",
                               "protocol_type": "", "protocol_data": "", "members": [],
                               "authorized_operations": INT32_MIN})
@@ -412,10 +409,10 @@ async def describe_groups(ctx: RequestContext, req: Any) -> Reply:
 
 @api(16, "ListGroups", (0, 5))
 async def list_groups(ctx: RequestContext, req: Any) -> Reply:
-    # A broker lists the groups it coordinates (Kafka's admin asks every broker): none but
-    # on the controller, in cluster mode (what one coordinated while it stood in is stale).
-    # While the controller takes over, COORDINATOR_LOAD_IN_PROGRESS, as Kafka's loading coordinator.
-    refusal = _refusal(ctx)
+    # A broker lists the groups it coordinates (Kafka's admin asks every broker): in cluster
+    # mode, those of the partitions of __consumer_offsets it serves. While it takes one
+    # over, COORDINATOR_LOAD_IN_PROGRESS, as Kafka's loading coordinator.
+    refusal = _coordinator(ctx).refusal_all()
     listed = [] if refusal else _coordinator(ctx).list_groups(field_of(req, "states_filter", ()), field_of(req, "types_filter", ()))
     listed = [g for g in listed if authorize_group(ctx, Operation.DESCRIBE, g[0], quiet=True)]
     return {
@@ -437,10 +434,10 @@ async def delete_groups(ctx: RequestContext, req: Any) -> Reply:
     async def finish() -> dict[str, Any]:
         allowed = [g for g in names if g not in refused]
         results = dict.fromkeys(refused, GROUP_AUTHORIZATION_FAILED)
-        if allowed and (refusal := _refusal(ctx)):
-            results.update(dict.fromkeys(allowed, refusal))
-        elif allowed:
-            results.update(await coordinator.delete_groups(allowed))
+        refusals = {g: r for g in allowed if (r := _refusal(ctx, g))}
+        results.update(refusals)
+        if served := [g for g in allowed if g not in refusals]:
+            results.update(await coordinator.delete_groups(served))
         return {"throttle_time": 0, "results": [{"group_id": g, "error_code": results[g]} for g in dict.fromkeys(names)]}
 
     return Deferred(finish)
@@ -453,7 +450,7 @@ async def offset_delete(ctx: RequestContext, req: Any) -> Reply:
     # Kafka: DELETE on the group, then READ on each topic.
     if not authorize_group(ctx, Operation.DELETE, req.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time": 0, "topics": []}
-    if refusal := _refusal(ctx):
+    if refusal := _refusal(ctx, req.group_id):
         return {"error_code": refusal, "throttle_time": 0, "topics": []}
     requested = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
     readable = {t.name: authorize(ctx, Operation.READ, t.name) for t in req.topics}

@@ -18,6 +18,7 @@ from broker.cli import build_config
 from broker.cluster import NO_LEADER, Cluster
 from broker.cluster.etcd import Etcd
 from broker.cluster.membership import Member, Membership
+from broker.cluster.shards import partition_for
 from broker.config import BrokerConfig, ConfigError, apply_properties
 from broker.mirror import kafka_request
 from broker.server import run
@@ -325,7 +326,7 @@ async def test_controller_alone_answers_as_a_cluster(tmp_path: Path, etcd: EtcdS
             nursery.cancel_scope.cancel()
 
 
-async def test_other_brokers_route_to_the_controller(tmp_path: Path, etcd: EtcdServer) -> None:
+async def test_other_brokers_route_to_the_controller_and_groups_to_their_coordinator(tmp_path: Path, etcd: EtcdServer) -> None:
     ports = _free_ports(3)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -347,15 +348,38 @@ async def test_other_brokers_route_to_the_controller(tmp_path: Path, etcd: EtcdS
                 "timeout": 5000, "validate_only": False})
             # forwarded to the controller (KIP-590), which places it
             assert (r.topics[0].error_code, r.topics[0].num_partitions) == (0, 1)
-            fc = await c.call("find_coordinator", 3, {"key": "g", "key_type": 0})
-            assert (fc.node_id, fc.port) == (1, ports[0])
-            # group requests sent here anyway: NOT_COORDINATOR, the client asks again
-            hb = await c.call("heartbeat", 4, {"group_id": "g", "generation_id": 1, "member_id": "m",
+            # Groups are sharded as Kafka's: group -> a partition of __consumer_offsets
+            # (Kafka's hash, 50 partitions) -> its preferred broker, here [1, 2][p % 2].
+            by_broker = {[1, 2][partition_for(f"g{i}", 50) % 2]: f"g{i}" for i in range(20)}
+            g1, g2 = by_broker[1], by_broker[2]
+
+            async def sharded() -> bool:  # the batched FindCoordinator (v4+), asked of broker 2
+                fc = await c.call("find_coordinator", 4, {"key_type": 0, "coordinator_keys": [g1, g2]})
+                return [(x.node_id, x.port, x.error_code) for x in fc.coordinators] == [
+                    (1, ports[0], 0), (2, ports[1], 0)]
+
+            await _until(sharded)
+            fc = await c1.call("find_coordinator", 3, {"key": g2, "key_type": 0})  # the same from broker 1
+            assert (fc.node_id, fc.port) == (2, ports[1])
+            # group requests sent to another broker anyway: NOT_COORDINATOR, the client asks again
+            hb = await c.call("heartbeat", 4, {"group_id": g1, "generation_id": 1, "member_id": "m",
                                                "group_instance_id": None})
             assert hb.error_code == 16
-            of = await c.call("offset_fetch", 8, {"groups": [{"group_id": "g", "topics": None}],
-                                                  "require_stable": False})
-            assert [g.error_code for g in of.groups] == [16]
+
+            async def served() -> bool:  # once broker 2 took its partitions over (not LOAD_IN_PROGRESS)
+                of = await c.call("offset_fetch", 8, {"groups": [{"group_id": g1, "topics": None},
+                                                                 {"group_id": g2, "topics": None}],
+                                                      "require_stable": False})
+                return [g.error_code for g in of.groups] == [16, 0]
+
+            await _until(served)
+            # every broker lists the same partitions of __consumer_offsets, led by their coordinators
+            views = []
+            for client in (c1, c):
+                md = await _metadata(client, "__consumer_offsets")
+                views.append(sorted((p.partition_index, p.leader_id) for p in md.topics[0].partitions))
+            assert views[0] == views[1] and len(views[0]) == 50
+            assert {leader for _, leader in views[0]} == {1, 2}
             md = await c.call("metadata", 9, {"topics": [{"name": "new"}], "allow_auto_topic_creation": True,
                                               "include_cluster_authorized_operations": False,
                                               "include_topic_authorized_operations": False})
@@ -640,8 +664,9 @@ async def _committed(c: RawClient, group: str) -> tuple[int, int]:
 async def test_failover_when_the_writer_dies(tmp_path: Path, etcd: EtcdServer) -> None:
     """Broker 1 (writer and controller) stops: broker 2 drops it from Metadata after the
     session timeout, leads its partition for reads, refuses produce there with a retriable
-    error, becomes controller (CreateTopics, FindCoordinator) and coordinator with broker
-    1's committed offsets; broker 1 back leads again and coordinates with broker 2's."""
+    error, becomes controller (CreateTopics) and coordinator of broker 1's groups with their
+    committed offsets; broker 1 back leads again and coordinates its groups again (its
+    partitions of __consumer_offsets move back) with broker 2's commits."""
     ports = _free_ports(2)
 
     async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
@@ -753,9 +778,14 @@ async def test_failover_when_the_writer_dies(tmp_path: Path, etcd: EtcdServer) -
 
             await _until(back)
             assert view(await _metadata(c2, "t"))[2][:3] == (0, 1, [1, 2])
-            # broker 2 still coordinates the groups; broker 1 sends the member back there
-            assert await _committed(c2, "offsets") == (0, 2)
-            assert await _committed(c1, "offsets") == (16, -1)  # NOT_COORDINATOR
+            # Groups are sharded: "offsets" maps to a partition of __consumer_offsets whose
+            # preferred broker is 1, so it moves back there, which adopts broker 2's commit;
+            # "g" stays on broker 2 (its preferred), and broker 1 sends its member there.
+            async def offsets_back() -> bool:
+                return await _committed(c1, "offsets") == (0, 2)
+
+            await _until(offsets_back)
+            assert await _committed(c2, "offsets") == (16, -1)  # NOT_COORDINATOR
             join["member_id"] = joined.member_id
             assert (await c1.call("join_group", 9, join)).error_code == 16  # NOT_COORDINATOR
             fc = await c1.call("find_coordinator", 3, {"key": "g", "key_type": 0})

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from broker.compose import open_node
 from broker.config import BrokerConfig
-from broker.node import Node, ms_now
+from broker.node import ms_now
 from storage import hashing
 from storage.batch import build_batch
 
@@ -24,7 +25,7 @@ async def test_one_round_one_leaf_hashing_call(
         return real(blocks)
 
     monkeypatch.setattr(hashing, "leaf_hashes", counting)
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
     try:
         topic = node.create_topic("t", 3)
         assert topic is not None

@@ -13,9 +13,9 @@ import pytest
 import trio
 
 import broker.explorer as explorer
+from broker.compose import open_node
 from broker.config import BrokerConfig
 from broker.mirror import discover
-from broker.node import Node
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_metrics import get_json, http
 from broker.tests.test_server import batch, create, produce
@@ -140,7 +140,7 @@ async def test_the_catalog_that_lists_a_topic(broker: Broker) -> None:
 
 
 async def test_topics_hidden_from_anonymous_readers_are_left_out(tmp_path: Path) -> None:
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
     try:
         node.create_topic("private-x", 1)
         node.create_topic("pub", 1)

@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 from broker import node as node_module
+from broker.compose import open_node
 from broker.config import BrokerConfig
-from broker.node import Node
 from broker.server import Server, accept_or_wait, run
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_server import batch
@@ -74,7 +74,7 @@ class ExhaustedListener(trio.abc.Listener[Any]):
 
 
 async def test_the_server_lives_through_emfile_on_accept(tmp_path: Path) -> None:
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
     server = Server(node)
     spec = server.security.listeners[0]
     try:
@@ -230,7 +230,7 @@ async def test_partitions_past_the_limits_are_refused(small_broker: Broker) -> N
 
 
 async def test_creating_thousands_of_partitions_does_not_stall_the_loop(tmp_path: Path) -> None:
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
     gaps: list[float] = []
 
     async def heartbeat() -> None:
@@ -358,7 +358,7 @@ async def test_a_mirror_of_more_partitions_than_its_file_budget(
 
 
 async def test_concurrent_creations_count_against_the_limit(tmp_path: Path) -> None:
-    node = Node.open(
+    node = open_node(
         BrokerConfig(data_dir=tmp_path / "data", listen_port=0, max_broker_partitions=100)
     )
     codes: list[tuple[str, int]] = []
@@ -438,7 +438,7 @@ async def test_a_round_out_of_descriptors_writes_the_partition_later(
 ) -> None:
     from storage.errors import StorageError
 
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
     try:
         topic = await node.create_topic_off_loop("t", 1)
         assert topic is not None

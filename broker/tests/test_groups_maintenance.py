@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from broker.compose import open_node, run_node
 from broker.config import BrokerConfig
 from broker.groups import codes
 from broker.groups import offsets as offsets_module
@@ -56,10 +57,10 @@ def config(tmp_path: Path) -> BrokerConfig:
 async def running(config: BrokerConfig, clock: Clock, *, close: bool = True) -> AsyncIterator[Node]:
     """A node with its background loops; `close=False` leaves like a killed process
     (nothing flushed or marked clean beyond what the commit loop already did)."""
-    node = Node.open(config)
+    node = open_node(config)
     node.groups.wall = clock
     async with trio.open_nursery() as nursery:
-        await nursery.start(node.run_background)
+        await nursery.start(run_node, node)
         try:
             yield node
         finally:

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import trio
 
 from broker.cluster import PeerCopy
@@ -125,7 +126,7 @@ async def test_a_resigning_coordinator_sends_parked_members_to_the_new_one(tmp_p
         with trio.fail_after(5):
             r: JoinResult = await joining.wait()
         assert r.error == codes.NOT_COORDINATOR
-        assert c.groups.get("g") is None and not c.loaded
+        assert c.groups.get("g") is None
 
 
 @dataclass
@@ -139,61 +140,70 @@ class _Channel:
 def _cluster_config(path: Path, etcd: EtcdServer) -> BrokerConfig:
     return apply_properties(BrokerConfig(data_dir=path, listen_port=0),
                             {"node.id": "1", "hyperkafka.cluster.etcd.endpoints": etcd.endpoint,
-                             "hyperkafka.cluster.name": "test", "broker.session.timeout.ms": "2000"})
+                             "hyperkafka.cluster.name": "test", "broker.session.timeout.ms": "2000",
+                             "offsets.topic.num.partitions": "1"})
 
 
-async def _peer_registered(etcd: EtcdServer, coordinated: bool) -> Etcd:
+SHARD_KEY = b"/test/internal/__consumer_offsets/0"
+
+
+async def _peer_registered(etcd: EtcdServer, coordinated: bool, legacy: bool = False) -> Etcd:
     """Broker 2, as etcd shows it: registered (with no lease: it never expires here) and,
-    if `coordinated`, the broker whose archive holds the groups' latest state."""
+    if `coordinated`, the coordinator and holder of the one partition of
+    __consumer_offsets (the controller, broker 1, moves it to itself: its preferred);
+    `legacy`: instead, the coordinator of every group as the version before sharded
+    groups recorded it (``groups/coordinator``)."""
     client = Etcd([etcd.endpoint])
     await client.put(b"/test/brokers/2", Member(2, "127.0.0.1", 1).encode())
-    if coordinated:
+    await client.put(b"/test/members/2", Member(2, "127.0.0.1", 1).encode())
+    if coordinated and legacy:
         await client.put(b"/test/groups/coordinator", json.dumps({"id": 2, "epoch": 1}).encode())
+    elif coordinated:
+        await client.put(SHARD_KEY, json.dumps({"id": 2, "holder": 2}).encode())
     return client
 
 
+@pytest.mark.parametrize("legacy", [False, True])
 async def test_a_new_coordinator_waits_for_the_handover_then_adopts_the_previous_coordinators_state(
-        tmp_path: Path, etcd: EtcdServer) -> None:
-    """Broker 1 (no network: broker 2's archive is handed to it as its copy) loads only
-    once broker 2 named it controller and the copy caught up; it takes broker 2's state,
-    the previous coordinator's in etcd, over its own older records even when their clock
-    says otherwise; then it records itself as the coordinator under its epoch."""
+        tmp_path: Path, etcd: EtcdServer, legacy: bool) -> None:
+    """Broker 1 (no network: broker 2's archive is handed to it as its copy), named
+    coordinator of the partition broker 2 held, loads only once the copy caught up; it
+    takes broker 2's state over its own older records even when their clock says
+    otherwise; then it claims the partition in etcd (itself the holder). `legacy`: a
+    cluster upgraded from unsharded groups, whose coordinator was broker 2: the same."""
     clock = Clock()
     b_config = BrokerConfig(data_dir=tmp_path / "b", listen_port=0)
     async with running(BrokerConfig(data_dir=tmp_path / "a", listen_port=0), clock) as a:
         a.create_topic("t", 1)
         clock.now = T0 + 60_000  # broker 1's clock runs a minute ahead
         await commit(a.groups, "both", {("t", 0): 99})  # then it stopped coordinating
-    client = await _peer_registered(etcd, coordinated=True)
+    client = await _peer_registered(etcd, coordinated=True, legacy=legacy)
     async with running(b_config, clock) as b, running(_cluster_config(tmp_path / "a", etcd), clock) as a:
         cluster = a.cluster
         assert cluster is not None
-        with trio.fail_after(10):
-            await eventually(lambda: cluster.is_controller)
-        cluster.take_metadata(2, [], controller=2)  # broker 2 still thinks it coordinates
         b.create_topic("t", 1)
         peer_log = b.groups.archive.partition.log
         clock.now = T0
         await commit(b.groups, "theirs", {("t", 0): 150})
         await commit(b.groups, "both", {("t", 0): 1})  # later than 99 by the log, not by the clock
-        copy = PeerCopy(peer_log, _Channel(peer_log.high_watermark))  # type: ignore[arg-type]
+        copy = PeerCopy(peer_log, _Channel(peer_log.high_watermark + 1))  # type: ignore[arg-type]
         cluster.offsets_copies[2] = copy
         cluster.copy_changed()
-        await trio.sleep(0.3)
-        assert not a.groups.loaded and a.groups.refusal() == codes.COORDINATOR_LOAD_IN_PROGRESS
-        copy.channel = _Channel(peer_log.high_watermark + 1)  # type: ignore[assignment]
-        cluster.take_metadata(2, [], controller=1)
+        with trio.fail_after(10):
+            await eventually(lambda: a.groups.coordinator_of("both") == 1)
         await trio.sleep(0.3)
         assert not a.groups.loaded  # the copy is behind what broker 2 said it has
+        assert a.groups.refusal("both") == codes.COORDINATOR_LOAD_IN_PROGRESS
         copy.channel = _Channel(peer_log.high_watermark)  # type: ignore[assignment]
         cluster.copy_changed()
         with trio.fail_after(10):
             await eventually(lambda: a.groups.loaded)
-        assert a.groups.refusal() == codes.NONE and a.groups.takeovers == 1
+        assert a.groups.refusal("both") == codes.NONE and a.groups.takeovers == 1
         assert fetched(a.groups, "theirs") == {("t", 0): 150}
         assert fetched(a.groups, "both") == {("t", 0): 1}
-        kvs, _ = await client.get(b"/test/groups/coordinator")
-        assert json.loads(kvs[0].value) == {"id": 1, "epoch": cluster.membership.controller_epoch}
+        kvs, _ = await client.get(SHARD_KEY)
+        assert json.loads(kvs[0].value) == {"id": 1, "holder": 1}
+        assert a.groups.shards == {0: kvs[0].mod_revision}
         await commit(a.groups, "both", {("t", 0): 3})
     async with running(BrokerConfig(data_dir=tmp_path / "a", listen_port=0), clock) as a:
         # its own archive carries what it adopted
@@ -201,34 +211,37 @@ async def test_a_new_coordinator_waits_for_the_handover_then_adopts_the_previous
         assert fetched(a.groups, "both") == {("t", 0): 3}
 
 
-async def test_a_coordinator_whose_epoch_is_gone_acknowledges_nothing(tmp_path: Path, etcd: EtcdServer) -> None:
-    """Fencing: once our controller epoch is gone from etcd (our lease expired: here it is
-    revoked, as etcd does when a paused or cut-off broker stops renewing it), a commit in
-    flight is not acknowledged (NOT_COORDINATOR) and the groups are given up; elected
-    again, in a new epoch, the broker takes over again before it serves. Under the old
-    design the commit was acknowledged."""
+async def test_a_coordinator_whose_partition_moved_acknowledges_nothing(tmp_path: Path, etcd: EtcdServer) -> None:
+    """Fencing: once the record of its partition of __consumer_offsets has another
+    revision (the controller moved it: here it is written by hand, as a controller
+    would), a commit is not acknowledged (NOT_COORDINATOR) and the partition is given
+    up; named again, the broker takes it over again before it serves."""
     clock = Clock()
     client = await _peer_registered(etcd, coordinated=False)
     async with running(_cluster_config(tmp_path / "a", etcd), clock) as a:
         cluster = a.cluster
         assert cluster is not None
         with trio.fail_after(10):
-            await eventually(lambda: a.groups.loaded)  # controller, nobody to hand over from
-        first_epoch = a.groups.loaded_epoch
-        assert first_epoch == cluster.membership.controller_epoch > 0
+            await eventually(lambda: a.groups.loaded)  # named coordinator, nobody to hand over from
+        first = a.groups.shards[0]
         await create_placed(a, cluster, "t", 1)
         await commit(a.groups, "g", {("t", 0): 5})
-        await client.revoke(cluster.membership.lease)  # what expiry does: its keys are gone
+        fence = a.groups._fence(["g"])
+        assert fence == {0: first}
+        await client.put(SHARD_KEY, json.dumps({"id": 2, "holder": 1}).encode())
+        assert not await cluster.membership.check_shards("__consumer_offsets", fence)
+        # a commit appended under the old revision (the coordinator's view may still say
+        # it is ours: a pause, a slow watch) is refused by etcd's comparison itself
+        _, last = a.groups.archive.append([(offset_key("g", "t", 0), offset_value(OffsetValue(6, -1, "", T0)))], T0)
+        with trio.fail_after(10):
+            assert await a.groups._wait_stored(last, fence) == codes.NOT_COORDINATOR
         entries = [CommitEntry("t", 0, 6, -1, None)]
         with trio.fail_after(10):
             await a.groups.commit_offsets("g", -1, "", None, entries)
         assert entries[0].error == codes.NOT_COORDINATOR
-        assert not a.groups.loaded or a.groups.loaded_epoch != first_epoch
-        with trio.fail_after(20):  # a new session, a new election, a new takeover
-            await eventually(lambda: a.groups.loaded and a.groups.loaded_epoch > first_epoch)
+        with trio.fail_after(20):  # the controller moves it back (its preferred broker)
+            await eventually(lambda: a.groups.shards.get(0, first) > first)
         assert a.groups.takeovers == 2
-        # the 6 reached our log before the fence said no: never acknowledged, it may stay
-        # (as an unacknowledged Kafka write may), and it is never older than an acked one
         assert fetched(a.groups, "g") in ({("t", 0): 5}, {("t", 0): 6})
         await commit(a.groups, "g", {("t", 0): 7})
         assert fetched(a.groups, "g") == {("t", 0): 7}
@@ -245,7 +258,6 @@ async def test_cluster_compaction_keeps_young_tombstones(tmp_path: Path, etcd: E
     stale = _words(_offset("old", 5, T0 - 1), _offset("young", 6, T0 - 1))  # a peer's archive
     async with running(config, clock) as node:
         assert node.cluster is not None
-        node.cluster.take_metadata(2, [], controller=2)
         with trio.fail_after(10):
             await eventually(lambda: node.groups.loaded)
         assert node.cluster is not None

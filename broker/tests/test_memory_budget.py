@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from broker.compose import open_node, run_node
 from broker.config import BrokerConfig
 from broker.memory import ConnectionBudget, RequestPool
-from broker.node import Node
 from broker.server import Server
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_server import batch, create, fetch_body, produce
@@ -38,11 +38,11 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         max_unsent_bytes_per_connection=64 * 1024,
     )
     config.security_props["hyperkafka.request.timeout.ms"] = "3000"
-    node = await trio.to_thread.run_sync(Node.open, config)
+    node = await trio.to_thread.run_sync(open_node, config)
     try:
         server = Server(node)
         async with trio.open_nursery() as nursery:
-            await nursery.start(node.run_background)
+            await nursery.start(run_node, node)
             listeners = await nursery.start(server.serve)
             yield Served(server, Broker(config, listeners[0].socket.getsockname()[1]))
             nursery.cancel_scope.cancel()

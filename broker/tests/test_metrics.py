@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import trio
 
+from broker.compose import open_node
 from broker.config import BrokerConfig, ConfigError, apply_properties, parse_http_listener
 from broker.metrics import render
-from broker.node import Node
 from broker.security.users import UserStore
 from broker.server import run
 from broker.tests.conftest import Broker
@@ -124,7 +124,7 @@ async def test_produce_and_fetch_are_counted(broker: Broker) -> None:
 
 
 async def test_offline_partition_and_log_dir_are_reported(tmp_path: Path) -> None:
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data"))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data"))
     try:
         topic = node.create_topic("t", 2)
         assert topic is not None
@@ -166,7 +166,7 @@ def _families(text: str) -> set[str]:
 
 def test_shipped_dashboard_and_alerts_name_only_metrics_we_serve(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data"))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data"))
     try:
         served = _families(render(node))
     finally:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 
+from broker.compose import open_node
 from broker.config import BrokerConfig
 from broker.node import KAFKA_STORAGE_ERROR, Node, TopicError, ms_now
 from broker.server import run
@@ -20,7 +21,7 @@ from storage.fs import FaultyFileSystem
 async def test_a_disk_error_in_retention_takes_one_partition_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = Node.open(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+    node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
     try:
         topic = node.create_topic("t", 2)
         assert topic is not None

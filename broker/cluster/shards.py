@@ -1,0 +1,161 @@
+"""Sharded coordinators: a key -> a partition of an internal topic -> the broker coordinating it.
+
+Owns the mapping Kafka uses for its internal topics (`partition_for`: the absolute value
+of Java's ``String.hashCode`` of the group id, or the transactional id, modulo the
+topic's partition count, as Kafka's GroupCoordinatorShard and TransactionStateManager),
+`Shard` (the etcd record of one partition of an internal topic: the broker that
+coordinates it, the broker whose offsets archive holds its latest state, and the record's
+mod revision, which is that partition's epoch), `plan` (the controller's choice of
+coordinators) and `place_shards` (the controller's loop that records them in etcd).
+
+Nothing here is specific to ``__consumer_offsets``: every function takes the topic name
+and its partition count, so a transaction coordinator sharded by ``__transaction_state``
+uses the same records (``internal/<topic>/<partition>`` in etcd) and the same loop.
+
+Placement, as Kafka's controller places partition leaders: partition p prefers the broker
+``known[p % len(known)]`` (every broker that ever registered, by id: the preferred
+replica), and goes to the live broker coordinating the fewest partitions while that one is
+dead; it moves back once the preferred broker is alive again (Kafka's
+``auto.leader.rebalance.enable``, on by default). Every move is a transaction fenced by the
+controller epoch and by each moved record's mod revision, so it never overwrites a change
+it has not seen (a coordinator's claim, another controller's move).
+
+The coordinator's side (broker/groups/coordinator.py): the broker a record names `claim`s
+it (a transaction comparing the revision it saw, which writes itself as the holder: a new
+revision, its epoch), and every later act (a commit, a generation stored) is answered only
+if a transaction comparing that revision succeeds (`Membership.check_shards`). The
+controller moving the partition changes the revision: a paused or cut-off ex-coordinator
+can then acknowledge nothing, and steps down when its transaction fails.
+
+May import trio and `broker.cluster.membership`, `broker.cluster.etcd`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from broker.cluster.etcd import EtcdError
+
+if TYPE_CHECKING:
+    from broker.cluster.membership import Membership
+
+log = logging.getLogger("hyperkafka.cluster")
+
+PLACE_RETRY_S = 1.0  # after etcd failed, or to look again at time-only changes (a lease)
+INT32_MIN = -(2**31)
+
+
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode``: s[0]*31^(n-1) + ... over UTF-16 code units, as an int32."""
+    h = 0
+    data = s.encode("utf-16-be", "surrogatepass")
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition of an internal topic of `partitions` partitions that `key` (a group id,
+    a transactional id) maps to: Kafka's ``Utils.abs(key.hashCode()) % partitions``
+    (``Utils.abs`` maps Integer.MIN_VALUE to 0)."""
+    if partitions < 1:
+        raise ValueError(f"an internal topic has at least one partition, not {partitions}")
+    h = java_string_hash(key)
+    return (0 if h == INT32_MIN else abs(h)) % partitions
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One partition of an internal topic, as etcd records it."""
+
+    topic: str
+    partition: int
+    owner: int  # the broker that coordinates it (its leader)
+    # The broker whose offsets archive holds this partition's latest state: the last
+    # coordinator that loaded it (None: nobody yet). A new coordinator adopts from it.
+    holder: int | None
+    revision: int = 0  # the record's mod revision: this partition's epoch
+
+    def encode(self) -> bytes:
+        return json.dumps({"id": self.owner, "holder": self.holder}).encode()
+
+    @classmethod
+    def decode(cls, topic: str, partition: int, data: bytes, revision: int) -> Shard:
+        d = json.loads(data)
+        holder = d.get("holder")
+        return cls(
+            topic, partition, int(d["id"]), None if holder is None else int(holder), revision
+        )
+
+
+def plan(
+    shards: Mapping[int, Shard],
+    partitions: int,
+    known: Sequence[int],
+    live: Sequence[int],
+    first_holder: int | None = None,
+) -> dict[int, tuple[int, int | None]]:
+    """The moves the controller makes now: partition -> (new owner, holder kept). A
+    partition without a record, or whose owner is dead, goes to its preferred broker
+    (``known[p % len(known)]``) when alive, else to the live broker owning the fewest; a
+    partition away from its live preferred broker moves back to it. A partition placed
+    for the first time gets `first_holder` as its holder (a cluster upgraded from
+    unsharded groups: the broker whose archive holds them all)."""
+    known = sorted(set(known) | set(live))
+    live_set = set(live)
+    if not live_set or not known:
+        return {}
+    load = Counter(s.owner for s in shards.values() if s.owner in live_set)
+    moves: dict[int, tuple[int, int | None]] = {}
+    for p in range(partitions):
+        preferred = known[p % len(known)]
+        current = shards.get(p)
+        if (
+            current is not None
+            and current.owner in live_set
+            and (current.owner == preferred or preferred not in live_set)
+        ):
+            continue
+        owner = preferred if preferred in live_set else min(live_set, key=lambda i: (load[i], i))
+        if current is not None and current.owner in live_set:
+            load[current.owner] -= 1
+        load[owner] += 1
+        moves[p] = (owner, current.holder if current is not None else first_holder)
+    return moves
+
+
+async def place_shards(m: Membership, topic: str, partitions: int) -> None:
+    """The controller's loop for internal topic `topic` (run on every broker; it acts only
+    while this broker is controller): record a coordinator for each of its partitions
+    (`partitions` when the topic has none yet; afterwards the count etcd holds), and move
+    those of dead brokers, as `plan` says."""
+    await m.ready.wait()
+    while True:
+        changed = m.changed
+        if m.is_controller:
+            current = dict(m.shards.get(topic, {}))
+            count = max(current) + 1 if current else partitions
+            known = sorted(set(m.known) | set(m.members) | {m.me.node_id})
+            moves = plan(current, count, known, m.live_ids(), m.legacy_holder)
+            if moves:
+                try:
+                    ok = await m.place_shards(topic, moves, current)
+                except EtcdError as exc:
+                    log.info("cluster: placing %s failed: %s; again", topic, exc)
+                    ok = False
+                if ok:
+                    log.info(
+                        "cluster: %s partitions placed: %s",
+                        topic,
+                        ", ".join(f"{p}->{o}" for p, (o, _) in sorted(moves.items())),
+                    )
+                    continue
+        with trio.move_on_after(PLACE_RETRY_S):
+            await changed.wait()

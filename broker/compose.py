@@ -1,0 +1,71 @@
+"""The composition root: builds a broker's node with its cluster view, its group
+coordinator and its replication, and runs their background tasks.
+
+`open_node` opens the data dir (descriptors on a budget, storage/handles.py), makes the
+cluster view when the config names etcd (`Cluster.from_config`, broker/cluster/), the
+`Node` (broker/node.py), its `GroupCoordinator` (broker/groups/coordinator.py, which
+replays ``__consumer_offsets``) and its `TxnCoordinator` (broker/transactions/, which
+replays ``__transaction_state``). `run_node` runs everything that keeps them moving: the
+etcd session first (a cluster broker registers before anything else), placement
+(broker/placement.py), the node's commit, retention, cleaner and offline-retry loops, the group
+and transaction coordinators, and replication (broker/mirror.py) when the config asks for it.
+
+Lower layers never import this module, nor each other upwards: broker.node imports neither
+the coordinator, nor placement, nor the mirrors. Imported by the entry point
+(broker/server.py) and by tests.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from broker.cluster import Cluster
+from broker.config import BrokerConfig
+from broker.groups.coordinator import GroupCoordinator
+from broker.mirror import run_replication
+from broker.node import Node
+from broker.placement import follow_placements
+from broker.transactions.coordinator import TxnCoordinator
+from storage import Store
+from storage.handles import FdBudget, HandleCache
+
+log = logging.getLogger("hyperkafka.node")
+
+
+def open_node(config: BrokerConfig) -> Node:
+    """A broker's node, ready for `run_node` (blocking: run it in a worker thread)."""
+    # Descriptors on a budget (storage/handles.py): partition files are opened on demand
+    # within their share, so partitions are not bounded by RLIMIT_NOFILE.
+    budget = FdBudget.of_process(config.max_connections)
+    store = Store.open(
+        config.data_dir, fsync=config.fsync, handles=HandleCache(budget.partition_files)
+    )
+    # (after the data dir's lock: a refused second broker says one line, the lock's)
+    log.info("open-file budget: %s", budget.describe())
+    node = Node(config, store, Cluster.from_config(config, store.node_public_key))
+    node.fd_budget = budget
+    node.groups = GroupCoordinator(node)  # replays __consumer_offsets (creates it once)
+    node.transactions = TxnCoordinator(node)  # replays __transaction_state (made at first use)
+    return node
+
+
+async def run_node(
+    node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run the node's background tasks until cancelled; started once they all are."""
+    async with trio.open_nursery() as nursery:
+        if node.cluster is not None:  # registered in etcd before anything else
+            await nursery.start(node.cluster.membership.run)
+            nursery.start_soon(follow_placements, node, node.cluster)
+        nursery.start_soon(node.commit_loop)
+        nursery.start_soon(node.retention_loop)
+        if node.config.log_cleaner_enable:
+            nursery.start_soon(node.cleaner.run)
+        nursery.start_soon(node.offline_retry_loop)
+        await nursery.start(node.groups.run)
+        await nursery.start(node.transactions.run)
+        if node.config.replication_listen is not None or node.config.mirrors:
+            await nursery.start(run_replication, node)
+        task_status.started()

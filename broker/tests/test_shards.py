@@ -1,0 +1,102 @@
+"""Sharded coordinators (broker/cluster/shards.py): Kafka's mapping of a key to a partition
+of an internal topic, the controller's placement of those partitions, and the fencing of a
+coordinator by its partition's record revision, against a real etcd."""
+
+from __future__ import annotations
+
+import trio
+
+from broker.cluster.etcd import Etcd
+from broker.cluster.shards import Shard, java_string_hash, partition_for, place_shards, plan
+from broker.tests.test_membership import _members, _until
+from compat_tests.etcd import EtcdServer
+
+# (key, String.hashCode, abs % 50, abs % 3), as Java 17 computes them (jshell): ASCII,
+# empty, Integer.MIN_VALUE (Utils.abs maps it to 0), negative hashes, non-ASCII and a
+# character outside the BMP (two UTF-16 code units).
+JAVA = [
+    ("hello", 99162322, 22, None),
+    ("", 0, 0, 0),
+    ("polygenelubricants", -(2**31), 0, 0),
+    ("console-consumer-12345", 158455506, 6, None),
+    ("consumer-group-1", 147483020, 20, 2),
+    ("zzzzzzzzzz", -1580979136, 36, 1),
+    ("orders", -1008770331, 31, 0),
+    ("\u00e9t\u00e9", 227742, 42, None),
+    ("\U0001f600x", 54959989, 39, None),
+]
+
+
+def test_the_mapping_is_kafkas() -> None:
+    for key, hashed, mod50, mod3 in JAVA:
+        assert java_string_hash(key) == hashed, key
+        assert partition_for(key, 50) == mod50, key
+        if mod3 is not None:
+            assert partition_for(key, 3) == mod3, key
+    assert {partition_for(f"g{i}", 7) for i in range(200)} == set(range(7))
+
+
+def _shards(owners: dict[int, int]) -> dict[int, Shard]:
+    return {p: Shard("__consumer_offsets", p, o, o, 10 + p) for p, o in owners.items()}
+
+
+def test_plan_places_every_partition_and_moves_only_what_must_move() -> None:
+    # nothing placed: each partition on its preferred broker
+    assert plan({}, 6, [1, 2, 3], [1, 2, 3]) == {p: ([1, 2, 3][p % 3], None) for p in range(6)}
+    placed = _shards({p: [1, 2, 3][p % 3] for p in range(6)})
+    assert plan(placed, 6, [1, 2, 3], [1, 2, 3]) == {}
+    # broker 2 dies: its partitions go to the least loaded live brokers, the holder kept
+    moves = plan(placed, 6, [1, 2, 3], [1, 3])
+    assert sorted(moves) == [1, 4]
+    assert sorted(o for o, _ in moves.values()) == [1, 3]
+    assert all(holder == 2 for _, holder in moves.values())
+    # it comes back: they move back to it (the preferred replica)
+    moved = {
+        **placed,
+        **{p: Shard("__consumer_offsets", p, o, 2, 99) for p, (o, _) in moves.items()},
+    }
+    assert plan(moved, 6, [1, 2, 3], [1, 2, 3]) == {1: (2, 2), 4: (2, 2)}
+    # a cluster upgraded from unsharded groups: every partition starts from the archive
+    # of the broker that coordinated them all
+    assert plan({}, 2, [1, 2], [1, 2], first_holder=2) == {0: (1, 2), 1: (2, 2)}
+    # nobody alive: nothing to do
+    assert plan(placed, 6, [1, 2, 3], []) == {}
+
+
+async def test_the_controller_places_and_moves_partitions_and_a_moved_coordinator_is_fenced(
+    etcd: EtcdServer,
+) -> None:
+    topic = "__consumer_offsets"
+    with trio.fail_after(40):
+        async with _members(etcd, 1, 2) as ms, trio.open_nursery() as nursery:
+            for m in ms:
+                nursery.start_soon(place_shards, m, topic, 4)
+            await _until(
+                lambda: all(
+                    len(m.shards.get(topic, {})) == 4
+                    and {s.owner for s in m.shards[topic].values()} == {1, 2}
+                    for m in ms
+                )
+            )
+            assert ms[0].shards[topic] == ms[1].shards[topic]  # every broker sees the same
+            ctl = next(m for m in ms if m.is_controller)
+            other = next(m for m in ms if m is not ctl)
+            mine = {
+                p: s.revision for p, s in other.shards[topic].items() if s.owner == other.me.node_id
+            }
+            assert mine
+            # the coordinator claims its partitions: a new revision, itself the holder
+            claimed = await other.claim_shards(topic, mine)
+            assert claimed is not None
+            fence = dict.fromkeys(mine, claimed)
+            assert await other.check_shards(topic, fence)
+            # claiming at a revision that is no longer current fails
+            assert await other.claim_shards(topic, mine) is None
+            # its lease goes (a pause past the TTL): the controller moves its partitions,
+            # keeping it as the holder to adopt from, and its acts are fenced for good
+            await Etcd([etcd.endpoint]).revoke(other.lease)
+            await _until(lambda: all(ctl.shards[topic][p].revision > claimed for p in mine))
+            # (it may be back already, registered again: then they move back to it)
+            assert all(ctl.shards[topic][p].holder == other.me.node_id for p in mine)
+            assert not await other.check_shards(topic, fence)
+            nursery.cancel_scope.cancel()
