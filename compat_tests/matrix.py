@@ -67,6 +67,10 @@ SINGLE_SUBJECT: dict[str, str] = {
     "sigkill-acks-all": "a broker feature (acks=all durability across SIGKILL)",
     "offsets-expiry-compaction": "a broker feature (offsets expiry, offsets archive compaction)",
     "tampered-record-refused": "a broker feature (signed archives refuse tampered bytes)",
+    "compacted-topic": "a broker feature (log compaction), read back by confluent and kafka-python",
+    "topic-compression-*": "a broker feature (a topic's compression.type, recompressed before "
+    "signing), fed and read by confluent and kafka-python",
+    "explorer: *": "the explorer page in headless Chromium, fed by kafka-python",
 }
 
 NOTES: dict[str, str] = {

@@ -711,14 +711,18 @@ class ConsumerGroup:
 
     # ------------------------------------------------------------------ offsets
 
-    def validate_offset_commit(self, member_id: str, member_epoch: int, api_version: int) -> int:
-        """ConsumerGroup.validateOffsetCommit: NONE or the error of every partition."""
+    def validate_offset_commit(
+        self, member_id: str, member_epoch: int, api_version: int, transactional: bool = False
+    ) -> int:
+        """ConsumerGroup.validateOffsetCommit: NONE or the error of every partition.
+        `api_version` is OffsetCommit's; TxnOffsetCommit (`transactional`) has no v9
+        and is checked on the member and its epoch only."""
         if member_epoch < 0 and not self.members:
             return codes.NONE  # the admin client, or a consumer without group management
         member = self.members.get(member_id)
         if member is None:
             return codes.UNKNOWN_MEMBER_ID
-        if api_version < 9:
+        if api_version < 9 and not transactional:
             return codes.UNSUPPORTED_VERSION  # members of the consumer protocol commit with v9+
         if member_epoch != member.member_epoch:
             return STALE_MEMBER_EPOCH

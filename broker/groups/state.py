@@ -1032,10 +1032,19 @@ class Groups:
     # ------------------------------------------------------------------ offsets
 
     def validate_offset_commit(
-        self, now: int, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, api_version: int = 8
+        self,
+        now: int,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        api_version: int = 8,
+        transactional: bool = False,
     ) -> tuple[Group | None, int]:
         """(the group to commit into, NONE) or (None, the error for every partition):
-        OffsetMetadataManager.validateOffsetCommit + ClassicGroup.validateOffsetCommit."""
+        OffsetMetadataManager.validateOffsetCommit + ClassicGroup.validateOffsetCommit.
+        `transactional`: TxnOffsetCommit's check (KIP-447), whose versions are not
+        OffsetCommit's."""
         group = self.groups.get(group_id)
         if group is None:
             if generation_id >= 0:
@@ -1046,7 +1055,7 @@ class Groups:
         if group.is_(State.DEAD):
             return None, codes.COORDINATOR_NOT_AVAILABLE
         if group.consumer is not None:
-            refused = group.consumer.validate_offset_commit(member_id, generation_id, api_version)
+            refused = group.consumer.validate_offset_commit(member_id, generation_id, api_version, transactional)
             return (group, refused) if refused == codes.NONE else (None, refused)
         if generation_id < 0 and group.is_(State.EMPTY):
             return group, codes.NONE

@@ -192,7 +192,7 @@ async def txn_offset_commit(ctx: RequestContext, req: Any) -> Reply:
     if generation >= 0 or member or instance is not None:
         # KIP-447: a producer that names its consumer's generation is checked against it.
         group, code = groups.groups.validate_offset_commit(
-            groups.now(), req.group_id, generation, member, instance
+            groups.now(), req.group_id, generation, member, instance, transactional=True
         )
         if group is None:
             return answer(lambda _t, _p: code)

@@ -291,6 +291,9 @@ def test_offset_commit_checks_member_epoch() -> None:
     assert w.group.validate_offset_commit("a", 0, 9) == STALE_MEMBER_EPOCH
     assert w.group.validate_offset_commit("x", 1, 9) == codes.UNKNOWN_MEMBER_ID
     assert w.group.validate_offset_commit("a", 1, 8) == codes.UNSUPPORTED_VERSION
+    # TxnOffsetCommit (KIP-447) has no v9: the member and its epoch are what count.
+    assert w.group.validate_offset_commit("a", 1, 3, transactional=True) == codes.NONE
+    assert w.group.validate_offset_commit("a", 0, 3, transactional=True) == STALE_MEMBER_EPOCH
 
 
 def test_records_rebuild_the_group() -> None:

@@ -19,9 +19,12 @@ import pytest
 import trio
 
 from broker.config import BrokerConfig
+from broker.groups.codes import UNKNOWN_MEMBER_ID
+from broker.groups.consumer_group import STALE_MEMBER_EPOCH
 from broker.protocol import records as batches
 from broker.server import run
 from broker.tests.conftest import Broker, RawClient
+from broker.tests.test_consumer_group_handlers import hb_body
 from broker.transactions.partition import PartitionTxns
 from broker.transactions.records import (
     MarkerType,
@@ -242,6 +245,46 @@ async def end(c: RawClient, pid: int, epoch: int, commit: bool, tid: str = "tid"
     return int(r.error_code)
 
 
+async def txn_commit(
+    c: RawClient,
+    pid: int,
+    group: str,
+    topic: str,
+    offset: int,
+    *,
+    generation: int = -1,
+    member: str = "",
+) -> int:
+    """TxnOffsetCommit v3 of one partition (`topic`, 0): its error code."""
+    r = await c.call(
+        "txn_offset_commit",
+        3,
+        {
+            "transactional_id": "tid",
+            "group_id": group,
+            "producer_id": pid,
+            "producer_epoch": 0,
+            "generation_id": generation,
+            "member_id": member,
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": offset,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "",
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    return int(r.topics[0].partitions[0].error_code)
+
+
 def stored(records: bytes) -> list[tuple[int, bool, list[bytes | None]]]:
     """(base offset, is control, values) of every batch of a fetch answer."""
     return [
@@ -364,33 +407,7 @@ async def test_txn_offsets_visible_only_on_commit(broker: Broker) -> None:
             {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "g"},
         )
         assert r.error_code == 0
-        r = await c.call(
-            "txn_offset_commit",
-            3,
-            {
-                "transactional_id": "tid",
-                "group_id": "g",
-                "producer_id": pid,
-                "producer_epoch": 0,
-                "generation_id": -1,
-                "member_id": "",
-                "group_instance_id": None,
-                "topics": [
-                    {
-                        "name": "src",
-                        "partitions": [
-                            {
-                                "partition_index": 0,
-                                "committed_offset": value,
-                                "committed_leader_epoch": -1,
-                                "committed_metadata": "",
-                            }
-                        ],
-                    }
-                ],
-            },
-        )
-        assert r.topics[0].partitions[0].error_code == 0
+        assert await txn_commit(c, pid, "g", "src", value) == 0
         f = await c.call(
             "offset_fetch",
             5,
@@ -411,33 +428,7 @@ async def test_txn_offsets_visible_only_on_commit(broker: Broker) -> None:
     )
     assert f.topics[0].partitions[0].committed_offset == 7
     # TxnOffsetCommit outside a transaction that added the group's offsets.
-    r = await c.call(
-        "txn_offset_commit",
-        3,
-        {
-            "transactional_id": "tid",
-            "group_id": "g",
-            "producer_id": pid,
-            "producer_epoch": 0,
-            "generation_id": -1,
-            "member_id": "",
-            "group_instance_id": None,
-            "topics": [
-                {
-                    "name": "src",
-                    "partitions": [
-                        {
-                            "partition_index": 0,
-                            "committed_offset": 9,
-                            "committed_leader_epoch": -1,
-                            "committed_metadata": "",
-                        }
-                    ],
-                }
-            ],
-        },
-    )
-    assert r.topics[0].partitions[0].error_code == INVALID_TXN_STATE
+    assert await txn_commit(c, pid, "g", "src", 9) == INVALID_TXN_STATE
     lst = await c.call(
         "list_transactions",
         1,
@@ -451,6 +442,39 @@ async def test_txn_offsets_visible_only_on_commit(broker: Broker) -> None:
         ("tid", "CompleteCommit")
     ]
     assert list(lst.unknown_state_filters) == ["Bogus"]
+
+
+async def test_a_consumer_protocol_member_commits_in_a_transaction(broker: Broker) -> None:
+    """KIP-447 with a KIP-848 group: TxnOffsetCommit (no v9 exists) is checked on the
+    member and its epoch, not refused as an old OffsetCommit would be. franz-go's
+    TestTxnEtl takes this path."""
+    c = await broker.connect()
+    await create(c, "src")
+    joined = await c.call("consumer_group_heartbeat", 1, hb_body("cg", "m1", 0, topics=("src",)))
+    assert joined.error_code == 0 and joined.member_epoch >= 1
+    pid = (await init(c)).producer_id
+    r = await c.call(
+        "add_offsets_to_txn",
+        3,
+        {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "cg"},
+    )
+    assert r.error_code == 0
+    stale = await txn_commit(
+        c, pid, "cg", "src", 3, generation=joined.member_epoch + 1, member="m1"
+    )
+    assert stale == STALE_MEMBER_EPOCH
+    assert (
+        await txn_commit(c, pid, "cg", "src", 3, member="stranger", generation=1)
+        == UNKNOWN_MEMBER_ID
+    )
+    assert (
+        await txn_commit(c, pid, "cg", "src", 3, generation=joined.member_epoch, member="m1") == 0
+    )
+    assert await end(c, pid, 0, True) == 0
+    f = await c.call(
+        "offset_fetch", 5, {"group_id": "cg", "topics": [{"name": "src", "partition_indexes": [0]}]}
+    )
+    assert f.topics[0].partitions[0].committed_offset == 3
 
 
 async def test_restart_aborts_the_open_transaction_and_keeps_the_epoch(
