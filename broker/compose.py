@@ -26,7 +26,7 @@ from broker.config import BrokerConfig
 from broker.groups.coordinator import GroupCoordinator
 from broker.mirror import run_replication
 from broker.node import Node
-from broker.placement import follow_placements
+from broker.placement import follow_placements, manifest_hook
 from broker.transactions.coordinator import TxnCoordinator
 from storage import Store
 from storage.handles import FdBudget, HandleCache
@@ -45,6 +45,8 @@ def open_node(config: BrokerConfig) -> Node:
     # (after the data dir's lock: a refused second broker says one line, the lock's)
     log.info("open-file budget: %s", budget.describe())
     node = Node(config, store, Cluster.from_config(config, store.node_public_key))
+    if node.cluster is not None:  # quorum-signed topics where placement names replicas
+        node.partition_manifests = manifest_hook(node.cluster)
     node.fd_budget = budget
     node.groups = GroupCoordinator(node)  # replays __consumer_offsets (creates it once)
     node.transactions = TxnCoordinator(node)  # replays __transaction_state (made at first use)

@@ -33,7 +33,7 @@ import re
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -52,6 +52,7 @@ from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, ha
 from storage.compaction import CompactionPolicy
 from storage.errors import RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget
+from storage.hypercore import Manifest
 
 if TYPE_CHECKING:
     from broker.groups.coordinator import GroupCoordinator
@@ -259,6 +260,11 @@ class Node:
         self.cluster = cluster
         if cluster is not None:
             self.cluster_id = cluster.cluster_id
+        # (topic, topic id, partitions) -> the manifests of its quorum-signed partitions,
+        # or None for single-signer ones (broker/cluster/quorum.py sets it in a cluster).
+        self.partition_manifests: Callable[[str, uuid.UUID, int], Sequence[Manifest] | None] = (
+            lambda _name, _tid, _n: None
+        )
         # every partition recovered in worker threads first (storage/store.py: preopen)
         store.preopen([(r.name, i, config.log_config(r.configs))
                        for r in store.topics().values() for i in range(r.partitions)])
@@ -303,14 +309,15 @@ class Node:
         tid = uuid.uuid4()
         self._creating[name] = partitions
         try:
+            manifests = self.partition_manifests(name, tid, partitions)
             prepared = await trio.to_thread.run_sync(
                 self.store.prepare_partitions, name, tid, partitions, self.config.log_config(overrides),
-                limiter=self._create_limiter)
+                manifests, limiter=self._create_limiter)
             # (not cancellable: the thread finished, and no checkpoint comes before the
             # catalog records the topic or the archives are discarded)
             try:
                 topic = self.create_topic(name, partitions, replication_factor, configs,
-                                          topic_id=tid, prepared=prepared)
+                                          topic_id=tid, prepared=prepared, manifests=manifests)
             except BaseException:
                 if self.store.topics().get(name) is None:
                     self.store.discard(name, prepared)
@@ -422,6 +429,7 @@ class Node:
         validate_only: bool = False,
         topic_id: uuid.UUID | None = None,
         prepared: list[PartitionLog] | None = None,
+        manifests: Sequence[Manifest] | None = None,
     ) -> Topic | None:
         check_topic_name(name)
         if name in self.topics:
@@ -481,10 +489,11 @@ class Node:
         try:
             if prepared is None:
                 topic_id = uuid.uuid4()
+                manifests = self.partition_manifests(name, topic_id, partitions)
                 prepared = self.store.prepare_partitions(name, topic_id, partitions,
-                                                         self.config.log_config(overrides))
+                                                         self.config.log_config(overrides), manifests)
             try:
-                record = self.store.create_topic(name, partitions, overrides, topic_id)
+                record = self.store.create_topic(name, partitions, overrides, topic_id, manifests)
             except BaseException:
                 if own and self.store.topics().get(name) is None:
                     self.store.discard(name, prepared)

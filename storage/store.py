@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from storage.catalog import TopicRecord, apply_change, decode_changes, encode_change
 from storage.dirlock import DirLock
-from storage.errors import StorageError, TopicExists, UnknownTopic
+from storage.errors import ArchiveDamaged, StorageError, TopicExists, UnknownTopic
 from storage.fs import FileSystem, OsFileSystem
 from storage.handles import HandleCache
 from storage.hypercore import KeyPair, Manifest, archive_key, derive_keypair
 from storage.log import FsyncPolicy, LogConfig, PartitionLog
-from storage.manifest_file import write_manifest
+from storage.manifest_file import read_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,8 @@ class Store:
             keys = [m.hash() for m in manifests]
             for p, m in enumerate(manifests):
                 path = partition_dir(self.data_dir, name, p)
+                if os.path.isdir(path) and self._prepared_with(path, m):
+                    continue  # made by prepare_partitions with this very manifest
                 if os.path.isdir(path):  # left by a creation that crashed: not in the catalog
                     self._remove_dir(path)
                 self.fs.makedirs(path)
@@ -366,22 +368,30 @@ class Store:
         return opened
 
     def prepare_partitions(self, name: str, topic_id: uuid.UUID, partitions: int,
-                           config: LogConfig) -> list[PartitionLog]:
+                           config: LogConfig,
+                           manifests: Sequence[Manifest] | None = None) -> list[PartitionLog]:
         """Any thread: make the archives of topic `name` before the catalog records it
         (the slow part of creating a topic: a directory, files and fsyncs per partition).
         Each log is parked once made, so thousands of them hold no descriptor. Then
         `create_topic(..., topic_id)` and `adopt` on the owner thread; `discard` on
-        failure. The caller makes sure nobody else creates `name` meanwhile."""
+        failure. The caller makes sure nobody else creates `name` meanwhile.
+        `manifests` (one per partition): quorum-signed archives, each manifest written
+        into its directory before the archive is opened (pass the same to `create_topic`)."""
         if not _TOPIC_RE.match(name) or name in (".", ".."):
             raise StorageError(f"illegal topic name {name!r}")
         if name in self._topics:
             raise TopicExists(name)
+        if manifests is not None and len(manifests) != partitions:
+            raise StorageError(f"{len(manifests)} manifests for {partitions} partitions")
         logs: list[PartitionLog] = []
         try:
             for p in range(partitions):
                 path = partition_dir(self.data_dir, name, p)
                 if os.path.isdir(path):  # left by a creation that crashed: not in the catalog
                     self._remove_dir(path)
+                if manifests is not None:
+                    self.fs.makedirs(path)
+                    write_manifest(self.fs, path, manifests[p])
                 lg = PartitionLog.open(path, self._partition_keypair(topic_id, p),
                                        fsync=self.fsync, config=config, fs=self.fs)
                 logs.append(lg)
@@ -392,6 +402,12 @@ class Store:
             self.discard(name, logs)
             raise
         return logs
+
+    def _prepared_with(self, path: str, manifest: Manifest) -> bool:
+        try:
+            return read_manifest(self.fs, path) == manifest
+        except (ArchiveDamaged, OSError):
+            return False
 
     def adopt(self, name: str, logs: list[PartitionLog]) -> None:
         """Owner thread, after `create_topic`: serve the logs `prepare_partitions` made."""
