@@ -8,9 +8,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from broker.cluster.signing import (
     Answer,
@@ -250,3 +252,53 @@ def test_codec_bounds() -> None:
     assert Answer.decode(r.encode()) == r and not r.signed
     with pytest.raises(MessageError):
         Answer.decode(a.encode() + b"\x00")
+
+
+# ------------------------------------------- the channel over real replication connections
+
+
+async def test_proposals_over_noise_connections_and_who_may_open_them(tmp_path: Path) -> None:
+    """The leader's links reach brokers 2 and 3 over real replication connections (Noise
+    with its node key, protomux, the ``hyperkafka/quorum`` channel): each replica takes
+    the channel only from a broker of the cluster, identified by its Noise static key;
+    a commit then gets its quorum head. A stranger's channel is rejected."""
+    from broker.quorum_link import LinkPeers, QuorumLink, accept_proposals, serve_proposals
+    from storage.replication.noise import Ed25519KeyPair
+    from storage.replication.session import Connection
+    from storage.replication.trio_driver import ConnectionDriver
+
+    s = Setup(tmp_path)
+    keys = {kp.public_key: i + 1 for i, kp in enumerate(KPS[:3])}
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def connect(node_id: int) -> trio.abc.Stream:
+                ours, theirs = trio.testing.memory_stream_pair()
+                conn = Connection(initiator=False)
+                send, recv = trio.open_memory_channel[Any](8)
+                conn.accept = accept_proposals(conn, keys.get, send)
+                driver = ConnectionDriver(theirs, conn)
+                nursery.start_soon(driver.run)
+                nursery.start_soon(serve_proposals, s.signers[node_id], recv, driver.kick)
+                return ours
+
+            def leader_keypair(kp: KeyPair) -> Ed25519KeyPair:
+                return Ed25519KeyPair(kp.public_key, kp.secret_key)
+
+            s.asm.peers = LinkPeers(leader_keypair(KPS[0]), connect, nursery)
+            with trio.fail_after(10):
+                await s.produce(b"a", b"b")
+                assert s.lg.head is not None and s.lg.head.length == 2
+                assert verify_manifest_head(
+                    s.manifest, s.lg.key, s.lg.head.tree_hash, 2, 0, s.lg.head.signature
+                )
+            # a peer whose key is no broker's (KPS[3]): the channel is rejected, its
+            # propose sees the channel closed
+            stranger = QuorumLink(leader_keypair(KPS[3]))
+            nursery.start_soon(stranger.run, await connect(2))
+            with trio.fail_after(10), pytest.raises(trio.BrokenResourceError):
+                await stranger.propose(_proposal(s, _stamped(b"x")))
+            assert s.replicas[2].length == 2  # nothing of it stored
+            nursery.cancel_scope.cancel()
+    finally:
+        s.close()
