@@ -618,6 +618,17 @@ class FollowerLog:
 
     # ArchiveSink (storage.replication.sources): a replication follower delivers here.
     def put_block(self, index: int, value: bytes | memoryview, leaf: Node) -> None:
+        lg = self.log
+        stored = lg.head.length if lg.head is not None else 0
+        if stored <= index < lg.length:
+            # A quorum-signed archive's replica holds blocks its leader proposed (and it
+            # signed) before their head reached it: the session now delivers them,
+            # verified under that head. The same bytes are kept; other bytes replace the
+            # unsigned tail (the verified block wins; the signing record still refuses
+            # to sign another history within the fork).
+            if lg.block(index) == bytes(value):
+                return
+            self.discard_unsigned()
         self.append_block(index, value, leaf.hash)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:

@@ -369,3 +369,26 @@ def test_a_replica_signs_only_the_blocks_it_holds(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="not a quorum-signed"):
         single.sign_held(KPS[0], 0, 1, bytes(32))
     single.close()
+
+
+def test_a_replica_that_signed_blocks_then_replicates_their_head(tmp_path: Path) -> None:
+    """Blocks a replica took from its leader's proposal (and signed) are delivered again
+    by the replication session once a quorum head covers them: the same bytes are kept
+    (no error, no second copy) and the head is stored over them."""
+    from storage.hypercore import leaf_hash
+
+    src = _source(0)
+    replica = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    bs = _batches(4)
+    for i, b in enumerate(bs[:3]):
+        replica.append_block(i, b, leaf_hash(b))  # the proposal's blocks
+    src.append(*bs)  # the quorum head over 4 blocks, 3 of which the replica holds
+    server = ReplicationSession.serve(src)
+    client = ReplicationSession.follow(
+        src.key, replica, initiator=True, have=replica.verified_tree()
+    )
+    _pump(client, server)
+    assert replica.head is not None and replica.head.length == 4 and replica.length == 4
+    assert [replica.log.block(i) for i in range(4)] == bs
+    replica.close()
+    assert verify_partition(str(tmp_path / "r"), MANIFEST).ok
