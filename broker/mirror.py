@@ -638,6 +638,8 @@ class NodeMirror:
             scope.cancel()
         self.node.detach_mirrored(name)
         self.node.writer_catalogs.pop(name, None)
+        if self.node.quorum is not None:
+            self.node.quorum.forget(name)
         for p, lg in enumerate(logs):
             with contextlib.suppress(Exception):
                 lg.close()
@@ -677,6 +679,9 @@ class NodeMirror:
         if self.node.store.handles is not None:
             for lg in logs:
                 lg.attach_handles(self.node.store.handles)
+        if self.node.quorum is not None:  # a replica signs the quorum-signed ones
+            for lg in logs:
+                self.node.quorum.register(rec.name, lg)
         return logs
 
     async def _follow_changes(self, link: ConnectionDriver, rec: TopicRecord) -> None:

@@ -42,6 +42,7 @@ import trio
 
 from broker.cleaner import Cleaner, compaction_policy
 from broker.cluster import Cluster, signed_blocks
+from broker.cluster.signing import NotEnoughSigners
 from broker.config import BrokerConfig, validate_topic_configs
 from broker.idempotence import ProducerStates
 from broker.metrics import BrokerMetrics, TopicStats
@@ -56,6 +57,7 @@ from storage.hypercore import Manifest
 
 if TYPE_CHECKING:
     from broker.groups.coordinator import GroupCoordinator
+    from broker.quorum_link import QuorumRole
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -265,6 +267,7 @@ class Node:
         self.partition_manifests: Callable[[str, uuid.UUID, int], Sequence[Manifest] | None] = (
             lambda _name, _tid, _n: None
         )
+        self.quorum: QuorumRole | None = None  # its replica and leader parts (compose)
         # every partition recovered in worker threads first (storage/store.py: preopen)
         store.preopen([(r.name, i, config.log_config(r.configs))
                        for r in store.topics().values() for i in range(r.partitions)])
@@ -794,7 +797,10 @@ class Node:
                 # it (tens of microseconds of pwrite into the page cache and one
                 # signature): it runs here unless an fsync is due.
                 _write(work)
-                if any(share.job is not None and share.job_syncs() for share in work):
+                # (a quorum-signed log's head is signed by its replicas, asked from the
+                # loop while the job waits in a worker thread: never inline)
+                if any(share.job is not None and (share.job_syncs() or share.partition.log.quorum_sign)
+                       for share in work):
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(_run, work)
                 else:
@@ -808,7 +814,9 @@ class Node:
                 if error is not None:
                     if job is not None:
                         p.log.abandon(job)
-                    self.fail_partition(p, f"commit failed: {error}", retry=_disk_full(error))
+                    # too few replicas signed: reopened later, which cuts the unsigned tail
+                    self.fail_partition(p, f"commit failed: {error}",
+                                        retry=_disk_full(error) or _quorum_short(error))
                 elif job is not None and not p.failed:
                     p.log.publish(job)
                     if self.cluster is not None:
@@ -995,6 +1003,15 @@ def _write_and_run(work: list[_Share]) -> None:
 # Storage failures a reopen may recover from: the call itself was refused, nothing written
 # was lost. A full disk (ENOSPC, EDQUOT) and, while recovering, no descriptor left.
 _RETRIABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
+
+
+def _quorum_short(exc: BaseException | None) -> bool:
+    """Whether a commit failed because too few replicas signed its head."""
+    while exc is not None:
+        if isinstance(exc, NotEnoughSigners):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _disk_full(exc: BaseException | None) -> bool:

@@ -23,7 +23,8 @@ Bounded: a proposal is decoded within `MAX_PROPOSAL_BYTES` before anything is ke
 most `QUEUE` proposals wait per connection, more are answered "busy"; an answer waits in
 the leader's cancel scope (`QuorumAssembler` gives each replica `timeout_s`).
 
-May import trio, `broker.cluster` and `storage`.
+May import trio, `broker.cluster`, `broker.config`, `broker.node`, `broker.mirror`
+(discovery) and `storage`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from broker.cluster import Cluster
+from broker.cluster.quorum import is_quorum_signed, node_key, placed_replicas
 from broker.cluster.signing import (
     ANSWER,
     MAX_PROPOSAL_BYTES,
@@ -42,8 +45,15 @@ from broker.cluster.signing import (
     Answer,
     MessageError,
     Proposal,
+    QuorumAssembler,
     ReplicaSigner,
 )
+from broker.config import parse_host_port
+from broker.mirror import discover_configs
+from broker.node import Node
+from storage import PartitionLog
+from storage.follower import FollowerLog
+from storage.hypercore import KeyPair
 from storage.replication.mux import Channel
 from storage.replication.noise import Ed25519KeyPair
 from storage.replication.session import Connection, ProtocolHandler
@@ -234,3 +244,157 @@ async def serve_proposals(
         conn.send_protocol(channel, ANSWER, a.encode())
         kick()
         await trio.lowlevel.checkpoint()
+
+
+# ----------------------------------------------------------------- a broker's role
+
+
+SCAN_S = 0.2  # how soon a new (or reopened) quorum partition written here gets its signer
+PROPOSAL_TIMEOUT_S = 5.0  # a replica's answer to one proposal
+
+
+class QuorumRole:
+    """A cluster broker's part in quorum-signed partitions
+    (``hyperkafka.quorum.partitions.enable``), built by broker/compose.py:
+
+    * as a replica: the copies of quorum-signed archives its mirrors keep (`register`,
+      from broker/mirror.py) are signed through `signer` for proposals from each
+      archive's placed leader, arriving on the replication listener
+      (broker/replication_server.py: `accept` and `serve`);
+    * as a leader: `run` gives every quorum-signed partition this broker writes its
+      `PartitionLog.quorum_sign`: the commit job (in a worker thread) asks the loop for a
+      head signed by a quorum (`QuorumAssembler` over `LinkPeers`)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        keypair: KeyPair,
+        cluster: Cluster,
+        address_of: Callable[[int], Awaitable[tuple[str, int]]],
+    ) -> None:
+        self.node_id = node_id
+        self.keypair = keypair
+        self.cluster = cluster
+        self.address_of = address_of  # a peer's replication port
+        self.followers: dict[bytes, tuple[str, FollowerLog]] = {}
+        self.signer = ReplicaSigner(keypair, self._follower, self._leader_of)
+        self.peers: LinkPeers | None = None
+        self.assemblers: dict[bytes, QuorumAssembler] = {}
+
+    # -- replica side
+
+    def register(self, topic: str, lg: FollowerLog) -> None:
+        """A mirror opened its copy of an archive: signed here if it is quorum-signed."""
+        if is_quorum_signed(lg.manifest, lg.public_key):
+            self.followers[lg.key] = (topic, lg)
+
+    def forget(self, topic: str) -> None:
+        for key in [k for k, (t, _) in self.followers.items() if t == topic]:
+            del self.followers[key]
+
+    def _follower(self, key: bytes) -> FollowerLog | None:
+        entry = self.followers.get(key)
+        return entry[1] if entry is not None else None
+
+    def _leader_of(self, key: bytes) -> int | None:
+        entry = self.followers.get(key)
+        if entry is None:
+            return None
+        placement = self.cluster.membership.placements.get(entry[0])
+        return placement.writer if placement is not None else None
+
+    def identify(self, public_key: bytes) -> int | None:
+        """The broker whose published node key (etcd) is this Noise static key."""
+        m = self.cluster.membership
+        for i in set(m.members) | set(m.known):
+            if i != self.node_id and node_key(m, i) == public_key:
+                return i
+        return None
+
+    def accept(
+        self, conn: Connection, queue: trio.MemorySendChannel[Queued]
+    ) -> Callable[[str, bytes | None], ProtocolHandler | None]:
+        return accept_proposals(conn, self.identify, queue)
+
+    async def serve(
+        self, queue: trio.MemoryReceiveChannel[Queued], kick: Callable[[], None]
+    ) -> None:
+        await serve_proposals(self.signer, queue, kick)
+
+    # -- leader side
+
+    async def _connect(self, node_id: int) -> trio.abc.Stream:
+        host, port = await self.address_of(node_id)
+        return await trio.open_tcp_stream(host, port)
+
+    async def run(self, topics: Callable[[], list[tuple[str, int, PartitionLog, bool]]]) -> None:
+        """Keep `quorum_sign` set on every quorum-signed partition written here (`topics()`
+        gives (topic, index, log, written here)), until cancelled."""
+        token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self.peers = LinkPeers(
+                Ed25519KeyPair(self.keypair.public_key, self.keypair.secret_key),
+                self._connect,
+                nursery,
+            )
+            while True:
+                for name, index, lg, own in topics():
+                    if (
+                        own
+                        and lg.quorum_sign is None
+                        and is_quorum_signed(lg.manifest, lg.public_key)
+                    ):
+                        self._lead(name, index, lg, token)
+                await trio.sleep(SCAN_S)
+
+    def _lead(
+        self, name: str, index: int, lg: PartitionLog, token: trio.lowlevel.TrioToken
+    ) -> None:
+        replicas = placed_replicas(self.cluster, name, index)
+        manifest = lg.manifest
+        if replicas is None or manifest is None or self.peers is None:
+            return
+        asm = QuorumAssembler(
+            self.node_id,
+            self.keypair,
+            manifest,
+            replicas,
+            self.peers,
+            lg.block,
+            lambda: lg.published_length,
+            timeout_s=PROPOSAL_TIMEOUT_S,
+        )
+        self.assemblers[lg.key] = asm
+
+        def quorum_sign(th: bytes, length: int, fork: int) -> bytes:
+            # the commit job's worker thread: the proposals go out from the loop
+            return trio.from_thread.run(asm.sign, th, length, fork, trio_token=token)
+
+        lg.quorum_sign = quorum_sign
+        log.info("partition %s-%d is signed by a quorum of %s", name, index, replicas)
+
+
+def quorum_role(node: Node, cluster: Cluster) -> QuorumRole:
+    """The quorum role of a cluster broker: its node key signs; a peer's replication
+    port is what its Kafka port's DescribeConfigs says (broker/replication_server.py)."""
+
+    async def address_of(node_id: int) -> tuple[str, int]:
+        b = cluster.brokers.get(node_id)
+        if b is None:
+            raise OSError(f"broker {node_id} is not registered")
+        values = await discover_configs(b.host, b.port)
+        address = values.get("hyperkafka.replication.address")
+        if not address:
+            raise OSError(f"broker {node_id} serves no replication port")
+        return parse_host_port(address)
+
+    return QuorumRole(node.config.node_id, node.store.node_keypair, cluster, address_of)
+
+
+def own_partitions(node: Node) -> list[tuple[str, int, PartitionLog, bool]]:
+    """(topic, index, log, written here) of every partition the node serves."""
+    return [
+        (t.name, p.index, p.log, not t.mirrored)
+        for t in list(node.topics.values())
+        for p in t.partitions
+    ]

@@ -173,3 +173,39 @@ def placed_replicas(cluster: Cluster, topic: str, index: int) -> list[int] | Non
     if placement is None or not 0 <= index < len(placement.replicas):
         return None
     return list(placement.replicas[index])
+
+
+def is_quorum_signed(manifest: Manifest | None, public_key: bytes) -> bool:
+    """Whether an archive with this manifest is quorum-signed (not a default single
+    signer's manifest)."""
+    return manifest is not None and manifest != Manifest.default(public_key)
+
+
+def produce_refusal(
+    cluster: Cluster,
+    topic: str,
+    index: int,
+    manifest: Manifest | None,
+    public_key: bytes,
+    signing: bool,
+    min_insync: int,
+) -> str | None:
+    """Why a produce to a quorum-signed partition is refused before the append
+    (NOT_ENOUGH_REPLICAS), None when it may go on. Every produce needs the quorum alive
+    (its head cannot be signed otherwise); acks=all needs ``max(quorum,
+    min.insync.replicas)`` (`min_insync`, 0 for acks 0/1). Liveness is etcd's leases.
+    `signing`: the leader's signing for it is set up."""
+    if not is_quorum_signed(manifest, public_key):
+        return None
+    assert manifest is not None
+    if not signing:
+        return f"Partition {topic}-{index}: quorum signing is not set up yet on its leader"
+    replicas = placed_replicas(cluster, topic, index) or []
+    live = [i for i in replicas if cluster.alive(i)]
+    need = max(manifest.quorum, min_insync)
+    if len(live) < need:
+        return (
+            f"Partition {topic}-{index} needs {need} live replicas to sign its head "
+            f"(quorum {manifest.quorum} of {replicas}); alive: {live}"
+        )
+    return None

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -22,10 +24,12 @@ from broker.cluster.quorum import (
 from broker.config import BrokerConfig, apply_properties
 from broker.tests.test_cluster import _controller, _create, _free_ports, _metadata, _serve, _until
 from compat_tests.etcd import EtcdServer
+from storage.batch import build_batch
 from storage.fs import OsFileSystem
 from storage.hypercore.multisig import majority
 from storage.manifest_file import read_manifest
 from storage.store import partition_key_name
+from storage.verify import verify_partition
 
 
 def test_the_setting_is_off_by_default_and_parsed() -> None:
@@ -152,4 +156,111 @@ async def test_a_quorum_topic_gets_a_manifest_of_its_replicas_keys(
                 assert m is not None and m.version == 2 and m.quorum == majority(3) == 2
                 assert [s.public_key for s in m.signers] == [keys[i] for i in rec.replicas[p]]
                 assert m.user_data == partition_key_name(tid, p)
+            nursery.cancel_scope.cancel()
+
+
+async def _produce(c: Any, topic: str, acks: int, value: bytes) -> tuple[int, str | None]:
+    batch = bytes(build_batch([value], timestamp_ms=1_700_000_000_000))
+    r = await c.call(
+        "produce",
+        8,
+        {
+            "acks": acks,
+            "timeout": 10000,
+            "transactional_id": None,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+        },
+    )
+    p = r.responses[0].partition_responses[0]
+    return int(p.error_code), p.error_message
+
+
+async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdServer) -> None:
+    """acks=all to a quorum-signed partition is answered once its leader stored a head
+    that 2 of the 3 replicas signed (the leader counting), over the hyperkafka/quorum
+    channel of real replication connections; the head verifies against the manifest;
+    each replica's signing record holds what it signed; with two replicas' brokers gone
+    a produce is refused NOT_ENOUGH_REPLICAS before anything is written."""
+    ports = _free_ports(3)
+    on = {"hyperkafka.quorum.partitions.enable": "true"}
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            scopes = {}
+
+            async def start(i: int) -> Any:
+                scope = trio.CancelScope()
+                scopes[i] = scope
+                client: list[Any] = []
+
+                async def serve(
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                ) -> None:
+                    with scope:
+                        async with trio.open_nursery() as inner:
+                            client.append(
+                                await _serve(inner, tmp_path, i, ports, etcd.endpoint, **on)
+                            )
+                            task_status.started()
+                            await trio.sleep_forever()
+
+                await nursery.start(serve)
+                return client[0]
+
+            c1 = await start(1)
+
+            async def elected() -> bool:
+                return await _controller(c1) == 1
+
+            await _until(elected)
+            await start(2)
+            await start(3)
+
+            async def three() -> bool:
+                return len((await _metadata(c1, "x")).brokers) == 3
+
+            await _until(three)
+            r = await _create(
+                c1,
+                [
+                    {
+                        "name": "q",
+                        "num_partitions": -1,
+                        "replication_factor": -1,
+                        "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]}],
+                        "configs": [],
+                    }
+                ],
+            )
+            assert r.topics[0].error_code == 0
+
+            async def acked() -> bool:
+                code, _ = await _produce(c1, "q", -1, b"v0")
+                return code == 0
+
+            await _until(acked)  # once the topic exists everywhere and the links are up
+            pdir = tmp_path / "b1" / "q-0"
+            for i in (2, 3):
+                assert (await _produce(c1, "q", -1, b"v%d" % i))[0] == 0
+            manifest = read_manifest(OsFileSystem(), str(pdir))
+            assert manifest is not None and manifest.quorum == 2
+            res = verify_partition(str(pdir), manifest)  # the leader's quorum heads
+            assert res.ok and res.signed_length >= 3, res
+            signed = [i for i in (2, 3) if list((tmp_path / f"b{i}").rglob("q-0/signed"))]
+            assert signed, "no replica signed"
+            scopes[3].cancel()  # one replica gone: 2 of 3 still sign
+
+            async def gone(i: int) -> Callable[[], Awaitable[bool]]:
+                async def check() -> bool:
+                    return i not in [b.node_id for b in (await _metadata(c1, "q")).brokers]
+
+                return check
+
+            await _until(await gone(3))
+            assert (await _produce(c1, "q", -1, b"after-one"))[0] == 0
+            scopes[2].cancel()
+            await _until(await gone(2))
+            code, msg = await _produce(c1, "q", -1, b"after-two")
+            assert code == 19 and msg is not None and "live replicas" in msg  # NOT_ENOUGH_REPLICAS
+            code, _ = await _produce(c1, "q", 1, b"after-two-acks1")
+            assert code == 19  # nothing can be signed: nothing is written
             nursery.cancel_scope.cancel()
