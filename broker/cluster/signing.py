@@ -25,7 +25,9 @@ Theory of operation, one head of one archive:
    Each refusal says how many blocks the replica holds, so the leader resends from there.
 3. The leader (`QuorumAssembler.sign`) signs as itself, asks every replica at once, each
    within `timeout_s` (a trio cancel scope: a slow or dead replica never holds the
-   leader), verifies each partial signature against the manifest, and returns the
+   leader; a refusal is asked again with backoff meanwhile, as a replica may not have
+   opened its copy of a new topic yet), verifies each partial signature against the
+   manifest, and returns the
    assembled quorum signature as soon as the manifest's quorum signed (the leader
    counting), cancelling the slower asks; `NotEnoughSigners` if the quorum is not
    reached. The head is then stored and published by the commit path.
@@ -69,6 +71,8 @@ MAX_PROPOSAL_BYTES = 8 << 20  # a replica's budget for the blocks of one proposa
 MAX_BLOCKS = 4096  # blocks in one proposal (each a whole batch)
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # Kafka's message.max.bytes, for the inflate cap
 MAX_REASON = 512
+RETRY_MIN_S = 0.05  # a refused or unanswered proposal is asked again after this, doubling
+RETRY_MAX_S = 1.0
 
 
 class MessageError(Exception):
@@ -332,16 +336,24 @@ class QuorumAssembler:
             async with trio.open_nursery() as nursery:
 
                 async def ask(node_id: int) -> None:
+                    # A refusal may pass (a replica that has not opened its copy of a new
+                    # topic yet, a busy one, a link still connecting): asked again, with
+                    # backoff, until the quorum is reached or the time is up.
+                    delay = RETRY_MIN_S
                     with trio.move_on_after(self.timeout_s):
-                        try:
-                            partial = await self._ask(node_id, fork, length, tree_hash)
-                        except (OSError, trio.BrokenResourceError, MessageError) as exc:
-                            log.info("broker %d did not answer a proposal: %s", node_id, exc)
-                            return
-                        if partial is not None:
-                            partials.append(partial)
-                            if len(partials) >= need:
-                                nursery.cancel_scope.cancel()
+                        while True:
+                            try:
+                                partial = await self._ask(node_id, fork, length, tree_hash)
+                            except (OSError, trio.BrokenResourceError, MessageError) as exc:
+                                log.info("broker %d did not answer a proposal: %s", node_id, exc)
+                                partial = None
+                            if partial is not None:
+                                partials.append(partial)
+                                if len(partials) >= need:
+                                    nursery.cancel_scope.cancel()
+                                return
+                            await trio.sleep(delay)
+                            delay = min(delay * 2, RETRY_MAX_S)
 
                 for r in self.replicas:
                     if r != self.me:
