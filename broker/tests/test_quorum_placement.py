@@ -22,7 +22,9 @@ from broker.cluster.quorum import (
     replication_factor,
 )
 from broker.config import BrokerConfig, apply_properties
+from broker.protocol import records
 from broker.tests.test_cluster import _controller, _create, _free_ports, _metadata, _serve, _until
+from broker.tests.test_server import fetch_body
 from compat_tests.etcd import EtcdServer
 from storage.batch import build_batch
 from storage.fs import OsFileSystem
@@ -263,4 +265,14 @@ async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdS
             assert code == 19 and msg is not None and "live replicas" in msg  # NOT_ENOUGH_REPLICAS
             code, _ = await _produce(c1, "q", 1, b"after-two-acks1")
             assert code == 19  # nothing can be signed: nothing is written
+            # consumers read exactly the four acknowledged batches, all under quorum heads
+            f = await c1.call("fetch", 12, fetch_body("q", 0))
+            part = f.responses[0].partitions[0]
+            assert (part.error_code, part.high_watermark) == (0, 4)
+            values = [
+                r.value
+                for b in records.split_batches(bytes(part.records))
+                for r in records.decode_records(b)
+            ]
+            assert values == [b"v0", b"v2", b"v3", b"after-one"]
             nursery.cancel_scope.cancel()
