@@ -392,9 +392,15 @@ def quorum_role(node: Node, cluster: Cluster) -> QuorumRole:
 
 
 def own_partitions(node: Node) -> list[tuple[str, int, PartitionLog, bool]]:
-    """(topic, index, log, written here) of every partition the node serves."""
-    return [
-        (t.name, p.index, p.log, not t.mirrored)
-        for t in list(node.topics.values())
-        for p in t.partitions
-    ]
+    """(topic, index, log, written here) of the partitions written here that lack their
+    signer: topics are skipped by their first partition (all of a topic's partitions are
+    quorum-signed or none are), so a scan costs about one step per topic."""
+    out = []
+    for t in list(node.topics.values()):
+        if t.mirrored or not t.partitions:
+            continue
+        first = t.partitions[0].log
+        if not is_quorum_signed(first.manifest, first.public_key):
+            continue
+        out += [(t.name, p.index, p.log, True) for p in t.partitions if p.log.quorum_sign is None]
+    return out
