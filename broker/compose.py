@@ -18,6 +18,7 @@ the coordinator, nor placement, nor the mirrors. Imported by the entry point
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import trio
 
@@ -26,7 +27,8 @@ from broker.config import BrokerConfig
 from broker.groups.coordinator import GroupCoordinator
 from broker.mirror import run_replication
 from broker.node import Node
-from broker.placement import follow_placements
+from broker.placement import follow_placements, manifest_hook
+from broker.quorum_link import own_partitions, quorum_role
 from broker.transactions.coordinator import TxnCoordinator
 from storage import Store
 from storage.handles import FdBudget, HandleCache
@@ -45,6 +47,10 @@ def open_node(config: BrokerConfig) -> Node:
     # (after the data dir's lock: a refused second broker says one line, the lock's)
     log.info("open-file budget: %s", budget.describe())
     node = Node(config, store, Cluster.from_config(config, store.node_public_key))
+    if node.cluster is not None:  # quorum-signed topics where placement names replicas
+        node.partition_manifests = manifest_hook(node.cluster)
+        if config.quorum_partitions:
+            node.quorum = quorum_role(node, node.cluster)
     node.fd_budget = budget
     node.groups = GroupCoordinator(node)  # replays __consumer_offsets (creates it once)
     node.transactions = TxnCoordinator(node)  # replays __transaction_state (made at first use)
@@ -68,4 +74,6 @@ async def run_node(
         await nursery.start(node.transactions.run)
         if node.config.replication_listen is not None or node.config.mirrors:
             await nursery.start(run_replication, node)
+        if node.quorum is not None:
+            nursery.start_soon(node.quorum.run, partial(own_partitions, node))
         task_status.started()

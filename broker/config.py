@@ -240,6 +240,11 @@ class BrokerConfig:
     # KIP-392's replica.selector.class: rack-aware by default in a cluster (mirrors are
     # there to serve reads), Kafka's LeaderSelector to keep every fetch on the leader.
     replica_selector: str = RACK_AWARE_SELECTOR
+    # hyperkafka.quorum.partitions.enable: a topic created in a cluster gets, per
+    # partition, an archive signed by a quorum of its replicas (docs/clusters.md). Off
+    # until failover exists: with it on, a partition takes writes only while a quorum of
+    # its replicas signs, and its leader still never moves.
+    quorum_partitions: bool = False
     # Broker-level topic defaults (log.retention.ms, message.max.bytes, ...) by broker name.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # Every name set in the properties file, for DescribeConfigs on the broker resource.
@@ -331,6 +336,8 @@ class BrokerConfig:
                            "A broker not heard from this long is dead: it leaves Metadata and every ISR."))
             values.append(("replica.selector.class", self.replica_selector, ConfigType.CLASS,
                            "How the leader picks a replica for a consumer to fetch from (KIP-392)."))
+            values.append(("hyperkafka.quorum.partitions.enable", str(self.quorum_partitions).lower(),
+                           ConfigType.BOOLEAN, "New topics get archives signed by a quorum of their replicas."))
         for d in TOPIC_CONFIGS.values():
             if d.broker_synonym:
                 value, _ = self.topic_default(d)
@@ -489,6 +496,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                 changes["replica_lag_ms"] = int(value)
                 if int(value) <= 0:
                     raise ConfigError("replica.lag.time.max.ms must be positive")
+            elif key == "hyperkafka.quorum.partitions.enable":
+                changes["quorum_partitions"] = _BOOL[value.lower()]
             elif key == "broker.session.timeout.ms":
                 changes["session_timeout_ms"] = int(value)
                 if int(value) <= 0:

@@ -77,8 +77,10 @@ from storage import PartitionLog
 from storage.catalog import TopicRecord, apply_change, decode_changes
 from storage.errors import StorageError
 from storage.follower import Equivocation, FollowerLog, ForkChanged, VerificationFailed
+from storage.fs import OsFileSystem
 from storage.hypercore import Node as TreeNode
-from storage.hypercore import archive_key
+from storage.hypercore.multisig import HeadSigner, head_manifest
+from storage.manifest_file import MANIFEST_FILE, read_manifest
 from storage.progress import Progress
 from storage.replication import MemoryArchive, RemoteProtocolError, ReplicationError
 from storage.replication.noise import Ed25519KeyPair
@@ -414,9 +416,10 @@ async def _link_to(target: str | ConnectionDriver,
             nursery.cancel_scope.cancel()
 
 
-async def learn_public_key(target: str | ConnectionDriver, key: bytes) -> bytes:
-    """The signer key of archive `key`, from its manifest (verified to hash to `key`),
-    on a channel of connection `target` (or a connection of its own to that address)."""
+async def learn_public_key(target: str | ConnectionDriver, key: bytes) -> HeadSigner:
+    """The signer key of archive `key` (the whole manifest of a quorum-signed archive),
+    from its manifest (verified to hash to `key`), on a channel of connection `target`
+    (or a connection of its own to that address)."""
     async with _link_to(target) as link:
         ch = link.conn.follow(key, MemoryArchive(bytes(32)), window=0)
         with trio.fail_after(PROBE_TIMEOUT_S):
@@ -434,8 +437,8 @@ async def probe_head(target: str | ConnectionDriver, lg: FollowerLog) -> None:
     `target` (or a connection of its own to that address)."""
     ours = lg.verified_tree().length
     async with _link_to(target) as link:
-        ch = link.conn.follow(lg.key, MemoryArchive(lg.public_key), window=0,
-                              public_key=lg.public_key, probe_at=ours or None)
+        ch = link.conn.follow(lg.key, MemoryArchive(lg.head_signer), window=0,
+                              public_key=lg.head_signer, probe_at=ours or None)
         with trio.fail_after(PROBE_TIMEOUT_S):
             await _drive(link, ch,
                          until=lambda: ch.latest_head is not None or ch.remote_length == 0)
@@ -455,7 +458,7 @@ async def follow_once(link: ConnectionDriver, lg: FollowerLog, on_head: Callable
     sink = _Sink(lg, on_head)
     have = lg.verified_tree()
     ch = link.conn.follow(lg.key, sink, live=True, have=have,
-                          public_key=lg.public_key, fork=lg.follow_fork)
+                          public_key=lg.head_signer, fork=lg.follow_fork)
     sink.catch_up_to = lambda: ch.remote_length
     sink.progress = Progress(f"{lg.path}: catching up", lambda: (ch.remote_length or 0) - have.length,
                              unit="blocks", logger=log, interval=PROGRESS_INTERVAL_S)
@@ -566,9 +569,15 @@ class NodeMirror:
         for name, rec in sorted(self.topics.items()):
             if name in self.attached or (name == OFFSETS_TOPIC and self.offsets_copy is not None):
                 continue
-            keys = []
+            keys: list[HeadSigner] = []
             for p in range(rec.partitions):
-                kfile = os.path.join(self._partition_dir(name, p), "public_key")
+                pdir = self._partition_dir(name, p)
+                kfile = os.path.join(pdir, "public_key")
+                if os.path.exists(os.path.join(pdir, MANIFEST_FILE)):
+                    manifest = read_manifest(OsFileSystem(), pdir)  # a quorum-signed archive
+                    assert manifest is not None
+                    keys.append(manifest)
+                    continue
                 if not os.path.exists(kfile):
                     break
                 with open(kfile, "rb") as f:
@@ -629,13 +638,15 @@ class NodeMirror:
             scope.cancel()
         self.node.detach_mirrored(name)
         self.node.writer_catalogs.pop(name, None)
+        if self.node.quorum is not None:
+            self.node.quorum.forget(name)
         for p, lg in enumerate(logs):
             with contextlib.suppress(Exception):
                 lg.close()
             shutil.rmtree(self._partition_dir(name, p), ignore_errors=True)
         log.info("topic %s was deleted on %s; deleted our copy", name, self.target.address)
 
-    def _attach(self, rec: TopicRecord, public_keys: list[bytes]) -> bool:
+    def _attach(self, rec: TopicRecord, public_keys: list[HeadSigner]) -> bool:
         """Open the follower archives of `rec` and serve them. False on a name clash."""
         if rec.name.startswith("__"):
             return False  # the writer's internal topics (its group offsets) stay its own
@@ -656,18 +667,21 @@ class NodeMirror:
                 self._spawn.start_soon(self._follow_partition, self._link, topic, p, lg)
         return True
 
-    def _open_partitions(self, rec: TopicRecord, first: int, public_keys: list[bytes]) -> list[FollowerLog]:
+    def _open_partitions(self, rec: TopicRecord, first: int, public_keys: list[HeadSigner]) -> list[FollowerLog]:
         """Follower archives of partitions `first`, `first + 1`... of `rec`, each key
         checked against the catalog's archive key, their files on the node's budget."""
         logs: list[FollowerLog] = []
         for p, pk in enumerate(public_keys, start=first):
-            if archive_key(pk) != rec.archive_keys[p]:
+            if head_manifest(pk).hash() != rec.archive_keys[p]:
                 raise VerificationFailed(f"{rec.name}-{p}: signer key does not match the catalog's archive key")
             logs.append(FollowerLog.open_replica(self._partition_dir(rec.name, p), pk,
                                                  config=self.node.config.log_config(rec.configs)))
         if self.node.store.handles is not None:
             for lg in logs:
                 lg.attach_handles(self.node.store.handles)
+        if self.node.quorum is not None:  # a replica signs the quorum-signed ones
+            for lg in logs:
+                self.node.quorum.register(rec.name, lg)
         return logs
 
     async def _follow_changes(self, link: ConnectionDriver, rec: TopicRecord) -> None:
@@ -699,14 +713,14 @@ class NodeMirror:
             for p, lg in enumerate(more, start=len(logs)):
                 self._spawn.start_soon(self._follow_partition, link, topic, p, lg)
 
-    def _open_offsets_copy(self, rec: TopicRecord, public_key: bytes) -> None:
+    def _open_offsets_copy(self, rec: TopicRecord, public_key: HeadSigner) -> None:
         """Cluster mode: open our copy of the peer's offsets archive (under this mirror's
         directory, so it cannot clash with our own ``__consumer_offsets``), hand it to
         `Cluster.offsets_copies` and follow it like any archive."""
         cluster = self.node.cluster
         if cluster is None or self.broker_id is None or rec.partitions != 1:
             return
-        if archive_key(public_key) != rec.archive_keys[0]:
+        if head_manifest(public_key).hash() != rec.archive_keys[0]:
             raise VerificationFailed(f"{rec.name}-0: signer key does not match the catalog's archive key")
         lg = FollowerLog.open_replica(self._partition_dir(rec.name, 0), public_key,
                                       config=self.node.config.log_config(rec.configs))

@@ -33,7 +33,7 @@ import re
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -42,6 +42,7 @@ import trio
 
 from broker.cleaner import Cleaner, compaction_policy
 from broker.cluster import Cluster, signed_blocks
+from broker.cluster.signing import NotEnoughSigners
 from broker.config import BrokerConfig, validate_topic_configs
 from broker.idempotence import ProducerStates
 from broker.metrics import BrokerMetrics, TopicStats
@@ -52,9 +53,11 @@ from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, ha
 from storage.compaction import CompactionPolicy
 from storage.errors import RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget
+from storage.hypercore import Manifest
 
 if TYPE_CHECKING:
     from broker.groups.coordinator import GroupCoordinator
+    from broker.quorum_link import QuorumRole
 
 log = logging.getLogger("hyperkafka.node")
 
@@ -259,6 +262,12 @@ class Node:
         self.cluster = cluster
         if cluster is not None:
             self.cluster_id = cluster.cluster_id
+        # (topic, topic id, partitions) -> the manifests of its quorum-signed partitions,
+        # or None for single-signer ones (broker/cluster/quorum.py sets it in a cluster).
+        self.partition_manifests: Callable[[str, uuid.UUID, int], Sequence[Manifest] | None] = (
+            lambda _name, _tid, _n: None
+        )
+        self.quorum: QuorumRole | None = None  # its replica and leader parts (compose)
         # every partition recovered in worker threads first (storage/store.py: preopen)
         store.preopen([(r.name, i, config.log_config(r.configs))
                        for r in store.topics().values() for i in range(r.partitions)])
@@ -303,14 +312,15 @@ class Node:
         tid = uuid.uuid4()
         self._creating[name] = partitions
         try:
+            manifests = self.partition_manifests(name, tid, partitions)
             prepared = await trio.to_thread.run_sync(
                 self.store.prepare_partitions, name, tid, partitions, self.config.log_config(overrides),
-                limiter=self._create_limiter)
+                manifests, limiter=self._create_limiter)
             # (not cancellable: the thread finished, and no checkpoint comes before the
             # catalog records the topic or the archives are discarded)
             try:
                 topic = self.create_topic(name, partitions, replication_factor, configs,
-                                          topic_id=tid, prepared=prepared)
+                                          topic_id=tid, prepared=prepared, manifests=manifests)
             except BaseException:
                 if self.store.topics().get(name) is None:
                     self.store.discard(name, prepared)
@@ -422,6 +432,7 @@ class Node:
         validate_only: bool = False,
         topic_id: uuid.UUID | None = None,
         prepared: list[PartitionLog] | None = None,
+        manifests: Sequence[Manifest] | None = None,
     ) -> Topic | None:
         check_topic_name(name)
         if name in self.topics:
@@ -481,10 +492,11 @@ class Node:
         try:
             if prepared is None:
                 topic_id = uuid.uuid4()
+                manifests = self.partition_manifests(name, topic_id, partitions)
                 prepared = self.store.prepare_partitions(name, topic_id, partitions,
-                                                         self.config.log_config(overrides))
+                                                         self.config.log_config(overrides), manifests)
             try:
-                record = self.store.create_topic(name, partitions, overrides, topic_id)
+                record = self.store.create_topic(name, partitions, overrides, topic_id, manifests)
             except BaseException:
                 if own and self.store.topics().get(name) is None:
                     self.store.discard(name, prepared)
@@ -785,7 +797,10 @@ class Node:
                 # it (tens of microseconds of pwrite into the page cache and one
                 # signature): it runs here unless an fsync is due.
                 _write(work)
-                if any(share.job is not None and share.job_syncs() for share in work):
+                # (a quorum-signed log's head is signed by its replicas, asked from the
+                # loop while the job waits in a worker thread: never inline)
+                if any(share.job is not None and (share.job_syncs() or share.partition.log.quorum_sign)
+                       for share in work):
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(_run, work)
                 else:
@@ -799,7 +814,9 @@ class Node:
                 if error is not None:
                     if job is not None:
                         p.log.abandon(job)
-                    self.fail_partition(p, f"commit failed: {error}", retry=_disk_full(error))
+                    # too few replicas signed: reopened later, which cuts the unsigned tail
+                    self.fail_partition(p, f"commit failed: {error}",
+                                        retry=_disk_full(error) or _quorum_short(error))
                 elif job is not None and not p.failed:
                     p.log.publish(job)
                     if self.cluster is not None:
@@ -986,6 +1003,15 @@ def _write_and_run(work: list[_Share]) -> None:
 # Storage failures a reopen may recover from: the call itself was refused, nothing written
 # was lost. A full disk (ENOSPC, EDQUOT) and, while recovering, no descriptor left.
 _RETRIABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
+
+
+def _quorum_short(exc: BaseException | None) -> bool:
+    """Whether a commit failed because too few replicas signed its head."""
+    while exc is not None:
+        if isinstance(exc, NotEnoughSigners):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _disk_full(exc: BaseException | None) -> bool:

@@ -28,8 +28,9 @@ May import trio, `broker.node`, `broker.cluster`, `broker.forwarding`.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -37,6 +38,13 @@ import trio
 from broker.cluster import Cluster
 from broker.cluster.etcd import EtcdError
 from broker.cluster.membership import Placement
+from broker.cluster.quorum import (
+    QuorumPlacementError,
+    assigned_replicas,
+    choose_replicas,
+    partition_manifests,
+    replication_factor,
+)
 from broker.forwarding import FORWARD_TIMEOUT_S, forward_to_controller
 from broker.node import (
     INTERNAL_TOPICS,
@@ -47,6 +55,7 @@ from broker.node import (
     Topic,
     TopicError,
 )
+from storage.hypercore import Manifest
 
 log = logging.getLogger("hyperkafka.cluster")
 
@@ -72,6 +81,7 @@ async def create_placed(
     *,
     validate_only: bool = False,
     writer: int | None = None,
+    assignments: Sequence[tuple[int, Sequence[int]]] = (),
 ) -> Topic | None:
     """Create a topic in cluster mode (this broker must be the controller): the topic when
     this broker writes it, None when another does (it makes it when it sees the record;
@@ -94,12 +104,18 @@ async def create_placed(
         writer = choose_writer(cluster)
     elif not cluster.alive(writer):
         raise TopicError(INVALID_REPLICA_ASSIGNMENT, f"Broker {writer} is not registered now.")
+    replicas: tuple[tuple[int, ...], ...] = ()
+    if node.config.quorum_partitions and name not in INTERNAL_TOPICS:
+        replicas = quorum_replicas(
+            node, cluster, writer, partitions, replication_factor, assignments
+        )
     placement = Placement(
         name,
         writer,
         partitions,
         {k: v for k, v in (configs or {}).items() if v is not None},
         replication_factor,
+        replicas,
     )
     cluster.placing.add(name)  # `follow_placements` leaves it to us
     try:
@@ -120,6 +136,39 @@ async def create_placed(
     finally:
         cluster.placing.discard(name)
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
+
+
+def quorum_replicas(
+    node: Node,
+    cluster: Cluster,
+    writer: int,
+    partitions: int,
+    asked: int,
+    assignments: Sequence[tuple[int, Sequence[int]]],
+) -> tuple[tuple[int, ...], ...]:
+    """Each partition's replicas of a new quorum-signed topic (broker/cluster/quorum.py),
+    or the Kafka error that refuses it."""
+    live = cluster.live_ids()
+    try:
+        if assignments:
+            return assigned_replicas(assignments, partitions, live)
+        factor = replication_factor(asked, node.config.default_replication_factor, len(live))
+        return choose_replicas(writer, live, factor, partitions)
+    except QuorumPlacementError as exc:
+        raise TopicError(exc.code, exc.message) from None
+
+
+def manifest_hook(cluster: Cluster) -> Callable[[str, uuid.UUID, int], list[Manifest] | None]:
+    """`Node.partition_manifests` of a cluster broker: a topic whose placement records
+    replicas is made with quorum-signed partitions (broker/cluster/quorum.py)."""
+
+    def manifests(name: str, topic_id: uuid.UUID, partitions: int) -> list[Manifest] | None:
+        try:
+            return partition_manifests(cluster, name, topic_id, partitions)
+        except QuorumPlacementError as exc:
+            raise TopicError(exc.code, exc.message) from None
+
+    return manifests
 
 
 async def forward_create(

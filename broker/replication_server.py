@@ -33,6 +33,7 @@ import trio
 
 from broker.config import ConfigEntry, ConfigSource, ConfigType
 from broker.node import Node
+from broker.quorum_link import QUEUE, Queued
 from storage import PartitionLog
 from storage.hypercore import discovery_key
 from storage.replication import PartitionLogSource, RemoteProtocolError
@@ -174,6 +175,10 @@ async def _connection(node: Node, lookup: _Lookup, stream: trio.SocketStream) ->
 
             nursery.start_soon(announcer)
             nursery.start_soon(handshake_deadline)
+            if node.quorum is not None:  # proposals of quorum-signed partitions' leaders
+                send, recv = trio.open_memory_channel[Queued](QUEUE)
+                conn.accept = node.quorum.accept(conn, send)
+                nursery.start_soon(node.quorum.serve, recv, driver.kick)
             await driver.run()
             nursery.cancel_scope.cancel()
     except Exception as exc:  # one peer's failure (a group from the nursery) never stops the port

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from storage.catalog import TopicRecord, apply_change, decode_changes
 from storage.dirlock import probe
+from storage.errors import ArchiveDamaged
 from storage.follower import PUBLIC_KEY_FILE, check_evidence
 from storage.fs import OsFileSystem
 from storage.hypercore import archive_key, derive_keypair
+from storage.hypercore.multisig import HeadSigner, head_manifest
+from storage.manifest_file import MANIFEST_FILE, read_manifest
 from storage.progress import Progress
 from storage.store import (
     CATALOG_DIR,
@@ -101,7 +104,13 @@ def verify_command(data_dir: str, topic: str | None, *,
             prog.item_done()
             continue
         pk = derive_keypair(seed, partition_key_name(topics[name].topic_id, p)).public_key
-        res = verify_partition(path, pk, progress=prog)
+        signer, why = _signer(path, pk, topics[name].archive_keys[p:p + 1])
+        if why:
+            failures += 1
+            say(f"BAD {name} {p} - {why}")
+            prog.item_done()
+            continue
+        res = verify_partition(path, signer, progress=prog)
         prog.item_done()
         if res.ok:
             say(f"ok {name} {p} {res.length} blocks, {res.signed_length} signed"
@@ -112,6 +121,27 @@ def verify_command(data_dir: str, topic: str | None, *,
     failures += _verify_mirrors(data_dir, topic, prog, say)
     prog.finish()
     return 1 if failures else 0
+
+
+def _signer(path: str, public_key: bytes | None,
+            listed: Sequence[bytes]) -> tuple[HeadSigner, str | None]:
+    """What the archive in `path` is checked against: its `manifest` file when it is
+    quorum-signed, else `public_key`; and why not, when the catalog lists (in `listed`)
+    another archive key for it or the manifest file is unreadable."""
+    try:
+        manifest = read_manifest(OsFileSystem(), path)
+    except (ArchiveDamaged, OSError) as exc:
+        return b"", str(exc)
+    signer: HeadSigner
+    if manifest is not None:
+        signer, what = manifest, "manifest"
+    elif public_key is not None:
+        signer, what = public_key, "signer key"
+    else:
+        return b"", "no signer key and no manifest"
+    if listed and head_manifest(signer).hash() != listed[0]:
+        return signer, f"{what} does not match the catalog's archive key"
+    return signer, None
 
 
 def _log_bytes(path: str) -> int:
@@ -134,7 +164,8 @@ def _mirror_dirs(data_dir: str, topic: str | None) -> list[str]:
             continue
         for d in sorted(os.listdir(node_dir)):
             if d == CATALOG_DIR or (
-                    os.path.exists(os.path.join(node_dir, d, PUBLIC_KEY_FILE))
+                    (os.path.exists(os.path.join(node_dir, d, PUBLIC_KEY_FILE))
+                     or os.path.exists(os.path.join(node_dir, d, MANIFEST_FILE)))
                     and (topic is None or d.rsplit("-", 1)[0] == topic)):
                 out.append(os.path.join(node_dir, d))
     return out
@@ -181,12 +212,15 @@ def _verify_mirrors(data_dir: str, topic: str | None, prog: Progress,
             for p in range(rec.partitions):
                 path = os.path.join(node_dir, f"{tname}-{p}")
                 kfile = os.path.join(path, PUBLIC_KEY_FILE)
-                if not os.path.exists(kfile):
+                if not os.path.exists(kfile) and not os.path.exists(os.path.join(path, MANIFEST_FILE)):
                     continue  # not mirrored (yet)
-                with open(kfile, "rb") as f:
-                    pk = f.read()
-                if archive_key(pk) != rec.archive_keys[p]:
-                    say(f"BAD {tag}/{tname} {p} - signer key does not match the catalog's archive key")
+                key_bytes = None
+                if os.path.exists(kfile):
+                    with open(kfile, "rb") as f:
+                        key_bytes = f.read()
+                pk, why = _signer(path, key_bytes, rec.archive_keys[p:p + 1])
+                if why:
+                    say(f"BAD {tag}/{tname} {p} - {why}")
                     failures += 1
                     prog.item_done()
                     continue

@@ -29,7 +29,8 @@ from storage.errors import StorageError
 from storage.format import ENTRY, ENTRY_SIZE, IDX_HEADER_SIZE, SLOT_SIZE, U32, Head
 from storage.fs import FileSystem
 from storage.hashing import NATIVE_LEAVES, hash_leaves, hash_many
-from storage.hypercore import Frontier, Node, sign_head
+from storage.hypercore import Frontier, Manifest, Node, sign_head
+from storage.hypercore.multisig import verify_manifest_head
 
 if TYPE_CHECKING:
     from storage.log import PartitionLog
@@ -167,6 +168,22 @@ class CommitJob:
                 timing.FSYNC_SECONDS.observe(time.perf_counter() - t0)
             if self.remote_signature is not None:
                 sig = self.remote_signature
+            elif (
+                self.sign
+                and lg.manifest is not None
+                and lg.manifest != Manifest.default(lg.public_key)
+            ):
+                # a quorum-signed archive: its replicas sign (PartitionLog.quorum_sign), and
+                # nothing short of a verifying quorum signature is ever stored as a head
+                if lg.quorum_sign is None:
+                    raise StorageError(f"{lg.path}: a quorum-signed archive is not signed alone")
+                sig = lg.quorum_sign(fr.tree_hash(), fr.length, self.fork)
+                if not verify_manifest_head(
+                    lg.manifest, lg.key, fr.tree_hash(), fr.length, self.fork, sig
+                ):
+                    raise StorageError(
+                        f"{lg.path}: the quorum signature for length {fr.length} does not verify"
+                    )
             elif self.sign:
                 t0 = time.perf_counter()
                 sig = sign_head(lg.keypair, lg.key, fr.tree_hash(), fr.length, self.fork)

@@ -9,8 +9,11 @@ computed from those bytes when it verified them), and become visible only when
 `accept_head` stores a head the writer signed, after checking that the delivered leaf
 hashes fold into that signed tree (each block is hashed once, not again on the way in).
 The writer's signature is stored verbatim in the head slot, so `verify` of the mirror's
-data dir checks it with the writer's key. We never sign anything: blocks past the last
-accepted head are dropped at close and at recovery (they are fetched again).
+data dir checks it with the writer's key (with its manifest, kept in the `manifest`
+file, for a quorum-signed archive). We never sign alone: blocks past the last accepted
+head are dropped at close and at recovery (they are fetched again); a replica of a
+quorum-signed archive only adds its partial signature to a head its leader proposes over
+blocks it holds (`sign_held`, through the signing rule of storage/quorum.py).
 
 Two valid heads of one fork that disagree are equivocation, whatever their lengths: the
 same length and another tree, a shorter head that is not a prefix of ours, or a longer
@@ -25,7 +28,8 @@ blocks we hold we would have to reorg, which we do not do yet: `ForkChanged` is 
 and nothing is stored. A head on an older fork is stale and ignored, as Hypercore does.
 
 May import the standard library, `storage.log`, `storage.hypercore`, `storage.fs`,
-`storage.errors`, `storage.batch`. Never `broker` or trio.
+`storage.errors`, `storage.batch`, `storage.manifest_file`, `storage.quorum`. Never
+`broker` or trio.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from storage import batch as B
-from storage.errors import StorageError
+from storage.errors import ArchiveDamaged, StorageError
 from storage.fs import FileSystem, OsFileSystem
 from storage.handles import HandleCache
 from storage.hypercore import (
@@ -48,13 +52,21 @@ from storage.hypercore import (
     HypercoreError,
     InvalidProof,
     KeyPair,
+    Manifest,
     Node,
     flat_tree,
     tree_hash,
-    verify_head,
+)
+from storage.hypercore.multisig import (
+    HeadSigner,
+    PartialSignature,
+    head_manifest,
+    verify_signed_head,
 )
 from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
 from storage.log import CommitJob, FileRange, FsyncPolicy, Head, LogConfig, PartitionLog
+from storage.manifest_file import MANIFEST_FILE, write_manifest
+from storage.quorum import sign_proposal
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +107,14 @@ def _read(path: str) -> bytes:
 
 
 def check_evidence(
-    path: str, public_key: bytes, read: Callable[[str], bytes] = _read
+    path: str, public_key: HeadSigner, read: Callable[[str], bytes] = _read
 ) -> str | None:
     """A description of the equivocation recorded in archive dir `path` when its evidence
     file proves one under `public_key`: two heads of one fork, both signed, that disagree
     (same length and another tree hash; or the longer head's tree at the shorter length,
     shown by the recorded proof, is another tree). None when there is no such evidence
     (no file, or one that proves nothing: a forged or consistent pair)."""
-    from storage.hypercore import archive_key
-
-    key = archive_key(public_key)
+    key = head_manifest(public_key).hash()
     try:
         doc = json.loads(read(os.path.join(path, EVIDENCE_FILE)))
         heads = []
@@ -115,7 +125,7 @@ def check_evidence(
             length, fork = int(h["length"]), int(h["fork"])
             if not (
                 flat_tree.full_roots(2 * length) == [r.index for r in roots]
-                and verify_head(public_key, key, th, length, fork, sig)
+                and verify_signed_head(public_key, key, th, length, fork, sig)
             ):
                 return None
             heads.append((length, fork, th))
@@ -140,7 +150,7 @@ def check_evidence(
 
 
 def _tree_at(
-    proof: Proof, public_key: bytes, key: bytes, fork: int, length: int, th: bytes, at: int
+    proof: Proof, public_key: HeadSigner, key: bytes, fork: int, length: int, th: bytes, at: int
 ) -> bytes:
     """The tree hash at `at` blocks of the signed head (`length`, `th`, `fork`), shown by
     `proof`: an upgrade proof from 0 to `at` blocks plus the nodes that grow that tree to
@@ -187,27 +197,40 @@ class FollowerLog:
     def open_replica(
         cls,
         path: str | os.PathLike[str],
-        public_key: bytes,
+        public_key: HeadSigner,
         *,
         config: LogConfig | None = None,
         fs: FileSystem | None = None,
     ) -> FollowerLog:
         """Open (create) the follower archive of the writer key `public_key` at `path`.
-        The key is recorded in `public_key` on first open; another key is refused."""
+        The key is recorded in `public_key` on first open; another key is refused. A
+        quorum-signed archive is opened by its manifest instead, recorded in `manifest`."""
         fs = fs or OsFileSystem()
         p = os.fspath(path)
         fs.makedirs(p)
         kpath = os.path.join(p, PUBLIC_KEY_FILE)
-        if fs.exists(kpath):
-            if fs.read_file(kpath) != public_key:
-                raise VerificationFailed(f"{p} holds the archive of another key")
+        if isinstance(public_key, Manifest):
+            if fs.exists(kpath):
+                raise VerificationFailed(f"{p} holds the archive of a single signer")
+            try:
+                write_manifest(fs, p, public_key)
+            except ArchiveDamaged as exc:
+                raise VerificationFailed(str(exc)) from exc
+            pk = public_key.signers[0].public_key  # unused for signing or checking
         else:
-            fs.write_file_atomic(kpath, bytes(public_key))
+            if fs.exists(os.path.join(p, MANIFEST_FILE)):
+                raise VerificationFailed(f"{p} holds a quorum-signed archive")
+            if fs.exists(kpath):
+                if fs.read_file(kpath) != public_key:
+                    raise VerificationFailed(f"{p} holds the archive of another key")
+            else:
+                fs.write_file_atomic(kpath, bytes(public_key))
+            pk = bytes(public_key)
         # No secret key: signing would fail loudly, and nothing here ever signs.
         lg = cls(
             PartitionLog.open(
                 p,
-                KeyPair(bytes(public_key), b""),
+                KeyPair(pk, b""),
                 fsync=FsyncPolicy.ALWAYS,
                 config=config,
                 fs=fs,
@@ -215,7 +238,7 @@ class FollowerLog:
             )
         )
         if fs.exists(os.path.join(p, EVIDENCE_FILE)):
-            proven = check_evidence(p, bytes(public_key), fs.read_file)
+            proven = check_evidence(p, lg.head_signer, fs.read_file)
             if proven:
                 lg.frozen = proven
                 log.error("%s: frozen: %s", p, proven)
@@ -238,6 +261,16 @@ class FollowerLog:
     @property
     def public_key(self) -> bytes:
         return self.log.public_key
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The manifest of a quorum-signed archive; None: a single signer's."""
+        return self.log.manifest
+
+    @property
+    def head_signer(self) -> HeadSigner:
+        """What heads are checked against (the manifest, else the writer's key)."""
+        return self.log.head_signer
 
     @property
     def fork(self) -> int:
@@ -291,6 +324,35 @@ class FollowerLog:
         newer one that `check_conflict` found to extend it (the writer bumped its fork
         without dropping anything we hold, e.g. its recovery after a reboot)."""
         return self._next_fork if self._next_fork is not None else self.fork
+
+    # ------------------------------------------------------- quorum-signed archives
+
+    def sign_held(
+        self, keypair: KeyPair, fork: int, length: int, tree_hash_: bytes
+    ) -> PartialSignature:
+        """As one of the signers of this quorum-signed archive, sign the head its leader
+        proposes (`fork`, `length`, `tree_hash_`) over blocks this replica holds: those
+        under its stored head and the ones delivered after it (`append_block`, not yet
+        covered by a stored head). The blocks are made durable first, then the signing
+        rule (storage/quorum.py) checks the tree against them and against what this
+        replica signed before, and records the new head before the signature is
+        returned. Raises RefusedToSign or StorageError.
+
+        Not yet: a reopen still drops blocks past the stored head (as for any mirror),
+        also the ones signed here, so until the leader's assembled head reaches this
+        replica (`accept_head`) a crash loses them here; the signing record stays, and
+        refuses any other history at those lengths in the fork. Keeping the signed
+        tail across a reopen is the next step (docs/clusters.md, failover)."""
+        lg = self.log
+        manifest = lg.manifest
+        if manifest is None or manifest == Manifest.default(lg.public_key):
+            raise StorageError(f"{self.path}: not a quorum-signed archive")
+        if self.frozen:
+            raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
+        lg.sync_unsigned_tail()  # the blocks it vouches for outlive a crash
+        return sign_proposal(
+            lg.fs, self.path, keypair, manifest, fork, length, tree_hash_, lg.held_tree_at
+        )
 
     def verified_tree(self) -> Frontier:
         """The tree of the last accepted head (a replication follower's `have`)."""
@@ -435,7 +497,8 @@ class FollowerLog:
         roots = list(roots)
         th = tree_hash(roots)
         if flat_tree.full_roots(2 * length) != [r.index for r in roots] or (
-            length and not verify_head(self.public_key, self.key, th, length, fork, signature)
+            length
+            and not verify_signed_head(self.head_signer, self.key, th, length, fork, signature)
         ):
             raise VerificationFailed(f"{self.path}: head at length {length} does not verify")
         cur = self.log.head
@@ -454,7 +517,7 @@ class FollowerLog:
         elif proof is not None:
             try:
                 keeps = (
-                    _tree_at(proof, self.public_key, self.key, fork, length, th, cur.length)
+                    _tree_at(proof, self.head_signer, self.key, fork, length, th, cur.length)
                     == cur.tree_hash
                 )
             except HypercoreError as e:
@@ -555,6 +618,17 @@ class FollowerLog:
 
     # ArchiveSink (storage.replication.sources): a replication follower delivers here.
     def put_block(self, index: int, value: bytes | memoryview, leaf: Node) -> None:
+        lg = self.log
+        stored = lg.head.length if lg.head is not None else 0
+        if stored <= index < lg.length:
+            # A quorum-signed archive's replica holds blocks its leader proposed (and it
+            # signed) before their head reached it: the session now delivers them,
+            # verified under that head. The same bytes are kept; other bytes replace the
+            # unsigned tail (the verified block wins; the signing record still refuses
+            # to sign another history within the fork).
+            if lg.block(index) == bytes(value):
+                return
+            self.discard_unsigned()
         self.append_block(index, value, leaf.hash)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:

@@ -21,7 +21,8 @@ import crc32c
 
 from storage.errors import StorageError
 from storage.fs import FileSystem
-from storage.hypercore import Node, flat_tree, tree_hash, verify_head
+from storage.hypercore import Node, flat_tree, tree_hash
+from storage.hypercore.multisig import HeadSigner, verify_signed_head
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -50,6 +51,12 @@ SLOT_SIZE = 4096
 SLOT_FIXED = struct.Struct("<8sIIQQQQ32s68sqqQ16sqQI")  # 208 bytes
 SLOT_ROOT = struct.Struct("<QQ32s")
 FLAG_CLEAN = 1
+# The head's signature is not the 68 bytes at offset 80 (left zero) but follows the roots
+# as u16 length + bytes: a quorum signature of a multisig archive (FORMAT.md section 5).
+# Set and cleared by Head.encode/decode from the signature's length, never by callers.
+FLAG_LONG_SIGNATURE = 2
+INLINE_SIGNATURE = 68
+U16 = struct.Struct("<H")
 MAX_ROOTS = 64
 NODE_SIZE = 40
 NODE = struct.Struct("<Q32s")
@@ -100,19 +107,24 @@ class Head:
     def encode(self) -> bytes:
         if len(self.roots) > MAX_ROOTS:
             raise StorageError("too many roots")
+        long_sig = len(self.signature) != INLINE_SIGNATURE
+        tail = SLOT_FIXED.size + len(self.roots) * SLOT_ROOT.size
+        if long_sig and tail + U16.size + len(self.signature) > SLOT_SIZE:
+            raise StorageError(f"a {len(self.signature)}-byte signature does not fit a head slot")
+        flags = (self.flags & ~FLAG_LONG_SIGNATURE) | (FLAG_LONG_SIGNATURE if long_sig else 0)
         body = bytearray(SLOT_SIZE)
         SLOT_FIXED.pack_into(
             body,
             0,
             HEAD_MAGIC,
             0,
-            self.flags,
+            flags,
             self.seq,
             self.fork,
             self.length,
             self.byte_length,
             self.tree_hash,
-            self.signature,
+            bytes(INLINE_SIGNATURE) if long_sig else self.signature,
             self.next_offset,
             self.log_start_offset,
             self.min_index,
@@ -125,6 +137,9 @@ class Head:
         for r in self.roots:
             SLOT_ROOT.pack_into(body, pos, r.index, r.size, r.hash)
             pos += SLOT_ROOT.size
+        if long_sig:
+            U16.pack_into(body, pos, len(self.signature))
+            body[pos + U16.size : pos + U16.size + len(self.signature)] = self.signature
         U32.pack_into(body, 8, crc32c.crc32c(memoryview(body)[12:]))
         return bytes(body)
 
@@ -160,6 +175,13 @@ class Head:
             Node(*SLOT_ROOT.unpack_from(slot, SLOT_FIXED.size + i * SLOT_ROOT.size))
             for i in range(nroots)
         )
+        if flags & FLAG_LONG_SIGNATURE:
+            pos = SLOT_FIXED.size + nroots * SLOT_ROOT.size
+            (n,) = U16.unpack_from(slot, pos)
+            if pos + U16.size + n > SLOT_SIZE:
+                return None
+            sig = bytes(slot[pos + U16.size : pos + U16.size + n])
+            flags &= ~FLAG_LONG_SIGNATURE
         return cls(
             fork, length, byte_length, th, sig, nxt, lso, mi, roots, seq, flags, boot, ms, dl
         )
@@ -182,8 +204,9 @@ def read_head_slots(fs: FileSystem, fd: int) -> tuple[Head | None, bool]:
     return best, corrupt
 
 
-def check_head(head: Head, public_key: bytes, key: bytes) -> str | None:
-    """Why a head does not verify, or None."""
+def check_head(head: Head, public_key: HeadSigner, key: bytes) -> str | None:
+    """Why a head does not verify, or None. `public_key` is the single signer's key or
+    the manifest of a quorum-signed archive."""
     try:
         if tree_hash(head.roots) != head.tree_hash:
             return "head roots do not hash to the head's tree hash"
@@ -193,10 +216,12 @@ def check_head(head: Head, public_key: bytes, key: bytes) -> str | None:
             return "head byte length does not match its roots"
     except Exception as exc:  # malformed roots from disk: report, do not crash
         return f"head roots malformed: {exc}"
-    if head.length and not verify_head(
+    if head.length and not verify_signed_head(
         public_key, key, head.tree_hash, head.length, head.fork, head.signature
     ):
-        return "head signature does not verify"
+        if isinstance(public_key, bytes):
+            return "head signature does not verify"
+        return f"head is not signed by a quorum ({public_key.quorum} of {len(public_key.signers)}) of its manifest's signers"
     return None
 
 

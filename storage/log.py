@@ -28,9 +28,10 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import cast
 
 from storage import batch as B
 from storage import compaction, recovery, retention
@@ -67,8 +68,10 @@ from storage.format import (
 from storage.fs import FileSystem, OsFileSystem
 from storage.handles import HandleCache
 from storage.hashing import INLINE_HASH_BELOW, compute_leaf
-from storage.hypercore import Frontier, KeyPair, Node, archive_key, flat_tree
+from storage.hypercore import Frontier, KeyPair, Manifest, Node, archive_key, flat_tree, tree_hash
+from storage.hypercore.multisig import HeadSigner
 from storage.hypercore.tree import NATIVE_LEAVES
+from storage.manifest_file import read_manifest
 
 # Names other modules and tools import from here (kept where they were).
 __all__ = [
@@ -165,6 +168,12 @@ class PartitionLog:
         self.keypair = keypair
         self.public_key = keypair.public_key
         self.key = archive_key(keypair.public_key)
+        # a quorum-signed archive's manifest (its `manifest` file); None: single signer
+        self.manifest: Manifest | None = None
+        # how a quorum-signed archive gets a head signed: (tree hash, length, fork) ->
+        # the assembled quorum signature (called from the commit job's thread, may block
+        # while the replicas sign; raises when they do not). None: commits refuse to sign.
+        self.quorum_sign: Callable[[bytes, int, int], bytes] | None = None
         self.policy = policy
         self.config = config
         # a segment stays below segment_bytes and below 4 GiB (positions are u32)
@@ -316,9 +325,15 @@ class PartitionLog:
         fs = fs or OsFileSystem()
         p = os.fspath(path)
         fs.makedirs(p)
+        manifest = read_manifest(fs, p)
         self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
-        self._cut_unsigned = cut_unsigned
         self._set_replica(replica)
+        self._use_manifest(manifest)
+        # a quorum-signed archive cannot sign its tail alone: blocks past its last quorum
+        # head were never acknowledged as acks=all, and are cut (docs/clusters.md)
+        self._cut_unsigned = cut_unsigned or (
+            manifest is not None and manifest != Manifest.default(keypair.public_key)
+        )
         try:
             recovery.recover(self)
         except BaseException as exc:
@@ -328,6 +343,7 @@ class PartitionLog:
                 raise
             self = cls(p, keypair, FsyncPolicy(fsync), config or LogConfig(), fs)
             self._set_replica(replica)
+            self._use_manifest(manifest)
             try:
                 recovery.open_unwritable(self, failure)
             except BaseException:
@@ -338,6 +354,17 @@ class PartitionLog:
     def _set_replica(self, replica: bool) -> None:
         self.replica = replica
         self._pending_leaves = [] if replica else None
+
+    def _use_manifest(self, manifest: Manifest | None) -> None:
+        if manifest is not None:
+            self.manifest = manifest
+            self.key = manifest.hash()
+
+    @property
+    def head_signer(self) -> HeadSigner:
+        """What heads are checked against: the manifest of a quorum-signed archive, else
+        the single signer's public key."""
+        return self.manifest if self.manifest is not None else self.public_key
 
     def _open_rw(self, name: str) -> int:
         return self.fs.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT)
@@ -731,6 +758,35 @@ class PartitionLog:
         assert self._pending_leaves is not None, "not a replica"
         self._store(batch, len(batch), base, delta, max_ts)
         self._pending_leaves.append(bytes(leaf))
+
+    def sync_unsigned_tail(self) -> None:
+        """Replica: fsync the data of the blocks past the last stored head (a replica that
+        vouches for them, signing them as one of a quorum, needs them to outlive a crash)."""
+        self.check_writable()
+        self._ensure_open()
+        for seg in self._segments:
+            if seg.first_leaf + seg.count > self._published_length:
+                self.fs.fsync(seg.log_fd)
+
+    def held_tree_at(self, n: int) -> bytes | None:
+        """Replica: the tree hash of the first `n` blocks held, stored or delivered after
+        the stored head (None when fewer are held, or the tree is busy in a commit job)."""
+        head = self._head
+        stored = head.length if head is not None else 0
+        if n <= stored:
+            if head is not None and n == stored:
+                return head.tree_hash
+            nodes = [self.node(i) for i in flat_tree.full_roots(2 * n)]
+            if any(x is None for x in nodes):
+                return None
+            return tree_hash(cast(list[Node], nodes))
+        leaves = self._pending_leaves
+        if self._job is not None or leaves is None or n > self._next_leaf:
+            return None
+        f = Frontier.from_roots(list(head.roots)) if head is not None and stored else Frontier()
+        for leaf, p in zip(leaves[: n - stored], self._pending[: n - stored], strict=True):
+            f.append(leaf, p[6])
+        return f.tree_hash()
 
     def drop_unsigned_tail(self) -> None:
         """Replica: forget blocks past the last stored head (never signed by us, fetched

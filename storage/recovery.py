@@ -56,7 +56,7 @@ def open_unwritable(lg: PartitionLog, failure: OSError) -> None:
     lg._head_fd = lg._open_rw("head")
     lg._tree_fd = lg._open_rw("tree")
     head, _ = read_head_slots(lg.fs, lg._head_fd)
-    if head is not None and check_head(head, lg.public_key, lg.key) is not None:
+    if head is not None and check_head(head, lg.head_signer, lg.key) is not None:
         head = None  # a bad head is damage, found again by the next writable open
     names = lg.fs.listdir(lg.path)
     bases = sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
@@ -107,7 +107,7 @@ def recover(lg: PartitionLog) -> None:
         fs.fsync(lg._head_fd)
         fs.fsync_dir(lg.path)
     if head is not None:
-        why = check_head(head, lg.public_key, lg.key)
+        why = check_head(head, lg.head_signer, lg.key)
         if why is not None:
             open_damaged(
                 lg, ArchiveDamaged(f"{lg.path}: {why}", head.log_start_offset), bases, None

@@ -14,16 +14,17 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from storage.catalog import TopicRecord, apply_change, decode_changes, encode_change
 from storage.dirlock import DirLock
-from storage.errors import StorageError, TopicExists, UnknownTopic
+from storage.errors import ArchiveDamaged, StorageError, TopicExists, UnknownTopic
 from storage.fs import FileSystem, OsFileSystem
 from storage.handles import HandleCache
-from storage.hypercore import KeyPair, archive_key, derive_keypair
+from storage.hypercore import KeyPair, Manifest, archive_key, derive_keypair
 from storage.log import FsyncPolicy, LogConfig, PartitionLog
+from storage.manifest_file import read_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,11 @@ class Store:
         return dict(self._topics)
 
     def create_topic(self, name: str, partitions: int, configs: Mapping[str, str],
-                     topic_id: uuid.UUID | None = None) -> TopicRecord:
+                     topic_id: uuid.UUID | None = None,
+                     manifests: Sequence[Manifest] | None = None) -> TopicRecord:
+        """Record a new topic. With `manifests` (one per partition) its partitions are
+        quorum-signed: each archive key is its manifest's hash, and the manifest is
+        stored in the partition directory before the catalog names it."""
         if not _TOPIC_RE.match(name) or name in (".", ".."):
             raise StorageError(f"illegal topic name {name!r}")
         if partitions < 1:
@@ -195,7 +200,20 @@ class Store:
         tid = topic_id or uuid.uuid4()
         if tid.int == 0:
             raise StorageError("topic id must be non-zero")
-        keys = [archive_key(self._partition_keypair(tid, p).public_key) for p in range(partitions)]
+        if manifests is None:
+            keys = [archive_key(self._partition_keypair(tid, p).public_key) for p in range(partitions)]
+        else:
+            if len(manifests) != partitions:
+                raise StorageError(f"{len(manifests)} manifests for {partitions} partitions")
+            keys = [m.hash() for m in manifests]
+            for p, m in enumerate(manifests):
+                path = partition_dir(self.data_dir, name, p)
+                if os.path.isdir(path) and self._prepared_with(path, m):
+                    continue  # made by prepare_partitions with this very manifest
+                if os.path.isdir(path):  # left by a creation that crashed: not in the catalog
+                    self._remove_dir(path)
+                self.fs.makedirs(path)
+                write_manifest(self.fs, path, m)
         self._append_change({"op": "create", "name": name, "topic_id": tid.bytes,
                              "partitions": partitions, "configs": dict(configs), "keys": keys})
         return self._topics[name]
@@ -303,6 +321,10 @@ class Store:
             config=config or log_config_from(rec.configs),
             fs=self.fs,
         )
+        if rec.archive_keys and lg.key != rec.archive_keys[partition]:
+            # e.g. a `manifest` file that is not the one the catalog signed for
+            lg.close()
+            raise StorageError(f"{topic}-{partition}: archive key is not the catalog's")
         if self.handles is not None:
             lg.attach_handles(self.handles)
         self._logs[(topic, partition)] = lg
@@ -346,22 +368,30 @@ class Store:
         return opened
 
     def prepare_partitions(self, name: str, topic_id: uuid.UUID, partitions: int,
-                           config: LogConfig) -> list[PartitionLog]:
+                           config: LogConfig,
+                           manifests: Sequence[Manifest] | None = None) -> list[PartitionLog]:
         """Any thread: make the archives of topic `name` before the catalog records it
         (the slow part of creating a topic: a directory, files and fsyncs per partition).
         Each log is parked once made, so thousands of them hold no descriptor. Then
         `create_topic(..., topic_id)` and `adopt` on the owner thread; `discard` on
-        failure. The caller makes sure nobody else creates `name` meanwhile."""
+        failure. The caller makes sure nobody else creates `name` meanwhile.
+        `manifests` (one per partition): quorum-signed archives, each manifest written
+        into its directory before the archive is opened (pass the same to `create_topic`)."""
         if not _TOPIC_RE.match(name) or name in (".", ".."):
             raise StorageError(f"illegal topic name {name!r}")
         if name in self._topics:
             raise TopicExists(name)
+        if manifests is not None and len(manifests) != partitions:
+            raise StorageError(f"{len(manifests)} manifests for {partitions} partitions")
         logs: list[PartitionLog] = []
         try:
             for p in range(partitions):
                 path = partition_dir(self.data_dir, name, p)
                 if os.path.isdir(path):  # left by a creation that crashed: not in the catalog
                     self._remove_dir(path)
+                if manifests is not None:
+                    self.fs.makedirs(path)
+                    write_manifest(self.fs, path, manifests[p])
                 lg = PartitionLog.open(path, self._partition_keypair(topic_id, p),
                                        fsync=self.fsync, config=config, fs=self.fs)
                 logs.append(lg)
@@ -372,6 +402,12 @@ class Store:
             self.discard(name, logs)
             raise
         return logs
+
+    def _prepared_with(self, path: str, manifest: Manifest) -> bool:
+        try:
+            return read_manifest(self.fs, path) == manifest
+        except (ArchiveDamaged, OSError):
+            return False
 
     def adopt(self, name: str, logs: list[PartitionLog]) -> None:
         """Owner thread, after `create_topic`: serve the logs `prepare_partitions` made."""

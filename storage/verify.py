@@ -16,7 +16,8 @@ from storage import batch as B
 from storage.errors import ArchiveDamaged
 from storage.fs import FileSystem, OsFileSystem
 from storage.hashing import compute_leaf
-from storage.hypercore import Frontier, Node, archive_key, flat_tree, parent_node
+from storage.hypercore import Frontier, Node, flat_tree, parent_node
+from storage.hypercore.multisig import HeadSigner, head_manifest
 from storage.log import (
     ENTRY_SIZE,
     IDX_HEADER_SIZE,
@@ -51,12 +52,13 @@ def _node(fs: FileSystem, fd: int, index: int) -> tuple[int, bytes] | None:
     return size, h
 
 
-def verify_partition(path: str, public_key: bytes, fs: FileSystem | None = None,
+def verify_partition(path: str, public_key: HeadSigner, fs: FileSystem | None = None,
                      progress: Progress | None = None) -> VerifyResult:
     """Verify one archive directory completely. Never raises for bad data. `progress`
-    counts the bytes of every batch checked."""
+    counts the bytes of every batch checked. `public_key` is the single signer's key, or
+    the manifest of a quorum-signed archive (its heads need a quorum of its signers)."""
     fs = fs or OsFileSystem()
-    key = archive_key(public_key)
+    key = head_manifest(public_key).hash()
     fds: list[int] = []
 
     def ropen(p: str) -> int:
@@ -212,7 +214,7 @@ def _read_all(fs: FileSystem, fd: int) -> bytes:
 
 
 
-def signed_batches(path: str, public_key: bytes, fs: FileSystem | None = None) -> list[bytes]:
+def signed_batches(path: str, public_key: HeadSigner, fs: FileSystem | None = None) -> list[bytes]:
     """Every batch covered by the archive's signed head, after a full `verify_partition`.
     Read-only (safe next to a running broker); raises ArchiveDamaged when it does not
     verify. For small archives such as the catalog."""

@@ -86,23 +86,27 @@ class Member:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a topic lives: its one writer, chosen by the controller."""
+    """Where a topic lives: its one writer, chosen by the controller, and, for a topic
+    whose partitions are quorum-signed (broker/cluster/quorum.py), each partition's
+    replicas in placement order, writer first (empty: every broker mirrors it)."""
 
     name: str
     writer: int
     partitions: int
     configs: dict[str, str] = field(default_factory=dict)
     replication_factor: int = -1
+    replicas: tuple[tuple[int, ...], ...] = ()
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "writer": self.writer,
-                "partitions": self.partitions,
-                "configs": self.configs,
-                "replication_factor": self.replication_factor,
-            }
-        ).encode()
+        d: dict[str, Any] = {
+            "writer": self.writer,
+            "partitions": self.partitions,
+            "configs": self.configs,
+            "replication_factor": self.replication_factor,
+        }
+        if self.replicas:
+            d["replicas"] = [list(r) for r in self.replicas]
+        return json.dumps(d).encode()
 
     @classmethod
     def decode(cls, name: str, data: bytes) -> Placement:
@@ -113,6 +117,7 @@ class Placement:
             int(d["partitions"]),
             {str(k): str(v) for k, v in d.get("configs", {}).items()},
             int(d.get("replication_factor", -1)),
+            tuple(tuple(int(i) for i in r) for r in d.get("replicas", ())),
         )
 
 

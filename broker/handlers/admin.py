@@ -94,7 +94,8 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
                 writer = t.assignments[0].broker_ids[0] if t.assignments else None  # Kafka's preferred leader
                 try:
                     topic = await create_placed(node, node.cluster, t.name, partitions, replication, configs,
-                                                validate_only=req.validate_only, writer=writer)
+                                                validate_only=req.validate_only, writer=writer,
+                                                assignments=[(a.partition_index, a.broker_ids) for a in t.assignments or ()])
                 except TopicError as exc:
                     # Not the controller (any more): forward to the one etcd names (KIP-590), once.
                     if (exc.code != errors.NOT_CONTROLLER or ctx.client_id == BROKER_CLIENT_ID

@@ -9,6 +9,7 @@ from typing import Any
 
 from broker.api import Reply, RequestContext, advertised, api
 from broker.cluster import NO_LEADER, Cluster
+from broker.cluster.quorum import placed_replicas
 from broker.handlers import errors
 from broker.node import OFFSETS_TOPIC, Node, Partition, Topic, TopicError, check_topic_name
 from broker.placement import create_placed
@@ -67,13 +68,16 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
         # cluster: this broker is all Kafka needs to know of.
         return me, [me], [me], offline
     writer = me if topic.leader_id is None else topic.leader_id
-    replicas = cluster.replicas(writer)
+    # a quorum-signed partition's replicas are its signers, as placed in etcd
+    placed = placed_replicas(cluster, topic.name, p.index)
+    replicas = placed if placed is not None else cluster.replicas(writer)
     offline += [i for i in replicas if not cluster.alive(i)]
     if writer == me:
-        return me, replicas, cluster.isr(p.log.key), offline
+        return me, replicas, [i for i in cluster.isr(p.log.key) if i in replicas], offline
     # Written elsewhere: the ISR as its writer last told us (it alone can know it), less
     # the dead; a live mirror of it leads (for reads) while the writer is dead.
-    leader, isr = cluster.leadership(writer, cluster.remote_isr.get((topic.name, p.index), [writer]))
+    reported = cluster.remote_isr.get((topic.name, p.index), [writer])
+    leader, isr = cluster.leadership(writer, [i for i in reported if i in replicas])
     return leader, replicas, isr, offline
 
 

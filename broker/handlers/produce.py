@@ -31,6 +31,7 @@ import trio
 from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
 from broker.cleaner import keyless_message, keyless_record
 from broker.cluster import signed_blocks
+from broker.cluster.quorum import produce_refusal
 from broker.handlers import errors
 from broker.handlers.transactions import init_transactional
 from broker.idempotence import Verdict, last_sequence
@@ -101,6 +102,12 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
     cluster = ctx.node.cluster
+    if cluster is not None and not topic.mirrored:  # quorum-signed: its signers alive, or nothing is written
+        log_ = partition.log
+        why = produce_refusal(cluster, topic.name, index, log_.manifest, log_.public_key,
+                              log_.quorum_sign is not None, topic.min_insync_replicas if acks == -1 else 0)
+        if why is not None:
+            return _PartitionResult(errors.NOT_ENOUGH_REPLICAS, why)
     if acks == -1 and cluster is not None:
         # Kafka's check before the append: too few in-sync replicas, nothing is written.
         isr = cluster.isr(partition.log.key)

@@ -16,7 +16,7 @@ leftover proof nodes, trailing bytes after a message, and an upgrade whose start
 not the verifier's length are errors.
 
 May import only the standard library and `storage.hypercore.{flat_tree,tree,crypto,
-encoding,errors}`.
+encoding,errors,multisig}`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from storage.hypercore import flat_tree
-from storage.hypercore.crypto import Manifest, verify_head
+from storage.hypercore.crypto import Manifest
 from storage.hypercore.encoding import Reader, encode_buffer, encode_uint
 from storage.hypercore.errors import DecodeError, HypercoreError, InvalidProof
+from storage.hypercore.multisig import HeadSigner, verify_signed_head
 from storage.hypercore.tree import Frontier, Node, leaf_node, parent_node
 
 NodeSource = Callable[[int], Node]
@@ -493,7 +494,7 @@ class VerifiedProof:
 def verify_proof(
     proof: Proof,
     *,
-    public_key: bytes,
+    public_key: HeadSigner,
     key: bytes,
     fork: int,
     trusted: Frontier | None = None,
@@ -503,7 +504,8 @@ def verify_proof(
 
     `trusted` is the verifier's current (signed) tree, `fork` its fork id, and
     `trusted_node` may return verified nodes it stores. With an upgrade the new head
-    must be signed by `public_key` for archive `key` at the proof's fork. Without one,
+    must be signed by `public_key` (a single signer's key, or a multisig manifest whose
+    quorum must sign) for archive `key` at the proof's fork. Without one,
     the block/hash path must end in a node the verifier trusts (a root of `trusted`
     or a node from `trusted_node`).
     """
@@ -526,7 +528,7 @@ def verify_proof(
             raise InvalidProof(f"fork mismatch: proof {proof.fork}, verifier {fork}")
         head, consumed = _verify_upgrade(proof.upgrade, path_root, base)
         sig = proof.upgrade.signature
-        if sig is None or not verify_head(
+        if sig is None or not verify_signed_head(
             public_key, key, head.tree_hash(), head.length, proof.fork, sig
         ):
             raise InvalidProof("bad head signature")

@@ -32,7 +32,9 @@ the archive key: the channel id (discovery key) does not reveal it. Not implemen
 (documented gaps): seek requests, reorgs (a newer fork that drops verified blocks; one
 that keeps them is followed with `follow(..., fork=)`), multi-signer
 manifests, sparse peers that lack blocks they announced, pushing unrequested blocks
-(``allowPush``) and extensions (accepted and ignored).
+(``allowPush``) and extensions (accepted and ignored). Channels of other protomux
+protocols on the same connection (`open_protocol`, `accept`) are handed to a
+`ProtocolHandler` (cluster mode's quorum signing, broker/cluster/signing.py).
 
 May import the standard library, PyNaCl, `storage.hypercore` and
 `storage.replication.{noise,secretstream,mux,messages,sources,errors}`; never trio.
@@ -51,11 +53,13 @@ from storage.hypercore import (
     REPLICATE_RESPONDER_NS,
     Frontier,
     HypercoreError,
+    Manifest,
     Node,
     discovery_key,
     flat_tree,
 )
 from storage.hypercore.encoding import Reader, encode_uint
+from storage.hypercore.multisig import HeadSigner
 from storage.hypercore.proofs import (
     BlockRequest,
     InvalidRequest,
@@ -197,8 +201,9 @@ class ReplicationChannel:
         return self.role.source if isinstance(self.role, _Server) else None
 
     @property
-    def public_key(self) -> bytes | None:
-        """Follower: the signer's key, once given or learned from a verified manifest."""
+    def public_key(self) -> HeadSigner | None:
+        """Follower: the signer's key (or, for a multisig archive, its manifest), once given
+        or learned from a verified manifest."""
         return self.role.public_key if isinstance(self.role, _Follower) else None
 
     @property
@@ -268,6 +273,22 @@ class ReplicationChannel:
         self.conn.mux.send_parts(self.channel, int(type_), parts)
 
 
+class ProtocolHandler:
+    """A channel of another protomux protocol than ``hypercore/alpha`` on a replication
+    connection (`Connection.open_protocol`, or a remote open `Connection.accept` takes):
+    its messages, its opening and its closing. Called while the connection decodes;
+    anything slow belongs to the caller's tasks."""
+
+    def on_open(self, conn: Connection, channel: Channel) -> None:
+        """Both sides opened the channel."""
+
+    def on_message(self, conn: Connection, channel: Channel, type_: int, payload: bytes) -> None:
+        """A message on it (the payload copied out of the transport buffer)."""
+
+    def on_close(self, conn: Connection, channel: Channel) -> None:
+        """The channel closed or was rejected (by either side, or with the connection)."""
+
+
 class Connection:
     """One replication connection to one peer carrying any number of archives, as
     Hypercore does: a secret stream, protomux on it, and one ``hypercore/alpha`` channel
@@ -313,10 +334,16 @@ class Connection:
         keypair: Ed25519KeyPair | None = None,
         ephemeral: Ed25519KeyPair | None = None,
         lookup: Callable[[bytes], ArchiveSource | None] | None = None,
+        accept: Callable[[str, bytes | None], ProtocolHandler | None] | None = None,
     ) -> None:
         self.stream = SecretStream(initiator, keypair, ephemeral=ephemeral)
         self.mux = Mux()
         self.lookup = lookup
+        # channels of other protocols (protomux carries any number beside hypercore/alpha,
+        # and a stock peer rejects one it does not know): `accept` takes the peer's opens
+        self.accept = accept
+        self._protocols: dict[int, tuple[Channel, ProtocolHandler]] = {}  # by local id
+        self._protocols_opening: list[tuple[str, bytes | None, ProtocolHandler, list[Channel]]] = []
         self.channels: dict[int, ReplicationChannel] = {}  # by our mux channel id
         self._opening: list[ReplicationChannel] = []  # waiting for the handshake
         self._ready: deque[ReplicationChannel] = deque()  # servers with queued requests
@@ -336,7 +363,7 @@ class Connection:
     # ------------------------------------------------------------------ channels
 
     def follow(self, key: bytes, sink: ArchiveSink, *, live: bool = False,
-               have: Frontier | None = None, public_key: bytes | None = None,
+               have: Frontier | None = None, public_key: HeadSigner | None = None,
                window: int = DEFAULT_WINDOW, probe_at: int | None = None,
                fork: int = 0) -> ReplicationChannel:
         """Follow archive `key` into `sink`. `have` is a verified tree the sink already
@@ -353,6 +380,31 @@ class Connection:
     def serve(self, source: ArchiveSource) -> ReplicationChannel:
         """Serve `source` on a channel we open (the peer may open it first or later)."""
         return self._add(ReplicationChannel(self, source.key, _Server(source)))
+
+    def open_protocol(self, protocol: str, id: bytes | None, handler: ProtocolHandler) -> None:
+        """Open a channel of another protocol (`handler` hears it; it is opened once the
+        handshake completes, when it has not yet)."""
+        if self.stream.handshake_complete:
+            self._open_protocol(protocol, id, handler)
+        else:
+            self._protocols_opening.append((protocol, id, handler, []))
+
+    def _open_protocol(self, protocol: str, id: bytes | None, handler: ProtocolHandler) -> Channel:
+        mch, events = self.mux.open(protocol, id, b"")
+        self._protocols[mch.local_id] = (mch, handler)
+        for ev in events:
+            self._on_event(ev)
+        return mch
+
+    def send_protocol(self, channel: Channel, type_: int, payload: bytes) -> None:
+        """A message on a channel of another protocol (dropped once it is closed)."""
+        self.mux.send(channel, type_, payload)
+
+    def close_protocol(self, channel: Channel) -> None:
+        entry = self._protocols.pop(channel.local_id, None)
+        self.mux.close(channel)
+        if entry is not None:
+            entry[1].on_close(self, channel)
 
     def _add(self, ch: ReplicationChannel) -> ReplicationChannel:
         if ch.discovery_key in self._live:
@@ -484,6 +536,10 @@ class Connection:
             opening, self._opening = self._opening, []
             for ch in opening:
                 self._open(ch)
+        if self._protocols_opening and self.stream.handshake_complete:
+            popening, self._protocols_opening = self._protocols_opening, []
+            for protocol, id_, handler, _ in popening:
+                self._open_protocol(protocol, id_, handler)
         for raw in msgs:
             for ev in self.mux.feed(raw):
                 self._on_event(ev)
@@ -492,6 +548,8 @@ class Connection:
         """Close every channel (the caller then closes the transport)."""
         for ch in [*self._opening, *self.channels.values()]:
             self.close_channel(ch)
+        for mch, _handler in list(self._protocols.values()):
+            self.close_protocol(mch)
 
     # ------------------------------------------------------------------ events
 
@@ -500,6 +558,10 @@ class Connection:
             self._on_remote_open(ev)
             return
         if not isinstance(ev, (ChannelOpened, ChannelRejected, ChannelClosed, ChannelMessage)):
+            return
+        entry = self._protocols.get(ev.channel.local_id)
+        if entry is not None:
+            self._on_protocol_event(entry[0], entry[1], ev)
             return
         ch = self.channels.get(ev.channel.local_id)
         if ch is None or ch.closed:
@@ -526,7 +588,28 @@ class Connection:
         except RemoteProtocolError as e:
             self.close_channel(ch, e)
 
+    def _on_protocol_event(
+        self,
+        mch: Channel,
+        handler: ProtocolHandler,
+        ev: ChannelOpened | ChannelRejected | ChannelClosed | ChannelMessage,
+    ) -> None:
+        if isinstance(ev, ChannelMessage):
+            handler.on_message(self, mch, ev.type, bytes(ev.payload))
+        elif isinstance(ev, ChannelOpened):
+            handler.on_open(self, mch)
+        else:  # rejected, or closed by the peer
+            self._protocols.pop(mch.local_id, None)
+            if isinstance(ev, ChannelRejected):
+                self.mux.close(mch)
+            handler.on_close(self, mch)
+
     def _on_remote_open(self, ev: RemoteOpen) -> None:
+        if ev.protocol != M.PROTOCOL and self.accept is not None:
+            handler = self.accept(ev.protocol, ev.id)
+            if handler is not None:
+                self._open_protocol(ev.protocol, ev.id, handler)  # pairs with theirs
+                return
         source = None
         if (ev.protocol == M.PROTOCOL and ev.id is not None and self.lookup is not None
                 and ev.id not in self._live):
@@ -603,7 +686,7 @@ class ReplicationSession(Connection):
     @classmethod
     def follow(cls, key: bytes, sink: ArchiveSink, *, initiator: bool = True,  # type: ignore[override]
                keypair: Ed25519KeyPair | None = None, live: bool = False,
-               have: Frontier | None = None, public_key: bytes | None = None,
+               have: Frontier | None = None, public_key: HeadSigner | None = None,
                window: int = DEFAULT_WINDOW, probe_at: int | None = None,
                fork: int = 0) -> ReplicationSession:
         """Follow archive `key` into `sink` (see `Connection.follow`)."""
@@ -682,7 +765,7 @@ class ReplicationSession(Connection):
         return self._ch.source if self._ch is not None else None
 
     @property
-    def public_key(self) -> bytes | None:
+    def public_key(self) -> HeadSigner | None:
         return self._ch.public_key if self._ch is not None else None
 
     @property
@@ -905,7 +988,7 @@ class _Follower(_Role):
     sink: ArchiveSink
     live: bool
     have: Frontier | None
-    public_key: bytes | None
+    public_key: HeadSigner | None
     window: int
     trusted: Frontier = field(default_factory=Frontier)
     fork: int = 0
@@ -1080,10 +1163,19 @@ class _Follower(_Role):
                 raise VerificationError("peer did not send the manifest we asked for")
             if proof.manifest.hash() != self.key:
                 raise VerificationError("manifest does not hash to the archive key")
-            signers = proof.manifest.signers
-            if len(signers) != 1 or proof.manifest.quorum != 1 or proof.manifest.prologue:
-                raise VerificationError("only single-signer manifests are supported")
-            self.public_key = signers[0].public_key
+            man = proof.manifest
+            if (
+                man.prologue is not None
+                or man.allow_patch
+                or not 1 <= man.quorum <= len(man.signers)
+            ):
+                raise VerificationError(
+                    "manifests with a prologue, patches or no quorum are unsupported"
+                )
+            single = len(man.signers) == 1 and man == Manifest.default(man.signers[0].public_key)
+            # a default single-signer core keeps its bare key (the path every archive of a
+            # single node takes); any other manifest is checked as a whole (multisig)
+            self.public_key = man.signers[0].public_key if single else man
         if self.public_key is None:
             raise VerificationError("no public key to verify against")
         if p.manifest and not p.upgrade and p.block is None:

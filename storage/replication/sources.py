@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from storage.hypercore import Frontier, KeyPair, Manifest, Node, archive_key, sign_head
+from storage.hypercore import Frontier, KeyPair, Manifest, Node, sign_head
+from storage.hypercore.multisig import HeadSigner, assemble_quorum, head_manifest, sign_partial
 
 if TYPE_CHECKING:
     from storage.log import PartitionLog
@@ -61,11 +62,19 @@ class MemoryArchive:
     """An archive in memory. With a key pair it is writable (`append`); as a sink it
     keeps what a follower delivered, with the head it verified."""
 
-    def __init__(self, public_key: bytes, keypair: KeyPair | None = None) -> None:
+    def __init__(
+        self,
+        public_key: HeadSigner,
+        keypair: KeyPair | None = None,
+        signers: Sequence[KeyPair] = (),
+    ) -> None:
+        """`public_key` is the single signer's key, or the manifest of a quorum-signed
+        archive; such an archive is writable with `signers`, a quorum of its key pairs."""
         self.public_key = public_key
         self.keypair = keypair
-        self._manifest = Manifest.default(public_key)
-        self._key = archive_key(public_key)
+        self._signers = tuple(signers)
+        self._manifest = head_manifest(public_key)
+        self._key = self._manifest.hash()
         self.blocks: list[bytes | memoryview] = []
         self.nodes: dict[int, Node] = {}
         self.frontier = Frontier()
@@ -75,6 +84,12 @@ class MemoryArchive:
     @classmethod
     def create(cls, keypair: KeyPair) -> MemoryArchive:
         return cls(keypair.public_key, keypair)
+
+    @classmethod
+    def create_multisig(cls, manifest: Manifest, signers: Sequence[KeyPair]) -> MemoryArchive:
+        """A writable quorum-signed archive: every head is signed by all of `signers`
+        (at least the manifest's quorum) and assembled as Hypercore does."""
+        return cls(manifest, None, signers)
 
     @property
     def key(self) -> bytes:
@@ -86,13 +101,18 @@ class MemoryArchive:
 
     def append(self, *values: bytes) -> SignedHead:
         """Append blocks and sign the new head (one signature per call)."""
-        if self.keypair is None:
+        if self.keypair is None and not self._signers:
             raise ValueError("read-only archive: no key pair")
         for v in values:
             for n in self.frontier.append_data(v):
                 self.nodes[n.index] = n
             self.blocks.append(bytes(v))
-        sig = sign_head(self.keypair, self._key, self.frontier.roots(), self.frontier.length, 0)
+        roots, length = self.frontier.roots(), self.frontier.length
+        if self.keypair is not None:
+            sig = sign_head(self.keypair, self._key, roots, length, 0)
+        else:
+            parts = [sign_partial(kp, self._manifest, roots, length, 0) for kp in self._signers]
+            sig = assemble_quorum(self._manifest, parts)
         self._head = SignedHead(self.frontier.length, 0, sig)
         return self._head
 
@@ -135,7 +155,7 @@ class PartitionLogSource:
 
     @property
     def manifest(self) -> Manifest:
-        return Manifest.default(self.log.public_key)
+        return head_manifest(self.log.head_signer)
 
     def head(self) -> SignedHead:
         h = self.log.head

@@ -9,7 +9,13 @@
 //     Write a core of <blocks> deterministic blocks with a fixed key pair, listen on
 //     127.0.0.1 (free port) and print one JSON line {port, key, length, sha256,
 //     publicKey}; serve every connection as the responder until stdin closes.
+//   node peer.mjs serve-multisig <blocks> <blockSize> <seedBase> <signers> <signWith>
+//     The same, for a core whose manifest names <signers> key pairs (seed i = byte
+//     seedBase+i, x32) with Hypercore's default quorum; every append is signed by the
+//     signers listed in <signWith> (comma-separated indexes, in that order) through
+//     verifier.sign + lib/multisig.js assemble. Prints also {manifest, quorum}.
 import Hypercore from 'hypercore'
+import { createRequire } from 'node:module'
 import hcrypto from 'hypercore-crypto'
 import net from 'node:net'
 import os from 'node:os'
@@ -68,19 +74,40 @@ function block(i, size) {
   return out
 }
 
-async function serve(blocks, size) {
+async function serve(blocks, size, seedBase, signers, signWith) {
+  const multi = seedBase !== undefined
   const keyPair = hcrypto.keyPair(Buffer.alloc(32, 0x42))
-  const core = new Hypercore(dir, { keyPair })
-  await core.ready()
+  let core = null
+  let append = null
+  if (multi) {
+    const require = createRequire(import.meta.url)
+    const { assemble } = require('hypercore/lib/multisig.js')
+    const kps = []
+    for (let i = 0; i < Number(signers); i++) kps.push(hcrypto.keyPair(Buffer.alloc(32, Number(seedBase) + i)))
+    core = new Hypercore(dir, { manifest: { signers: kps.map((kp) => ({ publicKey: kp.publicKey })) } })
+    await core.ready()
+    append = async (values) => {
+      const tb = core.state.createTreeBatch()
+      for (const v of values) tb.append(v)
+      const inputs = signWith.split(',').map((i) => ({
+        signer: Number(i), signature: core.core.verifier.sign(tb, kps[Number(i)]), patch: 0, nodes: null
+      }))
+      await core.append(values, { signature: assemble(inputs) })
+    }
+  } else {
+    core = new Hypercore(dir, { keyPair })
+    await core.ready()
+    append = (values) => core.append(values)
+  }
   const h = createHash('sha256')
   const batch = []
   for (let i = 0; i < Number(blocks); i++) {
     const b = block(i, Number(size))
     h.update(b)
     batch.push(b)
-    if (batch.length === 256) await core.append(batch.splice(0))
+    if (batch.length === 256) await append(batch.splice(0))
   }
-  if (batch.length) await core.append(batch)
+  if (batch.length) await append(batch)
   const server = net.createServer((socket) => {
     const stream = core.replicate(false, { keepAlive: false })
     socket.pipe(stream).pipe(socket)
@@ -92,6 +119,8 @@ async function serve(blocks, size) {
       port: server.address().port,
       key: core.key.toString('hex'),
       publicKey: keyPair.publicKey.toString('hex'),
+      manifest: core.getManifest({ raw: true }).toString('hex'),
+      quorum: core.manifest.quorum,
       length: core.length,
       sha256: h.digest('hex')
     }))
@@ -106,5 +135,6 @@ async function serve(blocks, size) {
 }
 
 if (mode === 'fetch') fetch(...args).catch((e) => fail(e.stack))
-else if (mode === 'serve') serve(...args).catch((e) => fail(e.stack))
-else fail('usage: peer.mjs fetch|serve ...')
+else if (mode === 'serve') serve(...args.slice(0, 2)).catch((e) => fail(e.stack))
+else if (mode === 'serve-multisig') serve(...args).catch((e) => fail(e.stack))
+else fail('usage: peer.mjs fetch|serve|serve-multisig ...')

@@ -1,0 +1,406 @@
+"""Cluster mode: the transport of the quorum-signing channel (broker/cluster/signing.py).
+
+Owns the ``hyperkafka/quorum`` protomux channel on replication connections: the leader's
+side (`QuorumLink`: one Noise connection to one replica broker's replication port, made
+with this broker's node key as its static key, carrying proposals and bringing answers
+back; `LinkPeers`: the links to every replica, as `signing.Peers`) and the replica's
+side (`accept_proposals`: a channel a peer opens on the replication listener is taken
+only from a broker of the cluster, identified by its Noise static key, which is its
+published node key; its proposals are queued, boundedly, for `serve_proposals`).
+
+Why a protomux channel of our own next to ``hypercore/alpha`` on the replication
+connections (docs/clusters.md): the sender of a proposal must be authenticated (only the
+placed leader may propose), and the Noise handshake already proves the peer's node key;
+the replication port is already open between every pair of brokers; and stock
+Hypercore peers are untouched: none of them opens this protocol, and protomux rejects a
+protocol a peer does not know. A Hypercore ``extension`` message on the archive's own
+channel was the other candidate; it rides on a session whose follower verifies every
+block against a signed head and delivers them in order to the mirror's archive, while a
+proposal carries blocks no head covers yet: the two would write one archive from two
+state machines.
+
+Bounded: a proposal is decoded within `MAX_PROPOSAL_BYTES` before anything is kept; at
+most `QUEUE` proposals wait per connection, more are answered "busy"; an answer waits in
+the leader's cancel scope (`QuorumAssembler` gives each replica `timeout_s`).
+
+May import trio, `broker.cluster`, `broker.config`, `broker.node`, `broker.mirror`
+(discovery) and `storage`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from broker.cluster import Cluster
+from broker.cluster.quorum import is_quorum_signed, node_key, placed_replicas
+from broker.cluster.signing import (
+    ANSWER,
+    MAX_PROPOSAL_BYTES,
+    PROPOSE,
+    PROTOCOL,
+    Answer,
+    MessageError,
+    Proposal,
+    QuorumAssembler,
+    ReplicaSigner,
+)
+from broker.config import parse_host_port
+from broker.mirror import discover_configs
+from broker.node import Node
+from storage import PartitionLog
+from storage.follower import FollowerLog
+from storage.hypercore import KeyPair
+from storage.replication.mux import Channel
+from storage.replication.noise import Ed25519KeyPair
+from storage.replication.session import Connection, ProtocolHandler
+from storage.replication.trio_driver import ConnectionDriver
+
+log = logging.getLogger("hyperkafka.quorum")
+
+QUEUE = 64  # proposals waiting per connection on a replica
+RECONNECT_MIN_S = 0.2
+RECONNECT_MAX_S = 5.0
+
+
+# ----------------------------------------------------------------- the leader's side
+
+
+@dataclass
+class _Waiter:
+    event: trio.Event = field(default_factory=trio.Event)
+    answer: Answer | None = None
+
+
+class _LinkHandler(ProtocolHandler):
+    def __init__(self) -> None:
+        self.channel: Channel | None = None
+        self.opened = trio.Event()
+        self.closed = False
+        self.waiting: dict[tuple[bytes, int, int], _Waiter] = {}
+
+    def on_open(self, conn: Connection, channel: Channel) -> None:
+        self.channel = channel
+        self.opened.set()
+
+    def on_message(self, conn: Connection, channel: Channel, type_: int, payload: bytes) -> None:
+        if type_ != ANSWER:
+            return  # protomux ignores types a channel does not know
+        try:
+            a = Answer.decode(payload)
+        except MessageError as exc:
+            log.info("quorum channel closed: %s", exc)
+            conn.close_protocol(channel)
+            return
+        w = self.waiting.pop((a.archive, a.fork, a.length), None)
+        if w is not None:
+            w.answer = a
+            w.event.set()
+
+    def on_close(self, conn: Connection, channel: Channel) -> None:
+        self.closed = True
+        self.opened.set()
+        for w in self.waiting.values():
+            w.event.set()
+        self.waiting.clear()
+
+
+class QuorumLink:
+    """The leader's channel to one replica broker. `run` connects (`connect()` gives the
+    stream) and lives until the connection ends; `propose` waits for it to be open."""
+
+    def __init__(self, keypair: Ed25519KeyPair) -> None:
+        self.keypair = keypair
+        self.handler = _LinkHandler()
+        self.conn: Connection | None = None
+        self.driver: ConnectionDriver | None = None
+
+    async def run(self, stream: trio.abc.Stream) -> None:
+        conn = Connection(initiator=True, keypair=self.keypair)
+        conn.open_protocol(PROTOCOL, None, self.handler)
+        self.conn, self.driver = conn, ConnectionDriver(stream, conn)
+        try:
+            await self.driver.run()
+        finally:
+            self.handler.on_close(conn, self.handler.channel or Channel(PROTOCOL, None, 0))
+
+    async def propose(self, proposal: Proposal) -> Answer:
+        h = self.handler
+        await h.opened.wait()
+        if h.closed or h.channel is None or self.conn is None or self.driver is None:
+            raise trio.BrokenResourceError("quorum channel closed")
+        key = (proposal.archive, proposal.fork, proposal.length)
+        if key in h.waiting:
+            raise trio.BusyResourceError("a proposal of this head is already waiting")
+        w = h.waiting[key] = _Waiter()
+        try:
+            self.conn.send_protocol(h.channel, PROPOSE, proposal.encode())
+            self.driver.kick()
+            await w.event.wait()
+        finally:
+            if h.waiting.get(key) is w:
+                del h.waiting[key]
+        if w.answer is None:
+            raise trio.BrokenResourceError("quorum channel closed")
+        return w.answer
+
+
+class LinkPeers:
+    """`signing.Peers` over `QuorumLink`s: a link per replica broker, (re)connected in
+    the background through `connect(node_id)` with backoff while it is wanted."""
+
+    def __init__(
+        self,
+        keypair: Ed25519KeyPair,
+        connect: Callable[[int], Awaitable[trio.abc.Stream]],
+        nursery: trio.Nursery,
+    ) -> None:
+        self.keypair = keypair
+        self.connect = connect
+        self.nursery = nursery
+        self.links: dict[int, QuorumLink] = {}
+
+    async def _keep(self, node_id: int) -> None:
+        delay = RECONNECT_MIN_S
+        while True:
+            link = self.links[node_id]
+            try:
+                stream = await self.connect(node_id)
+                delay = RECONNECT_MIN_S
+                await link.run(stream)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.info("quorum link to broker %d: %s", node_id, exc)
+            except Exception as exc:  # a peer breaking the protocol drops its link only
+                log.warning("quorum link to broker %d failed: %s", node_id, exc)
+            self.links[node_id] = QuorumLink(self.keypair)  # proposals wait for it
+            await trio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def propose(self, node_id: int, proposal: Proposal) -> Answer:
+        if node_id not in self.links:
+            self.links[node_id] = QuorumLink(self.keypair)
+            self.nursery.start_soon(self._keep, node_id)
+        return await self.links[node_id].propose(proposal)
+
+
+# ----------------------------------------------------------------- the replica's side
+
+
+Queued = tuple[Connection, Channel, int, Proposal]
+
+
+class _ServeHandler(ProtocolHandler):
+    def __init__(self, sender: int, queue: trio.MemorySendChannel[Queued]) -> None:
+        self.sender = sender
+        self.queue = queue
+
+    def on_message(self, conn: Connection, channel: Channel, type_: int, payload: bytes) -> None:
+        if type_ != PROPOSE:
+            return
+        try:
+            p = Proposal.decode(payload, MAX_PROPOSAL_BYTES)
+        except MessageError as exc:
+            log.info("broker %d's quorum channel closed: %s", self.sender, exc)
+            conn.close_protocol(channel)
+            return
+        try:
+            self.queue.send_nowait((conn, channel, self.sender, p))
+        except trio.WouldBlock:
+            busy = Answer(p.archive, p.fork, p.length, p.start, reason="busy")
+            conn.send_protocol(channel, ANSWER, busy.encode())
+
+
+def accept_proposals(
+    conn: Connection,
+    identify: Callable[[bytes], int | None],
+    queue: trio.MemorySendChannel[Queued],
+) -> Callable[[str, bytes | None], ProtocolHandler | None]:
+    """`Connection.accept` of a replication connection: the quorum channel, opened by a
+    broker of the cluster (`identify` maps the peer's Noise static key to its id)."""
+
+    def accept(protocol: str, _id: bytes | None) -> ProtocolHandler | None:
+        if protocol != PROTOCOL:
+            return None
+        sender = identify(conn.remote_public_key)
+        if sender is None:
+            log.info("quorum channel refused: the peer is no broker of this cluster")
+            return None
+        return _ServeHandler(sender, queue)
+
+    return accept
+
+
+async def serve_proposals(
+    signer: ReplicaSigner, queue: trio.MemoryReceiveChannel[Queued], kick: Callable[[], None]
+) -> None:
+    """Answer the queued proposals one after the other. `ReplicaSigner.handle` runs on
+    the event loop: the mirror's sessions write the same archives from it, and an
+    archive is not safe for two threads (its fsyncs cost the loop a few milliseconds)."""
+    async for conn, channel, sender, p in queue:
+        a = signer.handle(sender, p)
+        conn.send_protocol(channel, ANSWER, a.encode())
+        kick()
+        await trio.lowlevel.checkpoint()
+
+
+# ----------------------------------------------------------------- a broker's role
+
+
+SCAN_S = 0.2  # how soon a new (or reopened) quorum partition written here gets its signer
+PROPOSAL_TIMEOUT_S = 5.0  # a replica's answer to one proposal
+
+
+class QuorumRole:
+    """A cluster broker's part in quorum-signed partitions
+    (``hyperkafka.quorum.partitions.enable``), built by broker/compose.py:
+
+    * as a replica: the copies of quorum-signed archives its mirrors keep (`register`,
+      from broker/mirror.py) are signed through `signer` for proposals from each
+      archive's placed leader, arriving on the replication listener
+      (broker/replication_server.py: `accept` and `serve`);
+    * as a leader: `run` gives every quorum-signed partition this broker writes its
+      `PartitionLog.quorum_sign`: the commit job (in a worker thread) asks the loop for a
+      head signed by a quorum (`QuorumAssembler` over `LinkPeers`)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        keypair: KeyPair,
+        cluster: Cluster,
+        address_of: Callable[[int], Awaitable[tuple[str, int]]],
+    ) -> None:
+        self.node_id = node_id
+        self.keypair = keypair
+        self.cluster = cluster
+        self.address_of = address_of  # a peer's replication port
+        self.followers: dict[bytes, tuple[str, FollowerLog]] = {}
+        self.signer = ReplicaSigner(keypair, self._follower, self._leader_of)
+        self.peers: LinkPeers | None = None
+        self.assemblers: dict[bytes, QuorumAssembler] = {}
+
+    # -- replica side
+
+    def register(self, topic: str, lg: FollowerLog) -> None:
+        """A mirror opened its copy of an archive: signed here if it is quorum-signed."""
+        if is_quorum_signed(lg.manifest, lg.public_key):
+            self.followers[lg.key] = (topic, lg)
+
+    def forget(self, topic: str) -> None:
+        for key in [k for k, (t, _) in self.followers.items() if t == topic]:
+            del self.followers[key]
+
+    def _follower(self, key: bytes) -> FollowerLog | None:
+        entry = self.followers.get(key)
+        return entry[1] if entry is not None else None
+
+    def _leader_of(self, key: bytes) -> int | None:
+        entry = self.followers.get(key)
+        if entry is None:
+            return None
+        placement = self.cluster.membership.placements.get(entry[0])
+        return placement.writer if placement is not None else None
+
+    def identify(self, public_key: bytes) -> int | None:
+        """The broker whose published node key (etcd) is this Noise static key."""
+        m = self.cluster.membership
+        for i in set(m.members) | set(m.known):
+            if i != self.node_id and node_key(m, i) == public_key:
+                return i
+        return None
+
+    def accept(
+        self, conn: Connection, queue: trio.MemorySendChannel[Queued]
+    ) -> Callable[[str, bytes | None], ProtocolHandler | None]:
+        return accept_proposals(conn, self.identify, queue)
+
+    async def serve(
+        self, queue: trio.MemoryReceiveChannel[Queued], kick: Callable[[], None]
+    ) -> None:
+        await serve_proposals(self.signer, queue, kick)
+
+    # -- leader side
+
+    async def _connect(self, node_id: int) -> trio.abc.Stream:
+        host, port = await self.address_of(node_id)
+        return await trio.open_tcp_stream(host, port)
+
+    async def run(self, topics: Callable[[], list[tuple[str, int, PartitionLog, bool]]]) -> None:
+        """Keep `quorum_sign` set on every quorum-signed partition written here (`topics()`
+        gives (topic, index, log, written here)), until cancelled."""
+        token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self.peers = LinkPeers(
+                Ed25519KeyPair(self.keypair.public_key, self.keypair.secret_key),
+                self._connect,
+                nursery,
+            )
+            while True:
+                for name, index, lg, own in topics():
+                    if (
+                        own
+                        and lg.quorum_sign is None
+                        and is_quorum_signed(lg.manifest, lg.public_key)
+                    ):
+                        self._lead(name, index, lg, token)
+                await trio.sleep(SCAN_S)
+
+    def _lead(
+        self, name: str, index: int, lg: PartitionLog, token: trio.lowlevel.TrioToken
+    ) -> None:
+        replicas = placed_replicas(self.cluster, name, index)
+        manifest = lg.manifest
+        if replicas is None or manifest is None or self.peers is None:
+            return
+        asm = QuorumAssembler(
+            self.node_id,
+            self.keypair,
+            manifest,
+            replicas,
+            self.peers,
+            lg.block,
+            lambda: lg.published_length,
+            timeout_s=PROPOSAL_TIMEOUT_S,
+        )
+        self.assemblers[lg.key] = asm
+
+        def quorum_sign(th: bytes, length: int, fork: int) -> bytes:
+            # the commit job's worker thread: the proposals go out from the loop
+            return trio.from_thread.run(asm.sign, th, length, fork, trio_token=token)
+
+        lg.quorum_sign = quorum_sign
+        log.info("partition %s-%d is signed by a quorum of %s", name, index, replicas)
+
+
+def quorum_role(node: Node, cluster: Cluster) -> QuorumRole:
+    """The quorum role of a cluster broker: its node key signs; a peer's replication
+    port is what its Kafka port's DescribeConfigs says (broker/replication_server.py)."""
+
+    async def address_of(node_id: int) -> tuple[str, int]:
+        b = cluster.brokers.get(node_id)
+        if b is None:
+            raise OSError(f"broker {node_id} is not registered")
+        values = await discover_configs(b.host, b.port)
+        address = values.get("hyperkafka.replication.address")
+        if not address:
+            raise OSError(f"broker {node_id} serves no replication port")
+        return parse_host_port(address)
+
+    return QuorumRole(node.config.node_id, node.store.node_keypair, cluster, address_of)
+
+
+def own_partitions(node: Node) -> list[tuple[str, int, PartitionLog, bool]]:
+    """(topic, index, log, written here) of the partitions written here that lack their
+    signer: topics are skipped by their first partition (all of a topic's partitions are
+    quorum-signed or none are), so a scan costs about one step per topic."""
+    out = []
+    for t in list(node.topics.values()):
+        if t.mirrored or not t.partitions:
+            continue
+        first = t.partitions[0].log
+        if not is_quorum_signed(first.manifest, first.public_key):
+            continue
+        out += [(t.name, p.index, p.log, True) for p in t.partitions if p.log.quorum_sign is None]
+    return out
