@@ -663,3 +663,49 @@ async def test_a_cluster_broker_coordinates_no_transaction_yet() -> None:
     with pytest.raises(CoordinatorError) as info:
         await coordinator.init_producer_id("tid", 60000)
     assert info.value.code == NOT_COORDINATOR and not node.topics  # no __transaction_state made
+
+
+async def test_end_txn_and_the_sweep_complete_a_transaction_once(
+    broker_config: BrokerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EndTxn completes its transaction itself; the background sweep, reaching the same
+    prepared transaction while the markers are being made durable (a loaded machine
+    makes that window long), must not complete it again: that wrote a second marker and
+    then CompleteCommit over the producer's next transaction, whose batches were refused
+    with INVALID_TXN_STATE from then on (franz-go's TestTxnEtl in CI)."""
+    from broker.transactions import coordinator
+
+    original = coordinator.TxnCoordinator.complete
+    raced: list[bool] = []
+
+    async def with_the_sweep(self: Any, txn: Any) -> None:
+        if raced:
+            await original(self, txn)
+            return
+        raced.append(True)
+        async with trio.open_nursery() as n:
+            n.start_soon(original, self, txn)  # EndTxn's own completion, and meanwhile
+            await self.sweep()  # the sweep finds the transaction prepared
+
+    monkeypatch.setattr(coordinator.TxnCoordinator, "complete", with_the_sweep)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "p")
+        pid = (await init(c)).producer_id
+        assert await add(c, pid, 0, "p") == 0
+        assert (await produce(c, "p", txn_batch(pid, 0, 0, b"one"))).error_code == 0
+        assert await end(c, pid, 0, True) == 0
+        assert raced
+        # The next transaction of the same producer goes on.
+        assert await add(c, pid, 0, "p") == 0
+        assert (await produce(c, "p", txn_batch(pid, 0, 1, b"two"))).error_code == 0
+        assert await end(c, pid, 0, True) == 0
+        f = await fetch(c, "p", 0)
+        assert [(control, values) for _, control, values in stored(f.records)] == [
+            (False, [b"one"]),
+            (True, [b"\x00\x00\x00\x00\x00\x00"]),
+            (False, [b"two"]),
+            (True, [b"\x00\x00\x00\x00\x00\x00"]),
+        ]
+        nursery.cancel_scope.cancel()

@@ -159,6 +159,10 @@ class TxnCoordinator:
         self.by_pid: dict[int, str] = {}
         self._partition: Partition | None = None
         self._poke = trio.Event()
+        # Transactional ids whose second phase a task is running: EndTxn's own call and
+        # `sweep` must never both run it (markers twice, and the later Complete* written
+        # over the producer's next transaction).
+        self._completing: set[str] = set()
         if TXN_TOPIC in node.topics:
             self._partition = node.topics[TXN_TOPIC].partitions[0]
             self._replay()
@@ -508,9 +512,21 @@ class TxnCoordinator:
             self._poke.set()
 
     async def complete(self, txn: Txn) -> None:
-        """Second phase of a prepared transaction: markers, offsets, then Complete*."""
-        commit = txn.status is Status.PREPARE_COMMIT
-        assert commit or txn.status is Status.PREPARE_ABORT
+        """Second phase of a prepared transaction: markers, offsets, then Complete*. One
+        task at a time per transactional id: a call while another runs returns at once
+        (that one finishes it, or leaves it prepared for `run` to retry)."""
+        if txn.transactional_id in self._completing:
+            return
+        self._completing.add(txn.transactional_id)
+        try:
+            await self._complete(txn)
+        finally:
+            self._completing.discard(txn.transactional_id)
+
+    async def _complete(self, txn: Txn) -> None:
+        prepared = txn.status
+        commit = prepared is Status.PREPARE_COMMIT
+        assert commit or prepared is Status.PREPARE_ABORT
         marker = MarkerType.COMMIT if commit else MarkerType.ABORT
         waits: list[tuple[Partition, int]] = []
         now = self.wall()
@@ -556,6 +572,12 @@ class TxnCoordinator:
             t.status = Status.COMPLETE_COMMIT if commit else Status.COMPLETE_ABORT
             t.offsets = {}
 
+        if txn.status is not prepared:
+            # Unreachable while requests get CONCURRENT_TRANSACTIONS in a prepared state and
+            # `_completing` keeps this the only completion; never write Complete* over
+            # whatever the id moved on to.
+            log.error("transaction %s moved to %s while completing", txn.transactional_id, txn.status)
+            return
         await self._transition(txn, finish, extra)
 
     # ------------------------------------------------------------------ produce checks
