@@ -666,7 +666,7 @@ async def test_a_cluster_broker_coordinates_no_transaction_yet() -> None:
 
 
 async def test_end_txn_and_the_sweep_complete_a_transaction_once(
-    broker_config: BrokerConfig, monkeypatch: pytest.MonkeyPatch
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """EndTxn completes its transaction itself; the background sweep, reaching the same
     prepared transaction while the markers are being made durable (a loaded machine
@@ -688,24 +688,21 @@ async def test_end_txn_and_the_sweep_complete_a_transaction_once(
             await self.sweep()  # the sweep finds the transaction prepared
 
     monkeypatch.setattr(coordinator.TxnCoordinator, "complete", with_the_sweep)
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(run, broker_config)
-        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
-        await create(c, "p")
-        pid = (await init(c)).producer_id
-        assert await add(c, pid, 0, "p") == 0
-        assert (await produce(c, "p", txn_batch(pid, 0, 0, b"one"))).error_code == 0
-        assert await end(c, pid, 0, True) == 0
-        assert raced
-        # The next transaction of the same producer goes on.
-        assert await add(c, pid, 0, "p") == 0
-        assert (await produce(c, "p", txn_batch(pid, 0, 1, b"two"))).error_code == 0
-        assert await end(c, pid, 0, True) == 0
-        f = await fetch(c, "p", 0)
-        assert [(control, values) for _, control, values in stored(f.records)] == [
-            (False, [b"one"]),
-            (True, [b"\x00\x00\x00\x00\x00\x00"]),
-            (False, [b"two"]),
-            (True, [b"\x00\x00\x00\x00\x00\x00"]),
-        ]
-        nursery.cancel_scope.cancel()
+    c = await broker.connect()
+    await create(c, "p")
+    pid = (await init(c)).producer_id
+    assert await add(c, pid, 0, "p") == 0
+    assert (await produce(c, "p", txn_batch(pid, 0, 0, b"one"))).error_code == 0
+    assert await end(c, pid, 0, True) == 0
+    assert raced
+    # The next transaction of the same producer goes on.
+    assert await add(c, pid, 0, "p") == 0
+    assert (await produce(c, "p", txn_batch(pid, 0, 1, b"two"))).error_code == 0
+    assert await end(c, pid, 0, True) == 0
+    f = await fetch(c, "p", 0)
+    assert [(control, values) for _, control, values in stored(f.records)] == [
+        (False, [b"one"]),
+        (True, [b"\x00\x00\x00\x00\x00\x00"]),
+        (False, [b"two"]),
+        (True, [b"\x00\x00\x00\x00\x00\x00"]),
+    ]
