@@ -10,7 +10,10 @@ the counts it shows must be exactly 1, 2, ..., n with n the number of times the 
 acknowledged: no count lost, none repeated, none from an aborted transaction. That holds:
 
 1. across a kill -9 of the Streams process mid-run (restarted on its state dir, it resumes);
-2. across a kill -9 of the broker mid-run (restarted on the same data dir and port).
+2. across a kill -9 of the broker mid-run (restarted on the same data dir and port);
+3. after the local state dir is wiped, once the cleaner compacted the changelog (whose
+   batches are all transactional): the store is restored from the compacted changelog
+   exactly, and `hyperkafka verify` passes on the data dir.
 
 Imports the standard library, pytest, confluent-kafka and the compat_tests modules.
 """
@@ -20,8 +23,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -270,3 +275,66 @@ def test_exact_counts_across_a_kill_of_the_broker(
             wait_exact_counts(broker, app, app_id, acked)
         finally:
             app.stop()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.matrix("streams exactly-once: restore from compacted changelog", client="java-streams")
+def test_state_restored_from_the_compacted_changelog(
+    workdir: Path, classpath: str, app_id: str
+) -> None:
+    rng = random.Random(3)
+    state = workdir / "state"
+    changelog = f"{app_id}-counts-changelog"
+    with configured_broker(workdir / "broker", BROKER_PROPERTIES) as broker:
+        create_topics(broker, app_id)
+        acked = produce(broker, app_id, 3000, rng)
+        app = WordCount(classpath, broker, app_id, state, workdir / "app")
+        try:
+            app.start()
+            wait_exact_counts(broker, app, app_id, acked)
+        finally:
+            app.stop()
+
+        # One changelog record per word counted, all in transactions; once the cleaner ran,
+        # a read_committed reader sees far fewer, and the last of each word is its count.
+        deadline = time.monotonic() + 60
+        while len(records := read_committed(broker, changelog)) > 3000 // 3:
+            assert time.monotonic() < deadline, f"changelog not compacted: {len(records)} records"
+            time.sleep(0.5)
+        print(f"changelog: {len(records)} of 3000 records left after compaction")
+        # (the value: Serdes.Long, 8 bytes big-endian)
+        restored = {w.decode(): int.from_bytes(v, "big", signed=True) for w, v in records}
+        assert restored == dict(acked)
+
+        shutil.rmtree(state)  # the store must come back from the compacted changelog alone
+        acked += produce(broker, app_id, 1000, rng)
+        try:
+            app.start()
+            wait_exact_counts(broker, app, app_id, acked)
+        finally:
+            app.stop()
+        out = _verify(broker, changelog)
+        assert "compacted away" in out, out
+
+
+def _verify(broker: Broker, topic: str) -> str:
+    assert broker.data_dir is not None
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "verify",
+            "--data-dir",
+            str(broker.data_dir),
+            "--topic",
+            topic,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout + r.stderr

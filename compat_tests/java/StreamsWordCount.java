@@ -66,11 +66,15 @@ public class StreamsWordCount {
         props.put(StreamsConfig.consumerPrefix("heartbeat.interval.ms"), 1000);
         props.put(StreamsConfig.producerPrefix("transaction.timeout.ms"), 10000);
         props.put(StreamsConfig.producerPrefix("delivery.timeout.ms"), 60000);
+        // Small batches (a few records each): the cleaner removes whole batches only, so a
+        // changelog written in big ones would keep most of its records (each holds a last
+        // value); with these most of it goes.
+        props.put(StreamsConfig.producerPrefix("batch.size"), 256);
 
         StreamsBuilder builder = new StreamsBuilder();
         // small changelog segments and an eager cleaner: the test sees it compacted
         Map<String, String> changelog = Map.of(
-                "segment.bytes", "4096",
+                "segment.bytes", "1024",
                 "min.cleanable.dirty.ratio", "0.01",
                 "delete.retention.ms", "1000");
         AtomicLong processed = new AtomicLong();
