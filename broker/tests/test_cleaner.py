@@ -1,6 +1,7 @@
 """Compacted topics over the wire: keyless records refused as Kafka's LogValidator does
 (nothing signed), the cleaner leaving the last record per key with its offset, tombstones
-gone after delete.retention.ms, retention never dropping a compact-only topic's data."""
+gone after delete.retention.ms, retention never dropping a compact-only topic's data,
+transactions compacted by their outcome below the LSO (and rebuilt right after a restart)."""
 
 from __future__ import annotations
 
