@@ -4,7 +4,7 @@
 //
 // --bootstrap B --app-id A --input T --output T --state-dir D [--timeout S]
 // Reads words (the record values) from the input topic, regroups them by word (a
-// repartition topic, which Streams purges with DeleteRecords after each commit), counts
+// repartition topic with small segments, which Streams purges with DeleteRecords), counts
 // them in a persistent (RocksDB) key-value store "counts" whose changelog is a compacted
 // topic with small segments, and writes every new count to the output topic (key: the
 // word, value: the count as a decimal string). Caching is off, so every word processed
@@ -70,6 +70,12 @@ public class StreamsWordCount {
         // changelog written in big ones would keep most of its records (each holds a last
         // value); with these most of it goes.
         props.put(StreamsConfig.producerPrefix("batch.size"), 256);
+        // Small segments for the internal topics too: the repartition topic, which Streams
+        // purges with DeleteRecords up to what it consumed (often its end), then rolls
+        // segments past the purged ones, as a broker killed mid-run must recover. Purged
+        // at every commit rather than every 30 s.
+        props.put(StreamsConfig.topicPrefix("segment.bytes"), 1024);
+        props.put(StreamsConfig.REPARTITION_PURGE_INTERVAL_MS_CONFIG, 200);
 
         StreamsBuilder builder = new StreamsBuilder();
         // small changelog segments and an eager cleaner: the test sees it compacted
