@@ -229,6 +229,12 @@ class Cleaner:
             # (a snapshot: the worker thread reads it while appends go on).
             stable = p.txns.lso(plog.high_watermark)
             keys = txn_keys_of(AbortedIndex(p.txns.aborted_in(0, stable)))
+            # Each producer's last batch stays (Kafka's cleaner keeps it too): the
+            # idempotence state is rebuilt from it at open, so a retry after a restart
+            # is still known as a duplicate.
+            keep = frozenset(
+                e.batches[-1].first_offset for _, e in p.producers.items() if e.batches
+            )
             try:
                 job = compaction.begin(
                     plog,
@@ -237,6 +243,7 @@ class Cleaner:
                     self._clean_to.get(plog, 0),
                     force=forced,
                     stable_offset=stable,
+                    keep=keep,
                 )
             except StorageError as exc:  # its files could not be opened
                 log.error("compaction of %s-%d: %s", p.topic.name, p.index, exc)

@@ -173,10 +173,16 @@ def _read(lg: PartitionLog, seg: Segment, k: int) -> bytes:
 
 
 def plan(
-    lg: PartitionLog, segs: list[Segment], keys_of: KeysOf, policy: CompactionPolicy, now_ms: int
+    lg: PartitionLog,
+    segs: list[Segment],
+    keys_of: KeysOf,
+    policy: CompactionPolicy,
+    now_ms: int,
+    keep: frozenset[int] = frozenset(),
 ) -> tuple[dict[int, list[int]], int | None]:
     """The entries to remove, per index of `segs` (FORMAT.md 4a's rules), and when the
-    first tombstone or marker kept for its age may go."""
+    first tombstone or marker kept for its age may go. The batches at the base offsets
+    `keep` stay whole (each producer's last: its idempotence state is rebuilt from it)."""
     last: dict[bytes, int] = {}
     decoded: list[list[Records | TxnBatch | None]] = []
     for seg in segs:
@@ -207,6 +213,13 @@ def plan(
             if d is not None and not isinstance(d, TxnBatch) and not d and removed(seg, k):
                 continue  # removed by an earlier pass
             old = int(seg.max_ts[k]) < horizon
+            if int(seg.bases[k]) in keep and not (isinstance(d, TxnBatch) and d.marker):
+                # a producer's last batch stays whole (aborted or not), and so its
+                # transaction's marker
+                if isinstance(d, TxnBatch):
+                    txn_kept[d.producer_id] = True
+                kept_keys.update(key for _, key, _ in _records(d) or ())
+                continue
             if isinstance(d, TxnBatch):
                 if d.aborted:
                     out.setdefault(si, []).append(k)
@@ -258,6 +271,7 @@ class Pass:
     end: int
     now_ms: int
     policy: CompactionPolicy
+    keep: frozenset[int] = frozenset()  # base offsets of batches that stay (`plan`)
     # from `prepare`: per segment to swap, its new entries and .log size, and bytes freed
     rewritten: list[tuple[Segment, bytearray, int]] = field(default_factory=list)
     removed_blocks: int = 0
@@ -272,11 +286,13 @@ def begin(
     *,
     force: bool = False,
     stable_offset: int | None = None,
+    keep: frozenset[int] = frozenset(),
 ) -> Pass | None:
     """Owner thread: the pass to run, or None when nothing is due or the log is busy (a
     commit job in flight, damaged, not writable). `force`: ignore the dirty ratio;
-    `stable_offset`: the last stable offset, the pass stays below it. The log is pinned
-    (its files stay open) until `install` or `abandon`."""
+    `stable_offset`: the last stable offset, the pass stays below it; `keep`: the base
+    offsets of batches that must stay (each producer's last). The log is pinned (its
+    files stay open) until `install` or `abandon`."""
     lg._close_doomed()
     if lg._job is not None or lg.damage is not None or lg._poisoned is not None:
         return None
@@ -284,14 +300,14 @@ def begin(
     if not segs or (not force and not due(lg, segs, policy, dirty_from, now_ms)):
         return None
     lg.pin()
-    return Pass(segs, segs[-1].next_offset(), now_ms, policy)
+    return Pass(segs, segs[-1].next_offset(), now_ms, policy, keep)
 
 
 def prepare(lg: PartitionLog, p: Pass, keys_of: KeysOf) -> None:
     """Any thread, while the owner may append and commit (only sealed segments and
     committed tree nodes are read): decide what goes and write each rewritten segment's
     `.cleaned` files, fsynced. Nothing the log serves changes until `install`."""
-    drops, p.tombstones_due_ms = plan(lg, p.segs, keys_of, p.policy, p.now_ms)
+    drops, p.tombstones_due_ms = plan(lg, p.segs, keys_of, p.policy, p.now_ms, p.keep)
     if drops:
         # A removed leaf's size comes from the tree file from now on: make it durable.
         lg.fs.fsync(lg._tree_fd)
@@ -337,9 +353,10 @@ def clean(
     *,
     force: bool = False,
     stable_offset: int | None = None,
+    keep: frozenset[int] = frozenset(),
 ) -> CleanResult | None:
     """One whole pass in the calling (owner) thread; None when nothing was due."""
-    p = begin(lg, policy, now_ms, dirty_from, force=force, stable_offset=stable_offset)
+    p = begin(lg, policy, now_ms, dirty_from, force=force, stable_offset=stable_offset, keep=keep)
     if p is None:
         return None
     try:

@@ -260,3 +260,49 @@ async def test_the_cleaner_compacts_transactions_by_their_outcome(
             (9, False, b"last"),
         ]
         nursery.cancel_scope.cancel()
+
+
+async def test_the_cleaner_keeps_each_producers_last_batch_so_a_retry_stays_a_duplicate(
+    broker_config: BrokerConfig,
+) -> None:
+    """An idempotent producer's only batch is superseded by later records of its key,
+    yet stays (as Kafka's cleaner keeps it): after a restart its retry is answered as a
+    duplicate at the offset it was first given, not appended a second time."""
+    from broker.server import run
+    from broker.tests.test_transactions import init
+
+    async def kept(c) -> list[int]:  # type: ignore[no-untyped-def]
+        return [o for o, _, _ in await read_all(c, "t")]
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        b = Broker(broker_config, listeners[0].socket.getsockname()[1])
+        await create(b, "t", configs=COMPACT)
+        c = await b.connect()
+        pid = (await init(c, tid=None)).producer_id  # type: ignore[arg-type]
+        first = bytes(
+            build_batch(
+                [b"v0"],
+                keys=[b"k"],
+                timestamp_ms=NOW,
+                producer_id=pid,
+                producer_epoch=0,
+                base_sequence=0,
+            )
+        )
+        assert (await produce(c, "t", first)).base_offset == 0
+        for i in range(1, 6):
+            assert (await produce(c, "t", keyed([(b"k", b"v%d" % i)]))).error_code == 0
+        assert (await produce(c, "t", keyed([(b"last", b"x")]))).error_code == 0  # 6
+        with trio.fail_after(10):
+            while await kept(c) != [0, 5, 6]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        retry = await produce(c, "t", first)
+        assert (retry.error_code, retry.base_offset) == (0, 0)
+        assert (await fetch(c, "t", 0)).high_watermark == 7
+        nursery.cancel_scope.cancel()

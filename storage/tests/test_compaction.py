@@ -248,6 +248,33 @@ def test_transactions_are_compacted_by_their_outcome_below_the_stable_offset(
     lg.close()
 
 
+def test_batches_named_to_keep_stay_whole_with_their_transactions_marker(
+    tmp_path: object,
+) -> None:
+    """`keep` (each producer's last batch, from the broker): a superseded batch named
+    there stays, and an aborted one too, with its marker, long after delete.retention.ms."""
+    lg = open_log(tmp_path)
+    for off in range(4):  # 0 a (plain), 1 a (aborted, producer 7), 2 marker, 3 a
+        append(lg, [(b"a", b"v%d" % off)])
+    for i in range(10):
+        append(lg, [(b"fill%d" % (i % 2), b"y")])
+    lg.commit()
+
+    def keys(batch: bytes) -> Records | TxnBatch | None:
+        base = struct.unpack_from(">q", batch, 0)[0]
+        if base == 1:
+            return TxnBatch(7, aborted=True)
+        if base == 2:
+            return TxnBatch(7, marker=True)
+        return keys_of(batch)
+
+    clean(lg, keys, POLICY, NOW + 2 * DAY, force=True, keep=frozenset({0, 1}))
+    assert records_of_any(read_all(lg))[:4] == [0, 1, 2, 3]
+    clean(lg, keys, POLICY, NOW + 2 * DAY, force=True)
+    assert records_of_any(read_all(lg))[:1] == [3]
+    lg.close()
+
+
 def records_of_any(data: bytes) -> list[int]:
     return [struct.unpack_from(">q", b, 0)[0] for b in split_batches(data)]
 
