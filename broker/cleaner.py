@@ -3,7 +3,9 @@ compact or compact,delete), as Kafka's LogCleaner, on signed archives.
 
 Owns the topic's compaction configs read as a `storage.compaction.CompactionPolicy`, the
 decoding of a stored batch into (offset, key, is_tombstone) for the storage layer (the
-records are Kafka's, storage does not read them), the rule that a compacted topic takes
+records are Kafka's, storage does not read them), for a transaction's batch also whose it
+is and how the transaction ended (from the partition's aborted transactions; a pass stays
+below the last stable offset, so every one it sees has ended), the rule that a compacted topic takes
 only records with keys (`keyless_record`, Kafka's LogValidator message), and the loop that
 runs a pass over every compacted partition this node writes every log.cleaner.backoff.ms.
 What a pass removes and how the archive stays verifiable: storage/FORMAT.md section 4a.
@@ -17,10 +19,11 @@ and storage; the node only for types.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -28,11 +31,12 @@ import trio
 from broker.protocol import records
 from broker.protocol.errors import RecordBatchError
 from storage import PartitionLog, compaction
-from storage.compaction import CleanResult, CompactionPolicy
+from storage.compaction import CleanResult, CompactionPolicy, KeysOf, TxnBatch
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from broker.node import Node, Partition
+    from broker.transactions.partition import Aborted
 
 log = logging.getLogger("hyperkafka.cleaner")
 
@@ -52,14 +56,19 @@ def compaction_policy(config: Callable[[str], str]) -> CompactionPolicy | None:
 
 def keys_of(batch: bytes) -> Sequence[tuple[int, bytes, bool]] | None:
     """(offset, key, is_tombstone) of each record of a stored batch; None when the batch
-    must stay whole: a control or transactional batch, a record without a key, records
-    that do not decode."""
+    must stay whole: a control or transactional batch (whose outcome this does not know:
+    `txn_keys_of` does), a record without a key, records that do not decode."""
     try:
         header = records.parse_batch_header(batch)
-        if header.is_control or header.is_transactional:
-            # Kept whole, and superseding nothing: whether a transaction committed is
-            # not known here (an aborted record must not remove a committed one).
-            return None
+    except RecordBatchError:
+        return None
+    if header.is_control or header.is_transactional:
+        return None
+    return _record_keys(batch)
+
+
+def _record_keys(batch: bytes) -> Sequence[tuple[int, bytes, bool]] | None:
+    try:
         out = []
         for r in records.iter_records(batch):
             if r.key is None:
@@ -68,6 +77,46 @@ def keys_of(batch: bytes) -> Sequence[tuple[int, bytes, bool]] | None:
         return out
     except RecordBatchError:
         return None
+
+
+class AbortedIndex:
+    """Whether a transactional batch (producer id, offset) belongs to an aborted
+    transaction, from a snapshot of the partition's aborted transactions."""
+
+    def __init__(self, aborted: Iterable[Aborted]) -> None:
+        self._by_producer: dict[int, tuple[list[int], list[int]]] = {}
+        for a in sorted(aborted, key=lambda a: a.first_offset):
+            firsts, lasts = self._by_producer.setdefault(a.producer_id, ([], []))
+            firsts.append(a.first_offset)
+            lasts.append(a.last_offset)
+
+    def __call__(self, producer_id: int, offset: int) -> bool:
+        spans = self._by_producer.get(producer_id)
+        if spans is None:
+            return False
+        i = bisect.bisect_right(spans[0], offset) - 1  # a producer's transactions never overlap
+        return i >= 0 and offset <= spans[1][i]
+
+
+def txn_keys_of(aborted: Callable[[int, int], bool]) -> KeysOf:
+    """`keys_of` for a log whose transactions below the pass's end have all ended:
+    `aborted(producer_id, offset)` tells an aborted one's batch from a committed one's."""
+
+    def keys(batch: bytes) -> Sequence[tuple[int, bytes, bool]] | TxnBatch | None:
+        try:
+            header = records.parse_batch_header(batch)
+        except RecordBatchError:
+            return None
+        if not header.is_transactional:
+            return None if header.is_control else _record_keys(batch)
+        pid = header.producer_id
+        if header.is_control:
+            return TxnBatch(pid, marker=True)
+        if aborted(pid, header.base_offset):
+            return TxnBatch(pid, aborted=True)
+        return TxnBatch(pid, _record_keys(batch))
+
+    return keys
 
 
 def keyless_record(batch: bytes | bytearray | memoryview) -> int | None:
@@ -176,15 +225,33 @@ class Cleaner:
             now = ms_now() if now_ms is None else now_ms
             due = self._tombstones_due.get(plog)
             forced = force or (due is not None and now >= due)
+            # Below the LSO every transaction has ended; the aborted ones are listed
+            # (a snapshot: the worker thread reads it while appends go on).
+            stable = p.txns.lso(plog.high_watermark)
+            keys = txn_keys_of(AbortedIndex(p.txns.aborted_in(0, stable)))
+            # Each producer's last batch stays (Kafka's cleaner keeps it too): the
+            # idempotence state is rebuilt from it at open, so a retry after a restart
+            # is still known as a duplicate.
+            keep = frozenset(
+                e.batches[-1].first_offset for _, e in p.producers.items() if e.batches
+            )
             try:
-                job = compaction.begin(plog, policy, now, self._clean_to.get(plog, 0), force=forced)
+                job = compaction.begin(
+                    plog,
+                    policy,
+                    now,
+                    self._clean_to.get(plog, 0),
+                    force=forced,
+                    stable_offset=stable,
+                    keep=keep,
+                )
             except StorageError as exc:  # its files could not be opened
                 log.error("compaction of %s-%d: %s", p.topic.name, p.index, exc)
                 return None
         if job is None:
             return None
         try:
-            await trio.to_thread.run_sync(compaction.prepare, plog, job, keys_of)
+            await trio.to_thread.run_sync(compaction.prepare, plog, job, keys)
         except (StorageError, OSError) as exc:  # nothing the log serves was changed
             async with p.lock:
                 with contextlib.suppress(OSError):

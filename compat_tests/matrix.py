@@ -58,6 +58,7 @@ SINGLE_SUBJECT: dict[str, str] = {
     "stalled-connections": "the broker's defences against raw bytes: no client library",
     "apiversions-unknown-version": "the broker's ApiVersions fallback, on a raw socket",
     "sigterm-exit-0": "the broker's own exit status",
+    "streams exactly-once*": "a Kafka Streams (Java) app with exactly_once_v2, through crashes",
     "docker compose demo*": "the compose demo in a real Docker engine: one host client checks it",
     "mirrors: *": "hyperkafka mirrors, fed and read by the clients named",
     "cluster: *": "hyperkafka cluster mode (two or three brokers), checked with the clients named",

@@ -9,8 +9,12 @@ open (`finish_swaps`), and the size of a removed leaf (`leaf_size`). The signed 
 heads and the tree file never change: only local bytes go.
 
 Record-level decoding is not storage's: the caller passes `keys_of(batch)`, which returns
-the batch's records as (offset, key, is_tombstone) or None for a batch that must stay
-(control batches, a keyless record). Works on the log's internals as recovery does, in
+the batch's records as (offset, key, is_tombstone), None for a batch that must stay (a
+keyless record), or for a batch of a transaction a `TxnBatch` saying whose it is and how
+the transaction ended: an aborted one's data goes, a committed one's is compacted as any
+other, and its marker goes once nothing of the transaction is left and
+delete.retention.ms passed (Kafka's cleaner). The caller bounds the pass by the last
+stable offset, so every transaction below it has ended. Works on the log's internals as recovery does, in
 the log's owner thread, with no commit job in flight. May import the standard library,
 `storage.errors`, `storage.format`, `storage.hashing`; `storage.log` only for types.
 """
@@ -30,8 +34,21 @@ if TYPE_CHECKING:
     from storage.fs import FileSystem
     from storage.log import PartitionLog
 
-# (offset, key, is_tombstone) of each record, or None: keep the batch whole.
-KeysOf = Callable[[bytes], Sequence[tuple[int, bytes, bool]] | None]
+Records = Sequence[tuple[int, bytes, bool]]  # (offset, key, is_tombstone) of each record
+
+
+@dataclass(frozen=True, slots=True)
+class TxnBatch:
+    """A stored batch of a transaction that ended, as the caller decoded it."""
+
+    producer_id: int
+    records: Records | None = None  # a committed data batch's; None: it stays whole
+    aborted: bool = False  # data of an aborted transaction: removed
+    marker: bool = False  # the transaction's marker (its control batch)
+
+
+# A batch's records, a transaction's batch, or None: keep the batch whole.
+KeysOf = Callable[[bytes], Records | TxnBatch | None]
 
 INT64_MAX = 2**63 - 1
 
@@ -52,8 +69,8 @@ class CleanResult:
     removed_blocks: int  # blocks removed by this pass
     freed_bytes: int
     segments_rewritten: int
-    # When a tombstone this pass kept becomes removable by age (its batch's maxTimestamp
-    # + delete.retention.ms), or None: a pass is due then even without new dirty bytes
+    # When a tombstone or transaction marker this pass kept becomes removable by age (its
+    # batch's maxTimestamp + delete.retention.ms), or None: a pass is due then even without new dirty bytes
     # (Kafka's cleaner also picks a log for its delete horizon, KIP-534).
     tombstones_due_ms: int | None = None
 
@@ -94,12 +111,16 @@ def next_present(lg: PartitionLog, seg: Segment, k: int, hwm: int) -> tuple[Segm
     return None
 
 
-def cleanable_segments(lg: PartitionLog, policy: CompactionPolicy, now_ms: int) -> list[Segment]:
-    """The sealed segments of the cleanable range (FORMAT.md 4a)."""
+def cleanable_segments(
+    lg: PartitionLog, policy: CompactionPolicy, now_ms: int, stable_offset: int | None = None
+) -> list[Segment]:
+    """The sealed segments of the cleanable range (FORMAT.md 4a): below the high
+    watermark and the last stable offset (`stable_offset`: no open transaction there)."""
     out = []
     lag_edge = now_ms - policy.min_compaction_lag_ms
+    upper = lg.high_watermark if stable_offset is None else min(lg.high_watermark, stable_offset)
     for seg in lg._segments[:-1]:
-        if not seg.count or seg.next_offset() > lg.high_watermark:
+        if not seg.count or seg.next_offset() > upper:
             break
         if policy.min_compaction_lag_ms > 0 and max(seg.max_ts) > lag_edge:
             break
@@ -152,46 +173,93 @@ def _read(lg: PartitionLog, seg: Segment, k: int) -> bytes:
 
 
 def plan(
-    lg: PartitionLog, segs: list[Segment], keys_of: KeysOf, policy: CompactionPolicy, now_ms: int
+    lg: PartitionLog,
+    segs: list[Segment],
+    keys_of: KeysOf,
+    policy: CompactionPolicy,
+    now_ms: int,
+    keep: frozenset[int] = frozenset(),
 ) -> tuple[dict[int, list[int]], int | None]:
     """The entries to remove, per index of `segs` (FORMAT.md 4a's rules), and when the
-    first tombstone kept for its age may go."""
+    first tombstone or marker kept for its age may go. The batches at the base offsets
+    `keep` stay whole (each producer's last: its idempotence state is rebuilt from it)."""
     last: dict[bytes, int] = {}
-    decoded: list[list[Sequence[tuple[int, bytes, bool]] | None]] = []
+    decoded: list[list[Records | TxnBatch | None]] = []
     for seg in segs:
-        per_seg: list[Sequence[tuple[int, bytes, bool]] | None] = []
+        per_seg: list[Records | TxnBatch | None] = []
         for k in range(seg.count):
             if removed(seg, k):
                 per_seg.append(())
                 continue
-            recs = keys_of(_read(lg, seg, k))
-            per_seg.append(recs)
-            for off, key, _ in recs or ():
+            d = keys_of(_read(lg, seg, k))
+            per_seg.append(d)
+            # an aborted transaction's records supersede nothing
+            for off, key, _ in _records(d) or ():
                 last[key] = off
         decoded.append(per_seg)
     horizon = now_ms - policy.delete_retention_ms
     kept_keys: set[bytes] = set()  # keys with a record that stays, in the log order so far
+    # producer id -> a data batch of its current transaction stays (its marker must too)
+    txn_kept: dict[int, bool] = {}
     out: dict[int, list[int]] = {}
-    tomb_due: int | None = None
+    due_at: int | None = None
+
+    def later(at: int) -> None:
+        nonlocal due_at
+        due_at = at if due_at is None else min(due_at, at)
+
     for si, seg in enumerate(segs):
-        for k, recs in enumerate(decoded[si]):
-            if recs is not None and not recs and removed(seg, k):
+        for k, d in enumerate(decoded[si]):
+            if d is not None and not isinstance(d, TxnBatch) and not d and removed(seg, k):
                 continue  # removed by an earlier pass
-            if recs is None:
-                continue  # stays whole; its keys are unknown to us (keyless / control)
             old = int(seg.max_ts[k]) < horizon
+            if int(seg.bases[k]) in keep and not (isinstance(d, TxnBatch) and d.marker):
+                # a producer's last batch stays whole (aborted or not), and so its
+                # transaction's marker
+                if isinstance(d, TxnBatch):
+                    txn_kept[d.producer_id] = True
+                kept_keys.update(key for _, key, _ in _records(d) or ())
+                continue
+            if isinstance(d, TxnBatch):
+                if d.aborted:
+                    out.setdefault(si, []).append(k)
+                    continue
+                if d.marker:
+                    # Kafka's rule: a marker stays while a batch of its transaction does
+                    # (a reader, and the rebuild at open, need it to close the transaction)
+                    if txn_kept.pop(d.producer_id, False):
+                        continue
+                    if old:
+                        out.setdefault(si, []).append(k)
+                    else:
+                        later(int(seg.max_ts[k]) + policy.delete_retention_ms + 1)
+                    continue
+            recs = _records(d)
+            if recs is None:
+                if isinstance(d, TxnBatch):
+                    txn_kept[d.producer_id] = True
+                continue  # stays whole; its keys are unknown to us (keyless)
             drop = bool(recs) and all(
                 last[key] > off or (tomb and old and key not in kept_keys)
                 for off, key, tomb in recs
             )
             if drop:
                 out.setdefault(si, []).append(k)
-            else:
-                kept_keys.update(key for _, key, _ in recs)
-                if not old and any(tomb and last[key] == off for off, key, tomb in recs):
-                    at = int(seg.max_ts[k]) + policy.delete_retention_ms + 1
-                    tomb_due = at if tomb_due is None else min(tomb_due, at)
-    return out, tomb_due
+                continue
+            if isinstance(d, TxnBatch):
+                txn_kept[d.producer_id] = True
+            kept_keys.update(key for _, key, _ in recs)
+            if not old and any(tomb and last[key] == off for off, key, tomb in recs):
+                later(int(seg.max_ts[k]) + policy.delete_retention_ms + 1)
+    return out, due_at
+
+
+def _records(d: Records | TxnBatch | None) -> Records | None:
+    """The records of a batch that may supersede others: None for one kept whole, for an
+    aborted transaction's data and for a marker."""
+    if isinstance(d, TxnBatch):
+        return None if d.aborted or d.marker else d.records
+    return d
 
 
 @dataclass
@@ -203,6 +271,7 @@ class Pass:
     end: int
     now_ms: int
     policy: CompactionPolicy
+    keep: frozenset[int] = frozenset()  # base offsets of batches that stay (`plan`)
     # from `prepare`: per segment to swap, its new entries and .log size, and bytes freed
     rewritten: list[tuple[Segment, bytearray, int]] = field(default_factory=list)
     removed_blocks: int = 0
@@ -216,25 +285,29 @@ def begin(
     dirty_from: int = 0,
     *,
     force: bool = False,
+    stable_offset: int | None = None,
+    keep: frozenset[int] = frozenset(),
 ) -> Pass | None:
     """Owner thread: the pass to run, or None when nothing is due or the log is busy (a
-    commit job in flight, damaged, not writable). `force`: ignore the dirty ratio. The
-    log is pinned (its files stay open) until `install` or `abandon`."""
+    commit job in flight, damaged, not writable). `force`: ignore the dirty ratio;
+    `stable_offset`: the last stable offset, the pass stays below it; `keep`: the base
+    offsets of batches that must stay (each producer's last). The log is pinned (its
+    files stay open) until `install` or `abandon`."""
     lg._close_doomed()
     if lg._job is not None or lg.damage is not None or lg._poisoned is not None:
         return None
-    segs = cleanable_segments(lg, policy, now_ms)
+    segs = cleanable_segments(lg, policy, now_ms, stable_offset)
     if not segs or (not force and not due(lg, segs, policy, dirty_from, now_ms)):
         return None
     lg.pin()
-    return Pass(segs, segs[-1].next_offset(), now_ms, policy)
+    return Pass(segs, segs[-1].next_offset(), now_ms, policy, keep)
 
 
 def prepare(lg: PartitionLog, p: Pass, keys_of: KeysOf) -> None:
     """Any thread, while the owner may append and commit (only sealed segments and
     committed tree nodes are read): decide what goes and write each rewritten segment's
     `.cleaned` files, fsynced. Nothing the log serves changes until `install`."""
-    drops, p.tombstones_due_ms = plan(lg, p.segs, keys_of, p.policy, p.now_ms)
+    drops, p.tombstones_due_ms = plan(lg, p.segs, keys_of, p.policy, p.now_ms, p.keep)
     if drops:
         # A removed leaf's size comes from the tree file from now on: make it durable.
         lg.fs.fsync(lg._tree_fd)
@@ -279,9 +352,11 @@ def clean(
     dirty_from: int = 0,
     *,
     force: bool = False,
+    stable_offset: int | None = None,
+    keep: frozenset[int] = frozenset(),
 ) -> CleanResult | None:
     """One whole pass in the calling (owner) thread; None when nothing was due."""
-    p = begin(lg, policy, now_ms, dirty_from, force=force)
+    p = begin(lg, policy, now_ms, dirty_from, force=force, stable_offset=stable_offset, keep=keep)
     if p is None:
         return None
     try:

@@ -145,12 +145,17 @@ def recover(lg: PartitionLog) -> None:
         if cut:
             lg._drop_segment_files(seg)
             continue
-        # A segment wholly below the log start is a leftover of an interrupted retention.
+        hdr = decode_index_header(fs.pread_exact(seg.idx_fd, IDX_HEADER_SIZE, 0))
+        # A segment wholly below the log start is a leftover of an interrupted retention
+        # (its leaves are below the head's min index), unless it holds the first leaves
+        # the head keeps: DeleteRecords up to the end of the then active segment, which
+        # later appends rolled. That one stays, as it did in the process that wrote it;
+        # dropping it here would number the leaves after it from the wrong one.
         nxt = bases[bi + 1] if bi + 1 < len(bases) else None
-        if head is not None and nxt is not None and nxt <= head.log_start_offset:
+        below_start = head is not None and nxt is not None and nxt <= head.log_start_offset
+        if below_start and (lg._segments or hdr != (base, expect_leaf)):
             lg._drop_segment_files(seg)
             continue
-        hdr = decode_index_header(fs.pread_exact(seg.idx_fd, IDX_HEADER_SIZE, 0))
         log_size = fs.size(seg.log_fd)
         seg.log_size = log_size
         first_leaf = expect_leaf

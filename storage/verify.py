@@ -81,9 +81,19 @@ def verify_partition(path: str, public_key: HeadSigner, fs: FileSystem | None = 
         min_index = head.min_index if head else 0
         tree_fd = ropen(os.path.join(path, "tree")) if "tree" in names else -1
         bases = sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
-        if head is not None:  # leftovers of an interrupted retention are not checked
-            bases = [b for i, b in enumerate(bases)
-                     if i + 1 == len(bases) or bases[i + 1] > head.log_start_offset]
+        if head is not None:
+            # Leftovers of an interrupted retention (wholly below the log start, leaves
+            # below the min index) are not checked; a segment wholly below the log start
+            # that holds the first leaves kept (DeleteRecords up to the end of the then
+            # active segment) is, as recovery keeps it (storage/recovery.py).
+            def leftover(i: int, b: int) -> bool:
+                if i + 1 == len(bases) or bases[i + 1] > head.log_start_offset:
+                    return False
+                ifd = ropen(os.path.join(path, f"{b:020d}.bidx"))
+                hdr = decode_index_header(fs.pread_exact(ifd, IDX_HEADER_SIZE, 0))
+                return hdr != (b, min_index)
+
+            bases = [b for i, b in enumerate(bases) if not leftover(i, b)]
         # the tree below min_index comes from stored nodes (the head check authenticates them)
         if min_index:
             roots = []

@@ -1,6 +1,7 @@
 """Compacted topics over the wire: keyless records refused as Kafka's LogValidator does
 (nothing signed), the cleaner leaving the last record per key with its offset, tombstones
-gone after delete.retention.ms, retention never dropping a compact-only topic's data."""
+gone after delete.retention.ms, retention never dropping a compact-only topic's data,
+transactions compacted by their outcome below the LSO (and rebuilt right after a restart)."""
 
 from __future__ import annotations
 
@@ -168,3 +169,140 @@ def test_control_and_transactional_batches_stay_whole_and_supersede_nothing() ->
         struct.pack_into(">h", b, 21, attr)
         struct.pack_into(">I", b, 17, compute_crc(b))
         assert keys_of(bytes(b)) is None
+
+
+def keyed_txn(pid: int, seq: int, pairs: list[tuple[bytes, bytes]], ts: int) -> bytes:
+    """A transactional batch of keyed records of producer `pid` (epoch 0)."""
+    import struct
+
+    from broker.protocol.records import compute_crc
+
+    b = build_batch(
+        [v for _, v in pairs],
+        keys=[k for k, _ in pairs],
+        timestamp_ms=ts,
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+    )
+    struct.pack_into(">h", b, 21, 0x10)
+    struct.pack_into(">I", b, 17, compute_crc(b))
+    return bytes(b)
+
+
+async def test_the_cleaner_compacts_transactions_by_their_outcome(
+    broker_config: BrokerConfig,
+) -> None:
+    """Below the LSO only: an aborted transaction's batch goes and supersedes nothing, a
+    committed one's is compacted as any other, a marker goes once its transaction has no
+    batch left (delete.retention.ms=0), and after a restart the transactions rebuilt
+    from what stayed leave no transaction open (the LSO is the high watermark)."""
+    import time
+
+    from broker.server import run
+    from broker.tests.test_transactions import add, end, init
+    from broker.tests.test_transactions import fetch as txn_fetch
+    from broker.tests.test_transactions import produce as txn_produce
+
+    async def seen(c, isolation: int = 0) -> list[tuple[int, bool, bytes | None]]:  # type: ignore[no-untyped-def]
+        """(offset, is control, key) of every record a fetch from 0 on returns."""
+        out: list[tuple[int, bool, bytes | None]] = []
+        offset = 0
+        while data := bytes((await txn_fetch(c, "t", isolation, offset)).records or b""):
+            for b in records.split_batches(data):
+                h = records.parse_batch_header(b)
+                out += [(r.offset, h.is_control, r.key) for r in records.decode_records(b)]
+                offset = h.last_offset + 1
+        return out
+
+    async def offsets(c) -> list[int]:  # type: ignore[no-untyped-def]
+        return [o for o, _, _ in await seen(c)]
+
+    now = int(time.time() * 1000)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        b = Broker(broker_config, listeners[0].socket.getsockname()[1])
+        await create(b, "t", configs={**COMPACT, "delete.retention.ms": "0"})
+        c = await b.connect()
+        pid = (await init(c)).producer_id
+        for seq, (key, commit) in enumerate([(b"k", True), (b"k", False), (b"k2", True)]):
+            assert await add(c, pid, 0, "t") == 0
+            batch = keyed_txn(pid, seq, [(key, b"v%d" % seq)], now)
+            assert (await txn_produce(c, "t", batch)).error_code == 0
+            assert await end(c, pid, 0, commit) == 0
+        # 0 k committed, 1 marker, 2 k aborted, 3 marker, 4 k2 committed, 5 marker;
+        # then 6 k in a transaction left open, 7 k2 outside transactions
+        assert await add(c, pid, 0, "t") == 0
+        assert (await txn_produce(c, "t", keyed_txn(pid, 3, [(b"k", b"v3")], now))).error_code == 0
+        assert (await produce(c, "t", keyed([(b"k2", b"plain")]))).error_code == 0
+        with trio.fail_after(10):
+            # the aborted batch and its marker go; k at 0 stays: 2 (aborted) does not
+            # supersede it, 6 is past the LSO (6)
+            while await offsets(c) != [0, 1, 4, 5, 6, 7]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert await end(c, pid, 0, True) == 0  # 8: the marker of the one at 6
+        assert (await produce(c, "t", keyed([(b"last", b"x")]))).error_code == 0  # 9
+        with trio.fail_after(10):
+            # now 6 supersedes 0 (whose marker then goes too), 7 supersedes 4 (so 5 goes)
+            while await offsets(c) != [6, 7, 8, 9]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        f = await txn_fetch(c, "t", 1)
+        assert (f.high_watermark, f.last_stable_offset) == (10, 10)
+        assert await seen(c, 1) == [
+            (6, False, b"k"),
+            (7, False, b"k2"),
+            (8, True, b"\x00\x00\x00\x01"),  # a COMMIT marker's key (version 0, type 1)
+            (9, False, b"last"),
+        ]
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_cleaner_keeps_each_producers_last_batch_so_a_retry_stays_a_duplicate(
+    broker_config: BrokerConfig,
+) -> None:
+    """An idempotent producer's only batch is superseded by later records of its key,
+    yet stays (as Kafka's cleaner keeps it): after a restart its retry is answered as a
+    duplicate at the offset it was first given, not appended a second time."""
+    from broker.server import run
+    from broker.tests.test_transactions import init
+
+    async def kept(c) -> list[int]:  # type: ignore[no-untyped-def]
+        return [o for o, _, _ in await read_all(c, "t")]
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        b = Broker(broker_config, listeners[0].socket.getsockname()[1])
+        await create(b, "t", configs=COMPACT)
+        c = await b.connect()
+        pid = (await init(c, tid=None)).producer_id  # type: ignore[arg-type]
+        first = bytes(
+            build_batch(
+                [b"v0"],
+                keys=[b"k"],
+                timestamp_ms=NOW,
+                producer_id=pid,
+                producer_epoch=0,
+                base_sequence=0,
+            )
+        )
+        assert (await produce(c, "t", first)).base_offset == 0
+        for i in range(1, 6):
+            assert (await produce(c, "t", keyed([(b"k", b"v%d" % i)]))).error_code == 0
+        assert (await produce(c, "t", keyed([(b"last", b"x")]))).error_code == 0  # 6
+        with trio.fail_after(10):
+            while await kept(c) != [0, 5, 6]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        retry = await produce(c, "t", first)
+        assert (retry.error_code, retry.base_offset) == (0, 0)
+        assert (await fetch(c, "t", 0)).high_watermark == 7
+        nursery.cancel_scope.cancel()

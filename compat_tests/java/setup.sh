@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Fetch the pinned Apache Kafka jars (tools, Java client, broker) from Maven Central into
-# compat_tests/.tools/java-lib, the classpath compat_tests/java_tools.py runs them from.
+# Fetch the pinned Apache Kafka jars (tools, Java client, broker, Streams) from Maven Central
+# into compat_tests/.tools/java-lib, the classpath compat_tests/java_tools.py runs them from,
+# and compile StreamsWordCount.java (test_streams.py) into compat_tests/.tools/java-classes.
 #
-# Idempotent: when the folder was assembled from this very pom.xml it does nothing, so a
+# Idempotent: when the folders were built from these very files it does nothing, so a
 # second run takes milliseconds. Without java or mvn it prints a SKIP and exits 0, except
 # under CI=true, where the Java tests are required and a missing tool is an error.
 set -euo pipefail
@@ -23,8 +24,26 @@ skip() {
 command -v java >/dev/null 2>&1 || skip "java not installed (a JDK 17+ is needed)"
 command -v mvn >/dev/null 2>&1 || skip "mvn not installed (apt-get install maven)"
 
+CLASSES="$ROOT/compat_tests/.tools/java-classes"
+CLASSES_STAMP="$CLASSES/.sources-sha256"
+
+compile_apps() {
+    local want_src
+    want_src="$(cat "$HERE/pom.xml" "$HERE/StreamsWordCount.java" | sha256sum | cut -d' ' -f1)"
+    if [ "$(cat "$CLASSES_STAMP" 2>/dev/null || true)" = "$want_src" ]; then
+        return 0
+    fi
+    command -v javac >/dev/null 2>&1 || skip "javac not installed (a JDK 17+ is needed)"
+    rm -rf "$CLASSES"
+    mkdir -p "$CLASSES"
+    javac -nowarn -d "$CLASSES" -cp "$LIB/*" "$HERE/StreamsWordCount.java"
+    echo "$want_src" > "$CLASSES_STAMP"
+    echo "java setup: compiled StreamsWordCount"
+}
+
 want="$(sha256sum "$HERE/pom.xml" | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want" ]; then
+    compile_apps
     exit 0
 fi
 
@@ -42,3 +61,4 @@ if ! mvn -B -q -Dstyle.color=never -f "$HERE/pom.xml" dependency:copy-dependenci
 fi
 echo "$want" > "$STAMP"
 echo "java setup: $(ls "$LIB"/*.jar | wc -l) jars"
+compile_apps

@@ -12,7 +12,7 @@ from storage_testutil import KEYPAIR, split_batches
 
 from storage import FsyncPolicy, LogConfig, PartitionLog
 from storage.batch import HEADER_SIZE, build_batch
-from storage.compaction import CompactionPolicy, clean
+from storage.compaction import CompactionPolicy, Records, TxnBatch, clean
 from storage.hypercore.proofs import inclusion_proof, verify_proof
 from storage.verify import verify_partition
 
@@ -201,6 +201,77 @@ def test_keyless_batches_stay_and_the_active_segment_is_never_cleaned(tmp_path: 
     got = records_of_any(read_all(lg))
     assert got[0] == 0  # the keyless batch
     assert got[-1] == 12  # the last k, in the active segment
+    lg.close()
+
+
+def test_transactions_are_compacted_by_their_outcome_below_the_stable_offset(
+    tmp_path: object,
+) -> None:
+    """Storage sees only what the caller says of each batch: aborted data goes and
+    supersedes nothing, committed data is compacted as any other, a marker stays while a
+    batch of its transaction does and goes after delete.retention.ms once none does, and
+    nothing at or past the stable offset is cleaned."""
+    lg = open_log(tmp_path)
+    # producer 7: 0 a (committed), 1 marker, 2 a (aborted), 3 marker, 4 b (committed),
+    # 5 marker, 6 a (committed), 7 marker; then plain records of other keys
+    txn: dict[int, str] = {0: "c", 1: "m", 2: "x", 3: "m", 4: "c", 5: "m", 6: "c", 7: "m"}
+    for off in range(8):
+        key = b"b" if off == 4 else b"a"
+        append(lg, [(key, b"v%d" % off)])  # (markers: keyed stand-ins, never decoded)
+    for i in range(10):
+        append(lg, [(b"fill%d" % (i % 2), b"y")])
+    lg.commit()
+
+    def keys(batch: bytes) -> Records | TxnBatch | None:
+        base = struct.unpack_from(">q", batch, 0)[0]
+        kind = txn.get(base)
+        if kind is None:
+            return keys_of(batch)
+        if kind == "m":
+            return TxnBatch(7, marker=True)
+        if kind == "x":
+            return TxnBatch(7, aborted=True)
+        return TxnBatch(7, keys_of(batch))
+
+    # stable offset 6: the transaction at 6 is still open, nothing from 6 on is cleaned
+    res = clean(lg, keys, POLICY, NOW + 1000, force=True, stable_offset=6)
+    assert res is not None and res.cleaned_to <= 6
+    # 2 (aborted) went and does not supersede 0; its marker 3 stays until
+    # delete.retention.ms (the pass says when); 1 and 5 stay with their batches
+    assert records_of_any(read_all(lg))[:6] == [0, 1, 3, 4, 5, 6]
+    assert res.tombstones_due_ms == NOW + DAY + 1
+    # all ended: 6 supersedes 0, whose marker then has no batch left and goes when old
+    clean(lg, keys, POLICY, NOW + DAY + 1, force=True)
+    got = records_of_any(read_all(lg))
+    assert got[:4] == [4, 5, 6, 7], got  # b's transaction stays whole, a's last one too
+    assert verify_partition(str(tmp_path), KEYPAIR.public_key).ok
+    lg.close()
+
+
+def test_batches_named_to_keep_stay_whole_with_their_transactions_marker(
+    tmp_path: object,
+) -> None:
+    """`keep` (each producer's last batch, from the broker): a superseded batch named
+    there stays, and an aborted one too, with its marker, long after delete.retention.ms."""
+    lg = open_log(tmp_path)
+    for off in range(4):  # 0 a (plain), 1 a (aborted, producer 7), 2 marker, 3 a
+        append(lg, [(b"a", b"v%d" % off)])
+    for i in range(10):
+        append(lg, [(b"fill%d" % (i % 2), b"y")])
+    lg.commit()
+
+    def keys(batch: bytes) -> Records | TxnBatch | None:
+        base = struct.unpack_from(">q", batch, 0)[0]
+        if base == 1:
+            return TxnBatch(7, aborted=True)
+        if base == 2:
+            return TxnBatch(7, marker=True)
+        return keys_of(batch)
+
+    clean(lg, keys, POLICY, NOW + 2 * DAY, force=True, keep=frozenset({0, 1}))
+    assert records_of_any(read_all(lg))[:4] == [0, 1, 2, 3]
+    clean(lg, keys, POLICY, NOW + 2 * DAY, force=True)
+    assert records_of_any(read_all(lg))[:1] == [3]
     lg.close()
 
 

@@ -236,3 +236,36 @@ def test_reopen_after_reboot_with_always_rechecks_only_past_the_derived_checkpoi
     assert lg.fork == 0 and lg.damage is None
     assert_consistent(lg, batches)
     lg.close()
+
+
+@pytest.mark.parametrize("mode", ["keep", "drop", "tear"])
+@pytest.mark.parametrize("policy", [FsyncPolicy.ALWAYS, FsyncPolicy.NEVER])
+@pytest.mark.parametrize("after", [0, 1, 3])
+def test_delete_records_to_the_end_of_the_active_segment_then_crashes(tmp_path, mode, policy,
+                                                                      after):
+    """DeleteRecords up to the high watermark leaves the active segment wholly below the
+    log start; appends then roll a new one. Reopened after a crash, that segment is not a
+    leftover of retention (its leaves are the first the head keeps): the leaves after it
+    keep their numbers, and the log opens, serves, takes appends and verifies."""
+    fs = FaultyFileSystem()
+    config = LogConfig(segment_bytes=300, retention_ms=-1)  # two batches a segment
+    lg = open_log(tmp_path, fs, policy, config=config)
+    fill(lg, 6)
+    lg.commit()
+    hwm = lg.high_watermark
+    assert lg.delete_records_below(hwm) == hwm
+    tail = fill(lg, after, start=6)
+    lg.commit(force_sync=True)
+    fs.crash(mode)
+    lg = open_log(tmp_path, fs, policy, config=config)
+    assert lg.log_start_offset == hwm
+    got = all_bytes(lg)
+    assert got == tail[: len(got)]
+    assert policy is not FsyncPolicy.ALWAYS or got == tail
+    more = fill(lg, 2, start=20)
+    lg.commit(force_sync=True)
+    fs.crash(mode)
+    lg = open_log(tmp_path, fs, policy, config=config)
+    assert all_bytes(lg)[-2:] == more
+    assert verify_partition(lg.path, KEYPAIR.public_key).ok
+    lg.close()
