@@ -376,7 +376,9 @@ class TxnCoordinator:
         await self._transition(txn, bump)
         return txn.producer_id, txn.producer_epoch
 
-    def _current(self, tid: str, producer_id: int, producer_epoch: int) -> Txn:
+    def _producer(self, tid: str, producer_id: int, producer_epoch: int) -> Txn:
+        """The transactional id's state, when the caller is its current producer (the id
+        and epoch checks every request of an open transaction starts with)."""
         txn = self.txns.get(tid)
         if txn is None or txn.producer_id != producer_id:
             raise CoordinatorError(
@@ -387,6 +389,10 @@ class TxnCoordinator:
             raise CoordinatorError(
                 PRODUCER_FENCED, "There is a newer producer with the same transactional id"
             )
+        return txn
+
+    def _current(self, tid: str, producer_id: int, producer_epoch: int) -> Txn:
+        txn = self._producer(tid, producer_id, producer_epoch)
         if txn.pending or txn.status in (Status.PREPARE_COMMIT, Status.PREPARE_ABORT):
             raise CoordinatorError(
                 CONCURRENT_TRANSACTIONS, "The previous transaction is being completed"
@@ -422,16 +428,7 @@ class TxnCoordinator:
     ) -> None:
         """TxnOffsetCommit: keep the offsets with the transaction (in memory until EndTxn)."""
         self._check(tid)
-        txn = self.txns.get(tid)
-        if txn is None or txn.producer_id != producer_id:
-            raise CoordinatorError(
-                INVALID_PRODUCER_ID_MAPPING,
-                "The producer id does not belong to this transactional id",
-            )
-        if producer_epoch != txn.producer_epoch:
-            raise CoordinatorError(
-                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
-            )
+        txn = self._producer(tid, producer_id, producer_epoch)
         if txn.pending and txn.pending_status is not Status.ONGOING:
             raise CoordinatorError(CONCURRENT_TRANSACTIONS, "The transaction is being completed")
         if txn.status is not Status.ONGOING or OFFSETS_PARTITION not in txn.partitions:
@@ -444,16 +441,7 @@ class TxnCoordinator:
 
     async def end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
         self._check(tid)
-        txn = self.txns.get(tid)
-        if txn is None or txn.producer_id != producer_id:
-            raise CoordinatorError(
-                INVALID_PRODUCER_ID_MAPPING,
-                "The producer id does not belong to this transactional id",
-            )
-        if producer_epoch != txn.producer_epoch:
-            raise CoordinatorError(
-                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
-            )
+        txn = self._producer(tid, producer_id, producer_epoch)
         if txn.pending:
             raise CoordinatorError(
                 CONCURRENT_TRANSACTIONS, "A state change of this transactional id is in flight"
