@@ -245,3 +245,42 @@ def test_kafka_transactions_tool_lists_and_describes(broker: Broker) -> None:
     p.commit_transaction(30)
     described = tool("describe", "--transactional-id", tid)
     assert "CompleteCommit" in described, described
+
+
+@pytest.mark.timeout(120)
+def test_read_committed_offset_fetch_waits_for_a_pending_transactional_commit(
+    broker: Broker,
+) -> None:
+    """A read_committed consumer asks OffsetFetch with require_stable: while a transaction
+    holds offsets of its group not yet committed, the broker answers UNSTABLE_OFFSET_COMMIT
+    and librdkafka retries (committed() times out) instead of reading the older offset;
+    once the transaction commits, the new offset is read."""
+    topic = f"stable-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic)
+    group = f"stable-{uuid.uuid4().hex[:8]}"
+    meta = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    p = _producer(broker, f"stable-{uuid.uuid4().hex[:8]}")
+    p.begin_transaction()
+    p.send_offsets_to_transaction([ck.TopicPartition(topic, 0, 4)], meta.consumer_group_metadata(), 30)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.send_offsets_to_transaction([ck.TopicPartition(topic, 0, 9)], meta.consumer_group_metadata(), 30)
+    meta.close()
+
+    def committed(isolation: str, timeout: float) -> int:
+        c = ck.Consumer(
+            {"bootstrap.servers": broker.bootstrap, "group.id": group, "isolation.level": isolation}
+        )
+        try:
+            return int(c.committed([ck.TopicPartition(topic, 0)], timeout)[0].offset)
+        finally:
+            c.close()
+
+    assert committed("read_uncommitted", 10) == 4  # no require_stable: the last committed
+    started = time.monotonic()
+    with pytest.raises(ck.KafkaException) as raised:
+        committed("read_committed", 3)
+    assert raised.value.args[0].code() == ck.KafkaError._TIMED_OUT, raised.value
+    assert time.monotonic() - started >= 2.5  # retried UNSTABLE_OFFSET_COMMIT until then
+    p.commit_transaction(30)
+    assert committed("read_committed", 10) == 9

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from broker.config import BrokerConfig
-from broker.groups.codes import UNKNOWN_MEMBER_ID
+from broker.groups.codes import UNKNOWN_MEMBER_ID, UNSTABLE_OFFSET_COMMIT
 from broker.groups.consumer_group import STALE_MEMBER_EPOCH
 from broker.protocol import records as batches
 from broker.server import run
@@ -442,6 +442,56 @@ async def test_txn_offsets_visible_only_on_commit(broker: Broker) -> None:
         ("tid", "CompleteCommit")
     ]
     assert list(lst.unknown_state_filters) == ["Bogus"]
+
+
+async def test_require_stable_answers_unstable_offset_commit(broker: Broker) -> None:
+    """OffsetFetch v7+ with require_stable (read_committed consumers): a partition with a
+    transactional offset commit not yet completed answers UNSTABLE_OFFSET_COMMIT, as
+    Kafka does; without require_stable (and for the other partitions) the last committed
+    offset; once the transaction is complete, the new offset."""
+    c = await broker.connect()
+    await create(c, "src", partitions=2)
+    pid = (await init(c)).producer_id
+    for value, commit in ((3, True), (5, None)):
+        r = await c.call(
+            "add_offsets_to_txn",
+            3,
+            {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "g"},
+        )
+        assert r.error_code == 0
+        assert await txn_commit(c, pid, "g", "src", value) == 0
+        if commit:
+            assert await end(c, pid, 0, True) == 0
+    wanted = [{"name": "src", "partition_indexes": [0, 1]}]
+
+    def parts(topics: Any) -> list[tuple[int, int, int]]:
+        return [(p.partition_index, p.committed_offset, p.error_code) for t in topics for p in t.partitions]
+
+    for stable, expect0 in ((True, (0, -1, UNSTABLE_OFFSET_COMMIT)), (False, (0, 3, 0))):
+        f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": stable})
+        assert f7.error_code == 0
+        assert parts(f7.topics) == [expect0, (1, -1, 0)]
+        f8 = await c.call("offset_fetch", 8, {"groups": [{"group_id": "g", "topics": None}], "require_stable": stable})
+        assert parts(f8.groups[0].topics) == [expect0]
+    f6 = await c.call("offset_fetch", 6, {"group_id": "g", "topics": wanted})
+    assert parts(f6.topics) == [(0, 3, 0), (1, -1, 0)]  # no require_stable before v7
+    other = await c.call("offset_fetch", 7, {"group_id": "other", "topics": wanted, "require_stable": True})
+    assert parts(other.topics) == [(0, -1, 0), (1, -1, 0)]  # another group's offsets are not pending
+    assert await end(c, pid, 0, True) == 0
+    f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": True})
+    assert parts(f7.topics) == [(0, 5, 0), (1, -1, 0)]
+    # An aborted transaction's offsets stop being pending as well.
+    r = await c.call(
+        "add_offsets_to_txn",
+        3,
+        {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "g"},
+    )
+    assert r.error_code == 0 and await txn_commit(c, pid, "g", "src", 9) == 0
+    f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": True})
+    assert parts(f7.topics)[0] == (0, -1, UNSTABLE_OFFSET_COMMIT)
+    assert await end(c, pid, 0, False) == 0
+    f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": True})
+    assert parts(f7.topics) == [(0, 5, 0), (1, -1, 0)]
 
 
 async def test_a_consumer_protocol_member_commits_in_a_transaction(broker: Broker) -> None:

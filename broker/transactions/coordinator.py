@@ -568,6 +568,18 @@ class TxnCoordinator:
             return
         await self._transition(txn, finish, extra)
 
+    def pending_offsets(self, group: str) -> set[tuple[str, int]]:
+        """The (topic, partition)s of `group` with a transactional offset commit not yet
+        completed (from TxnOffsetCommit until the commit's offsets reach the group, or the
+        abort drops them): OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT
+        for them, as Kafka's OffsetMetadataManager does."""
+        return {
+            (topic, partition)
+            for txn in self.txns.values()
+            for g, topic, partition in txn.offsets
+            if g == group
+        }
+
     # ------------------------------------------------------------------ produce checks
 
     def check_produce(
