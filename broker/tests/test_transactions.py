@@ -45,6 +45,7 @@ from storage.batch import build_batch
 
 CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH = 51, 48, 90, 47
 INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD, INVALID_TRANSACTION_TIMEOUT = 49, 87, 50
+UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION = 3, 17
 
 
 # ------------------------------------------------------------------ pure pieces
@@ -525,6 +526,56 @@ async def test_a_consumer_protocol_member_commits_in_a_transaction(broker: Broke
         "offset_fetch", 5, {"group_id": "cg", "topics": [{"name": "src", "partition_indexes": [0]}]}
     )
     assert f.topics[0].partitions[0].committed_offset == 3
+
+
+async def test_write_txn_markers_aborts_an_open_transaction(broker: Broker) -> None:
+    """WriteTxnMarkers (what `kafka-transactions abort` sends): an ABORT marker closes the
+    producer's open transaction at the partition (the LSO moves past it, read_committed
+    drops its records); an older epoch, an unknown partition and the internal topics are
+    refused per partition."""
+    c = await broker.connect()
+    await create(c, "hang")
+    pid = (await init(c)).producer_id
+    assert await add(c, pid, 0, "hang") == 0
+    assert (await produce(c, "hang", txn_batch(pid, 0, 0, b"h1", b"h2"))).error_code == 0
+    assert await list_latest(c, "hang", 1) == 0
+
+    async def markers(epoch: int, topics: list[tuple[str, list[int]]]) -> list[tuple[str, int, int]]:
+        r = await c.call(
+            "write_txn_markers",
+            1,
+            {
+                "markers": [
+                    {
+                        "producer_id": pid,
+                        "producer_epoch": epoch,
+                        "transaction_result": False,
+                        "coordinator_epoch": 0,
+                        "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics],
+                    }
+                ]
+            },
+        )
+        (m,) = r.markers
+        assert m.producer_id == pid
+        return [(t.name, p.partition_index, p.error_code) for t in m.topics for p in t.partitions]
+
+    assert await markers(-1, [("hang", [0])]) == [("hang", 0, INVALID_PRODUCER_EPOCH)]
+    assert await list_latest(c, "hang", 1) == 0  # nothing written
+    assert await markers(0, [("hang", [0, 5]), ("nope", [0]), ("__consumer_offsets", [0])]) == [
+        ("hang", 0, 0),
+        ("hang", 5, UNKNOWN_TOPIC_OR_PARTITION),
+        ("nope", 0, UNKNOWN_TOPIC_OR_PARTITION),
+        ("__consumer_offsets", 0, INVALID_TOPIC_EXCEPTION),
+    ]
+    assert await list_latest(c, "hang", 1) == 3  # h1, h2, the ABORT marker
+    f = await fetch(c, "hang", 1)
+    assert [(a.producer_id, a.first_offset) for a in f.aborted_transactions] == [(pid, 0)]
+    # The coordinator still ends its transaction; its own marker closes nothing more.
+    assert await end(c, pid, 0, False) == 0
+    assert await list_latest(c, "hang", 1) == 4
+    f = await fetch(c, "hang", 1)
+    assert [(a.producer_id, a.first_offset) for a in f.aborted_transactions] == [(pid, 0)]
 
 
 async def test_restart_aborts_the_open_transaction_and_keeps_the_epoch(

@@ -96,6 +96,8 @@ TRANSACTIONAL_ID_NOT_FOUND = 105
 NOT_COORDINATOR = 16
 UNKNOWN_TOPIC_OR_PARTITION = 3
 OPERATION_NOT_ATTEMPTED = 55
+INVALID_TOPIC_EXCEPTION = 17
+NOT_LEADER_OR_FOLLOWER = 6
 
 
 @dataclass
@@ -526,12 +528,7 @@ class TxnCoordinator:
                 continue  # deleted since: nothing of it to mark
             if p.failed:
                 raise CoordinatorError(p.failed_code, f"{topic}-{index}: {p.failed}")
-            batch = control_batch(marker, txn.producer_id, txn.producer_epoch, 0, now)
-            base, _ = p.admit(batch, 0)
-            p.txns.on_marker(txn.producer_id, marker, base)
-            p.producers.fence(txn.producer_id, txn.producer_epoch)
-            self.node.mark_dirty(p)
-            waits.append((p, base))
+            waits.append((p, self._admit_marker(p, marker, txn.producer_id, txn.producer_epoch, now)))
         with trio.move_on_after(self.settings.state_write_timeout_ms / 1000) as scope:
             for p, base in waits:
                 try:
@@ -579,6 +576,61 @@ class TxnCoordinator:
             for g, topic, partition in txn.offsets
             if g == group
         }
+
+    def _admit_marker(self, p: Partition, marker: MarkerType, producer_id: int, epoch: int, now: int) -> int:
+        """Queue a marker of `producer_id`'s transaction into `p` (closing its open
+        transaction there) and fence older epochs; its offset, to await durable."""
+        base, _ = p.admit(control_batch(marker, producer_id, epoch, 0, now), 0)
+        p.txns.on_marker(producer_id, marker, base)
+        p.producers.fence(producer_id, epoch)
+        self.node.mark_dirty(p)
+        return base
+
+    async def write_markers(
+        self, producer_id: int, producer_epoch: int, commit: bool, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """WriteTxnMarkers (`kafka-transactions abort`, Kafka's Admin.abortTransaction): a
+        marker written into each partition as Kafka's broker writes one its coordinator
+        sends, which closes a transaction there that no coordinator will (a hanging one).
+        The error code of each partition: an epoch older than the producer's at the
+        partition is refused INVALID_PRODUCER_EPOCH; the internal topics take no marker
+        from outside (their transactional offsets are the coordinator's)."""
+        codes: dict[tuple[str, int], int] = {}
+        waits: list[tuple[tuple[str, int], Partition, int]] = []
+        marker = MarkerType.COMMIT if commit else MarkerType.ABORT
+        now = self.wall()
+        for topic, index in partitions:
+            p = self.node.partition(topic, index)
+            if p is None:
+                codes[(topic, index)] = UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            if topic in (TXN_TOPIC, OFFSETS_PARTITION[0]):
+                codes[(topic, index)] = INVALID_TOPIC_EXCEPTION
+                continue
+            if p.topic.mirrored:
+                codes[(topic, index)] = NOT_LEADER_OR_FOLLOWER
+                continue
+            if p.failed:
+                codes[(topic, index)] = p.failed_code
+                continue
+            entry = p.producers.entry(producer_id)
+            if entry is not None and producer_epoch < entry.epoch:
+                codes[(topic, index)] = INVALID_PRODUCER_EPOCH
+                continue
+            log.info(
+                "WriteTxnMarkers: %s marker of producer %d epoch %d into %s-%d",
+                marker.name, producer_id, producer_epoch, topic, index,
+            )
+            waits.append(((topic, index), p, self._admit_marker(p, marker, producer_id, producer_epoch, now)))
+        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000):
+            for key, p, base in waits:
+                try:
+                    await p.wait_durable(base)
+                    codes[key] = NONE
+                except Exception as exc:
+                    log.warning("WriteTxnMarkers: marker into %s-%d not durable: %s", *key, exc)
+                    codes[key] = KAFKA_STORAGE_ERROR
+        return {key: codes.get(key, REQUEST_TIMED_OUT) for key in partitions}  # in request order
 
     # ------------------------------------------------------------------ produce checks
 
