@@ -45,7 +45,7 @@ from storage.batch import build_batch
 
 CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH = 51, 48, 90, 47
 INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD, INVALID_TRANSACTION_TIMEOUT = 49, 87, 50
-UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION = 3, 17
+UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION, TRANSACTIONAL_ID_NOT_FOUND = 3, 17, 105
 
 
 # ------------------------------------------------------------------ pure pieces
@@ -807,3 +807,49 @@ async def test_end_txn_and_the_sweep_complete_a_transaction_once(
         (False, [b"two"]),
         (True, [b"\x00\x00\x00\x00\x00\x00"]),
     ]
+
+
+async def test_idle_transactional_ids_expire_with_a_tombstone(broker_config: BrokerConfig) -> None:
+    """transactional.id.expiration.ms: an id idle (Empty, CompleteCommit, CompleteAbort) for
+    longer is forgotten and tombstoned in __transaction_state, so a restart does not bring
+    it back; an id with an open transaction is kept; InitProducerId afterwards starts
+    afresh with a new producer id."""
+    broker_config.static["transactional.id.expiration.ms"] = "1500"
+    broker_config.static["transaction.remove.expired.transaction.cleanup.interval.ms"] = "50"
+
+    async def states(c: RawClient) -> dict[str, str]:
+        r = await c.call(
+            "list_transactions", 1, {"state_filters": [], "producer_id_filters": [], "duration_filter": -1}
+        )
+        return {t.transactional_id: t.transaction_state for t in r.transaction_states}
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "x")
+        gone = (await init(c, tid="gone")).producer_id
+        done = (await init(c, tid="done")).producer_id
+        assert await add(c, done, 0, "x", tid="done") == 0
+        assert await end(c, done, 0, True, tid="done") == 0
+        busy = (await init(c, tid="busy")).producer_id
+        assert await add(c, busy, 0, "x", tid="busy") == 0
+        assert await states(c) == {"gone": "Empty", "done": "CompleteCommit", "busy": "Ongoing"}
+        with trio.fail_after(10):
+            while await states(c) != {"busy": "Ongoing"}:  # noqa: ASYNC110 (a broker in this process: no event to wait on)
+                await trio.sleep(0.05)
+        d = await c.call("describe_transactions", 0, {"transactional_ids": ["gone"]})
+        assert d.transaction_states[0].error_code == TRANSACTIONAL_ID_NOT_FOUND
+        # The old producer id no longer maps to the id; a new InitProducerId starts afresh.
+        assert await add(c, gone, 0, "x", tid="gone") == INVALID_PRODUCER_ID_MAPPING
+        again = await init(c, tid="done")
+        assert again.error_code == 0 and again.producer_id not in (gone, done, busy)
+        assert again.producer_epoch == 0
+        nursery.cancel_scope.cancel()
+    # Restarted with the default expiration (7 days): the tombstones keep them forgotten.
+    del broker_config.static["transactional.id.expiration.ms"]
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        assert await states(c) == {"busy": "Ongoing", "done": "Empty"}
+        nursery.cancel_scope.cancel()

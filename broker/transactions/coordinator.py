@@ -228,10 +228,14 @@ class TxnCoordinator:
     async def _persist(self, txn: Txn, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
         """Append the transaction's state (and `extra` records) as one batch and wait until a
         signed head covers it. Raises CoordinatorError on failure."""
+        await self._append([(state_key(txn.transactional_id), encode_value(txn.value())), *extra])
+
+    async def _append(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Append `records` to the archive as one batch and wait until a signed head covers
+        it. Raises CoordinatorError on failure."""
         partition = self._archive()
         if partition.failed:
             raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, partition.failed)
-        records = [(state_key(txn.transactional_id), encode_value(txn.value())), *extra]
         try:
             _, last = partition.log.append(build_state_batch(records, self.wall()))
         except OSError as exc:
@@ -682,13 +686,57 @@ class TxnCoordinator:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Complete prepared transactions (after a restart, or a failed completion) and abort
-        those past their timeout; wakes every cleanup interval or when poked."""
+        those past their timeout; wakes every cleanup interval or when poked. Every
+        transaction.remove.expired.transaction.cleanup.interval.ms, expires idle ids."""
         task_status.started()
+        next_expiry = trio.current_time() + self.settings.expire_check_interval_ms / 1000
         while True:
             await self.sweep()
-            with trio.move_on_after(self.settings.abort_check_interval_ms / 1000):
+            if trio.current_time() >= next_expiry:
+                try:
+                    await self.expire()
+                except CoordinatorError as exc:
+                    log.warning("expiring transactional ids: %s", exc)
+                next_expiry = trio.current_time() + self.settings.expire_check_interval_ms / 1000
+            wait = min(
+                self.settings.abort_check_interval_ms / 1000,
+                max(0.0, next_expiry - trio.current_time()),
+            )
+            with trio.move_on_after(wait):
                 await self._poke.wait()
             self._poke = trio.Event()
+
+    async def expire(self) -> list[str]:
+        """Kafka's removeExpiredTransactionalIds: forget every transactional id idle (Empty,
+        CompleteCommit or CompleteAbort) for longer than transactional.id.expiration.ms,
+        after a tombstone of its state is durable in __transaction_state (a replay forgets
+        it too). A later InitProducerId with the id gets a new producer id. The ids expired."""
+        if self._partition is None:
+            return []
+        now = self.wall()
+        idle = (Status.EMPTY, Status.COMPLETE_COMMIT, Status.COMPLETE_ABORT)
+        expired = [
+            txn
+            for txn in self.txns.values()
+            if not txn.pending
+            and txn.status in idle
+            and txn.transactional_id not in self._completing
+            and now - txn.update_ms > self.settings.id_expiration_ms
+        ]
+        if not expired:
+            return []
+        for txn in expired:  # requests meanwhile: CONCURRENT_TRANSACTIONS
+            txn.pending, txn.pending_status = True, Status.DEAD
+        try:
+            await self._append([(state_key(t.transactional_id), None) for t in expired])
+        finally:
+            for txn in expired:
+                txn.pending, txn.pending_status = False, None
+        for txn in expired:
+            if self.txns.get(txn.transactional_id) is txn:
+                self._forget(txn.transactional_id)
+        log.info("expired %d transactional ids idle for over %d ms", len(expired), self.settings.id_expiration_ms)
+        return [t.transactional_id for t in expired]
 
     async def sweep(self) -> int:
         """One pass; how many transactions it moved on."""
