@@ -60,7 +60,7 @@ API_NAMES = {
     46: "ListPartitionReassignments", 61: "DescribeProducers",
     68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
     24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit",
-    65: "DescribeTransactions", 66: "ListTransactions",
+    65: "DescribeTransactions", 66: "ListTransactions", 27: "WriteTxnMarkers",
 }  # fmt: skip
 
 # Config values that legitimately differ between the two brokers: they describe the

@@ -7,7 +7,8 @@ AddOffsetsToTxn and TxnOffsetCommit, DescribeTransactions and ListTransactions w
 is open, EndTxn abort (retried), then a committed one with its offsets, and the errors:
 wrong epochs at old and new versions (INVALID_PRODUCER_EPOCH before KIP-588,
 PRODUCER_FENCED after), an empty transactional id, a fenced producer. Every API at its
-first, first flexible and last version we serve.
+first, first flexible and last version we serve; OffsetFetch v7 with require_stable while
+the transaction holds offsets; WriteTxnMarkers last.
 
 Kafka completes a transaction (markers, offsets) after it answered EndTxn; before the
 next recorded step the script waits, unrecorded, until DescribeTransactions says Complete*.
@@ -194,6 +195,10 @@ def run(s: Session, c: RawClient) -> None:
             s, c, f"txn-offset-commit-v{v}", "txn_offset_commit", v, _offsets_body(pid, epoch, 1)
         )
     _offset_fetch(s, c, "txn-offset-fetch-pending")
+    # require_stable (v7+): UNSTABLE_OFFSET_COMMIT while the transaction holds the offsets.
+    _record(s, c, "txn-offset-fetch-pending-stable", "offset_fetch", 7,
+            {"group_id": GROUP, "topics": [{"name": TOPIC_T, "partition_indexes": [0]}], "require_stable": True},
+            retry_top_level=True)  # fmt: skip
     _record(
         s,
         c,
@@ -255,6 +260,13 @@ def run(s: Session, c: RawClient) -> None:
     late = _transactional(script_batch(producer_id=pid, producer_epoch=epoch, base_sequence=6))
     _record(s, c, "txn-produce-fenced", "produce", 9, _txn_produce(late))
     assert int(again["producer_epoch"]) == epoch + 1 or int(again["error_code"]) != 0
+    # WriteTxnMarkers (kafka-transactions abort): an ABORT marker for a producer with no
+    # transaction here (written; nothing to close), and an unknown topic. Last: it moves
+    # the log end offset.
+    _record(s, c, "txn-write-markers", "write_txn_markers", 1, {"markers": [{
+        "producer_id": 424242, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": 0,
+        "topics": [{"name": TOPIC_T, "partition_indexes": [0]}, {"name": "hk-oracle-no-topic", "partition_indexes": [0]}],
+    }]})  # fmt: skip
     _record(
         s, c, "txn-delete-topic", "delete_topics", 4, {"topic_names": [TOPIC_T], "timeout": 30_000}
     )

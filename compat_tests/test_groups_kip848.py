@@ -253,3 +253,39 @@ def test_consumer_protocol_member_keeps_its_place_across_a_broker_restart(
         m.proc.wait(30)
         assert m.proc.returncode == 0, m.stderr()
     assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 20)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.matrix("group-kip848")
+@pytest.mark.parametrize(
+    ("classic", "consumer"), [("kafka-python", "confluent"), ("confluent", "franz-go")]
+)
+def test_an_empty_group_changes_protocol_and_keeps_its_offsets(
+    kip848_broker: Broker, workdir: Path, classic: str, consumer: str
+) -> None:
+    """Kafka 4's offline migration: a classic group left empty (its offsets only) becomes a
+    consumer group when a consumer-protocol member joins, and that consumer group, left
+    empty, a classic group again when a classic member joins; each member reads on from
+    the group's commits, so every record is read once over the three."""
+    _require(classic)
+    _require(consumer)
+    b = kip848_broker
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"k848m-{tag}", f"g848m-{tag}"
+    create_topic(b, topic, PARTITIONS)
+    seen: list[str] = []
+    rounds = [(classic, "classic"), (KIP848_CLIENTS[consumer], "consumer"), (classic, "classic")]
+    for i, (worker, kind) in enumerate(rounds):
+        batch = produce(b, topic, 40, f"{tag}-{i}")
+        with member(worker, b, topic, group, workdir, f"migrate-{i}") as (m, stop):
+            wait_for("the batch to be read", lambda: batch <= {r["v"] for r in m.records()}, 90, [m])  # noqa: B023
+            assert _group_type(b, group).endswith(kind)  # ConsumerGroupType.CLASSIC or .CONSUMER
+            time.sleep(1)  # nothing more arrives
+            stop.touch()
+            m.proc.wait(30)
+            assert m.proc.returncode == 0, m.stderr()
+            values = [r["v"] for r in m.records()]
+        assert set(values) == batch, f"round {i} ({worker}) read {len(values)} records"
+        seen += values
+    assert len(seen) == len(set(seen)) == 120, "a record was read twice or missed"
+    assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 30)

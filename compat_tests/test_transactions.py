@@ -7,6 +7,7 @@ Imports the standard library, pytest, confluent_kafka and the compat_tests modul
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from typing import Any
@@ -245,3 +246,95 @@ def test_kafka_transactions_tool_lists_and_describes(broker: Broker) -> None:
     p.commit_transaction(30)
     described = tool("describe", "--transactional-id", tid)
     assert "CompleteCommit" in described, described
+
+
+@pytest.mark.timeout(120)
+def test_read_committed_offset_fetch_waits_for_a_pending_transactional_commit(
+    broker: Broker,
+) -> None:
+    """A read_committed consumer asks OffsetFetch with require_stable: while a transaction
+    holds offsets of its group not yet committed, the broker answers UNSTABLE_OFFSET_COMMIT
+    and librdkafka retries (committed() times out) instead of reading the older offset;
+    once the transaction commits, the new offset is read."""
+    topic = f"stable-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic)
+    group = f"stable-{uuid.uuid4().hex[:8]}"
+    meta = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    p = _producer(broker, f"stable-{uuid.uuid4().hex[:8]}")
+    p.begin_transaction()
+    p.send_offsets_to_transaction([ck.TopicPartition(topic, 0, 4)], meta.consumer_group_metadata(), 30)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.send_offsets_to_transaction([ck.TopicPartition(topic, 0, 9)], meta.consumer_group_metadata(), 30)
+    meta.close()
+
+    def committed(isolation: str, timeout: float) -> int:
+        c = ck.Consumer(
+            {"bootstrap.servers": broker.bootstrap, "group.id": group, "isolation.level": isolation}
+        )
+        try:
+            return int(c.committed([ck.TopicPartition(topic, 0)], timeout)[0].offset)
+        finally:
+            c.close()
+
+    assert committed("read_uncommitted", 10) == 4  # no require_stable: the last committed
+    started = time.monotonic()
+    with pytest.raises(ck.KafkaException) as raised:
+        committed("read_committed", 3)
+    assert raised.value.args[0].code() == ck.KafkaError._TIMED_OUT, raised.value
+    assert time.monotonic() - started >= 2.5  # retried UNSTABLE_OFFSET_COMMIT until then
+    p.commit_transaction(30)
+    assert committed("read_committed", 10) == 9
+
+
+@pytest.mark.timeout(240)
+def test_kafka_transactions_tool_finds_and_aborts_a_hanging_transaction(
+    fresh_broker: Broker,
+) -> None:
+    """A hanging transaction: data of an open transaction in a partition whose coordinator
+    no longer knows it (here its `__transaction_state` archive was put back to a copy
+    taken before the transaction began, as a restore from a backup would). It holds the
+    LSO down for ever: `kafka-transactions find-hanging` lists it (DescribeProducers,
+    ListTransactions, DescribeTransactions) and `kafka-transactions abort` closes it
+    (WriteTxnMarkers), after which read_committed consumers move on."""
+    from compat_tests.java_tools import JavaTools, require_java, tool_class
+
+    java = JavaTools(require_java())
+    main = tool_class("kafka-transactions")
+    assert main is not None
+    b = fresh_broker
+    assert b.data_dir is not None
+    topic = f"hang-{uuid.uuid4().hex[:8]}"
+    create_topic(b, topic)
+    _producer(b, "hang-other")  # __transaction_state exists, without the id below
+    b.stop()
+    state = b.data_dir / "__transaction_state-0"
+    backup = b.data_dir.parent / "txn-state-backup"
+    assert state.is_dir()
+    shutil.copytree(state, backup)
+    b.start()
+    p = _producer(b, "hang-tid", **{"transaction.timeout.ms": 600000})
+    p.begin_transaction()
+    p.produce(topic, b"stuck")
+    p.flush(30)
+    b.kill()
+    shutil.rmtree(state)
+    shutil.copytree(backup, state)
+    b.start()
+    assert _end_offset(b, topic) == 0  # the open transaction holds the LSO
+
+    def tool(*args: str) -> str:
+        return java.run(main, ["--bootstrap-server", b.bootstrap, *args]).text
+
+    found = tool("find-hanging", "--topic", topic, "--max-transaction-timeout", "0")
+    rows = [line.split() for line in found.splitlines()[1:] if line.strip()]
+    assert [(r[0], r[1], r[5]) for r in rows] == [(topic, "0", "0")], found
+    tool("abort", "--topic", topic, "--partition", "0", "--start-offset", "0")
+    assert _end_offset(b, topic) == 2  # the record and its ABORT marker
+    found = tool("find-hanging", "--topic", topic, "--max-transaction-timeout", "0")
+    assert [line for line in found.splitlines()[1:] if line.strip()] == [], found
+    after = _producer(b, "hang-after")
+    after.begin_transaction()
+    after.produce(topic, b"visible")
+    after.commit_transaction(30)
+    assert _consume(b, topic, "read_committed", 1) == [b"visible"]

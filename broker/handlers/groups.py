@@ -293,9 +293,13 @@ def _unfetched(topics: Any, error: int) -> list[dict[str, Any]]:
     ]
 
 
-def _fetched_topics(ctx: RequestContext, group_id: str, topics: Any) -> list[dict[str, Any]]:
+def _fetched_topics(ctx: RequestContext, group_id: str, topics: Any, require_stable: bool = False) -> list[dict[str, Any]]:
     # Kafka: a named topic the principal may not DESCRIBE answers TOPIC_AUTHORIZATION_FAILED
     # per partition; asking for all the group's offsets leaves such topics out.
+    # require_stable (v7+, sent by read_committed consumers): a partition with a
+    # transactional offset commit still pending answers UNSTABLE_OFFSET_COMMIT (the client
+    # retries until the transaction is complete), as Kafka's OffsetMetadataManager does.
+    unstable = ctx.node.transactions.pending_offsets(group_id) if require_stable else set()
     if topics is None:
         wanted, denied = None, []
     else:
@@ -308,7 +312,9 @@ def _fetched_topics(ctx: RequestContext, group_id: str, topics: Any) -> list[dic
             continue
         partitions = []
         for index, committed in parts.items():
-            if committed is None:
+            if (topic, index) in unstable:
+                partitions.append({"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "", "error_code": codes.UNSTABLE_OFFSET_COMMIT})
+            elif committed is None:
                 partitions.append({"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "", "error_code": codes.NONE})
             else:
                 partitions.append(
@@ -330,6 +336,7 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
     # (UNKNOWN_MEMBER_ID, STALE_MEMBER_EPOCH); for classic groups Kafka ignores them
     # (ClassicGroup.validateOffsetFetch fails only a Dead group, which answers like an
     # unknown one: every offset -1, no error).
+    require_stable = bool(field_of(req, "require_stable", False))  # v7+
     if ctx.api_version >= 8:
         coordinator = _coordinator(ctx)
         groups = [
@@ -340,7 +347,7 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
             else {"group_id": g.group_id, "topics": [], "error_code": member_error}
             if (member_error := coordinator.groups.validate_offset_fetch(
                 g.group_id, field_of(g, "member_id"), field_of(g, "member_epoch", -1)))
-            else {"group_id": g.group_id, "topics": _fetched_topics(ctx, g.group_id, g.topics), "error_code": codes.NONE}
+            else {"group_id": g.group_id, "topics": _fetched_topics(ctx, g.group_id, g.topics, require_stable), "error_code": codes.NONE}
             for g in req.groups
         ]
         return {"throttle_time": 0, "groups": groups}
@@ -351,7 +358,7 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Reply:
         # v1 has no top-level error: Kafka puts it on every partition asked for.
         topics = _unfetched(req.topics or [], refusal) if ctx.api_version < 2 else []
         return {"throttle_time": 0, "topics": topics, "error_code": refusal}
-    return {"throttle_time": 0, "topics": _fetched_topics(ctx, req.group_id, req.topics), "error_code": codes.NONE}
+    return {"throttle_time": 0, "topics": _fetched_topics(ctx, req.group_id, req.topics, require_stable), "error_code": codes.NONE}
 
 
 # ------------------------------------------------------------------ admin

@@ -1,7 +1,8 @@
 """Transaction APIs: InitProducerId with a transactional id, AddPartitionsToTxn (v0-v3, the
 client form; v4+ is Kafka's broker-to-broker verification and is not advertised),
 AddOffsetsToTxn, TxnOffsetCommit, EndTxn (v0-v4: KIP-890 part 2's v5 is not served),
-DescribeTransactions, ListTransactions, and FindCoordinator for a transactional id.
+DescribeTransactions, ListTransactions, WriteTxnMarkers (`kafka-transactions abort`), and
+FindCoordinator for a transactional id.
 
 Thin: translate the kio request into calls on `node.transactions`
 (broker/transactions/coordinator.py) and its outcome into a description. Rights: a
@@ -19,7 +20,12 @@ from typing import Any
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
 from broker.security.authz import Operation
-from broker.security.session import authorize, authorize_group, authorize_idempotent_write
+from broker.security.session import (
+    authorize,
+    authorize_group,
+    authorize_idempotent_write,
+    cluster_operations,
+)
 from broker.shape import field_of
 from broker.transactions.coordinator import (
     OFFSETS_PARTITION,
@@ -311,3 +317,34 @@ async def list_transactions(ctx: RequestContext, req: Any) -> Reply:
         "unknown_state_filters": sorted(wanted - known),
         "transaction_states": out,
     }
+
+
+CLUSTER_ACTION_BIT = 1 << 9  # Kafka's AclOperation.CLUSTER_ACTION
+
+
+@api(27, "WriteTxnMarkers", (1, 1))
+async def write_txn_markers(ctx: RequestContext, req: Any) -> Reply:
+    """Kafka's coordinators send this to partition leaders; here the coordinator writes its
+    own markers, and this serves `kafka-transactions abort` (Admin.abortTransaction: an ABORT
+    marker for a hanging transaction found by `find-hanging`). CLUSTER_ACTION on the
+    cluster is needed, as in Kafka (a super user, or a node without an authorizer)."""
+    allowed = bool(cluster_operations(ctx) & CLUSTER_ACTION_BIT)
+    markers = []
+    for m in req.markers:
+        wanted = [(t.name, int(i)) for t in m.topics for i in t.partition_indexes]
+        if allowed:
+            codes = await _coordinator(ctx).write_markers(
+                m.producer_id, m.producer_epoch, m.transaction_result, wanted
+            )
+        else:
+            codes = dict.fromkeys(wanted, errors.CLUSTER_AUTHORIZATION_FAILED)
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (topic, index), code in codes.items():
+            by_topic.setdefault(topic, []).append({"partition_index": index, "error_code": code})
+        markers.append(
+            {
+                "producer_id": m.producer_id,
+                "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()],
+            }
+        )
+    return {"markers": markers}

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from broker.config import BrokerConfig
-from broker.groups.codes import UNKNOWN_MEMBER_ID
+from broker.groups.codes import UNKNOWN_MEMBER_ID, UNSTABLE_OFFSET_COMMIT
 from broker.groups.consumer_group import STALE_MEMBER_EPOCH
 from broker.protocol import records as batches
 from broker.server import run
@@ -45,6 +45,7 @@ from storage.batch import build_batch
 
 CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH = 51, 48, 90, 47
 INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD, INVALID_TRANSACTION_TIMEOUT = 49, 87, 50
+UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION, TRANSACTIONAL_ID_NOT_FOUND = 3, 17, 105
 
 
 # ------------------------------------------------------------------ pure pieces
@@ -444,6 +445,56 @@ async def test_txn_offsets_visible_only_on_commit(broker: Broker) -> None:
     assert list(lst.unknown_state_filters) == ["Bogus"]
 
 
+async def test_require_stable_answers_unstable_offset_commit(broker: Broker) -> None:
+    """OffsetFetch v7+ with require_stable (read_committed consumers): a partition with a
+    transactional offset commit not yet completed answers UNSTABLE_OFFSET_COMMIT, as
+    Kafka does; without require_stable (and for the other partitions) the last committed
+    offset; once the transaction is complete, the new offset."""
+    c = await broker.connect()
+    await create(c, "src", partitions=2)
+    pid = (await init(c)).producer_id
+    for value, commit in ((3, True), (5, None)):
+        r = await c.call(
+            "add_offsets_to_txn",
+            3,
+            {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "g"},
+        )
+        assert r.error_code == 0
+        assert await txn_commit(c, pid, "g", "src", value) == 0
+        if commit:
+            assert await end(c, pid, 0, True) == 0
+    wanted = [{"name": "src", "partition_indexes": [0, 1]}]
+
+    def parts(topics: Any) -> list[tuple[int, int, int]]:
+        return [(p.partition_index, p.committed_offset, p.error_code) for t in topics for p in t.partitions]
+
+    for stable, expect0 in ((True, (0, -1, UNSTABLE_OFFSET_COMMIT)), (False, (0, 3, 0))):
+        f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": stable})
+        assert f7.error_code == 0
+        assert parts(f7.topics) == [expect0, (1, -1, 0)]
+        f8 = await c.call("offset_fetch", 8, {"groups": [{"group_id": "g", "topics": None}], "require_stable": stable})
+        assert parts(f8.groups[0].topics) == [expect0]
+    f6 = await c.call("offset_fetch", 6, {"group_id": "g", "topics": wanted})
+    assert parts(f6.topics) == [(0, 3, 0), (1, -1, 0)]  # no require_stable before v7
+    other = await c.call("offset_fetch", 7, {"group_id": "other", "topics": wanted, "require_stable": True})
+    assert parts(other.topics) == [(0, -1, 0), (1, -1, 0)]  # another group's offsets are not pending
+    assert await end(c, pid, 0, True) == 0
+    f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": True})
+    assert parts(f7.topics) == [(0, 5, 0), (1, -1, 0)]
+    # An aborted transaction's offsets stop being pending as well.
+    r = await c.call(
+        "add_offsets_to_txn",
+        3,
+        {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "g"},
+    )
+    assert r.error_code == 0 and await txn_commit(c, pid, "g", "src", 9) == 0
+    f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": True})
+    assert parts(f7.topics)[0] == (0, -1, UNSTABLE_OFFSET_COMMIT)
+    assert await end(c, pid, 0, False) == 0
+    f7 = await c.call("offset_fetch", 7, {"group_id": "g", "topics": wanted, "require_stable": True})
+    assert parts(f7.topics) == [(0, 5, 0), (1, -1, 0)]
+
+
 async def test_a_consumer_protocol_member_commits_in_a_transaction(broker: Broker) -> None:
     """KIP-447 with a KIP-848 group: TxnOffsetCommit (no v9 exists) is checked on the
     member and its epoch, not refused as an old OffsetCommit would be. franz-go's
@@ -475,6 +526,56 @@ async def test_a_consumer_protocol_member_commits_in_a_transaction(broker: Broke
         "offset_fetch", 5, {"group_id": "cg", "topics": [{"name": "src", "partition_indexes": [0]}]}
     )
     assert f.topics[0].partitions[0].committed_offset == 3
+
+
+async def test_write_txn_markers_aborts_an_open_transaction(broker: Broker) -> None:
+    """WriteTxnMarkers (what `kafka-transactions abort` sends): an ABORT marker closes the
+    producer's open transaction at the partition (the LSO moves past it, read_committed
+    drops its records); an older epoch, an unknown partition and the internal topics are
+    refused per partition."""
+    c = await broker.connect()
+    await create(c, "hang")
+    pid = (await init(c)).producer_id
+    assert await add(c, pid, 0, "hang") == 0
+    assert (await produce(c, "hang", txn_batch(pid, 0, 0, b"h1", b"h2"))).error_code == 0
+    assert await list_latest(c, "hang", 1) == 0
+
+    async def markers(epoch: int, topics: list[tuple[str, list[int]]]) -> list[tuple[str, int, int]]:
+        r = await c.call(
+            "write_txn_markers",
+            1,
+            {
+                "markers": [
+                    {
+                        "producer_id": pid,
+                        "producer_epoch": epoch,
+                        "transaction_result": False,
+                        "coordinator_epoch": 0,
+                        "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics],
+                    }
+                ]
+            },
+        )
+        (m,) = r.markers
+        assert m.producer_id == pid
+        return [(t.name, p.partition_index, p.error_code) for t in m.topics for p in t.partitions]
+
+    assert await markers(-1, [("hang", [0])]) == [("hang", 0, INVALID_PRODUCER_EPOCH)]
+    assert await list_latest(c, "hang", 1) == 0  # nothing written
+    assert await markers(0, [("hang", [0, 5]), ("nope", [0]), ("__consumer_offsets", [0])]) == [
+        ("hang", 0, 0),
+        ("hang", 5, UNKNOWN_TOPIC_OR_PARTITION),
+        ("nope", 0, UNKNOWN_TOPIC_OR_PARTITION),
+        ("__consumer_offsets", 0, INVALID_TOPIC_EXCEPTION),
+    ]
+    assert await list_latest(c, "hang", 1) == 3  # h1, h2, the ABORT marker
+    f = await fetch(c, "hang", 1)
+    assert [(a.producer_id, a.first_offset) for a in f.aborted_transactions] == [(pid, 0)]
+    # The coordinator still ends its transaction; its own marker closes nothing more.
+    assert await end(c, pid, 0, False) == 0
+    assert await list_latest(c, "hang", 1) == 4
+    f = await fetch(c, "hang", 1)
+    assert [(a.producer_id, a.first_offset) for a in f.aborted_transactions] == [(pid, 0)]
 
 
 async def test_restart_aborts_the_open_transaction_and_keeps_the_epoch(
@@ -706,3 +807,49 @@ async def test_end_txn_and_the_sweep_complete_a_transaction_once(
         (False, [b"two"]),
         (True, [b"\x00\x00\x00\x00\x00\x00"]),
     ]
+
+
+async def test_idle_transactional_ids_expire_with_a_tombstone(broker_config: BrokerConfig) -> None:
+    """transactional.id.expiration.ms: an id idle (Empty, CompleteCommit, CompleteAbort) for
+    longer is forgotten and tombstoned in __transaction_state, so a restart does not bring
+    it back; an id with an open transaction is kept; InitProducerId afterwards starts
+    afresh with a new producer id."""
+    broker_config.static["transactional.id.expiration.ms"] = "1500"
+    broker_config.static["transaction.remove.expired.transaction.cleanup.interval.ms"] = "50"
+
+    async def states(c: RawClient) -> dict[str, str]:
+        r = await c.call(
+            "list_transactions", 1, {"state_filters": [], "producer_id_filters": [], "duration_filter": -1}
+        )
+        return {t.transactional_id: t.transaction_state for t in r.transaction_states}
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "x")
+        gone = (await init(c, tid="gone")).producer_id
+        done = (await init(c, tid="done")).producer_id
+        assert await add(c, done, 0, "x", tid="done") == 0
+        assert await end(c, done, 0, True, tid="done") == 0
+        busy = (await init(c, tid="busy")).producer_id
+        assert await add(c, busy, 0, "x", tid="busy") == 0
+        assert await states(c) == {"gone": "Empty", "done": "CompleteCommit", "busy": "Ongoing"}
+        with trio.fail_after(10):
+            while await states(c) != {"busy": "Ongoing"}:  # noqa: ASYNC110 (a broker in this process: no event to wait on)
+                await trio.sleep(0.05)
+        d = await c.call("describe_transactions", 0, {"transactional_ids": ["gone"]})
+        assert d.transaction_states[0].error_code == TRANSACTIONAL_ID_NOT_FOUND
+        # The old producer id no longer maps to the id; a new InitProducerId starts afresh.
+        assert await add(c, gone, 0, "x", tid="gone") == INVALID_PRODUCER_ID_MAPPING
+        again = await init(c, tid="done")
+        assert again.error_code == 0 and again.producer_id not in (gone, done, busy)
+        assert again.producer_epoch == 0
+        nursery.cancel_scope.cancel()
+    # Restarted with the default expiration (7 days): the tombstones keep them forgotten.
+    del broker_config.static["transactional.id.expiration.ms"]
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        assert await states(c) == {"busy": "Ongoing", "done": "Empty"}
+        nursery.cancel_scope.cancel()

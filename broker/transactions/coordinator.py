@@ -96,6 +96,8 @@ TRANSACTIONAL_ID_NOT_FOUND = 105
 NOT_COORDINATOR = 16
 UNKNOWN_TOPIC_OR_PARTITION = 3
 OPERATION_NOT_ATTEMPTED = 55
+INVALID_TOPIC_EXCEPTION = 17
+NOT_LEADER_OR_FOLLOWER = 6
 
 
 @dataclass
@@ -226,10 +228,14 @@ class TxnCoordinator:
     async def _persist(self, txn: Txn, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
         """Append the transaction's state (and `extra` records) as one batch and wait until a
         signed head covers it. Raises CoordinatorError on failure."""
+        await self._append([(state_key(txn.transactional_id), encode_value(txn.value())), *extra])
+
+    async def _append(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Append `records` to the archive as one batch and wait until a signed head covers
+        it. Raises CoordinatorError on failure."""
         partition = self._archive()
         if partition.failed:
             raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, partition.failed)
-        records = [(state_key(txn.transactional_id), encode_value(txn.value())), *extra]
         try:
             _, last = partition.log.append(build_state_batch(records, self.wall()))
         except OSError as exc:
@@ -376,7 +382,9 @@ class TxnCoordinator:
         await self._transition(txn, bump)
         return txn.producer_id, txn.producer_epoch
 
-    def _current(self, tid: str, producer_id: int, producer_epoch: int) -> Txn:
+    def _producer(self, tid: str, producer_id: int, producer_epoch: int) -> Txn:
+        """The transactional id's state, when the caller is its current producer (the id
+        and epoch checks every request of an open transaction starts with)."""
         txn = self.txns.get(tid)
         if txn is None or txn.producer_id != producer_id:
             raise CoordinatorError(
@@ -387,6 +395,10 @@ class TxnCoordinator:
             raise CoordinatorError(
                 PRODUCER_FENCED, "There is a newer producer with the same transactional id"
             )
+        return txn
+
+    def _current(self, tid: str, producer_id: int, producer_epoch: int) -> Txn:
+        txn = self._producer(tid, producer_id, producer_epoch)
         if txn.pending or txn.status in (Status.PREPARE_COMMIT, Status.PREPARE_ABORT):
             raise CoordinatorError(
                 CONCURRENT_TRANSACTIONS, "The previous transaction is being completed"
@@ -422,16 +434,7 @@ class TxnCoordinator:
     ) -> None:
         """TxnOffsetCommit: keep the offsets with the transaction (in memory until EndTxn)."""
         self._check(tid)
-        txn = self.txns.get(tid)
-        if txn is None or txn.producer_id != producer_id:
-            raise CoordinatorError(
-                INVALID_PRODUCER_ID_MAPPING,
-                "The producer id does not belong to this transactional id",
-            )
-        if producer_epoch != txn.producer_epoch:
-            raise CoordinatorError(
-                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
-            )
+        txn = self._producer(tid, producer_id, producer_epoch)
         if txn.pending and txn.pending_status is not Status.ONGOING:
             raise CoordinatorError(CONCURRENT_TRANSACTIONS, "The transaction is being completed")
         if txn.status is not Status.ONGOING or OFFSETS_PARTITION not in txn.partitions:
@@ -444,16 +447,7 @@ class TxnCoordinator:
 
     async def end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
         self._check(tid)
-        txn = self.txns.get(tid)
-        if txn is None or txn.producer_id != producer_id:
-            raise CoordinatorError(
-                INVALID_PRODUCER_ID_MAPPING,
-                "The producer id does not belong to this transactional id",
-            )
-        if producer_epoch != txn.producer_epoch:
-            raise CoordinatorError(
-                PRODUCER_FENCED, "There is a newer producer with the same transactional id"
-            )
+        txn = self._producer(tid, producer_id, producer_epoch)
         if txn.pending:
             raise CoordinatorError(
                 CONCURRENT_TRANSACTIONS, "A state change of this transactional id is in flight"
@@ -538,12 +532,7 @@ class TxnCoordinator:
                 continue  # deleted since: nothing of it to mark
             if p.failed:
                 raise CoordinatorError(p.failed_code, f"{topic}-{index}: {p.failed}")
-            batch = control_batch(marker, txn.producer_id, txn.producer_epoch, 0, now)
-            base, _ = p.admit(batch, 0)
-            p.txns.on_marker(txn.producer_id, marker, base)
-            p.producers.fence(txn.producer_id, txn.producer_epoch)
-            self.node.mark_dirty(p)
-            waits.append((p, base))
+            waits.append((p, self._admit_marker(p, marker, txn.producer_id, txn.producer_epoch, now)))
         with trio.move_on_after(self.settings.state_write_timeout_ms / 1000) as scope:
             for p, base in waits:
                 try:
@@ -579,6 +568,73 @@ class TxnCoordinator:
             log.error("transaction %s moved to %s while completing", txn.transactional_id, txn.status)
             return
         await self._transition(txn, finish, extra)
+
+    def pending_offsets(self, group: str) -> set[tuple[str, int]]:
+        """The (topic, partition)s of `group` with a transactional offset commit not yet
+        completed (from TxnOffsetCommit until the commit's offsets reach the group, or the
+        abort drops them): OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT
+        for them, as Kafka's OffsetMetadataManager does."""
+        return {
+            (topic, partition)
+            for txn in self.txns.values()
+            for g, topic, partition in txn.offsets
+            if g == group
+        }
+
+    def _admit_marker(self, p: Partition, marker: MarkerType, producer_id: int, epoch: int, now: int) -> int:
+        """Queue a marker of `producer_id`'s transaction into `p` (closing its open
+        transaction there) and fence older epochs; its offset, to await durable."""
+        base, _ = p.admit(control_batch(marker, producer_id, epoch, 0, now), 0)
+        p.txns.on_marker(producer_id, marker, base)
+        p.producers.fence(producer_id, epoch)
+        self.node.mark_dirty(p)
+        return base
+
+    async def write_markers(
+        self, producer_id: int, producer_epoch: int, commit: bool, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """WriteTxnMarkers (`kafka-transactions abort`, Kafka's Admin.abortTransaction): a
+        marker written into each partition as Kafka's broker writes one its coordinator
+        sends, which closes a transaction there that no coordinator will (a hanging one).
+        The error code of each partition: an epoch older than the producer's at the
+        partition is refused INVALID_PRODUCER_EPOCH; the internal topics take no marker
+        from outside (their transactional offsets are the coordinator's)."""
+        codes: dict[tuple[str, int], int] = {}
+        waits: list[tuple[tuple[str, int], Partition, int]] = []
+        marker = MarkerType.COMMIT if commit else MarkerType.ABORT
+        now = self.wall()
+        for topic, index in partitions:
+            p = self.node.partition(topic, index)
+            if p is None:
+                codes[(topic, index)] = UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            if topic in (TXN_TOPIC, OFFSETS_PARTITION[0]):
+                codes[(topic, index)] = INVALID_TOPIC_EXCEPTION
+                continue
+            if p.topic.mirrored:
+                codes[(topic, index)] = NOT_LEADER_OR_FOLLOWER
+                continue
+            if p.failed:
+                codes[(topic, index)] = p.failed_code
+                continue
+            entry = p.producers.entry(producer_id)
+            if entry is not None and producer_epoch < entry.epoch:
+                codes[(topic, index)] = INVALID_PRODUCER_EPOCH
+                continue
+            log.info(
+                "WriteTxnMarkers: %s marker of producer %d epoch %d into %s-%d",
+                marker.name, producer_id, producer_epoch, topic, index,
+            )
+            waits.append(((topic, index), p, self._admit_marker(p, marker, producer_id, producer_epoch, now)))
+        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000):
+            for key, p, base in waits:
+                try:
+                    await p.wait_durable(base)
+                    codes[key] = NONE
+                except Exception as exc:
+                    log.warning("WriteTxnMarkers: marker into %s-%d not durable: %s", *key, exc)
+                    codes[key] = KAFKA_STORAGE_ERROR
+        return {key: codes.get(key, REQUEST_TIMED_OUT) for key in partitions}  # in request order
 
     # ------------------------------------------------------------------ produce checks
 
@@ -630,13 +686,57 @@ class TxnCoordinator:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Complete prepared transactions (after a restart, or a failed completion) and abort
-        those past their timeout; wakes every cleanup interval or when poked."""
+        those past their timeout; wakes every cleanup interval or when poked. Every
+        transaction.remove.expired.transaction.cleanup.interval.ms, expires idle ids."""
         task_status.started()
+        next_expiry = trio.current_time() + self.settings.expire_check_interval_ms / 1000
         while True:
             await self.sweep()
-            with trio.move_on_after(self.settings.abort_check_interval_ms / 1000):
+            if trio.current_time() >= next_expiry:
+                try:
+                    await self.expire()
+                except CoordinatorError as exc:
+                    log.warning("expiring transactional ids: %s", exc)
+                next_expiry = trio.current_time() + self.settings.expire_check_interval_ms / 1000
+            wait = min(
+                self.settings.abort_check_interval_ms / 1000,
+                max(0.0, next_expiry - trio.current_time()),
+            )
+            with trio.move_on_after(wait):
                 await self._poke.wait()
             self._poke = trio.Event()
+
+    async def expire(self) -> list[str]:
+        """Kafka's removeExpiredTransactionalIds: forget every transactional id idle (Empty,
+        CompleteCommit or CompleteAbort) for longer than transactional.id.expiration.ms,
+        after a tombstone of its state is durable in __transaction_state (a replay forgets
+        it too). A later InitProducerId with the id gets a new producer id. The ids expired."""
+        if self._partition is None:
+            return []
+        now = self.wall()
+        idle = (Status.EMPTY, Status.COMPLETE_COMMIT, Status.COMPLETE_ABORT)
+        expired = [
+            txn
+            for txn in self.txns.values()
+            if not txn.pending
+            and txn.status in idle
+            and txn.transactional_id not in self._completing
+            and now - txn.update_ms > self.settings.id_expiration_ms
+        ]
+        if not expired:
+            return []
+        for txn in expired:  # requests meanwhile: CONCURRENT_TRANSACTIONS
+            txn.pending, txn.pending_status = True, Status.DEAD
+        try:
+            await self._append([(state_key(t.transactional_id), None) for t in expired])
+        finally:
+            for txn in expired:
+                txn.pending, txn.pending_status = False, None
+        for txn in expired:
+            if self.txns.get(txn.transactional_id) is txn:
+                self._forget(txn.transactional_id)
+        log.info("expired %d transactional ids idle for over %d ms", len(expired), self.settings.id_expiration_ms)
+        return [t.transactional_id for t in expired]
 
     async def sweep(self) -> int:
         """One pass; how many transactions it moved on."""

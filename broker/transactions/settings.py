@@ -15,10 +15,16 @@ class TxnSettings:
     max_timeout_ms: int = 900_000
     abort_check_interval_ms: int = 10_000
     state_write_timeout_ms: int = 5_000
+    # An id idle (no transaction open or being completed) for this long is forgotten, its
+    # state tombstoned in __transaction_state (Kafka's default: 7 days).
+    id_expiration_ms: int = 604_800_000
+    expire_check_interval_ms: int = 3_600_000
 
     NAMES: ClassVar[dict[str, str]] = {
         "transaction.max.timeout.ms": "max_timeout_ms",
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "abort_check_interval_ms",
+        "transactional.id.expiration.ms": "id_expiration_ms",
+        "transaction.remove.expired.transaction.cleanup.interval.ms": "expire_check_interval_ms",
     }
 
     @classmethod
