@@ -1,0 +1,191 @@
+"""The failover vote of quorum-signed partitions (broker/cluster/failover.py): real
+replica archives vote through their signing rule's promise, every message through its
+codec; the controller elects the longest head among a majority, and once a majority
+voted, the deposed leader cannot get another head signed. The placement's leader epochs
+against a real etcd."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import trio
+
+from broker.cluster.etcd import Etcd
+from broker.cluster.failover import (
+    VOTE,
+    VOTE_REQUEST,
+    ReplicaVoter,
+    VoteAnswer,
+    VoteRequest,
+    choose_leader,
+    elect,
+    majority,
+)
+from broker.cluster.membership import Member, Membership, Placement
+from broker.cluster.signing import ANSWER, PROPOSE, MessageError
+from broker.tests.test_membership import _until
+from broker.tests.test_quorum_signing import Setup
+from compat_tests.etcd import EtcdServer
+from storage.errors import StorageError
+from storage.quorum import read_promise, read_record
+
+CONTROLLER = 3
+
+
+class Ballot:
+    """Brokers 2 and 3 vote through their ReplicaVoter, every message encoded and
+    decoded; `dead` ones never answer; `broken` ones fail the connection."""
+
+    def __init__(self, voters: dict[int, ReplicaVoter]) -> None:
+        self.voters = voters
+        self.dead: set[int] = set()
+        self.broken: set[int] = set()
+        self.sender = CONTROLLER
+
+    async def vote(self, node_id: int, request: VoteRequest) -> VoteAnswer:
+        if node_id in self.dead:
+            await trio.sleep_forever()
+        if node_id in self.broken:
+            raise trio.BrokenResourceError("connection reset")
+        req = VoteRequest.decode(request.encode())
+        a = await trio.to_thread.run_sync(self.voters[node_id].handle, self.sender, req)
+        return VoteAnswer.decode(a.encode())
+
+
+@pytest.fixture
+def s(tmp_path: Path) -> Setup:
+    setup = Setup(tmp_path)
+    yield setup  # type: ignore[misc]
+    setup.close()
+
+
+def _ballot(s: Setup) -> Ballot:
+    return Ballot({
+        i: ReplicaVoter(lambda k, i=i: s.replicas[i] if k == s.manifest.hash() else None,
+                        lambda: CONTROLLER)
+        for i in (2, 3)
+    })  # fmt: skip
+
+
+def test_message_types_and_codec_bounds() -> None:
+    assert len({PROPOSE, ANSWER, VOTE_REQUEST, VOTE}) == 4
+    req = VoteRequest(bytes(range(32)), 7)
+    assert VoteRequest.decode(req.encode()) == req
+    a = VoteAnswer(bytes(32), 7, 2, 9, b"\x01" * 32)
+    assert VoteAnswer.decode(a.encode()) == a and a.granted and a.rank == (2, 9)
+    no = VoteAnswer(bytes(32), 7, reason="x" * 600)
+    assert not VoteAnswer.decode(no.encode()).granted
+    for bad in (b"", req.encode()[:20], req.encode() + b"\x00"):
+        with pytest.raises(MessageError):
+            VoteRequest.decode(bad)
+    wrong_hash = bytes(32) + bytes([7, 2, 9, 5]) + b"\x01" * 5 + b"\x00"
+    for bad in (b"", a.encode()[:40], a.encode() + b"!", wrong_hash):
+        with pytest.raises(MessageError):
+            VoteAnswer.decode(bad)
+
+
+def test_choose_the_longest_head_among_a_majority() -> None:
+    th = b"\x02" * 32
+    v = {
+        2: VoteAnswer(bytes(32), 5, 1, 10, th),
+        3: VoteAnswer(bytes(32), 5, 0, 99, th),  # longer, but an older fork
+        4: VoteAnswer(bytes(32), 5, 1, 10, th),  # a tie: the lowest id
+        5: VoteAnswer(bytes(32), 5, reason="promised epoch 6"),
+    }
+    assert choose_leader(v, 3) == 2
+    assert choose_leader(v, 4) is None  # a refusal is no vote
+    assert choose_leader({3: v[3]}, 1) == 3
+    assert choose_leader({}, 1) is None
+    for perm in itertools.permutations(v.items()):
+        assert choose_leader(dict(perm), 2) == 2
+
+
+async def test_the_longest_signed_head_wins_and_the_old_leader_is_cut_off(s: Setup) -> None:
+    """Replica 3 is down while the leader writes: replica 2 alone signed (with the
+    leader) the acknowledged heads. The leader dies; the controller's vote among 2 and
+    3 (a majority of 3) elects 2, whose head holds every acknowledged batch. The old
+    leader, back, cannot have another head signed on its fork: both promised."""
+    ballot = _ballot(s)
+    s.net.dead = {3}
+    await s.produce(b"a", b"b")
+    await s.produce(b"c")
+    acked = s.lg.head
+    assert acked is not None and acked.length == 3
+    assert s.replicas[3].length == 0 and read_record(s.store.fs, s.replicas[2].path)
+    need = majority(s.manifest)
+    assert need == 2
+    with trio.fail_after(5):
+        e = await elect(s.manifest.hash(), 1, [2, 3], need, ballot, timeout_s=1)
+    assert e is not None and e.leader == 2 and (e.fork, e.length) == (0, 3)
+    assert e.votes[3].granted and e.votes[3].length == 0
+    assert all(read_promise(s.store.fs, s.replicas[i].path) == 1 for i in (2, 3))
+    # the deposed leader goes on writing on its fork 0: no replica signs it any more
+    s.net.dead = set()
+    with trio.fail_after(10), pytest.raises(StorageError):
+        await s.produce(b"d")
+    assert s.lg.head is not None and s.lg.head.length == 3
+    rec = read_record(s.store.fs, s.replicas[2].path)
+    assert rec is not None and (rec.fork, rec.length) == (0, 3)
+
+
+async def test_an_election_needs_a_majority_of_answers(s: Setup) -> None:
+    ballot = _ballot(s)
+    await s.produce(b"a")
+    ballot.dead = {3}
+    with trio.fail_after(5):
+        assert await elect(s.manifest.hash(), 1, [2, 3], 2, ballot, timeout_s=0.3) is None
+    ballot.dead, ballot.broken = set(), {3}
+    assert await elect(s.manifest.hash(), 1, [2, 3], 2, ballot, timeout_s=0.3) is None
+    ballot.broken = set()
+    ballot.sender = 2  # not the controller: no promise made
+    assert await elect(s.manifest.hash(), 2, [2, 3], 2, ballot, timeout_s=0.3) is None
+    assert read_promise(s.store.fs, s.replicas[3].path) == 0
+    ballot.sender = CONTROLLER
+    e = await elect(s.manifest.hash(), 2, [2, 3], 2, ballot, timeout_s=0.3)
+    assert e is not None and e.length == 1
+    # an older epoch is refused now by both
+    assert await elect(s.manifest.hash(), 1, [2, 3], 2, ballot, timeout_s=0.3) is None
+    assert await elect(bytes(32), 3, [2, 3], 1, ballot, timeout_s=0.3) is None  # no copy
+
+
+# ----------------------------------------------------------------- the placement
+
+
+def test_placement_leader_epochs_round_trip() -> None:
+    p = Placement("t", 1, 3, {"a": "b"}, 3, ((1, 2, 3), (1, 3, 2), (1, 2, 3)))
+    assert Placement.decode("t", p.encode()) == p and b"leaders" not in p.encode()
+    assert [p.leader_of(i) for i in range(3)] == [1, 1, 1] and p.epoch_of(2) == 0
+    q = p.with_leader(1, 3, 4)
+    assert q.leaders == (1, 3, 1) and q.leader_epochs == (0, 4, 0)
+    assert Placement.decode("t", q.encode()) == q and q.encode() == Placement.decode("t", q.encode()).encode()
+
+
+async def test_record_leader_is_fenced_and_grows_the_epoch(etcd: EtcdServer) -> None:
+    ms = [
+        Membership(Etcd([etcd.endpoint]), "f", Member(i, "127.0.0.1", 9000 + i, "r", f"{i:064x}"), 3)
+        for i in (1, 2)
+    ]  # fmt: skip
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for m in ms:
+                await nursery.start(m.run)
+            await _until(lambda: any(m.is_controller for m in ms))
+            ctl = next(m for m in ms if m.is_controller)
+            other = next(m for m in ms if not m.is_controller)
+            assert await ctl.place(Placement("t", 1, 2, {}, 2, ((1, 2), (1, 2))))
+            assert await ctl.record_leader("t", 0, 2, 1) is True
+            assert await ctl.record_leader("t", 0, 1, 1) is False  # not a newer epoch
+            assert await ctl.record_leader("nope", 0, 2, 5) is False
+            assert await other.record_leader("t", 1, 2, 1) is None  # not the controller
+            await _until(lambda: bool(getattr(other.placements.get("t"), "leaders", ())))
+            seen = other.placements["t"]
+            assert (seen.leader_of(0), seen.epoch_of(0), seen.leader_of(1)) == (2, 1, 1)
+            # a placement changed behind this view: the record fails, nothing is lost
+            stale = ctl.placements["t"]
+            key = ctl.topic_key("t")
+            await Etcd([etcd.endpoint]).put(key, stale.with_leader(1, 2, 9).encode())
+            ctl.placements["t"] = stale
+            assert await ctl.record_leader("t", 0, 1, 2) is False
+            nursery.cancel_scope.cancel()
