@@ -1,0 +1,106 @@
+"""A replica of a quorum-signed archive takes it over after a failover vote
+(PartitionLog.take_over): it keeps what it was elected with (its stored head and the
+signed tail past it), cuts the rest, continues the same archive on a fork that is the
+new leader epoch, and what it writes verifies as the archive's history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storage.batch import build_batch
+from storage.errors import StorageError
+from storage.follower import FollowerLog
+from storage.hypercore import KeyPair, leaf_hash
+from storage.hypercore.multisig import (
+    assemble_quorum,
+    sign_partial,
+    verify_manifest_head,
+)
+from storage.tests.test_quorum_archive import KPS, MANIFEST, _batches, _source
+from storage.verify import verify_partition
+
+
+def _replica_with_signed_tail(path: Path) -> tuple[FollowerLog, list[bytes], list[bytes]]:
+    """A replica (broker 0's key) whose stored quorum head covers 4 blocks, that signed
+    a head at 6 (never stored here), and holds 7 (the last one no quorum signed)."""
+    leader = _source(0)
+    replica = FollowerLog.open_replica(path, MANIFEST)
+    bs = _batches(7)
+    leader.append(*bs[:4])
+    for i, b in enumerate(bs):
+        replica.append_block(i, b, leaf_hash(b))
+    th4 = leader.frontier.tree_hash()
+    p = replica.sign_held(KPS[0], 0, 4, th4)
+    sig = assemble_quorum(MANIFEST, [p, sign_partial(KPS[2], MANIFEST, th4, 4, 0)])
+    assert replica.accept_head(4, 0, sig, leader.frontier.roots())
+    leader.append(*bs[4:6])
+    trees = [th4, leader.frontier.tree_hash()]
+    replica.sign_held(KPS[0], 0, 6, trees[1])
+    return replica, bs, trees
+
+
+def _quorum(lg: FollowerLog, other: int = 2):  # type: ignore[no-untyped-def]
+    def sign(th: bytes, n: int, fork: int) -> bytes:
+        mine = sign_partial(KPS[0], MANIFEST, th, n, fork)
+        return assemble_quorum(MANIFEST, [mine, sign_partial(KPS[other], MANIFEST, th, n, fork)])
+
+    return sign
+
+
+def test_the_elected_replica_continues_the_archive_on_a_new_fork(tmp_path: Path) -> None:
+    replica, bs, trees = _replica_with_signed_tail(tmp_path / "r")
+    v = replica.vote(3)
+    assert (v.fork, v.length) == (0, 6)
+    lg = replica.log
+    lg.take_over(KPS[0], 3, v.length)
+    assert lg.length == 6 and not lg.replica and lg.fork == 3
+    lg.quorum_sign = _quorum(replica)
+    head = lg.commit()
+    assert head is not None and (head.fork, head.length, head.tree_hash) == (3, 6, trees[1])
+    assert verify_manifest_head(MANIFEST, lg.key, head.tree_hash, 6, 3, head.signature)
+    assert lg.high_watermark == 12  # 6 batches of 2 records: every elected one readable
+    # the new leader writes on: offsets go on from the elected ones, stamped epoch 3
+    base, last = lg.append(build_batch([b"new", b"leader"], timestamp_ms=9), leader_epoch=3)
+    assert (base, last) == (12, 13)
+    head = lg.commit()
+    assert head is not None and (head.fork, head.length) == (3, 7)
+    assert [lg.block(i) for i in range(6)] == bs[:6]  # block 6 (never a quorum's) is gone
+    assert lg.block(6) != bs[6]
+    replica.close()
+    r = verify_partition(str(tmp_path / "r"), MANIFEST)
+    assert r.ok, r
+    again = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    assert again.head is not None and (again.head.fork, again.head.length) == (3, 7)
+    again.close()
+
+
+def test_a_takeover_at_the_stored_head_cuts_the_whole_tail(tmp_path: Path) -> None:
+    replica, _, trees = _replica_with_signed_tail(tmp_path / "r")
+    lg = replica.log
+    lg.take_over(KPS[0], 1, 4)
+    lg.quorum_sign = _quorum(replica)
+    head = lg.commit()
+    assert head is not None and (head.fork, head.length, head.tree_hash) == (1, 4, trees[0])
+    replica.close()
+    assert verify_partition(str(tmp_path / "r"), MANIFEST).ok
+
+
+def test_a_takeover_that_cannot_be_done_changes_nothing(tmp_path: Path) -> None:
+    replica, _, _ = _replica_with_signed_tail(tmp_path / "r")
+    lg = replica.log
+    with pytest.raises(StorageError, match="not one of the archive's signers"):
+        lg.take_over(KeyPair.from_seed(b"\x09" * 32), 1, 6)
+    with pytest.raises(StorageError, match="cannot keep 3 blocks"):
+        lg.take_over(KPS[0], 1, 3)  # below the stored quorum head
+    with pytest.raises(StorageError, match="cannot keep 9 blocks"):
+        lg.take_over(KPS[0], 1, 9)  # more than it holds
+    with pytest.raises(StorageError, match="not newer than fork 0"):
+        lg.take_over(KPS[0], 0, 6)
+    assert lg.replica and lg.length == 7 and lg.fork == 0
+    replica.close()
+    single = FollowerLog.open_replica(tmp_path / "s", KPS[0].public_key)
+    with pytest.raises(StorageError, match="not a replica of a quorum-signed"):
+        single.log.take_over(KPS[0], 1, 0)
+    single.close()
