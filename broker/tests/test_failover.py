@@ -189,3 +189,52 @@ async def test_record_leader_is_fenced_and_grows_the_epoch(etcd: EtcdServer) -> 
             ctl.placements["t"] = stale
             assert await ctl.record_leader("t", 0, 1, 2) is False
             nursery.cancel_scope.cancel()
+
+
+async def test_votes_over_noise_connections(tmp_path: Path) -> None:
+    """The controller's vote travels on the replicas' ``hyperkafka/quorum`` channel over
+    real replication connections (Noise with its node key), next to proposals; a
+    replica answers it only from the broker its cluster view names controller."""
+    from typing import Any
+
+    import trio.testing
+
+    from broker.quorum_link import LinkPeers, accept_proposals, serve_proposals
+    from broker.tests.test_quorum_signing import KPS
+    from storage.replication.noise import Ed25519KeyPair
+    from storage.replication.session import Connection
+    from storage.replication.trio_driver import ConnectionDriver
+
+    s = Setup(tmp_path)
+    ballot = _ballot(s)
+    keys = {kp.public_key: i + 1 for i, kp in enumerate(KPS[:3])}
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def connect(node_id: int) -> trio.abc.Stream:
+                ours, theirs = trio.testing.memory_stream_pair()
+                conn = Connection(initiator=False)
+                send, recv = trio.open_memory_channel[Any](8)
+                conn.accept = accept_proposals(conn, keys.get, send)
+                driver = ConnectionDriver(theirs, conn)
+                nursery.start_soon(driver.run)
+                nursery.start_soon(
+                    serve_proposals, s.signers[node_id], recv, driver.kick, ballot.voters[node_id]
+                )
+                return ours
+
+            s.asm.peers = LinkPeers(Ed25519KeyPair(KPS[0].public_key, KPS[0].secret_key), connect, nursery)
+            with trio.fail_after(10):
+                await s.produce(b"a", b"b")
+                assert s.lg.head is not None and s.lg.head.length == 2
+                # the leader (broker 1) is no controller: its vote request is refused
+                no = await s.asm.peers.vote(2, VoteRequest(s.manifest.hash(), 1))
+                assert not no.granted and "not the controller" in no.reason
+                kp = KPS[CONTROLLER - 1]
+                controller = LinkPeers(Ed25519KeyPair(kp.public_key, kp.secret_key), connect, nursery)
+                e = await elect(s.manifest.hash(), 1, [2, 3], 2, controller, timeout_s=5)
+                assert e is not None and e.length == 2 and set(e.votes) == {2, 3}
+                assert e.leader == min(i for i in (2, 3) if e.votes[i].length == 2)
+            nursery.cancel_scope.cancel()
+    finally:
+        s.close()
