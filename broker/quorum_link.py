@@ -55,6 +55,7 @@ from broker.node import Node
 from storage import PartitionLog
 from storage.follower import FollowerLog
 from storage.hypercore import KeyPair
+from storage.quorum import manifest_partition
 from storage.replication.mux import Channel
 from storage.replication.noise import Ed25519KeyPair
 from storage.replication.session import Connection, ProtocolHandler
@@ -373,11 +374,17 @@ class QuorumRole:
         return entry[1] if entry is not None else None
 
     def _leader_of(self, key: bytes) -> int | None:
+        """The placed leader of archive `key`: the partition's leader its placement
+        records after a failover (broker/cluster/failover.py), else the topic's writer."""
         entry = self.followers.get(key)
         if entry is None:
             return None
         placement = self.cluster.membership.placements.get(entry[0])
-        return placement.writer if placement is not None else None
+        if placement is None:
+            return None
+        manifest = entry[1].manifest
+        index = manifest_partition(manifest) if manifest is not None else None
+        return placement.leader_of(index) if index is not None else placement.writer
 
     def identify(self, public_key: bytes) -> int | None:
         """The broker whose published node key (etcd) is this Noise static key."""

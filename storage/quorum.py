@@ -48,6 +48,19 @@ def partition_manifest(
     return multisig_manifest(replica_keys, None, partition_key_name(topic_id, partition))
 
 
+def manifest_partition(manifest: Manifest) -> int | None:
+    """The partition index a `partition_manifest` names in its userData; None for any
+    other manifest."""
+    data = manifest.user_data or b""
+    prefix = b"hyperkafka/partition/"
+    if not data.startswith(prefix) or len(data) < len(prefix) + 18:
+        return None
+    rest = data[len(prefix) + 16 :]
+    if rest[:1] != b"/" or not rest[1:].isdigit():
+        return None
+    return int(rest[1:])
+
+
 @dataclass(frozen=True)
 class SignedRecord:
     """The highest head a replica signed: (fork, length, tree hash)."""

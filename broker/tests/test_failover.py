@@ -238,3 +238,37 @@ async def test_votes_over_noise_connections(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
     finally:
         s.close()
+
+
+def test_a_replica_takes_proposals_from_the_recorded_leader(tmp_path: Path) -> None:
+    """After a failover the placement names a partition's new leader: replicas take
+    that partition's proposals from it, and no longer from the topic's writer; the
+    other partitions keep their writer."""
+    import types
+    import uuid
+
+    from broker.quorum_link import QuorumRole
+    from broker.tests.test_quorum_signing import KPS
+    from storage.follower import FollowerLog
+    from storage.quorum import partition_manifest
+
+    tid = uuid.uuid4()
+    keys = [kp.public_key for kp in KPS[:3]]
+    placement = Placement("q", 1, 2, {}, 3, ((1, 2, 3), (1, 3, 2)))
+    cluster = types.SimpleNamespace(membership=types.SimpleNamespace(placements={"q": placement}))
+
+    async def nowhere(_i: int) -> tuple[str, int]:
+        raise OSError("unused")
+
+    role = QuorumRole(2, KPS[1], cluster, nowhere)  # type: ignore[arg-type]
+    logs = [FollowerLog.open_replica(tmp_path / f"q-{p}", partition_manifest(keys, tid, p)) for p in (0, 1)]
+    try:
+        for lg in logs:
+            role.register("q", lg)
+        assert [role._leader_of(lg.key) for lg in logs] == [1, 1]
+        cluster.membership.placements["q"] = placement.with_leader(1, 3, 1)
+        assert [role._leader_of(lg.key) for lg in logs] == [1, 3]
+        assert role._leader_of(bytes(32)) is None
+    finally:
+        for lg in logs:
+            lg.close()

@@ -249,3 +249,14 @@ def test_the_promise_survives_a_crash_right_after_the_vote(tmp_path: Path) -> No
     assert read_promise(OsFileSystem(), str(tmp_path)) == 2
     with pytest.raises(RefusedToSign, match="promised a vote"):
         _sign(tmp_path, r, 1, 3)
+
+
+def test_manifest_partition_reads_the_index_back() -> None:
+    from storage.quorum import manifest_partition
+
+    keys = [kp.public_key for kp in KPS]
+    assert manifest_partition(MANIFEST) == 0
+    assert manifest_partition(partition_manifest(keys, TID, 12)) == 12
+    from storage.hypercore import Manifest
+
+    assert manifest_partition(Manifest.default(KPS[0].public_key)) is None
