@@ -37,6 +37,7 @@ from storage import batch as B
 from storage import compaction, recovery, retention
 from storage import format as fmt
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
+from storage.epochs import EpochCache
 from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
 from storage.format import (
     BE_I32,
@@ -838,7 +839,8 @@ class PartitionLog:
         clusters.md). Blocks held past `length` are cut (they never reached a quorum: a
         Hypercore truncate); the fork becomes `epoch`, so the next commit (with
         `quorum_sign` set) has the replicas sign the first `length` blocks on the new
-        fork, and appends continue from there. `keypair`: this broker's node key, one of
+        fork, and appends continue from there. The leader-epoch checkpoint of the
+        archive (storage/epochs.py) records that `epoch` starts at the kept end. `keypair`: this broker's node key, one of
         the manifest's signers. Raises StorageError (nothing changed) when the archive
         is not quorum-signed, `epoch` is not newer than its fork, `length` is below its
         stored head or above what it holds, or a commit job is in flight."""
@@ -854,6 +856,13 @@ class PartitionLog:
         self.check_writable()
         self.drop_unsigned_tail(length)  # raises (nothing changed) for a length out of range
         self.sync_unsigned_tail()
+        # the leader epochs (storage/epochs.py): the old ones end where the kept blocks
+        # end, the new one starts there (the first leader's, 0, at the log start)
+        epochs = EpochCache(self.fs, self.path)
+        epochs.truncate_from_end(self.log_end_offset)
+        if not epochs.entries and self.log_end_offset > self.log_start_offset:
+            epochs.assign(self._fork, self.log_start_offset)
+        epochs.assign(epoch, self.log_end_offset)
         self.keypair = keypair
         self.replica = False
         self._pending_leaves = None  # the writer's commit hashes its pending blocks

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from storage.batch import build_batch
+from storage.epochs import EpochCache, EpochEntry
 from storage.errors import StorageError
 from storage.follower import FollowerLog
+from storage.fs import OsFileSystem
 from storage.hypercore import KeyPair, leaf_hash
 from storage.hypercore.multisig import (
     assemble_quorum,
@@ -61,6 +63,9 @@ def test_the_elected_replica_continues_the_archive_on_a_new_fork(tmp_path: Path)
     assert head is not None and (head.fork, head.length, head.tree_hash) == (3, 6, trees[1])
     assert verify_manifest_head(MANIFEST, lg.key, head.tree_hash, 6, 3, head.signature)
     assert lg.high_watermark == 12  # 6 batches of 2 records: every elected one readable
+    epochs = EpochCache(OsFileSystem(), str(tmp_path / "r"))
+    assert epochs.entries == [EpochEntry(0, 0), EpochEntry(3, 12)]
+    assert epochs.end_offset_for(0, 12) == (0, 12)  # a follower of epoch 0 truncates to 12
     # the new leader writes on: offsets go on from the elected ones, stamped epoch 3
     base, last = lg.append(build_batch([b"new", b"leader"], timestamp_ms=9), leader_epoch=3)
     assert (base, last) == (12, 13)
@@ -83,6 +88,9 @@ def test_a_takeover_at_the_stored_head_cuts_the_whole_tail(tmp_path: Path) -> No
     lg.quorum_sign = _quorum(replica)
     head = lg.commit()
     assert head is not None and (head.fork, head.length, head.tree_hash) == (1, 4, trees[0])
+    assert EpochCache(OsFileSystem(), str(tmp_path / "r")).entries == [
+        EpochEntry(0, 0), EpochEntry(1, 8)
+    ]
     replica.close()
     assert verify_partition(str(tmp_path / "r"), MANIFEST).ok
 
@@ -99,6 +107,7 @@ def test_a_takeover_that_cannot_be_done_changes_nothing(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="not newer than fork 0"):
         lg.take_over(KPS[0], 0, 6)
     assert lg.replica and lg.length == 7 and lg.fork == 0
+    assert EpochCache(OsFileSystem(), str(tmp_path / "r")).entries == []
     replica.close()
     single = FollowerLog.open_replica(tmp_path / "s", KPS[0].public_key)
     with pytest.raises(StorageError, match="not a replica of a quorum-signed"):
