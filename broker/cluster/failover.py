@@ -32,6 +32,7 @@ from typing import Protocol
 
 import trio
 
+from broker.cluster.membership import Membership
 from broker.cluster.signing import MAX_REASON, MessageError
 from storage.errors import StorageError
 from storage.follower import FollowerLog
@@ -216,3 +217,52 @@ async def elect(
         return None
     v = votes[leader]
     return Election(leader, epoch, v.fork, v.length, votes)
+
+
+async def fail_over(
+    membership: Membership,
+    alive: Callable[[int], bool],
+    topic: str,
+    index: int,
+    manifest: Manifest,
+    voters: Voters,
+    timeout_s: float = VOTE_TIMEOUT_S,
+) -> Election | None:
+    """The controller's failover of partition `index` of quorum-signed topic `topic`
+    (archive manifest `manifest`) once its leader's lease is gone (`alive` is the
+    cluster's lease view): a vote among its live replicas for the next leader epoch,
+    then the winner and the epoch recorded in the placement, fenced by this controller's
+    epoch. None when there is nothing to do (not the controller, the leader is alive, no
+    such partition) or it could not be done now (no majority answered, the placement
+    changed meanwhile): the caller tries again later.
+
+    The epoch is the placement's next one, or past the fork of the longest head voted
+    (a deposed leader's recovery may have moved its fork on, FORMAT.md section 8 case
+    9): it is asked again then, so the new fork is always newer than every head kept."""
+    if not membership.is_controller:
+        return None
+    placement = membership.placements.get(topic)
+    if placement is None or not 0 <= index < len(placement.replicas):
+        return None
+    leader = placement.leader_of(index)
+    if alive(leader):
+        return None
+    candidates = [r for r in placement.replicas[index] if r != leader and alive(r)]
+    epoch = placement.epoch_of(index) + 1
+    for _ in range(2):
+        e = await elect(manifest.hash(), epoch, candidates, majority(manifest), voters, timeout_s)
+        if e is None:
+            log.info("failover of %s-%d: no majority of %s voted", topic, index, candidates)
+            return None
+        if e.fork < epoch:
+            break
+        epoch = e.fork + 1
+    else:
+        return None
+    if not await membership.record_leader(topic, index, e.leader, epoch):
+        return None
+    log.warning(
+        "failover of %s-%d: broker %d leads it in epoch %d from length %d (leader %d lost)",
+        topic, index, e.leader, epoch, e.length, leader,
+    )  # fmt: skip
+    return e

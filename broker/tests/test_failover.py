@@ -272,3 +272,88 @@ def test_a_replica_takes_proposals_from_the_recorded_leader(tmp_path: Path) -> N
     finally:
         for lg in logs:
             lg.close()
+
+
+async def test_the_controller_fails_a_dead_leader_over(etcd: EtcdServer, tmp_path: Path) -> None:
+    """fail_over: nothing while the leader is alive or for a broker that is not the
+    controller; once it is dead, a vote among the live replicas and the winner recorded
+    in the placement with the next epoch; the next failover moves on from there."""
+    from broker.cluster.failover import fail_over
+
+    s = Setup(tmp_path)
+    ballot = _ballot(s)
+    ms = [
+        Membership(Etcd([etcd.endpoint]), "g", Member(i, "127.0.0.1", 9000 + i, "r", f"{i:064x}"), 3)
+        for i in (7, 8)
+    ]  # fmt: skip
+    dead: set[int] = set()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for m in ms:
+                    await nursery.start(m.run)
+                await _until(lambda: any(m.is_controller for m in ms))
+                ctl = next(m for m in ms if m.is_controller)
+                other = next(m for m in ms if not m.is_controller)
+                assert await ctl.place(Placement("q", 1, 1, {}, 3, ((1, 2, 3),)))
+                await _until(lambda: "q" in other.placements)
+                await s.produce(b"a", b"b")
+
+                def alive(i: int) -> bool:
+                    return i not in dead
+
+                assert await fail_over(ctl, alive, "q", 0, s.manifest, ballot) is None
+                dead.add(1)
+                assert await fail_over(other, alive, "q", 0, s.manifest, ballot) is None
+                assert await fail_over(ctl, alive, "q", 5, s.manifest, ballot) is None
+                e = await fail_over(ctl, alive, "q", 0, s.manifest, ballot, timeout_s=2)
+                assert e is not None and e.length == 2
+                p = ctl.placements["q"]
+                assert (p.leader_of(0), p.epoch_of(0)) == (e.leader, 1)
+                assert all(read_promise(s.store.fs, s.replicas[i].path) == 1 for i in (2, 3))
+                # the new leader dies too, the old one still down: one voter, no majority
+                dead.add(e.leader)
+                assert await fail_over(ctl, alive, "q", 0, s.manifest, ballot, timeout_s=0.3) is None
+                # the old leader is back but answers no vote: still no majority
+                dead.discard(1)
+                ballot.broken = {1}
+                assert await fail_over(ctl, alive, "q", 0, s.manifest, ballot, timeout_s=0.3) is None
+                assert ctl.placements["q"].epoch_of(0) == 1
+                nursery.cancel_scope.cancel()
+    finally:
+        s.close()
+
+
+async def test_the_epoch_moves_past_the_fork_of_every_head_voted() -> None:
+    """A deposed leader's recovery may have moved its fork on (FORMAT.md section 8 case
+    9) and a replica signed it: the vote is asked again past that fork, so the new
+    leader's fork is newer than every head kept."""
+    import types
+
+    from broker.cluster.failover import fail_over
+    from storage.hypercore import KeyPair
+    from storage.quorum import partition_manifest
+
+    manifest = partition_manifest([KeyPair.from_seed(bytes([i]) * 32).public_key for i in (1, 2, 3)],
+                                  __import__("uuid").uuid4(), 0)  # fmt: skip
+    asked: list[int] = []
+    recorded: list[tuple[str, int, int, int]] = []
+
+    class Voters:
+        async def vote(self, node_id: int, request: VoteRequest) -> VoteAnswer:
+            asked.append(request.epoch)
+            fork = 4 if node_id == 2 else 0
+            return VoteAnswer(request.archive, request.epoch, fork, 9, b"\x01" * 32)
+
+    async def record_leader(topic: str, index: int, leader: int, epoch: int) -> bool:
+        recorded.append((topic, index, leader, epoch))
+        return True
+
+    m = types.SimpleNamespace(
+        is_controller=True,
+        placements={"q": Placement("q", 1, 1, {}, 3, ((1, 2, 3),)).with_leader(0, 1, 2)},
+        record_leader=record_leader,
+    )
+    e = await fail_over(m, lambda i: i != 1, "q", 0, manifest, Voters())  # type: ignore[arg-type]
+    assert e is not None and e.leader == 2 and e.fork == 4
+    assert sorted(set(asked)) == [3, 5] and recorded == [("q", 0, 2, 5)]
