@@ -52,6 +52,7 @@ import trio
 
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
+from broker.handlers.cluster import epoch_error, leader_epoch
 from broker.memory import AnswerMemory
 from broker.node import Node
 from broker.security.authz import Operation
@@ -120,9 +121,10 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             lso = last_stable_offset(partition)
             entry["last_stable_offset"] = lso
             entry["log_start_offset"] = plog.log_start_offset
-            leader_epoch = getattr(p, "current_leader_epoch", -1)
-            if leader_epoch > 0:
-                entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
+            current_epoch = getattr(p, "current_leader_epoch", -1)
+            epoch_code = epoch_error(current_epoch, leader_epoch(plog))
+            if epoch_code:
+                entry["error_code"] = epoch_code
                 continue
             if rack and node.cluster is not None and topic is not None and not topic.mirrored:
                 # KIP-392, as Kafka's leader: a consumer in another rack than ours is sent
@@ -158,7 +160,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                     continue
             except OffsetOutOfRange:
                 if (topic is not None and topic.mirrored and node.cluster is not None and p.fetch_offset > hwm
-                        and ((version >= 11 and leader_epoch < 0)
+                        and ((version >= 11 and current_epoch < 0)
                              or (topic.leader_id is not None and not node.cluster.alive(topic.leader_id)))):
                     # A follower behind an offset the consumer learned at the leader, as
                     # Kafka's ReplicaManager answers it: a client that sent no leader epoch
