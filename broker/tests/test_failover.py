@@ -28,6 +28,7 @@ from broker.cluster.signing import ANSWER, PROPOSE, MessageError
 from broker.tests.test_membership import _until
 from broker.tests.test_quorum_signing import Setup
 from compat_tests.etcd import EtcdServer
+from storage.batch import build_batch
 from storage.errors import StorageError
 from storage.quorum import read_promise, read_record
 
@@ -357,3 +358,58 @@ async def test_the_epoch_moves_past_the_fork_of_every_head_voted() -> None:
     e = await fail_over(m, lambda i: i != 1, "q", 0, manifest, Voters())  # type: ignore[arg-type]
     assert e is not None and e.leader == 2 and e.fork == 4
     assert sorted(set(asked)) == [3, 5] and recorded == [("q", 0, 2, 5)]
+
+
+async def test_a_failover_end_to_end_without_brokers(s: Setup) -> None:
+    """The pieces together, in one process, every message through its codec: broker 1
+    leads and acknowledges heads signed with replica 2 (3 is down); 1 dies; 3 is back;
+    the controller elects 2; 2 takes its copy over on fork 1 and has it signed by 3
+    (which is sent the blocks it lacks), then writes on; every acknowledged batch is in
+    the new history at its offset; the deposed leader gets nothing signed; a reader of
+    epoch 0 learns where to truncate from the new leader's checkpoint."""
+    from broker.cluster.signing import QuorumAssembler, ReplicaSigner
+    from broker.handlers.offsets import end_offset_for
+    from broker.tests.test_quorum_signing import KPS, Net
+    from storage.epochs import EpochCache
+    from storage.hypercore.multisig import verify_manifest_head
+
+    ballot = _ballot(s)
+    s.net.dead = {3}
+    await s.produce(b"a", b"b")
+    await s.produce(b"c")
+    acked = s.lg.head
+    assert acked is not None and acked.length == 3
+    acked_blocks = [s.lg.block(i) for i in range(3)]
+    s.net.dead = set()
+    e = await elect(s.manifest.hash(), 1, [2, 3], 2, ballot, timeout_s=2)
+    assert e is not None and e.leader == 2 and e.length == 3
+    new_leader = 2
+    # replicas now take proposals from broker 2 (its placement records it)
+    signer3 = ReplicaSigner(KPS[2], lambda k: s.replicas[3] if k == s.manifest.hash() else None,
+                            lambda _k: new_leader)  # fmt: skip
+    s.signers[3] = signer3
+    lg2 = s.replicas[2].log
+    await trio.to_thread.run_sync(lg2.take_over, KPS[1], e.epoch, e.length)
+    net2 = Net({3: signer3})
+    net2.sender, net2.dead = new_leader, {1}  # the deposed leader is down
+    asm2 = QuorumAssembler(new_leader, KPS[1], s.manifest, [1, 2, 3], net2,
+                           lg2.block, lambda: lg2.published_length, timeout_s=2)  # fmt: skip
+    token = trio.lowlevel.current_trio_token()
+    lg2.quorum_sign = lambda th, n, f: trio.from_thread.run(asm2.sign, th, n, f, trio_token=token)
+    head = await trio.to_thread.run_sync(lg2.commit)
+    assert head is not None and (head.fork, head.length) == (1, 3)
+    assert [lg2.block(i) for i in range(3)] == acked_blocks
+    lg2.append(build_batch([b"d"], timestamp_ms=1_700_000_000_001), leader_epoch=1)
+    head = await trio.to_thread.run_sync(lg2.commit)
+    assert head is not None and (head.fork, head.length) == (1, 4)
+    assert verify_manifest_head(s.manifest, lg2.key, head.tree_hash, 4, 1, head.signature)
+    rec = read_record(s.store.fs, s.replicas[3].path)
+    assert rec is not None and (rec.fork, rec.length, rec.tree_hash) == (1, 4, head.tree_hash)
+    # the deposed leader: 2 is no replica any more, 3 takes proposals from 2 only (and
+    # promised epoch 1)
+    s.lg.append(build_batch([b"late"], timestamp_ms=1))
+    with trio.fail_after(10), pytest.raises(StorageError):
+        await trio.to_thread.run_sync(s.lg.commit)
+    cache = EpochCache(s.store.fs, s.replicas[2].path)
+    assert end_offset_for(1, cache, lg2.high_watermark, 0) == (0, 3)
+    lg2.quorum_sign = lambda th, n, f: trio.run(asm2.sign, th, n, f)  # close() commits
