@@ -7,6 +7,7 @@ against a real etcd."""
 from __future__ import annotations
 
 import itertools
+import uuid
 from pathlib import Path
 
 import pytest
@@ -246,7 +247,6 @@ def test_a_replica_takes_proposals_from_the_recorded_leader(tmp_path: Path) -> N
     that partition's proposals from it, and no longer from the topic's writer; the
     other partitions keep their writer."""
     import types
-    import uuid
 
     from broker.quorum_link import QuorumRole
     from broker.tests.test_quorum_signing import KPS
@@ -335,8 +335,8 @@ async def test_the_epoch_moves_past_the_fork_of_every_head_voted() -> None:
     from storage.hypercore import KeyPair
     from storage.quorum import partition_manifest
 
-    manifest = partition_manifest([KeyPair.from_seed(bytes([i]) * 32).public_key for i in (1, 2, 3)],
-                                  __import__("uuid").uuid4(), 0)  # fmt: skip
+    keys = [KeyPair.from_seed(bytes([i]) * 32).public_key for i in (1, 2, 3)]
+    manifest = partition_manifest(keys, uuid.uuid4(), 0)
     asked: list[int] = []
     recorded: list[tuple[str, int, int, int]] = []
 
