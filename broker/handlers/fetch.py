@@ -53,6 +53,7 @@ import trio
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
 from broker.handlers.cluster import epoch_error, leader_epoch
+from broker.handlers.offsets import end_offset_for, partition_epochs
 from broker.memory import AnswerMemory
 from broker.node import Node
 from broker.security.authz import Operation
@@ -125,6 +126,16 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             epoch_code = epoch_error(current_epoch, leader_epoch(plog))
             if epoch_code:
                 entry["error_code"] = epoch_code
+                continue
+            diverging = _diverging(partition, getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
+            if diverging is not None:
+                # KIP-320/595, as Kafka's leader: the fetcher's last epoch ended earlier
+                # here (a failover cut what no quorum signed): it truncates to the end
+                # named and fetches again; no records this time
+                if diverging[1] < 0:
+                    entry["error_code"] = errors.OFFSET_OUT_OF_RANGE
+                else:
+                    entry["diverging_epoch"] = {"epoch": diverging[0], "end_offset": diverging[1]}
                 continue
             if rack and node.cluster is not None and topic is not None and not topic.mirrored:
                 # KIP-392, as Kafka's leader: a consumer in another rack than ours is sent
@@ -244,3 +255,22 @@ def _count(node: Node, responses: list[dict[str, Any]]) -> None:
             stats.bytes_out += len(part["records"])
             if part["error_code"] == errors.KAFKA_STORAGE_ERROR:
                 stats.failed_fetch += 1
+
+
+def _diverging(partition: Any, last_fetched_epoch: int, fetch_offset: int) -> tuple[int, int] | None:
+    """Fetch v12+'s divergence check of a partition whose leader epoch moved (a
+    quorum-signed partition after a failover): (epoch, end offset) when the fetcher's
+    last fetched epoch ended before its fetch offset here, or is older than any epoch
+    here ((-1, -1): out of range); None to serve the fetch."""
+    if last_fetched_epoch < 0:
+        return None
+    plog = partition.log
+    epoch = leader_epoch(plog)
+    if epoch == 0:
+        return None
+    e, end = end_offset_for(epoch, partition_epochs(partition), plog.high_watermark, last_fetched_epoch)
+    if e < 0 or end < 0:
+        return (-1, -1)
+    if e < last_fetched_epoch or end < fetch_offset:
+        return (e, end)
+    return None

@@ -149,7 +149,7 @@ async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Reply:
                 entry["error_code"] = code
             else:
                 epoch, end = end_offset_for(
-                    leader_epoch(partition.log), _epochs(partition),
+                    leader_epoch(partition.log), partition_epochs(partition),
                     partition.log.high_watermark, p.leader_epoch,
                 )  # fmt: skip
                 entry.update(leader_epoch=epoch, end_offset=end)
@@ -158,7 +158,7 @@ async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Reply:
     return {"throttle_time": 0, "topics": topics}
 
 
-def _epochs(partition: Partition) -> EpochCache | None:
+def partition_epochs(partition: Partition) -> EpochCache | None:
     """The leader-epoch checkpoint of a quorum-signed partition that changed leader."""
     lg = partition.log
     if leader_epoch(lg) == 0:
@@ -170,7 +170,7 @@ def _epochs(partition: Partition) -> EpochCache | None:
 
 
 def _epoch_at(partition: Partition, offset: int) -> int:
-    cache = _epochs(partition)
+    cache = partition_epochs(partition)
     if cache is None or not cache.entries:
         return leader_epoch(partition.log)
     return max(0, cache.epoch_at(offset))
