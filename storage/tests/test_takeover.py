@@ -113,3 +113,45 @@ def test_a_takeover_that_cannot_be_done_changes_nothing(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="not a replica of a quorum-signed"):
         single.log.take_over(KPS[0], 1, 0)
     single.close()
+
+
+def test_another_replica_follows_the_new_leaders_fork(tmp_path: Path) -> None:
+    """A replica that stored the old leader's quorum head (fork 0, 4 blocks) replicates
+    the new leader's archive after the takeover: the new fork keeps every block it holds,
+    so it follows it (FORMAT.md section 10) and ends with the new leader's head."""
+    from storage.replication import MemoryArchive, ReplicationSession
+    from storage.replication.sources import PartitionLogSource
+    from storage.tests.test_follower import _pump
+
+    replica, _bs, _ = _replica_with_signed_tail(tmp_path / "r")
+    other = FollowerLog.open_replica(tmp_path / "o", MANIFEST)
+    server = ReplicationSession.serve(_source(4))
+    client = ReplicationSession.follow(MANIFEST.hash(), other, initiator=True, have=other.verified_tree())
+    _pump(client, server)
+    assert other.head is not None and (other.head.fork, other.head.length) == (0, 4)
+    lg = replica.log
+    lg.take_over(KPS[0], 2, 6)
+    lg.quorum_sign = _quorum(replica)
+    lg.commit()
+    lg.append(build_batch([b"after"], timestamp_ms=5), leader_epoch=2)
+    head = lg.commit()
+    assert head is not None and (head.fork, head.length) == (2, 7)
+    # as broker/mirror.py does: probe the peer's head at our length (Hypercore's
+    # conflict check) and learn the new fork keeps our tree; then follow it
+    server = ReplicationSession.serve(PartitionLogSource(lg))
+    probe = ReplicationSession.follow(MANIFEST.hash(), MemoryArchive(MANIFEST), initiator=True,
+                                      window=0, public_key=MANIFEST, probe_at=4)  # fmt: skip
+    _pump(probe, server)
+    assert probe.latest_head is not None
+    other.check_conflict(*probe.latest_head, proof=probe.latest_proof)
+    assert other.follow_fork == 2
+    server = ReplicationSession.serve(PartitionLogSource(lg))
+    client = ReplicationSession.follow(
+        MANIFEST.hash(), other, initiator=True, have=other.verified_tree(), fork=other.follow_fork
+    )
+    _pump(client, server)
+    assert other.head is not None and (other.head.fork, other.head.length) == (2, 7)
+    assert [other.log.block(i) for i in range(7)] == [lg.block(i) for i in range(7)]
+    other.close()
+    replica.close()
+    assert verify_partition(str(tmp_path / "o"), MANIFEST).ok
