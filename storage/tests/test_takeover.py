@@ -155,3 +155,75 @@ def test_another_replica_follows_the_new_leaders_fork(tmp_path: Path) -> None:
     other.close()
     replica.close()
     assert verify_partition(str(tmp_path / "o"), MANIFEST).ok
+
+
+def test_the_old_leader_comes_back_as_a_replica_of_the_new_fork(tmp_path: Path) -> None:
+    """The deposed leader's archive (fork 0, a quorum head at 4 blocks, then batches no
+    quorum signed) is reopened as a replica: its unsigned tail is cut, and it follows
+    the new leader's fork, which kept its 4 blocks."""
+    from storage.log import FsyncPolicy, PartitionLog
+    from storage.manifest_file import write_manifest
+    from storage.replication import MemoryArchive, ReplicationSession
+    from storage.replication.sources import PartitionLogSource
+    from storage.tests.test_follower import _pump
+
+    fs = OsFileSystem()
+    old_path = tmp_path / "old"
+    old_path.mkdir()
+    write_manifest(fs, str(old_path), MANIFEST)
+    old = PartitionLog.open(old_path, KPS[1], fsync=FsyncPolicy.ALWAYS)
+    old.quorum_sign = _quorum_as(1, 2)
+    for v in (b"a", b"b", b"c", b"d"):
+        old.append(build_batch([v], timestamp_ms=1))
+    head = old.commit()
+    assert head is not None and (head.fork, head.length) == (0, 4)
+    acked = [old.block(i) for i in range(4)]
+
+    def refused(th: bytes, n: int, f: int) -> bytes:
+        raise StorageError("no quorum")
+
+    old.quorum_sign = refused
+    old.append(build_batch([b"never acknowledged"], timestamp_ms=1))
+    with pytest.raises(StorageError):
+        old.commit()
+    old.close()
+
+    # the new leader: a replica holding the 4 acknowledged blocks, elected, writes on
+    new = FollowerLog.open_replica(tmp_path / "new", MANIFEST)
+    for i, b in enumerate(acked):
+        new.append_block(i, b, leaf_hash(b))
+    lg = new.log
+    lg.take_over(KPS[0], 1, 4)
+    lg.quorum_sign = _quorum(new)
+    lg.commit()
+    lg.append(build_batch([b"e"], timestamp_ms=2), leader_epoch=1)
+    assert lg.commit() is not None
+
+    back = FollowerLog.open_replica(old_path, MANIFEST)
+    assert back.head is not None and (back.head.fork, back.head.length) == (0, 4)
+    assert back.length == 4  # the batch no quorum signed is gone
+    server = ReplicationSession.serve(PartitionLogSource(lg))
+    probe = ReplicationSession.follow(MANIFEST.hash(), MemoryArchive(MANIFEST), initiator=True,
+                                      window=0, public_key=MANIFEST, probe_at=4)  # fmt: skip
+    _pump(probe, server)
+    assert probe.latest_head is not None
+    back.check_conflict(*probe.latest_head, proof=probe.latest_proof)
+    server = ReplicationSession.serve(PartitionLogSource(lg))
+    client = ReplicationSession.follow(MANIFEST.hash(), back, initiator=True,
+                                       have=back.verified_tree(), fork=back.follow_fork)  # fmt: skip
+    _pump(client, server)
+    assert back.head is not None and (back.head.fork, back.head.length) == (1, 5)
+    assert [back.log.block(i) for i in range(5)] == [lg.block(i) for i in range(5)]
+    back.close()
+    new.close()
+    assert verify_partition(str(old_path), MANIFEST).ok
+
+
+def _quorum_as(a: int, b: int):  # type: ignore[no-untyped-def]
+    def sign(th: bytes, n: int, fork: int) -> bytes:
+        return assemble_quorum(
+            MANIFEST,
+            [sign_partial(KPS[a], MANIFEST, th, n, fork), sign_partial(KPS[b], MANIFEST, th, n, fork)],
+        )
+
+    return sign
