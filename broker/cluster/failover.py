@@ -201,7 +201,7 @@ async def elect(
         with trio.move_on_after(timeout_s):
             try:
                 a = await voters.vote(node_id, VoteRequest(archive, epoch))
-            except (OSError, trio.BrokenResourceError, MessageError) as exc:
+            except (OSError, trio.BrokenResourceError, trio.BusyResourceError, MessageError) as exc:
                 log.info("broker %d did not answer a vote: %s", node_id, exc)
                 return
             if a.archive == archive and a.epoch == epoch:
