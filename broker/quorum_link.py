@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import trio
 
 from broker.cluster import Cluster
+from broker.cluster.failover import VOTE, VOTE_REQUEST, ReplicaVoter, VoteAnswer, VoteRequest
 from broker.cluster.quorum import is_quorum_signed, node_key, placed_replicas
 from broker.cluster.signing import (
     ANSWER,
@@ -54,6 +55,7 @@ from broker.node import Node
 from storage import PartitionLog
 from storage.follower import FollowerLog
 from storage.hypercore import KeyPair
+from storage.quorum import manifest_partition
 from storage.replication.mux import Channel
 from storage.replication.noise import Ed25519KeyPair
 from storage.replication.session import Connection, ProtocolHandler
@@ -75,18 +77,37 @@ class _Waiter:
     answer: Answer | None = None
 
 
+@dataclass
+class _VoteWaiter:
+    event: trio.Event = field(default_factory=trio.Event)
+    answer: VoteAnswer | None = None
+
+
 class _LinkHandler(ProtocolHandler):
     def __init__(self) -> None:
         self.channel: Channel | None = None
         self.opened = trio.Event()
         self.closed = False
         self.waiting: dict[tuple[bytes, int, int], _Waiter] = {}
+        self.votes: dict[tuple[bytes, int], _VoteWaiter] = {}
 
     def on_open(self, conn: Connection, channel: Channel) -> None:
         self.channel = channel
         self.opened.set()
 
     def on_message(self, conn: Connection, channel: Channel, type_: int, payload: bytes) -> None:
+        if type_ == VOTE:
+            try:
+                v = VoteAnswer.decode(payload)
+            except MessageError as exc:
+                log.info("quorum channel closed: %s", exc)
+                conn.close_protocol(channel)
+                return
+            vw = self.votes.pop((v.archive, v.epoch), None)
+            if vw is not None:
+                vw.answer = v
+                vw.event.set()
+            return
         if type_ != ANSWER:
             return  # protomux ignores types a channel does not know
         try:
@@ -106,6 +127,9 @@ class _LinkHandler(ProtocolHandler):
         for w in self.waiting.values():
             w.event.set()
         self.waiting.clear()
+        for vw in self.votes.values():
+            vw.event.set()
+        self.votes.clear()
 
 
 class QuorumLink:
@@ -147,6 +171,27 @@ class QuorumLink:
             raise trio.BrokenResourceError("quorum channel closed")
         return w.answer
 
+    async def vote(self, request: VoteRequest) -> VoteAnswer:
+        """Ask this replica's failover vote (broker/cluster/failover.py)."""
+        h = self.handler
+        await h.opened.wait()
+        if h.closed or h.channel is None or self.conn is None or self.driver is None:
+            raise trio.BrokenResourceError("quorum channel closed")
+        key = (request.archive, request.epoch)
+        if key in h.votes:
+            raise trio.BusyResourceError("a vote of this epoch is already waiting")
+        w = h.votes[key] = _VoteWaiter()
+        try:
+            self.conn.send_protocol(h.channel, VOTE_REQUEST, request.encode())
+            self.driver.kick()
+            await w.event.wait()
+        finally:
+            if h.votes.get(key) is w:
+                del h.votes[key]
+        if w.answer is None:
+            raise trio.BrokenResourceError("quorum channel closed")
+        return w.answer
+
 
 class LinkPeers:
     """`signing.Peers` over `QuorumLink`s: a link per replica broker, (re)connected in
@@ -179,17 +224,24 @@ class LinkPeers:
             await trio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)
 
-    async def propose(self, node_id: int, proposal: Proposal) -> Answer:
+    def _link(self, node_id: int) -> QuorumLink:
         if node_id not in self.links:
             self.links[node_id] = QuorumLink(self.keypair)
             self.nursery.start_soon(self._keep, node_id)
-        return await self.links[node_id].propose(proposal)
+        return self.links[node_id]
+
+    async def propose(self, node_id: int, proposal: Proposal) -> Answer:
+        return await self._link(node_id).propose(proposal)
+
+    async def vote(self, node_id: int, request: VoteRequest) -> VoteAnswer:
+        """`failover.Voters` over the same links."""
+        return await self._link(node_id).vote(request)
 
 
 # ----------------------------------------------------------------- the replica's side
 
 
-Queued = tuple[Connection, Channel, int, Proposal]
+Queued = tuple[Connection, Channel, int, Proposal | VoteRequest]
 
 
 class _ServeHandler(ProtocolHandler):
@@ -198,6 +250,18 @@ class _ServeHandler(ProtocolHandler):
         self.queue = queue
 
     def on_message(self, conn: Connection, channel: Channel, type_: int, payload: bytes) -> None:
+        if type_ == VOTE_REQUEST:
+            try:
+                v = VoteRequest.decode(payload)
+            except MessageError as exc:
+                log.info("broker %d's quorum channel closed: %s", self.sender, exc)
+                conn.close_protocol(channel)
+                return
+            try:
+                self.queue.send_nowait((conn, channel, self.sender, v))
+            except trio.WouldBlock:
+                conn.send_protocol(channel, VOTE, VoteAnswer(v.archive, v.epoch, reason="busy").encode())
+            return
         if type_ != PROPOSE:
             return
         try:
@@ -234,14 +298,26 @@ def accept_proposals(
 
 
 async def serve_proposals(
-    signer: ReplicaSigner, queue: trio.MemoryReceiveChannel[Queued], kick: Callable[[], None]
+    signer: ReplicaSigner,
+    queue: trio.MemoryReceiveChannel[Queued],
+    kick: Callable[[], None],
+    voter: ReplicaVoter | None = None,
 ) -> None:
-    """Answer the queued proposals one after the other. `ReplicaSigner.handle` runs on
-    the event loop: the mirror's sessions write the same archives from it, and an
-    archive is not safe for two threads (its fsyncs cost the loop a few milliseconds)."""
+    """Answer the queued proposals (and failover votes, through `voter`; none: refused)
+    one after the other. `ReplicaSigner.handle` runs on the event loop: the mirror's
+    sessions write the same archives from it, and an archive is not safe for two threads
+    (its fsyncs cost the loop a few milliseconds)."""
     async for conn, channel, sender, p in queue:
-        a = signer.handle(sender, p)
-        conn.send_protocol(channel, ANSWER, a.encode())
+        if isinstance(p, VoteRequest):
+            v = (
+                voter.handle(sender, p)
+                if voter is not None
+                else VoteAnswer(p.archive, p.epoch, reason="this broker takes no votes")
+            )
+            conn.send_protocol(channel, VOTE, v.encode())
+        else:
+            a = signer.handle(sender, p)
+            conn.send_protocol(channel, ANSWER, a.encode())
         kick()
         await trio.lowlevel.checkpoint()
 
@@ -278,6 +354,7 @@ class QuorumRole:
         self.address_of = address_of  # a peer's replication port
         self.followers: dict[bytes, tuple[str, FollowerLog]] = {}
         self.signer = ReplicaSigner(keypair, self._follower, self._leader_of)
+        self.voter = ReplicaVoter(self._follower, lambda: cluster.membership.controller)
         self.peers: LinkPeers | None = None
         self.assemblers: dict[bytes, QuorumAssembler] = {}
 
@@ -297,11 +374,17 @@ class QuorumRole:
         return entry[1] if entry is not None else None
 
     def _leader_of(self, key: bytes) -> int | None:
+        """The placed leader of archive `key`: the partition's leader its placement
+        records after a failover (broker/cluster/failover.py), else the topic's writer."""
         entry = self.followers.get(key)
         if entry is None:
             return None
         placement = self.cluster.membership.placements.get(entry[0])
-        return placement.writer if placement is not None else None
+        if placement is None:
+            return None
+        manifest = entry[1].manifest
+        index = manifest_partition(manifest) if manifest is not None else None
+        return placement.leader_of(index) if index is not None else placement.writer
 
     def identify(self, public_key: bytes) -> int | None:
         """The broker whose published node key (etcd) is this Noise static key."""
@@ -319,7 +402,7 @@ class QuorumRole:
     async def serve(
         self, queue: trio.MemoryReceiveChannel[Queued], kick: Callable[[], None]
     ) -> None:
-        await serve_proposals(self.signer, queue, kick)
+        await serve_proposals(self.signer, queue, kick, self.voter)
 
     # -- leader side
 

@@ -66,7 +66,7 @@ from storage.hypercore.multisig import (
 from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
 from storage.log import CommitJob, FileRange, FsyncPolicy, Head, LogConfig, PartitionLog
 from storage.manifest_file import MANIFEST_FILE, write_manifest
-from storage.quorum import sign_proposal
+from storage.quorum import Vote, promise, sign_proposal
 
 log = logging.getLogger(__name__)
 
@@ -353,6 +353,19 @@ class FollowerLog:
         return sign_proposal(
             lg.fs, self.path, keypair, manifest, fork, length, tree_hash_, lg.held_tree_at
         )
+
+    def vote(self, epoch: int) -> Vote:
+        """A failover vote for leader epoch `epoch` (storage/quorum.py `promise`): this
+        replica's longest head, after its promise never to sign an older fork is durable.
+        Raises RefusedToPromise, or StorageError."""
+        lg = self.log
+        manifest = lg.manifest
+        if manifest is None or manifest == Manifest.default(lg.public_key):
+            raise StorageError(f"{self.path}: not a quorum-signed archive")
+        lg.sync_unsigned_tail()  # what it answers as held outlives a crash
+        h = lg.head
+        stored = (h.fork, h.length, h.tree_hash) if h is not None else None
+        return promise(lg.fs, self.path, epoch, stored, lg.held_tree_at)
 
     def verified_tree(self) -> Frontier:
         """The tree of the last accepted head (a replication follower's `have`)."""

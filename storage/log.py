@@ -37,6 +37,7 @@ from storage import batch as B
 from storage import compaction, recovery, retention
 from storage import format as fmt
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
+from storage.epochs import EpochCache
 from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
 from storage.format import (
     BE_I32,
@@ -788,12 +789,22 @@ class PartitionLog:
             f.append(leaf, p[6])
         return f.tree_hash()
 
-    def drop_unsigned_tail(self) -> None:
+    def drop_unsigned_tail(self, keep_length: int | None = None) -> None:
         """Replica: forget blocks past the last stored head (never signed by us, fetched
-        again). Nothing to do while a commit job is in flight."""
+        again), or past `keep_length` blocks (not below the stored head: a takeover keeps
+        the signed tail it was elected with). Nothing to do while a commit job is in
+        flight."""
         keep = self._published_length
+        if keep_length is not None:
+            if not keep <= keep_length <= self._next_leaf:
+                raise StorageError(
+                    f"cannot keep {keep_length} blocks: {keep} stored, {self._next_leaf} held"
+                )
+            keep = keep_length
         if self._next_leaf <= keep or self._job is not None:
             return
+        n_keep = keep - self._published_length
+        kept, kept_leaves = self._pending[:n_keep], (self._pending_leaves or [])[:n_keep]
         self._ensure_open()
         fs = self.fs
         while len(self._segments) > 1 and self._segments[-1].first_leaf >= keep:
@@ -808,8 +819,8 @@ class PartitionLog:
                 fs.ftruncate(seg.log_fd, end)
                 seg.log_size = end
         self._segments_ready()
-        self._pending = []
-        self._pending_leaves = []
+        self._pending = kept
+        self._pending_leaves = kept_leaves
         self._pending_nodes = []
         self._next_leaf = keep
         self.log_end_offset = (
@@ -821,6 +832,41 @@ class PartitionLog:
         self._frontier = (
             Frontier.from_roots(list(head.roots)) if head and head.length else Frontier()
         )
+
+    def take_over(self, keypair: KeyPair, epoch: int, length: int) -> None:
+        """Replica of a quorum-signed archive, owner thread: become its writer in leader
+        epoch `epoch` after a failover vote elected this copy at `length` blocks (docs/
+        clusters.md). Blocks held past `length` are cut (they never reached a quorum: a
+        Hypercore truncate); the fork becomes `epoch`, so the next commit (with
+        `quorum_sign` set) has the replicas sign the first `length` blocks on the new
+        fork, and appends continue from there. The leader-epoch checkpoint of the
+        archive (storage/epochs.py) records that `epoch` starts at the kept end. `keypair`: this broker's node key, one of
+        the manifest's signers. Raises StorageError (nothing changed) when the archive
+        is not quorum-signed, `epoch` is not newer than its fork, `length` is below its
+        stored head or above what it holds, or a commit job is in flight."""
+        manifest = self.manifest
+        if not self.replica or manifest is None or manifest == Manifest.default(self.public_key):
+            raise StorageError(f"{self.path}: not a replica of a quorum-signed archive")
+        if keypair.public_key not in [s.public_key for s in manifest.signers]:
+            raise StorageError(f"{self.path}: this key is not one of the archive's signers")
+        if epoch <= self._fork:
+            raise StorageError(f"{self.path}: epoch {epoch} is not newer than fork {self._fork}")
+        if self._job is not None:
+            raise StorageError(f"{self.path}: a commit job is in flight")
+        self.check_writable()
+        self.drop_unsigned_tail(length)  # raises (nothing changed) for a length out of range
+        self.sync_unsigned_tail()
+        # the leader epochs (storage/epochs.py): the old ones end where the kept blocks
+        # end, the new one starts there (the first leader's, 0, at the log start)
+        epochs = EpochCache(self.fs, self.path)
+        epochs.truncate_from_end(self.log_end_offset)
+        if not epochs.entries and self.log_end_offset > self.log_start_offset:
+            epochs.assign(self._fork, self.log_start_offset)
+        epochs.assign(epoch, self.log_end_offset)
+        self.keypair = keypair
+        self.replica = False
+        self._pending_leaves = None  # the writer's commit hashes its pending blocks
+        self._fork = epoch
 
     def prepare_signed(
         self, length: int, fork: int, signature: bytes, tree_hash: bytes

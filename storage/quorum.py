@@ -33,6 +33,10 @@ SIGNED_FILE = "signed"
 _MAGIC = b"HKSIGN01"
 _BODY = struct.Struct("<8sQQ32s")  # 56 bytes, then CRC and 4 zero bytes
 _SIZE = 64
+PROMISED_FILE = "promised"
+_PMAGIC = b"HKPROM01"
+_PBODY = struct.Struct("<8sQ")  # 16 bytes, then CRC and 4 zero bytes
+_PSIZE = 24
 
 
 def partition_manifest(
@@ -42,6 +46,19 @@ def partition_manifest(
     `replica_keys` (placement order, leader first): majority quorum, and userData = the
     partition's key name, so the archive key is unique per partition and per topic id."""
     return multisig_manifest(replica_keys, None, partition_key_name(topic_id, partition))
+
+
+def manifest_partition(manifest: Manifest) -> int | None:
+    """The partition index a `partition_manifest` names in its userData; None for any
+    other manifest."""
+    data = manifest.user_data or b""
+    prefix = b"hyperkafka/partition/"
+    if not data.startswith(prefix) or len(data) < len(prefix) + 18:
+        return None
+    rest = data[len(prefix) + 16 :]
+    if rest[:1] != b"/" or not rest[1:].isdigit():
+        return None
+    return int(rest[1:])
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,82 @@ class RefusedToSign(StorageError):
     """The proposal contradicts what this replica holds or already signed."""
 
 
+class RefusedToPromise(StorageError):
+    """A vote for an epoch older than one this replica already promised."""
+
+
+def encode_promise(epoch: int) -> bytes:
+    body = _PBODY.pack(_PMAGIC, epoch)
+    return body + struct.pack("<I", crc32c.crc32c(body)) + bytes(4)
+
+
+def decode_promise(data: bytes) -> int:
+    """ArchiveDamaged unless `data` is an intact promise record (FORMAT.md section 11)."""
+    if len(data) != _PSIZE or data[:8] != _PMAGIC:
+        raise ArchiveDamaged("promise record is not a record (bad size or magic)")
+    if crc32c.crc32c(data[: _PBODY.size]) != struct.unpack_from("<I", data, _PBODY.size)[0]:
+        raise ArchiveDamaged("promise record fails its CRC")
+    return int(_PBODY.unpack_from(data, 0)[1])
+
+
+def read_promise(fs: FileSystem, path: str) -> int:
+    """The leader epoch archive directory `path` promised (0: none)."""
+    p = os.path.join(path, PROMISED_FILE)
+    if not fs.exists(p):
+        return 0
+    return decode_promise(fs.read_file(p))
+
+
+@dataclass(frozen=True)
+class Vote:
+    """A replica's answer to a failover vote for epoch `epoch`: its longest head, the
+    greater by (fork, length) of its stored quorum-signed head and the head it last
+    signed (which a quorum may have completed while the assembled head never reached it:
+    an acknowledged write lives on at least one voter of any majority only as this)."""
+
+    epoch: int
+    fork: int
+    length: int
+    tree_hash: bytes
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        return (self.fork, self.length)
+
+
+def promise(
+    fs: FileSystem,
+    path: str,
+    epoch: int,
+    stored: tuple[int, int, bytes] | None,
+    tree_at: Callable[[int], bytes | None],
+) -> Vote:
+    """Promise leader epoch `epoch` for the quorum-signed archive in `path` and answer
+    this replica's longest head. `stored`: (fork, length, tree hash) of its stored head,
+    None if it has none; `tree_at` as for `sign_proposal` (a signed head is answered only
+    while this replica still holds its blocks: one it lost, say across a reopen that cut
+    its unsigned tail, is not answered, and its stored head is).
+
+    The same epoch again is answered again (a controller's retry); an older one raises
+    RefusedToPromise. The promise is fsynced before this returns: the vote never precedes
+    it, and from then on `sign_proposal` refuses every fork older than `epoch`."""
+    if epoch < 1:
+        raise RefusedToPromise(f"epoch {epoch}: leader epochs of a failover start at 1")
+    have = read_promise(fs, path)
+    if epoch < have:
+        raise RefusedToPromise(f"epoch {epoch} is older than epoch {have} it promised")
+    if epoch != have:
+        fs.write_file_atomic(os.path.join(path, PROMISED_FILE), encode_promise(epoch))
+    best = Vote(epoch, 0, 0, tree_at(0) or b"")
+    if stored is not None:
+        best = Vote(epoch, stored[0], stored[1], stored[2])
+    rec = read_record(fs, path)
+    held = rec is not None and tree_at(rec.length) == rec.tree_hash
+    if rec is not None and held and (rec.fork, rec.length) > best.rank:
+        best = Vote(epoch, rec.fork, rec.length, rec.tree_hash)
+    return best
+
+
 def sign_proposal(
     fs: FileSystem,
     path: str,
@@ -105,6 +198,9 @@ def sign_proposal(
         raise RefusedToSign(
             f"the proposed tree at length {length} is not the tree of what it holds"
         )
+    promised = read_promise(fs, path)
+    if fork < promised:
+        raise RefusedToSign(f"fork {fork} is older than epoch {promised} it promised a vote for")
     rec = read_record(fs, path)
     if rec is not None:
         if fork < rec.fork:

@@ -38,7 +38,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
@@ -96,6 +96,25 @@ class Placement:
     configs: dict[str, str] = field(default_factory=dict)
     replication_factor: int = -1
     replicas: tuple[tuple[int, ...], ...] = ()
+    # a quorum-signed topic after a failover (broker/cluster/failover.py): each
+    # partition's leader and leader epoch (empty: the writer, epoch 0)
+    leaders: tuple[int, ...] = ()
+    leader_epochs: tuple[int, ...] = ()
+
+    def leader_of(self, partition: int) -> int:
+        return self.leaders[partition] if partition < len(self.leaders) else self.writer
+
+    def epoch_of(self, partition: int) -> int:
+        e = self.leader_epochs
+        return e[partition] if partition < len(e) else 0
+
+    def with_leader(self, partition: int, leader: int, epoch: int) -> Placement:
+        """This placement with `leader` in leader epoch `epoch` for `partition`."""
+        n = self.partitions
+        leaders = [self.leader_of(p) for p in range(n)]
+        epochs = [self.epoch_of(p) for p in range(n)]
+        leaders[partition], epochs[partition] = leader, epoch
+        return replace(self, leaders=tuple(leaders), leader_epochs=tuple(epochs))
 
     def encode(self) -> bytes:
         d: dict[str, Any] = {
@@ -106,6 +125,9 @@ class Placement:
         }
         if self.replicas:
             d["replicas"] = [list(r) for r in self.replicas]
+        if self.leaders:
+            d["leaders"] = list(self.leaders)
+            d["leader_epochs"] = list(self.leader_epochs)
         return json.dumps(d).encode()
 
     @classmethod
@@ -118,6 +140,8 @@ class Placement:
             {str(k): str(v) for k, v in d.get("configs", {}).items()},
             int(d.get("replication_factor", -1)),
             tuple(tuple(int(i) for i in r) for r in d.get("replicas", ())),
+            tuple(int(i) for i in d.get("leaders", ())),
+            tuple(int(i) for i in d.get("leader_epochs", ())),
         )
 
 
@@ -475,6 +499,26 @@ class Membership:
         ok = await self.fenced([Compare.absent(key)], [Op.put(key, placement.encode())])
         if ok:
             self.placements[placement.name] = placement
+        return ok
+
+    async def record_leader(
+        self, name: str, partition: int, leader: int, epoch: int
+    ) -> bool | None:
+        """Record `leader` in leader epoch `epoch` for `partition` of quorum-signed topic
+        `name` (controller only, after a failover vote): one transaction, fenced by the
+        controller's epoch and by the placement being the one this view holds (a
+        concurrent change fails it). False when it changed or `epoch` is not newer than
+        the recorded one; None when we are not the controller."""
+        old = self.placements.get(name)
+        if old is None or not 0 <= partition < old.partitions:
+            return False
+        if epoch <= old.epoch_of(partition):
+            return False
+        new = old.with_leader(partition, leader, epoch)
+        key = self.topic_key(name)
+        ok = await self.fenced([Compare.value(key, old.encode())], [Op.put(key, new.encode())])
+        if ok and self.placements.get(name) == old:
+            self.placements[name] = new
         return ok
 
     async def unplace(self, name: str) -> bool | None:

@@ -16,10 +16,28 @@ from broker.placement import create_placed
 from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
 from broker.security.session import authorize, authorized_operations, cluster_operations
 from broker.shape import field_of
+from storage.hypercore import Manifest
 
 log = logging.getLogger("hyperkafka.metadata")
 
 LEADER_EPOCH = 0  # one writer per archive, never re-elected: the epoch never moves
+
+
+def leader_epoch(log: Any) -> int:
+    """A partition's leader epoch: LEADER_EPOCH, but for a quorum-signed archive its fork,
+    which a failover moves to the new leader's epoch (docs/clusters.md, storage/epochs.py)."""
+    m = getattr(log, "manifest", None)
+    if m is not None and m != Manifest.default(log.public_key):
+        return int(log.fork)
+    return LEADER_EPOCH
+
+
+def epoch_error(current: int, epoch: int) -> int:
+    """Kafka's check of a request's current_leader_epoch against the partition's: -1
+    skips it, an older one is FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH."""
+    if current < 0 or current == epoch:
+        return errors.NONE
+    return errors.FENCED_LEADER_EPOCH if current < epoch else errors.UNKNOWN_LEADER_EPOCH
 _ZERO_UUID = uuid.UUID(int=0)
 _SOFTWARE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")
 
@@ -113,7 +131,7 @@ def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
             "error_code": errors.LEADER_NOT_AVAILABLE if leader == NO_LEADER else errors.NONE,
             "partition_index": p.index,
             "leader_id": leader,
-            "leader_epoch": LEADER_EPOCH,
+            "leader_epoch": leader_epoch(p.log),
             "replica_nodes": replicas,
             "isr_nodes": isr,
             "offline_replicas": offline,

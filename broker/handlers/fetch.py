@@ -52,6 +52,8 @@ import trio
 
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
+from broker.handlers.cluster import epoch_error, leader_epoch
+from broker.handlers.offsets import end_offset_for, partition_epochs
 from broker.memory import AnswerMemory
 from broker.node import Node
 from broker.security.authz import Operation
@@ -120,9 +122,20 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             lso = last_stable_offset(partition)
             entry["last_stable_offset"] = lso
             entry["log_start_offset"] = plog.log_start_offset
-            leader_epoch = getattr(p, "current_leader_epoch", -1)
-            if leader_epoch > 0:
-                entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
+            current_epoch = getattr(p, "current_leader_epoch", -1)
+            epoch_code = epoch_error(current_epoch, leader_epoch(plog))
+            if epoch_code:
+                entry["error_code"] = epoch_code
+                continue
+            diverging = _diverging(partition, getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
+            if diverging is not None:
+                # KIP-320/595, as Kafka's leader: the fetcher's last epoch ended earlier
+                # here (a failover cut what no quorum signed): it truncates to the end
+                # named and fetches again; no records this time
+                if diverging[1] < 0:
+                    entry["error_code"] = errors.OFFSET_OUT_OF_RANGE
+                else:
+                    entry["diverging_epoch"] = {"epoch": diverging[0], "end_offset": diverging[1]}
                 continue
             if rack and node.cluster is not None and topic is not None and not topic.mirrored:
                 # KIP-392, as Kafka's leader: a consumer in another rack than ours is sent
@@ -158,7 +171,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                     continue
             except OffsetOutOfRange:
                 if (topic is not None and topic.mirrored and node.cluster is not None and p.fetch_offset > hwm
-                        and ((version >= 11 and leader_epoch < 0)
+                        and ((version >= 11 and current_epoch < 0)
                              or (topic.leader_id is not None and not node.cluster.alive(topic.leader_id)))):
                     # A follower behind an offset the consumer learned at the leader, as
                     # Kafka's ReplicaManager answers it: a client that sent no leader epoch
@@ -242,3 +255,22 @@ def _count(node: Node, responses: list[dict[str, Any]]) -> None:
             stats.bytes_out += len(part["records"])
             if part["error_code"] == errors.KAFKA_STORAGE_ERROR:
                 stats.failed_fetch += 1
+
+
+def _diverging(partition: Any, last_fetched_epoch: int, fetch_offset: int) -> tuple[int, int] | None:
+    """Fetch v12+'s divergence check of a partition whose leader epoch moved (a
+    quorum-signed partition after a failover): (epoch, end offset) when the fetcher's
+    last fetched epoch ended before its fetch offset here, or is older than any epoch
+    here ((-1, -1): out of range); None to serve the fetch."""
+    if last_fetched_epoch < 0:
+        return None
+    plog = partition.log
+    epoch = leader_epoch(plog)
+    if epoch == 0:
+        return None
+    e, end = end_offset_for(epoch, partition_epochs(partition), plog.high_watermark, last_fetched_epoch)
+    if e < 0 or end < 0:
+        return (-1, -1)
+    if e < last_fetched_epoch or end < fetch_offset:
+        return (e, end)
+    return None

@@ -6,7 +6,11 @@ found through the batch index and then by reading the records of that one batch
 (LogAppendTime batches answer with the batch's append time, as Kafka does).
 
 OffsetForLeaderEpoch: an archive has one writer and its leader epoch is always 0, so
-epoch 0 ends at the log end offset and any later epoch is unknown (-1, -1).
+epoch 0 ends at the log end offset and any later epoch is unknown (-1, -1). A
+quorum-signed partition's epoch is its archive's fork, which a failover moves on; its
+leader-epoch checkpoint (storage/epochs.py) then answers as Kafka's leader does.
+Requests naming a current_leader_epoch are checked against the partition's
+(FENCED_LEADER_EPOCH older, UNKNOWN_LEADER_EPOCH newer).
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from typing import Any
 
 from broker.api import Reply, RequestContext, api
 from broker.handlers import errors
-from broker.handlers.cluster import LEADER_EPOCH
+from broker.handlers.cluster import epoch_error, leader_epoch
 from broker.node import Partition
 from broker.protocol import records
 from broker.protocol.errors import RecordBatchError
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.transactions.partition import last_stable_offset
+from storage.epochs import EpochCache
 from storage.errors import StorageError
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
@@ -105,15 +110,15 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Reply:
                 entry["error_code"] = errors.INVALID_REQUEST
             elif partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
-            elif getattr(p, "current_leader_epoch", -1) > LEADER_EPOCH:
-                entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
+            elif code := epoch_error(getattr(p, "current_leader_epoch", -1), leader_epoch(partition.log)):
+                entry["error_code"] = code
             else:
                 error, offset, timestamp = _lookup(partition, p.timestamp, committed)
                 entry.update(
                     error_code=error,
                     offset=offset,
                     timestamp=timestamp,
-                    leader_epoch=LEADER_EPOCH if offset >= 0 else -1,
+                    leader_epoch=_epoch_at(partition, offset) if offset >= 0 else -1,
                 )
             parts.append(entry)
         topics.append({"name": t.name, "partitions": parts})
@@ -140,10 +145,47 @@ async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Reply:
                 entry["error_code"] = errors.TOPIC_AUTHORIZATION_FAILED
             elif partition is None:
                 entry["error_code"] = errors.UNKNOWN_TOPIC_OR_PARTITION
-            elif current > LEADER_EPOCH:
-                entry["error_code"] = errors.UNKNOWN_LEADER_EPOCH
-            elif 0 <= p.leader_epoch <= LEADER_EPOCH:
-                entry.update(leader_epoch=LEADER_EPOCH, end_offset=partition.log.high_watermark)
+            elif code := epoch_error(current, leader_epoch(partition.log)):
+                entry["error_code"] = code
+            else:
+                epoch, end = end_offset_for(
+                    leader_epoch(partition.log), partition_epochs(partition),
+                    partition.log.high_watermark, p.leader_epoch,
+                )  # fmt: skip
+                entry.update(leader_epoch=epoch, end_offset=end)
             parts.append(entry)
         topics.append({"topic": t.topic, "partitions": parts})
     return {"throttle_time": 0, "topics": topics}
+
+
+def partition_epochs(partition: Partition) -> EpochCache | None:
+    """The leader-epoch checkpoint of a quorum-signed partition that changed leader."""
+    lg = partition.log
+    if leader_epoch(lg) == 0:
+        return None
+    try:
+        return EpochCache(lg.fs, lg.path)
+    except (OSError, StorageError):
+        return None
+
+
+def _epoch_at(partition: Partition, offset: int) -> int:
+    cache = partition_epochs(partition)
+    if cache is None or not cache.entries:
+        return leader_epoch(partition.log)
+    return max(0, cache.epoch_at(offset))
+
+
+def end_offset_for(
+    epoch: int, cache: EpochCache | None, high_watermark: int, requested: int
+) -> tuple[int, int]:
+    """OffsetForLeaderEpoch's (leader epoch, end offset) for `requested` on a partition
+    in leader epoch `epoch` whose checkpoint is `cache` (None or empty: one epoch,
+    `epoch`, the whole log). The end is never past the high watermark: a consumer
+    truncates to it, and nothing above it was acknowledged."""
+    if cache is None or not cache.entries:
+        if 0 <= requested <= epoch:
+            return (epoch, high_watermark)
+        return (-1, -1)
+    e, end = cache.end_offset_for(requested, high_watermark)
+    return (e, min(end, high_watermark) if end >= 0 else end)

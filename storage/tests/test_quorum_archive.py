@@ -392,3 +392,42 @@ def test_a_replica_that_signed_blocks_then_replicates_their_head(tmp_path: Path)
     assert [replica.log.block(i) for i in range(4)] == bs
     replica.close()
     assert verify_partition(str(tmp_path / "r"), MANIFEST).ok
+
+
+def test_a_replica_votes_its_longest_head_it_still_holds(tmp_path: Path) -> None:
+    """FollowerLog.vote: the head it signed past its stored one while it holds those
+    blocks (an acknowledged write may live on only as that), its stored head once a
+    reopen cut them; the promise holds across the reopen."""
+    from storage.hypercore import leaf_hash
+    from storage.quorum import RefusedToPromise, RefusedToSign
+
+    leader = _source(0)
+    replica = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    bs = _batches(6)
+    leader.append(*bs[:4])
+    for i, b in enumerate(bs[:4]):
+        replica.append_block(i, b, leaf_hash(b))
+    th4 = leader.frontier.tree_hash()
+    p = replica.sign_held(KPS[0], 0, 4, th4)
+    sig = assemble_quorum(MANIFEST, [p, sign_partial(KPS[2], MANIFEST, th4, 4, 0)])
+    assert replica.accept_head(4, 0, sig, leader.frontier.roots())
+    leader.append(*bs[4:])
+    for i in (4, 5):
+        replica.append_block(i, bs[i], leaf_hash(bs[i]))
+    th6 = leader.frontier.tree_hash()
+    replica.sign_held(KPS[0], 0, 6, th6)
+    v = replica.vote(1)
+    assert (v.epoch, v.fork, v.length, v.tree_hash) == (1, 0, 6, th6)
+    with pytest.raises(RefusedToSign, match="promised"):
+        replica.sign_held(KPS[0], 0, 6, th6)
+    replica.close()
+    replica = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    v = replica.vote(1)
+    assert (v.fork, v.length, v.tree_hash) == (0, 4, th4)
+    with pytest.raises(RefusedToPromise):
+        replica.vote(0)
+    replica.close()
+    single = FollowerLog.open_replica(tmp_path / "s", KPS[0].public_key)
+    with pytest.raises(StorageError, match="not a quorum-signed"):
+        single.vote(1)
+    single.close()

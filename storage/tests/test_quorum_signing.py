@@ -20,10 +20,15 @@ from storage.fs import FaultyFileSystem, OsFileSystem
 from storage.hypercore import Frontier, KeyPair
 from storage.hypercore.multisig import assemble_quorum, verify_manifest_head, verify_partial
 from storage.quorum import (
+    PROMISED_FILE,
     SIGNED_FILE,
+    RefusedToPromise,
     RefusedToSign,
     SignedRecord,
+    Vote,
     partition_manifest,
+    promise,
+    read_promise,
     read_record,
     sign_proposal,
 )
@@ -180,3 +185,78 @@ def test_signed_heads_never_disagree_within_a_fork(ops: list[tuple[int, int, int
                 # the later head's history at la is the earlier head's tree
                 later = next(x for x in hist if x.trees[lb] == tb)
                 assert later.trees[la] == ta
+
+
+def test_a_vote_promises_the_epoch_before_answering(tmp_path: Path) -> None:
+    """A failover vote for epoch E is durable before it is answered, is answered again for
+    the same E, is refused for an older one, and from then on no fork older than E is
+    signed: a deposed leader cannot complete a head behind the election's back."""
+    fs = OsFileSystem()
+    r = Replica(_blocks(6))
+    _sign(tmp_path, r, 0, 4)
+    # stored head at 2 (a quorum head that reached it); signed record at 4: the vote is 4
+    v = promise(fs, str(tmp_path), 3, (0, 2, r.trees[2]), r.tree_at)
+    assert v == Vote(3, 0, 4, r.trees[4]) and read_promise(fs, str(tmp_path)) == 3
+    assert (tmp_path / PROMISED_FILE).stat().st_size == 24
+    assert promise(fs, str(tmp_path), 3, (0, 2, r.trees[2]), r.tree_at) == v  # a retry
+    with pytest.raises(RefusedToPromise, match="older than epoch 3"):
+        promise(fs, str(tmp_path), 2, None, r.tree_at)
+    with pytest.raises(RefusedToPromise, match="start at 1"):
+        promise(fs, str(tmp_path), 0, None, r.tree_at)
+    # the old leader (fork 0) asks it to grow its head: refused, also for a fork below 3
+    with pytest.raises(RefusedToSign, match="promised a vote"):
+        _sign(tmp_path, r, 0, 6)
+    with pytest.raises(RefusedToSign, match="promised a vote"):
+        _sign(tmp_path, r, 2, 6)
+    assert read_record(fs, str(tmp_path)) == SignedRecord(0, 4, r.trees[4])
+    _sign(tmp_path, r, 3, 6)  # the new leader's fork
+    assert read_record(fs, str(tmp_path)) == SignedRecord(3, 6, r.trees[6])
+    assert promise(fs, str(tmp_path), 4, None, r.tree_at) == Vote(4, 3, 6, r.trees[6])
+
+
+def test_a_vote_answers_only_heads_whose_blocks_it_holds(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    r = Replica(_blocks(6))
+    _sign(tmp_path, r, 1, 6)
+    short = Replica(_blocks(3))  # it lost the signed tail (a reopen cut it)
+    assert promise(fs, str(tmp_path), 2, (1, 3, short.trees[3]), short.tree_at) == Vote(
+        2, 1, 3, short.trees[3]
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert promise(fs, str(empty), 1, None, short.tree_at).rank == (0, 0)
+
+
+def test_a_damaged_promise_refuses_votes_and_signatures(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    r = Replica(_blocks(3))
+    promise(fs, str(tmp_path), 5, None, r.tree_at)
+    data = bytearray((tmp_path / PROMISED_FILE).read_bytes())
+    data[9] ^= 1
+    (tmp_path / PROMISED_FILE).write_bytes(bytes(data))
+    with pytest.raises(ArchiveDamaged, match="CRC"):
+        promise(fs, str(tmp_path), 6, None, r.tree_at)
+    with pytest.raises(ArchiveDamaged, match="CRC"):
+        _sign(tmp_path, r, 9, 3)
+    assert not (tmp_path / SIGNED_FILE).exists()
+
+
+def test_the_promise_survives_a_crash_right_after_the_vote(tmp_path: Path) -> None:
+    fs = FaultyFileSystem()
+    r = Replica(_blocks(3))
+    promise(fs, str(tmp_path), 2, None, r.tree_at)
+    fs.crash()
+    assert read_promise(OsFileSystem(), str(tmp_path)) == 2
+    with pytest.raises(RefusedToSign, match="promised a vote"):
+        _sign(tmp_path, r, 1, 3)
+
+
+def test_manifest_partition_reads_the_index_back() -> None:
+    from storage.quorum import manifest_partition
+
+    keys = [kp.public_key for kp in KPS]
+    assert manifest_partition(MANIFEST) == 0
+    assert manifest_partition(partition_manifest(keys, TID, 12)) == 12
+    from storage.hypercore import Manifest
+
+    assert manifest_partition(Manifest.default(KPS[0].public_key)) is None
