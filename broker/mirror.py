@@ -880,12 +880,19 @@ class NodeMirror:
         attached = self.attached.get(topic.name)
         if attached is None or lg not in attached[1]:
             return  # detached before this task started
+        quorum = self.node.quorum
+        if quorum is not None and quorum.leads(lg.key):
+            return  # a failover elected this broker: it writes the archive now
         scope = trio.CancelScope()
         scopes = self._scopes.setdefault(topic.name, set())
         scopes.add(scope)
         try:
             with scope:
-                await follow_forever(link, lg, moved, f"{topic.name}-{index}")
+                if quorum is None:
+                    await follow_forever(link, lg, moved, f"{topic.name}-{index}")
+                else:
+                    with quorum.following(lg.key) as session, session:  # a takeover ends it
+                        await follow_forever(link, lg, moved, f"{topic.name}-{index}")
         finally:
             scopes.discard(scope)
 

@@ -29,8 +29,9 @@ May import trio, `broker.cluster`, `broker.config`, `broker.node`, `broker.mirro
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import trio
@@ -357,6 +358,11 @@ class QuorumRole:
         self.voter = ReplicaVoter(self._follower, lambda: cluster.membership.controller)
         self.peers: LinkPeers | None = None
         self.assemblers: dict[bytes, QuorumAssembler] = {}
+        # failover (broker/takeover.py): the mirror's session of each quorum-signed
+        # archive it follows here (its cancel scope, and an event set when it ended), and
+        # the archives this broker took over as their elected leader (never followed again)
+        self.sessions: dict[bytes, tuple[trio.CancelScope, trio.Event]] = {}
+        self.led: set[bytes] = set()
 
     # -- replica side
 
@@ -368,6 +374,33 @@ class QuorumRole:
     def forget(self, topic: str) -> None:
         for key in [k for k, (t, _) in self.followers.items() if t == topic]:
             del self.followers[key]
+
+    def leads(self, key: bytes) -> bool:
+        """Whether this broker took archive `key` over (a failover elected it): the
+        mirror does not follow it any more."""
+        return key in self.led
+
+    @contextlib.contextmanager
+    def following(self, key: bytes) -> Iterator[trio.CancelScope]:
+        """The mirror's session of archive `key` runs in the scope this gives, which a
+        takeover (`release`) cancels."""
+        scope, ended = trio.CancelScope(), trio.Event()
+        self.sessions[key] = (scope, ended)
+        try:
+            yield scope
+        finally:
+            if self.sessions.get(key, (None, None))[0] is scope:
+                del self.sessions[key]
+            ended.set()
+
+    async def release(self, key: bytes) -> None:
+        """Stop the mirror's session of archive `key` for good (this broker leads it
+        now) and wait until it ended: nothing but the leader writes the archive after."""
+        self.led.add(key)
+        entry = self.sessions.get(key)
+        if entry is not None:
+            entry[0].cancel()
+            await entry[1].wait()
 
     def _follower(self, key: bytes) -> FollowerLog | None:
         entry = self.followers.get(key)
@@ -404,6 +437,15 @@ class QuorumRole:
     ) -> None:
         await serve_proposals(self.signer, queue, kick, self.voter)
 
+    async def vote(self, node_id: int, request: VoteRequest) -> VoteAnswer:
+        """`failover.Voters` of the controller: its own copy answers here (a replica
+        takes no quorum channel from itself), the others over their links."""
+        if node_id == self.node_id:
+            return self.voter.handle(node_id, request)
+        if self.peers is None:
+            raise trio.BrokenResourceError("the quorum links are not up yet")
+        return await self.peers.vote(node_id, request)
+
     # -- leader side
 
     async def _connect(self, node_id: int) -> trio.abc.Stream:
@@ -429,6 +471,11 @@ class QuorumRole:
                     ):
                         self._lead(name, index, lg, token)
                 await trio.sleep(SCAN_S)
+
+    def lead(self, name: str, index: int, lg: PartitionLog) -> None:
+        """Sign partition `index` of `name` (written here: a takeover made `lg` its
+        writer) by a quorum of its placed replicas from its next commit."""
+        self._lead(name, index, lg, trio.lowlevel.current_trio_token())
 
     def _lead(
         self, name: str, index: int, lg: PartitionLog, token: trio.lowlevel.TrioToken

@@ -9,7 +9,7 @@ from typing import Any
 
 from broker.api import Reply, RequestContext, advertised, api
 from broker.cluster import NO_LEADER, Cluster
-from broker.cluster.quorum import placed_replicas
+from broker.cluster.quorum import placed_epoch, placed_leader, placed_replicas
 from broker.handlers import errors
 from broker.node import OFFSETS_TOPIC, Node, Partition, Topic, TopicError, check_topic_name
 from broker.placement import create_placed
@@ -90,6 +90,15 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
     placed = placed_replicas(cluster, topic.name, p.index)
     replicas = placed if placed is not None else cluster.replicas(writer)
     offline += [i for i in replicas if not cluster.alive(i)]
+    lead = placed_leader(cluster, topic.name, p.index)
+    if lead is not None:
+        # a failover recorded this partition's leader (broker/takeover.py): it leads, and
+        # knows its ISR; elsewhere its live signers are reported in sync (each of them
+        # signs its heads, or the partition takes no writes)
+        if lead == me:
+            return me, replicas, [i for i in cluster.isr(p.log.key) if i in replicas], offline
+        live = [i for i in replicas if cluster.alive(i)]
+        return (lead if cluster.alive(lead) else NO_LEADER), replicas, live, offline
     if writer == me:
         return me, replicas, [i for i in cluster.isr(p.log.key) if i in replicas], offline
     # Written elsewhere: the ISR as its writer last told us (it alone can know it), less
@@ -97,6 +106,16 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
     reported = cluster.remote_isr.get((topic.name, p.index), [writer])
     leader, isr = cluster.leadership(writer, [i for i in reported if i in replicas])
     return leader, replicas, isr, offline
+
+
+def _leader_epoch(node: Node, topic: Topic, p: Partition) -> int:
+    """The leader epoch Metadata reports: the copy's fork, or the epoch a failover
+    recorded when this copy has not seen that fork yet (clients ignore a Metadata whose
+    epoch is older than one they know)."""
+    epoch = leader_epoch(p.log)
+    if node.cluster is not None:  # (0 for every partition no failover moved)
+        epoch = max(epoch, placed_epoch(node.cluster, topic.name, p.index))
+    return epoch
 
 
 def _sharded_partitions(cluster: Cluster, name: str) -> list[dict[str, Any]]:
@@ -131,7 +150,7 @@ def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
             "error_code": errors.LEADER_NOT_AVAILABLE if leader == NO_LEADER else errors.NONE,
             "partition_index": p.index,
             "leader_id": leader,
-            "leader_epoch": leader_epoch(p.log),
+            "leader_epoch": _leader_epoch(node, topic, p),
             "replica_nodes": replicas,
             "isr_nodes": isr,
             "offline_replicas": offline,

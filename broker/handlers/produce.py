@@ -31,7 +31,7 @@ import trio
 from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
 from broker.cleaner import keyless_message, keyless_record
 from broker.cluster import signed_blocks
-from broker.cluster.quorum import produce_refusal
+from broker.cluster.quorum import placed_leader, produce_refusal
 from broker.handlers import errors
 from broker.handlers.transactions import init_transactional
 from broker.idempotence import Verdict, last_sequence
@@ -102,7 +102,15 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
     cluster = ctx.node.cluster
-    if cluster is not None and not topic.mirrored:  # quorum-signed: its signers alive, or nothing is written
+    if topic.mirrored and not partition.led:  # another partition of it failed over here
+        return _PartitionResult(errors.NOT_LEADER_OR_FOLLOWER,
+                                f"Partition {topic.name}-{index} is a read-only mirror; produce to its leader")
+    if cluster is not None:
+        lead = placed_leader(cluster, topic.name, index)
+        if lead is not None and lead != cluster.me:  # a failover moved its leader away
+            return _PartitionResult(errors.NOT_LEADER_OR_FOLLOWER,
+                                    f"Broker {lead} leads partition {topic.name}-{index} since a failover")
+    if cluster is not None and (not topic.mirrored or partition.led):  # quorum-signed: its signers alive
         log_ = partition.log
         why = produce_refusal(cluster, topic.name, index, log_.manifest, log_.public_key,
                               log_.quorum_sign is not None, topic.min_insync_replicas if acks == -1 else 0)
