@@ -38,6 +38,7 @@ import trio
 
 from broker.cluster import Cluster
 from broker.cluster.failover import VOTE, VOTE_REQUEST, ReplicaVoter, VoteAnswer, VoteRequest
+from broker.cluster.membership import Placement
 from broker.cluster.quorum import is_quorum_signed, node_key, placed_replicas
 from broker.cluster.signing import (
     ANSWER,
@@ -363,6 +364,9 @@ class QuorumRole:
         # the archives this broker took over as their elected leader (never followed again)
         self.sessions: dict[bytes, tuple[trio.CancelScope, trio.Event]] = {}
         self.led: set[bytes] = set()
+        # the live replication connection of the mirror of each peer broker (by id): an
+        # archive a failover moved to that broker is followed on it
+        self.links: dict[int, ConnectionDriver] = {}
 
     # -- replica side
 
@@ -379,6 +383,30 @@ class QuorumRole:
         """Whether this broker took archive `key` over (a failover elected it): the
         mirror does not follow it any more."""
         return key in self.led
+
+    def moved(self, key: bytes) -> bool:
+        """Whether a failover recorded a leader for archive `key` (held here as a copy):
+        its writer's mirror does not follow it any more; this broker writes it, or
+        follows it from that leader (broker/takeover.py)."""
+        if key in self.led:
+            return True
+        placement, index = self._placement(key)
+        return placement is not None and index is not None and placement.epoch_of(index) > 0
+
+    def _placement(self, key: bytes) -> tuple[Placement | None, int | None]:
+        entry = self.followers.get(key)
+        if entry is None:
+            return None, None
+        manifest = entry[1].manifest
+        index = manifest_partition(manifest) if manifest is not None else None
+        return self.cluster.membership.placements.get(entry[0]), index
+
+    async def stop_session(self, key: bytes) -> None:
+        """End the session following archive `key` (if any) and wait until it ended."""
+        entry = self.sessions.get(key)
+        if entry is not None:
+            entry[0].cancel()
+            await entry[1].wait()
 
     @contextlib.contextmanager
     def following(self, key: bytes) -> Iterator[trio.CancelScope]:
@@ -397,10 +425,7 @@ class QuorumRole:
         """Stop the mirror's session of archive `key` for good (this broker leads it
         now) and wait until it ended: nothing but the leader writes the archive after."""
         self.led.add(key)
-        entry = self.sessions.get(key)
-        if entry is not None:
-            entry[0].cancel()
-            await entry[1].wait()
+        await self.stop_session(key)
 
     def _follower(self, key: bytes) -> FollowerLog | None:
         entry = self.followers.get(key)
@@ -409,14 +434,9 @@ class QuorumRole:
     def _leader_of(self, key: bytes) -> int | None:
         """The placed leader of archive `key`: the partition's leader its placement
         records after a failover (broker/cluster/failover.py), else the topic's writer."""
-        entry = self.followers.get(key)
-        if entry is None:
-            return None
-        placement = self.cluster.membership.placements.get(entry[0])
+        placement, index = self._placement(key)
         if placement is None:
             return None
-        manifest = entry[1].manifest
-        index = manifest_partition(manifest) if manifest is not None else None
         return placement.leader_of(index) if index is not None else placement.writer
 
     def identify(self, public_key: bytes) -> int | None:

@@ -23,11 +23,14 @@ Owns `run_failover`, two loops woken by every change of the etcd view (and a tic
   quorum of its placed replicas sign its commits, the first of which re-signs the kept
   blocks on the new fork.
 
-Not here yet (docs/clusters.md): the other replicas following the new leader's heads
-(they sign its proposals, which carry the blocks, but store the heads only from the
-topic's writer), and a returning old leader turned into a replica.
+* every broker's (`_follow_moved_loop`): a copy held here of an archive a failover moved
+  to another broker follows that leader's heads, on this broker's mirror connection to
+  it, instead of the writer's.
 
-May import trio, `broker.node`, `broker.quorum_link`, `broker.cluster` and `storage`.
+Not here yet (docs/clusters.md): a returning old leader turned into a replica.
+
+May import trio, `broker.node`, `broker.mirror`, `broker.quorum_link`, `broker.cluster`
+and `storage`.
 """
 
 from __future__ import annotations
@@ -40,10 +43,14 @@ from broker.cluster import Cluster, signed_blocks
 from broker.cluster.failover import fail_over
 from broker.cluster.quorum import is_quorum_signed
 from broker.idempotence import ProducerStates
+from broker.mirror import follow_forever
 from broker.node import Node, producer_headers
 from broker.quorum_link import QuorumRole
 from broker.transactions.partition import rebuild_txns
 from storage.errors import StorageError
+from storage.follower import FollowerLog
+from storage.quorum import manifest_partition
+from storage.replication.trio_driver import ConnectionDriver
 
 log = logging.getLogger("hyperkafka.failover")
 
@@ -56,6 +63,7 @@ async def run_failover(node: Node, cluster: Cluster, role: QuorumRole) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_controller_loop, node, cluster, role)
         nursery.start_soon(_takeover_loop, node, cluster, role)
+        nursery.start_soon(_follow_moved_loop, node, cluster, role)
 
 
 async def _controller_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None:
@@ -154,3 +162,59 @@ async def take_over(
     )  # fmt: skip
     node.notify_data()
     return True
+
+
+async def _follow_moved_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None:
+    """A copy held here of an archive a failover moved to another broker is followed from
+    that leader (the writer's mirror no longer follows it: `QuorumRole.moved`), on the
+    live connection of this broker's mirror of it (`QuorumRole.links`), again at each
+    change of the leader or of that connection. The leader's heads are on its new fork,
+    whose first head keeps the blocks the vote elected (the copy's conflict probe finds
+    them agreeing and follows the fork, cutting only what no quorum signed)."""
+    running: dict[bytes, tuple[int, int, trio.CancelScope, object]] = {}
+
+    async def follow(key: bytes, name: str, lg: FollowerLog, link: ConnectionDriver,
+                     scope: trio.CancelScope) -> None:
+        p = node.partition(name, manifest_partition(lg.manifest) or 0) if lg.manifest else None
+
+        def moved() -> None:
+            if p is not None:
+                p.notify()
+            node.notify_data()
+
+        try:
+            with scope, role.following(key) as session, session:
+                await follow_forever(link, lg, moved, f"{name} (archive {key.hex()[:12]})")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("%s: following its leader ended: %s", name, exc)
+        finally:
+            entry = running.get(key)
+            if entry is not None and entry[2] is scope:
+                del running[key]
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            changed = cluster.membership.changed
+            for key, (name, lg) in list(role.followers.items()):
+                if key in role.led or lg.manifest is None:
+                    continue
+                index = manifest_partition(lg.manifest)
+                placement = cluster.membership.placements.get(name)
+                if index is None or placement is None or placement.epoch_of(index) < 1:
+                    continue
+                lead, epoch = placement.leader_of(index), placement.epoch_of(index)
+                link = role.links.get(lead)
+                entry = running.get(key)
+                if entry is not None and entry[:2] == (lead, epoch) and entry[3] is link:
+                    continue
+                if entry is not None:
+                    entry[2].cancel()
+                    running.pop(key, None)
+                if lead == cluster.me or link is None:
+                    continue
+                await role.stop_session(key)  # (the writer's mirror's, or an older leader's)
+                scope = trio.CancelScope()
+                running[key] = (lead, epoch, scope, link)
+                nursery.start_soon(follow, key, name, lg, link, scope)
+            with trio.move_on_after(TICK_S):
+                await changed.wait()

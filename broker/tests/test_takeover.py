@@ -42,11 +42,12 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
     """Broker 1 writes q-0 (replicas 1, 2, 3) and stops: once its lease is gone the
-    controller (2 or 3) has the live replicas vote, broker 2 (the longest head, the
-    lowest id) takes its copy over in epoch 1 and answers acks=all produces signed by
-    2 and 3; every acknowledged record is read once, in order, from it; an idempotent
-    producer's retry of its last batch is a duplicate there, not a second record; every
-    broker's Metadata names 2 leader in epoch 1."""
+    controller (2 or 3) has the live replicas vote, the elected one (the longest head,
+    ties to the lowest id) takes its copy over in epoch 1 and answers acks=all produces
+    signed by 2 and 3; every acknowledged record is read once, in order, from it; an
+    idempotent producer's retry of its last batch is a duplicate there, not a second
+    record; every broker's Metadata names it leader in epoch 1; the other replica
+    follows its heads."""
     ports = _free_ports(3)
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
@@ -95,29 +96,39 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
             assert (await _produce(c2, b"no", 3))[0] == 6
             scopes[1].cancel()  # the leader stops
 
-            async def led_by_2() -> bool:
+            async def failed_over() -> bool:
                 md = await _metadata(c2, "q")
                 p = md.topics[0].partitions[0]
-                return 1 not in [b.node_id for b in md.brokers] and (p.leader_id, p.leader_epoch) == (2, 1)
+                return 1 not in [b.node_id for b in md.brokers] and p.leader_id in (2, 3) and p.leader_epoch == 1
 
-            await _until(led_by_2)
+            await _until(failed_over)
+            # the longest head wins, ties to the lowest id: 2, unless 3 signed more
+            lead = int((await _metadata(c2, "q")).topics[0].partitions[0].leader_id)
+            cl, co = (c2, c3) if lead == 2 else (c3, c2)
+            other = 5 - lead
             # the producer retries its last batch at the new leader: a duplicate of offset 2
-            assert await _produce(c2, b"v2", 2) == (0, 2)
+            assert await _produce(cl, b"v2", 2) == (0, 2)
             for seq in (3, 4):
-                assert await _produce(c2, b"v%d" % seq, seq) == (0, seq)
-            assert await _values(c2) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
-            md = await _metadata(c3, "q")
+                assert await _produce(cl, b"v%d" % seq, seq) == (0, seq)
+            assert await _values(cl) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
+            md = await _metadata(co, "q")
             p = md.topics[0].partitions[0]
-            assert (p.error_code, p.leader_id, p.leader_epoch) == (0, 2, 1)
+            assert (p.error_code, p.leader_id, p.leader_epoch) == (0, lead, 1)
             assert list(p.replica_nodes) == [1, 2, 3] and list(p.offline_replicas) == [1]
-            assert (await _produce(c3, b"no", 5))[0] == 6  # NOT_LEADER_OR_FOLLOWER at a replica
-            # 2 and 3 both sign: with 3 gone too, nothing is written
-            scopes[3].cancel()
+            assert (await _produce(co, b"no", 5))[0] == 6  # NOT_LEADER_OR_FOLLOWER at a replica
+
+            # the other replica follows the new leader's heads (on the new fork)
+            async def followed() -> bool:
+                return await _values(co) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
+
+            await _until(followed)
+            # both sign: with the other replica gone too, nothing is written
+            scopes[other].cancel()
 
             async def alone() -> bool:
-                return [b.node_id for b in (await _metadata(c2, "q")).brokers] == [2]
+                return [b.node_id for b in (await _metadata(cl, "q")).brokers] == [lead]
 
             await _until(alone)
-            assert (await _produce(c2, b"v5", 5))[0] == 19  # NOT_ENOUGH_REPLICAS
-            assert await _values(c2) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
+            assert (await _produce(cl, b"v5", 5))[0] == 19  # NOT_ENOUGH_REPLICAS
+            assert await _values(cl) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
             nursery.cancel_scope.cancel()
