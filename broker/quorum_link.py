@@ -487,6 +487,7 @@ class QuorumRole:
                     if (
                         own
                         and lg.quorum_sign is None
+                        and not lg.replica
                         and is_quorum_signed(lg.manifest, lg.public_key)
                     ):
                         self._lead(name, index, lg, token)
@@ -552,5 +553,9 @@ def own_partitions(node: Node) -> list[tuple[str, int, PartitionLog, bool]]:
         first = t.partitions[0].log
         if not is_quorum_signed(first.manifest, first.public_key):
             continue
-        out += [(t.name, p.index, p.log, True) for p in t.partitions if p.log.quorum_sign is None]
+        out += [
+            (t.name, p.index, p.log, True)
+            for p in t.partitions
+            if p.log.quorum_sign is None and not p.log.replica  # (a leader that stepped down)
+        ]
     return out

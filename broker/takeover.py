@@ -44,7 +44,7 @@ from broker.cluster.failover import fail_over
 from broker.cluster.quorum import is_quorum_signed
 from broker.idempotence import ProducerStates
 from broker.mirror import follow_forever
-from broker.node import Node, producer_headers
+from broker.node import Node, Partition, producer_headers
 from broker.quorum_link import QuorumRole
 from broker.transactions.partition import rebuild_txns
 from storage.errors import StorageError
@@ -120,12 +120,15 @@ async def _takeover_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None
         changed = cluster.membership.changed
         for name, placement in list(cluster.membership.placements.items()):
             for index in range(len(placement.leaders)):
-                if placement.leader_of(index) != cluster.me or placement.epoch_of(index) < 1:
+                if placement.epoch_of(index) < 1:
                     continue
                 try:
-                    await take_over(node, cluster, role, name, index, placement.epoch_of(index))
-                except StorageError as exc:
-                    log.error("takeover of %s-%d failed: %s", name, index, exc)
+                    if placement.leader_of(index) == cluster.me:
+                        await take_over(node, cluster, role, name, index, placement.epoch_of(index))
+                    else:
+                        await step_down(node, role, name, index)
+                except (StorageError, OSError) as exc:
+                    log.error("change of leader of %s-%d here failed: %s", name, index, exc)
         with trio.move_on_after(TICK_S):
             await changed.wait()
 
@@ -137,7 +140,7 @@ async def take_over(
     epoch `epoch` (a failover elected it). False when there is nothing to take over here
     (no such copy, or it is written here already); raises StorageError."""
     p = node.partition(name, index)
-    if p is None or p.led or not p.topic.mirrored or node.topics.get(name) is not p.topic:
+    if p is None or p.led or not p.log.replica or node.topics.get(name) is not p.topic:
         return False
     follower = role.followers.get(p.log.key)
     if follower is None or follower[0] != name:
@@ -218,3 +221,45 @@ async def _follow_moved_loop(node: Node, cluster: Cluster, role: QuorumRole) -> 
                 nursery.start_soon(follow, key, name, lg, link, scope)
             with trio.move_on_after(TICK_S):
                 await changed.wait()
+
+
+async def step_down(node: Node, role: QuorumRole, name: str, index: int) -> bool:
+    """The old leader back (a failover recorded another leader of partition `index` of
+    `name`, which this broker wrote): its archive is reopened as a replica, which cuts
+    the batches no quorum signed (never acknowledged: a quorum of its replicas promised
+    the new epoch and refused them), and follows the new leader's fork from then on
+    (`_follow_moved_loop`). The partition is a new `Partition` object: produces still
+    waiting on the old one are answered NOT_LEADER_OR_FOLLOWER, never by a head of the
+    new leader's log that happens to reach their offsets. False when there is nothing
+    to do (no such partition written here)."""
+    p = node.partition(name, index)
+    if p is None or p.log.replica or p.log.manifest is None or node.topics.get(name) is not p.topic:
+        return False
+    manifest = p.log.manifest
+    if not is_quorum_signed(manifest, p.log.public_key):
+        return False
+    async with p.lock:
+        if node.partition(name, index) is not p:
+            return False
+        p.failed, p.failed_code, p.retry = f"broker {node.config.node_id} no longer leads it", 6, False
+        p.queued.clear()
+        old = p.log
+        old.quorum_sign = None
+        old.close()
+        config = node.config.log_config(p.topic.record.configs)
+        lg = await trio.to_thread.run_sync(
+            lambda: FollowerLog.open_replica(old.path, manifest, config=config)
+        )
+        node.store.swap_log(name, index, lg.log)
+        new = Partition(p.topic, index, lg.log)
+        new.producers.rebuild(producer_headers(lg.log))
+        new.txns = rebuild_txns(lg.log)
+        p.topic.partitions[index] = new
+        role.register(name, lg)
+    p.notify()
+    node.notify_data()
+    log.warning(
+        "partition %s-%d: this broker no longer leads it; its copy follows the new leader "
+        "from %d blocks", name, index, lg.length,
+    )  # fmt: skip
+    return True

@@ -9,10 +9,12 @@ by broker 1, and an idempotent acks=all confluent-kafka producer writing it all 
    it includes the session timeout). Every record the producer had acknowledged is read
    back from the new leader exactly once and in order, and nothing was lost or written
    twice: the log is every record produced, in order.
+   The other replica's copy follows the new leader to the same records.
 2. The same with SIGSTOP of the leader past the session timeout, then SIGCONT: the old
    leader, back, must not acknowledge anything (the replicas promised the new epoch and
-   take proposals from the new leader only), its Metadata names the new leader, and the
-   producer's requests stuck at it are retried at the new leader.
+   take proposals from the new leader only), its Metadata names the new leader, the
+   producer's requests stuck at it are retried at the new leader, and it steps down:
+   its archive, reopened as a replica, follows the new leader to the same records.
 """
 
 from __future__ import annotations
@@ -99,6 +101,38 @@ CONSUME = textwrap.dedent(
         out.append((m.value().decode(), m.offset()))
     c.close()
     print(json.dumps({"values": [v for v, _ in out], "offsets": [o for _, o in out], "hw": hi}))
+    """
+)
+
+# Fetch from one broker, whoever leads: the values it holds up to its high watermark.
+FETCH = textwrap.dedent(
+    """
+    import json, sys
+    import trio
+    from broker.mirror import kafka_request
+    from broker.protocol import records
+    host, port = sys.argv[1].split(":")
+    async def main():
+        out, offset, hw = [], 0, None
+        while hw is None or offset < hw:
+            r = await kafka_request(host, int(port), 1, 12, "fetch", {
+                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 24,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1, "rack_id": "",
+                "forgotten_topics_data": [], "topics": [{"topic": sys.argv[2], "partitions": [{
+                    "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+                    "last_fetched_epoch": -1, "log_start_offset": -1,
+                    "partition_max_bytes": 1 << 24}]}]})
+            p = r.responses[0].partitions[0]
+            assert p.error_code == 0, p.error_code
+            hw = p.high_watermark
+            got = [(r.offset, r.value.decode()) for b in records.split_batches(bytes(p.records or b""))
+                   for r in records.decode_records(b)]
+            if not got:
+                break
+            out += [v for o, v in got if o >= offset]
+            offset = got[-1][0] + 1
+        print(json.dumps({"values": out, "hw": hw}))
+    trio.run(main)
     """
 )
 
@@ -194,6 +228,14 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
     # every acknowledgement named the offset the record has in the new leader's log
     at = {v: o for v, o in zip(values, got["offsets"], strict=True)}
     assert all(at[r["v"]] == r["o"] for r in acks), [r for r in acks if at[r["v"]] != r["o"]][:5]
+    # every other copy follows the new leader: the other replica, and the old leader
+    # back as a replica (its tail no quorum signed cut)
+    copies = [b for b in cluster.brokers if b is not new_leader and b.proc is not None]
+    assert len(copies) == (2 if how == "stop" else 1)
+    for b in copies:
+        wait(f"broker {b.port}'s copy follows the new leader",
+             lambda b=b: json.loads(py(FETCH, b.bootstrap, TOPIC)) == {"values": values, "hw": len(values)},
+             timeout=30)  # fmt: skip
 
 
 @pytest.mark.timeout(300)

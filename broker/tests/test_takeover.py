@@ -47,7 +47,8 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
     signed by 2 and 3; every acknowledged record is read once, in order, from it; an
     idempotent producer's retry of its last batch is a duplicate there, not a second
     record; every broker's Metadata names it leader in epoch 1; the other replica
-    follows its heads."""
+    follows its heads; broker 1 back (its data dir kept) steps down: its copy, reopened
+    as a replica, follows the new leader."""
     ports = _free_ports(3)
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
@@ -122,13 +123,35 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
                 return await _values(co) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
 
             await _until(followed)
-            # both sign: with the other replica gone too, nothing is written
+            # the old leader back (same data dir): it names the new leader, refuses
+            # produces, and its copy, reopened as a replica, follows the new fork
+            c1 = await start(1)
+
+            async def back() -> bool:
+                p = (await _metadata(c1, "q")).topics[0].partitions[0]
+                return (p.leader_id, p.leader_epoch) == (lead, 1)
+
+            await _until(back)
+            assert (await _produce(c1, b"no", 5))[0] == 6
+
+            async def old_follows() -> bool:
+                return await _values(c1) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
+
+            await _until(old_follows)
+            assert (await _produce(cl, b"v5", 5)) == (0, 5)
+
+            async def old_follows_on() -> bool:
+                return len(await _values(c1)) == 6
+
+            await _until(old_follows_on)
+            # both others sign: with the other replica and the old leader gone, nothing is written
+            scopes[1].cancel()
             scopes[other].cancel()
 
             async def alone() -> bool:
                 return [b.node_id for b in (await _metadata(cl, "q")).brokers] == [lead]
 
             await _until(alone)
-            assert (await _produce(cl, b"v5", 5))[0] == 19  # NOT_ENOUGH_REPLICAS
-            assert await _values(cl) == [b"v0", b"v1", b"v2", b"v3", b"v4"]
+            assert (await _produce(cl, b"v6", 6))[0] == 19  # NOT_ENOUGH_REPLICAS
+            assert await _values(cl) == [b"v0", b"v1", b"v2", b"v3", b"v4", b"v5"]
             nursery.cancel_scope.cancel()
