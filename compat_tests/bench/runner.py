@@ -472,10 +472,14 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
                     "acks": p.throughput_acks, "linger_ms": 5, "batch_bytes": MiB}  # fmt: skip
             cpu0 = target.usage().cpu_seconds
             busy0, total0 = procfs.machine_busy_seconds()
-            with profiling(ctx, target, f"produce-p{parts}-r{run}"):
-                prod = Client("produce", spec, ctx.outdir / "clients").result(
-                    _timeout_for(p.throughput_bytes)
-                )
+            try:
+                with profiling(ctx, target, f"produce-p{parts}-r{run}"):
+                    prod = Client("produce", spec, ctx.outdir / "clients").result(
+                        _timeout_for(p.throughput_bytes)
+                    )
+            except WorkloadError as exc:
+                failed.append(f"{parts}p produce: {exc}")  # the other partition count runs
+                continue
             cpu1 = target.usage().cpu_seconds
             busy1, total1 = procfs.machine_busy_seconds()
             if ctx.profile_dir is not None and target.name == "hyperkafka":
