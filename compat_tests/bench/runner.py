@@ -641,6 +641,8 @@ def run(
     """
     save = checkpoint or (lambda _r: None)
     t0 = time.monotonic()
+    # Absolute: brokers run in their own work dirs, and take their paths from here.
+    outdir = outdir.resolve()
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(params, outdir, profile_dir=outdir / "profile" if params.profile else None)
     report = Report(params, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), [])
