@@ -68,6 +68,7 @@ from broker.groups.consumer_group import (
     Records,
     TopicLookup,
 )
+from broker.groups.consumer_protocol import encode_assignment
 
 log = logging.getLogger("hyperkafka.groups")
 
@@ -689,7 +690,13 @@ class Groups:
 
     def tick(self, now: int) -> None:
         for group in list(self.groups.values()):
+            if group.consumer is None:
+                group.tick(now)
+                continue
+            epoch, before = group.consumer.group_epoch, len(group.consumer.members)
             group.tick(now)
+            if len(group.consumer.members) < before:  # a member expired or was fenced
+                self._maybe_downgrade(now, group, epoch)
 
     # ------------------------------------------------------------------ ConsumerGroupHeartbeat
 
@@ -715,10 +722,53 @@ class Groups:
                 return HeartbeatResult(codes.UNKNOWN_MEMBER_ID, f"Member {hb.member_id} is not a member of group {hb.group_id}.")
             group.consumer = ConsumerGroup(hb.group_id, self.consumer_settings, self.records)
             group.protocol_type = CONSUMER_PROTOCOL
+        epoch = group.consumer.group_epoch
         result = group.consumer.heartbeat(now, hb, lookup, names)
         if created and not group.consumer.members:
             del self.groups[hb.group_id]  # a join that failed leaves nothing behind
+        elif hb.member_epoch == -1:
+            self._maybe_downgrade(now, group, epoch)
         return result
+
+    def _maybe_downgrade(self, now: int, group: Group, epoch: int) -> None:
+        """Kafka's validateOnlineDowngrade + convertToClassicGroup: when the last member of
+        the consumer protocol left (or was fenced) and classic members remain, the group
+        becomes a classic group of those members at generation `epoch` (the group epoch
+        before that member went, which the reconciled classic members hold), keeping their
+        partitions, and rebalances: they rejoin and their leader assigns again."""
+        consumer = group.consumer
+        if (
+            consumer is None
+            or not consumer.members
+            or any(m.classic is None for m in consumer.members.values())
+            or not self.consumer_settings.allows_downgrade()
+        ):
+            return
+        if len(consumer.members) > self.settings.max_size:
+            log.info("group %s: cannot downgrade to a classic group: more members than group.max.size", group.group_id)
+            return
+        by_id = {tid: name for name, (tid, _) in consumer.topic_metadata.items()}
+        self.records.extend(consumer.tombstones())
+        group.consumer = None
+        group.protocol_type = CONSUMER_PROTOCOL
+        group.generation_id = epoch
+        group.members, group.static_members, group.pending_members = {}, {}, {}
+        group.leader_id = None
+        for cm in consumer.members.values():
+            assert cm.classic is not None
+            session_ms, protocols = cm.classic
+            named = {by_id[t]: ps for t, ps in cm.assigned.items() if t in by_id}
+            member = Member(
+                cm.member_id, None, cm.client_id, cm.client_host, cm.rebalance_timeout_ms, session_ms,
+                CONSUMER_PROTOCOL, list(protocols), encode_assignment(named),
+            )
+            group._add(member)
+            group._schedule_heartbeat(member, now)
+        group.protocol_name = group.select_protocol()
+        group.state = State.STABLE
+        log.info("group %s: consumer group of epoch %d downgraded to a classic group (%d members)", group.group_id, epoch, len(group.members))
+        self.effects.append(StoreGroup(group.group_id, group.generation_id, None))
+        group.prepare_rebalance(now)
 
     def _upgrade(self, now: int, group: Group, lookup: TopicLookup, names: Callable[[], Iterable[str]]) -> bool:
         """Kafka's validateOnlineUpgrade + convertToConsumerGroup: a stable classic group of

@@ -223,3 +223,94 @@ def test_classic_member_metadata_round_trips() -> None:
     raw = rec.member_metadata(plain)[:-1] + b"\x01\x05\x02ab"
     assert rec.decode_member_metadata(raw) == plain
     assert struct.unpack(">h", cp.encode_assignment({})[:2]) == (0,)
+
+
+async def upgraded(c: RawClient, group: str) -> tuple[str, int, Any]:
+    """A classic member and a consumer-protocol member reconciled in `group`, upgraded from
+    a stable classic group: (the classic member's id, its generation, the other's answer)."""
+    j = await join(c, group)
+    assert (await sync(c, group, 1, j.member_id, assignment({"t": [0, 1, 2, 3]}))).error_code == 0
+    r = await c.call("consumer_group_heartbeat", 1, hb_body(group, "new", 0))
+    assert r.error_code == 0
+    rj = await c.call("join_group", 9, join_body(group, j.member_id))
+    assert (rj.error_code, rj.generation_id) == (0, 2)
+    assert (await sync(c, group, 2, j.member_id)).error_code == 0
+    r2 = await c.call("consumer_group_heartbeat", 1, hb_body(group, "new", 2, owned=[]))
+    assert r2.error_code == 0 and owned_of(r2)
+    return j.member_id, 2, r2
+
+
+async def test_the_last_consumer_member_leaving_downgrades_the_group(
+    broker_config: BrokerConfig,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        c = await start(nursery, broker_config)
+        await create(c, "t", 4)
+        classic, gen, _ = await upgraded(c, "down")
+        left = await c.call("consumer_group_heartbeat", 1, hb_body("down", "new", -1, topics=None))
+        assert (left.error_code, left.member_epoch) == (0, -1)
+        # A classic group again, rebalancing: its member is told to rejoin, then leads.
+        listed = await c.call("list_groups", 5, {"states_filter": [], "types_filter": []})
+        assert [(g.group_type, g.group_state) for g in listed.groups if g.group_id == "down"] == [
+            ("classic", "PreparingRebalance")
+        ]
+        assert (await describe(c, "down")).error_code == codes.GROUP_ID_NOT_FOUND
+        assert await heartbeat(c, "down", gen, classic) == codes.REBALANCE_IN_PROGRESS
+        rj = await c.call("join_group", 9, join_body("down", classic))
+        assert (rj.error_code, rj.generation_id, rj.leader) == (0, gen + 1, classic)
+        assert [m.member_id for m in rj.members] == [classic]
+        s = await sync(c, "down", gen + 1, classic, assignment({"t": [0, 1, 2, 3]}))
+        assert s.error_code == 0 and parts_of(s.assignment) == {0, 1, 2, 3}
+        assert await commit(c, "down", gen + 1, classic, 9) == 0
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        c = await start(nursery, broker_config)
+        dg = await c.call("describe_groups", 5, {"groups": ["down"], "include_authorized_operations": False})
+        g = dg.groups[0]
+        assert (g.group_state, g.protocol_type, [m.member_id for m in g.members]) == (
+            "Stable",
+            "consumer",
+            [classic],
+        )
+        assert await heartbeat(c, "down", gen + 1, classic) == 0
+        assert (await describe(c, "down")).error_code == codes.GROUP_ID_NOT_FOUND
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_downgrade_when_the_policy_says_no(broker_config: BrokerConfig) -> None:
+    broker_config.static["group.consumer.migration.policy"] = "upgrade"
+    async with trio.open_nursery() as nursery:
+        c = await start(nursery, broker_config)
+        await create(c, "t", 4)
+        classic, gen, _ = await upgraded(c, "up")
+        left = await c.call("consumer_group_heartbeat", 1, hb_body("up", "new", -1, topics=None))
+        assert left.error_code == 0
+        # Still a consumer group, serving its classic member, which now gets everything.
+        d = await describe(c, "up")
+        assert d.error_code == 0 and [m.member_id for m in d.members] == [classic]
+        assert await heartbeat(c, "up", gen, classic) == codes.REBALANCE_IN_PROGRESS
+        rj = await c.call("join_group", 9, join_body("up", classic))
+        assert rj.error_code == 0
+        s = await sync(c, "up", rj.generation_id, classic)
+        assert parts_of(s.assignment) == {0, 1, 2, 3}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_consumer_member_expiring_downgrades_the_group(broker_config: BrokerConfig) -> None:
+    broker_config.static.update(
+        {"group.consumer.session.timeout.ms": "600", "group.consumer.heartbeat.interval.ms": "100"}
+    )
+    async with trio.open_nursery() as nursery:
+        c = await start(nursery, broker_config)
+        await create(c, "t", 4)
+        classic, gen, _ = await upgraded(c, "exp")
+        with trio.fail_after(10):
+            while True:  # the classic member heartbeats on; the other one is silent
+                error = await heartbeat(c, "exp", gen, classic)
+                if error != 0:
+                    break
+                await trio.sleep(0.1)
+        assert error == codes.REBALANCE_IN_PROGRESS
+        listed = await c.call("list_groups", 5, {"states_filter": [], "types_filter": ["classic"]})
+        assert [g.group_id for g in listed.groups] == ["exp"]
+        nursery.cancel_scope.cancel()
