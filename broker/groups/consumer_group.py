@@ -445,25 +445,36 @@ class ConsumerGroup:
             member.assigned if full or member.assigned != before else None,
         )
 
+    @staticmethod
+    def check_join(hb: Heartbeat, settings: ConsumerSettings) -> None:
+        """Raise the HeartbeatError a join (member epoch 0) is refused with, before any
+        change (an online upgrade runs only for a join that will be accepted)."""
+        if hb.subscribed_topic_regex:
+            why = regex_refusal(hb.subscribed_topic_regex)
+            if why is not None:
+                raise HeartbeatError(
+                    INVALID_REGULAR_EXPRESSION,
+                    f"SubscribedTopicRegex `{hb.subscribed_topic_regex}` is not a valid regular expression: {why}.",
+                )
+        if (
+            hb.rebalance_timeout_ms == -1
+            or (hb.subscribed_topic_names is None and hb.subscribed_topic_regex is None)
+            or hb.owned is None
+        ):
+            raise HeartbeatError(
+                codes.INVALID_REQUEST,
+                "A join (member epoch 0) must carry the rebalance timeout, the subscription and the owned partitions.",
+            )
+        if hb.server_assignor is not None and hb.server_assignor not in settings.assignors:
+            raise HeartbeatError(
+                UNSUPPORTED_ASSIGNOR,
+                f"ServerAssignor {hb.server_assignor} is not supported. Supported assignors: {', '.join(settings.assignors)}.",
+            )
+
     def _member_for(self, now: int, hb: Heartbeat) -> tuple[ConsumerMember, bool]:
         """The member this heartbeat is from (created on a join), its epoch checked."""
         if hb.member_epoch == 0:
-            if hb.version == 0 and hb.member_id:
-                pass  # v0 allowed a client-chosen id too
-            if (
-                hb.rebalance_timeout_ms == -1
-                or (hb.subscribed_topic_names is None and hb.subscribed_topic_regex is None)
-                or hb.owned is None
-            ):
-                raise HeartbeatError(
-                    codes.INVALID_REQUEST,
-                    "A join (member epoch 0) must carry the rebalance timeout, the subscription and the owned partitions.",
-                )
-            if hb.server_assignor is not None and hb.server_assignor not in self.settings.assignors:
-                raise HeartbeatError(
-                    UNSUPPORTED_ASSIGNOR,
-                    f"ServerAssignor {hb.server_assignor} is not supported. Supported assignors: {', '.join(self.settings.assignors)}.",
-                )
+            self.check_join(hb, self.settings)
             if hb.instance_id is not None:
                 return self._static_join(now, hb)
             member_id = hb.member_id or str(uuid.uuid4())

@@ -64,6 +64,7 @@ from broker.groups.consumer_group import (
     ConsumerGroup,
     ConsumerSettings,
     Heartbeat,
+    HeartbeatError,
     HeartbeatResult,
     Records,
     TopicLookup,
@@ -711,8 +712,14 @@ class Groups:
         created = group is None
         if group is None:
             group = self.get_or_create(hb.group_id)
-        if group.consumer is None and group.members and (hb.member_epoch != 0 or not self._upgrade(now, group, lookup, names)):
-            return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.")
+        if group.consumer is None and group.members:
+            if hb.member_epoch == 0:
+                try:
+                    ConsumerGroup.check_join(hb, self.consumer_settings)
+                except HeartbeatError as exc:
+                    return HeartbeatResult(exc.error, exc.message)
+            if hb.member_epoch != 0 or not self._upgrade(now, group, lookup, names):
+                return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.")
         if group.consumer is None:
             if not group.is_(State.EMPTY) or group.members or group.pending_members:
                 return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.")
@@ -782,8 +789,8 @@ class Groups:
             why = f"its protocol type is {group.protocol_type!r}"
         elif not group.is_(State.STABLE):
             why = f"it is {group.state.value}"  # rebalancing: try again once stable
-        elif len(group.members) > s.max_size:
-            why = "it has more members than group.consumer.max.size"
+        elif len(group.members) >= s.max_size:
+            why = "the joining member would exceed group.consumer.max.size"
         elif group.static_members:
             why = "static classic members are not converted here"
         protocol = group.protocol_name or ""

@@ -16,6 +16,7 @@ from broker.config import BrokerConfig
 from broker.groups import codes
 from broker.groups import consumer_protocol as cp
 from broker.groups import consumer_records as rec
+from broker.groups.consumer_group import UNSUPPORTED_ASSIGNOR
 from broker.server import run
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_consumer_group_handlers import hb_body, owned_of
@@ -209,6 +210,17 @@ async def test_no_upgrade_while_rebalancing_or_when_the_policy_says_no(
         assert j.error_code == 0
         r = await c.call("consumer_group_heartbeat", 1, hb_body("g2", "new", 0))
         assert r.error_code == codes.GROUP_ID_NOT_FOUND
+        # A join the consumer group would refuse does not upgrade a stable group.
+        assert (await sync(c, "g2", 1, j.member_id, assignment({"t": [0, 1]}))).error_code == 0
+        bad = {**hb_body("g2", "new", 0), "server_assignor": "nope"}
+        r = await c.call("consumer_group_heartbeat", 1, bad)
+        assert r.error_code == UNSUPPORTED_ASSIGNOR
+        listed = await c.call("list_groups", 5, {"states_filter": [], "types_filter": []})
+        assert [(g.group_type, g.group_state) for g in listed.groups if g.group_id == "g2"] == [
+            ("classic", "Stable")
+        ]
+        r = await c.call("consumer_group_heartbeat", 1, hb_body("g2", "new", 0))
+        assert r.error_code == 0
         nursery.cancel_scope.cancel()
 
 
