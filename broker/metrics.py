@@ -218,7 +218,7 @@ def render(node: Node) -> str:
     for p in own:
         if p.failed:
             offline += 1
-        if cluster is not None and not p.topic.name.startswith("__"):
+        if not p.topic.name.startswith("__"):
             isr = len(cluster.isr(p.log.key))
             if isr < len(cluster.replicas(node.config.node_id)):
                 under += 1
@@ -229,7 +229,7 @@ def render(node: Node) -> str:
         for t in node.topics.values()
         for p in t.partitions
     )
-    controller = cluster is None or cluster.is_controller
+    controller = cluster.is_controller
     out.family(
         "kafka_server_replicamanager_partitioncount",
         "gauge",
