@@ -222,7 +222,7 @@ def render(node: Node) -> str:
             isr = len(cluster.isr(p.log.key))
             if isr < len(cluster.replicas(node.config.node_id)):
                 under += 1
-            if isr < p.topic.min_insync_replicas:
+            if cluster.short_of_insync(p.log.key, p.topic.min_insync_replicas) is not None:
                 under_min_isr += 1
     failed_dir = any(
         p.failed and p.failed_code == KAFKA_STORAGE_ERROR
