@@ -758,7 +758,9 @@ async def test_a_cluster_broker_coordinates_no_transaction_yet() -> None:
     from broker.transactions.coordinator import NOT_COORDINATOR, CoordinatorError, TxnCoordinator
 
     node = SimpleNamespace(
-        config=SimpleNamespace(static={}, node_id=3), topics={}, cluster=object()
+        config=SimpleNamespace(static={}, node_id=3), topics={},
+        # an etcd view: no coordinator of __transaction_state is placed there
+        cluster=SimpleNamespace(coordinator=lambda _topic, _partition: None),
     )
     coordinator = TxnCoordinator(node)  # type: ignore[arg-type]
     with pytest.raises(CoordinatorError) as info:

@@ -130,9 +130,9 @@ def coordinator_node(node: Node, transactional_id: str) -> int | None:
     """The broker that coordinates `transactional_id` (None: none can now). The one place
     that decides it, so a cluster can later spread ids by their `__transaction_state`
     partition as groups are."""
-    if node.cluster is not None:
-        return None
-    return node.config.node_id
+    # (a cluster places no coordinator of __transaction_state yet: None there; alone,
+    # this broker coordinates every partition)
+    return node.cluster.coordinator(TXN_TOPIC, 0)
 
 
 def wall_ms() -> int:
