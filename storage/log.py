@@ -37,7 +37,13 @@ from storage import batch as B
 from storage import compaction, recovery, retention
 from storage import format as fmt
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
-from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
+from storage.errors import (
+    ArchiveDamaged,
+    BlockRemoved,
+    CorruptBatch,
+    OffsetOutOfRange,
+    StorageError,
+)
 from storage.format import (
     BE_I32,
     BE_I64,
@@ -187,6 +193,9 @@ class PartitionLog:
         self._pending: list[PendingBatch] = []
         # a replica's verified leaf hashes of `_pending` (see `replica`); None: hash them
         self._pending_leaves: list[bytes] | None = None
+        # a replica's blocks the writer's cleaner removed (FORMAT.md section 10), not yet
+        # under a stored head: leaf index -> the leaf's byte size (its index entry is 0)
+        self._hole_sizes: dict[int, int] = {}
         # Heads come from another node (storage.follower), never from us: `prepare_commit`
         # builds no job of its own, blocks past the last stored head are dropped at commit,
         # close and recovery (fetched again), retention keeps what the writer signed.
@@ -291,7 +300,7 @@ class PartitionLog:
             raise KeyError(index)
         size = seg.size_of(k)
         if not size:  # removed by compaction (FORMAT.md 4a): not held here
-            raise KeyError(index)
+            raise BlockRemoved(index)
         data = self.fs.pread_exact(seg.log_fd, size, seg.positions[k])
         if len(data) != size:
             raise KeyError(index)
@@ -671,6 +680,7 @@ class PartitionLog:
             nodes=self._pending_nodes,
             pending=self._pending,
             leaves=self._pending_leaves,
+            hole_sizes=self._hole_sizes or None,
             sync_fds=sync_fds,
             sync_derived=derived_due,
             derived_length=derived_length,
@@ -712,6 +722,8 @@ class PartitionLog:
         self._head = head
         self._published_length = head.length
         self.high_watermark = head.next_offset
+        if self._hole_sizes:  # their leaves are in the tree file now
+            self._hole_sizes = {i: n for i, n in self._hole_sizes.items() if i >= head.length}
         handles = self._handles
         if handles is not None and handles.total > handles.budget:
             # logs that were busy when others opened are idle now: back within budget
@@ -759,6 +771,19 @@ class PartitionLog:
         self._store(batch, len(batch), base, delta, max_ts)
         self._pending_leaves.append(bytes(leaf))
 
+    def append_removed(self, base: int, delta: int, leaf: bytes, leaf_size: int) -> None:
+        """Replica: record block `next leaf` as one the writer's cleaner removed (FORMAT.md
+        section 10): a size-0 index entry covering offsets [base, base + delta] with the leaf
+        hash and byte size a replication session verified under a signed head. No bytes.
+        Invisible until `prepare_signed` stores a head over it, as `append_verified`."""
+        self.check_writable()
+        assert self._pending_leaves is not None, "not a replica"
+        if leaf_size <= 0:
+            raise StorageError("a removed block's leaf has a size")
+        self._hole_sizes[self._next_leaf] = leaf_size
+        self._store(b"", 0, base, delta, -1)
+        self._pending_leaves.append(bytes(leaf))
+
     def sync_unsigned_tail(self) -> None:
         """Replica: fsync the data of the blocks past the last stored head (a replica that
         vouches for them, signing them as one of a quorum, needs them to outlive a crash)."""
@@ -785,7 +810,7 @@ class PartitionLog:
             return None
         f = Frontier.from_roots(list(head.roots)) if head is not None and stored else Frontier()
         for leaf, p in zip(leaves[: n - stored], self._pending[: n - stored], strict=True):
-            f.append(leaf, p[6])
+            f.append(leaf, p[6] or self._hole_sizes[f.length])
         return f.tree_hash()
 
     def drop_unsigned_tail(self) -> None:
@@ -811,6 +836,7 @@ class PartitionLog:
         self._pending = []
         self._pending_leaves = []
         self._pending_nodes = []
+        self._hole_sizes = {}
         self._next_leaf = keep
         self.log_end_offset = (
             self._segments[-1].next_offset() if self._segments else self.log_start_offset

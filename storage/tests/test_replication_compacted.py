@@ -1,0 +1,110 @@
+"""A mirror of a compacted archive (FORMAT.md sections 4a and 10): the writer answers a
+request for a block its cleaner removed with `no-data`, the follower then asks for the
+block's leaf node (a Hypercore `hash` request, proven against the signed tree) and
+records the hole as the writer does; every later block and head still verifies."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from storage_testutil import KEYPAIR
+from test_compaction import NOW, POLICY, append, keys_of, open_log, read_all, records_of
+
+from storage import PartitionLog
+from storage.compaction import clean
+from storage.follower import FollowerLog
+from storage.log import Head
+from storage.replication import (
+    MemoryArchive,
+    PartitionLogSource,
+    RemoteProtocolError,
+    ReplicationSession,
+)
+from storage.verify import verify_partition
+
+
+def _pump(a: ReplicationSession, b: ReplicationSession) -> None:
+    for _ in range(100_000):
+        da, db = a.data_to_send(), b.data_to_send()
+        if not da and not db:
+            return
+        if da:
+            b.receive_data(da)
+        if db:
+            a.receive_data(db)
+    raise AssertionError("sessions did not go quiet")
+
+
+def _compacted_writer(path: Path) -> tuple[PartitionLog, int]:
+    lg = open_log(path)
+    for i in range(90):
+        # two records a batch, so a run of removed blocks spans several offsets each
+        append(lg, [(b"k%d" % (i % 5), b"v%d" % i), (b"k%d" % ((i + 1) % 5), b"w%d" % i)])
+        if i % 10 == 9:
+            lg.commit()
+    lg.commit()
+    res = clean(lg, keys_of, POLICY, NOW)
+    assert res is not None and res.removed_blocks > 20
+    return lg, res.removed_blocks
+
+
+def test_a_new_mirror_of_a_compacted_archive_holds_the_compacted_view(tmp_path: Path) -> None:
+    w, removed = _compacted_writer(tmp_path / "w")
+    f = FollowerLog.open_replica(tmp_path / "m", KEYPAIR.public_key)
+    server = ReplicationSession.serve(PartitionLogSource(w))
+    client = ReplicationSession.follow(w.key, f, initiator=True, live=True,
+                                       have=f.verified_tree())
+    _pump(client, server)
+    assert _signed(f.head) == _signed(w.head)
+    assert f.high_watermark == w.high_watermark
+    # the same records at the same offsets as the writer serves
+    assert records_of(read_all(f.log)) == records_of(read_all(w))
+    # a fetch from an offset in a removed block starts at the next batch kept, as on the writer
+    for off in range(0, 40):
+        assert f.read(off, 1 << 20).base_offset == w.read(off, 1 << 20).base_offset
+    # the writer goes on after the clean: the mirror follows, heads still verify
+    append(w, [(b"k0", b"after")])
+    w.commit()
+    server.notify_append()
+    _pump(client, server)
+    assert _signed(f.head) == _signed(w.head)
+    assert records_of(read_all(f.log)) == records_of(read_all(w))
+    assert server.stats.invalid_requests == 0
+    f.close()
+    v = verify_partition(str(tmp_path / "m"), KEYPAIR.public_key)
+    assert v.ok and v.compacted == removed, v
+    # reopened, the mirror serves the same and resumes from its stored head
+    f = FollowerLog.open_replica(tmp_path / "m", KEYPAIR.public_key)
+    assert records_of(read_all(f.log)) == records_of(read_all(w))
+    f.close()
+    w.close()
+
+
+def test_a_sink_that_takes_no_holes_is_refused_no_data_not_a_wrong_block(tmp_path: Path) -> None:
+    """A peer that does not know removed blocks (as a stock Hypercore follower that insists
+    on every block) gets `no-data` for them: no block is made up, the server stays up."""
+    w, _ = _compacted_writer(tmp_path / "w")
+    sink = MemoryArchive(KEYPAIR.public_key)
+    server = ReplicationSession.serve(PartitionLogSource(w))
+    client = ReplicationSession.follow(w.key, sink, initiator=True)
+    with contextlib.suppress(RemoteProtocolError):
+        _pump(client, server)
+    # blocks before the first removed one were delivered, each verified; none after it
+    first_gone = next(i for i in range(w.length) if _gone(w, i))
+    assert len(sink.blocks) == first_gone
+    assert server.stats.invalid_requests == 0
+    w.close()
+
+
+def _gone(lg: PartitionLog, i: int) -> bool:
+    try:
+        lg.block(i)
+    except KeyError:
+        return True
+    return False
+
+
+def _signed(head: Head | None) -> tuple[object, ...]:
+    assert head is not None
+    return (head.length, head.fork, head.tree_hash, head.signature, head.next_offset)
