@@ -21,6 +21,8 @@ from storage.replication import (
     RemoteProtocolError,
     ReplicationSession,
 )
+from storage.replication.trio_driver import serve_archive
+from storage.tests.test_replication_interop import PEER, _require_node
 from storage.verify import verify_partition
 
 
@@ -108,3 +110,42 @@ def _gone(lg: PartitionLog, i: int) -> bool:
 def _signed(head: Head | None) -> tuple[object, ...]:
     assert head is not None
     return (head.length, head.fork, head.tree_hash, head.signature, head.next_offset)
+
+
+async def test_a_stock_hypercore_peer_gets_every_kept_block_and_no_removed_one(tmp_path: Path) -> None:
+    """npm hypercore 11 replicating a compacted archive from us: every block we hold
+    verifies; a removed one never arrives (`no-data`), and the server stays up."""
+    import hashlib
+    import json
+
+    import trio
+
+    node = _require_node()
+    w, _ = _compacted_writer(tmp_path / "w")
+    held = [i for i in range(w.length) if not _gone(w, i)]
+    removed = next(i for i in range(w.length) if _gone(w, i))
+    sha = hashlib.sha256(b"".join(w.block(i) for i in held)).hexdigest()
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    served: list[int] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+
+            async def serve_one() -> None:
+                stream = await listeners[0].accept()
+                stats = await serve_archive(stream, PartitionLogSource(w))
+                served.append(stats.invalid_requests)
+
+            nursery.start_soon(serve_one)
+            proc = await trio.run_process(
+                [node, str(PEER), "fetch-some", str(port), w.key.hex(), str(w.length),
+                 ",".join(map(str, held)), sha, str(removed)],
+                capture_stdout=True, capture_stderr=True, check=False,
+            )
+            assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
+            result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+            assert result["ok"] and result["removed"] == "REQUEST_TIMEOUT", result
+    assert served == [0]
+    for listener in listeners:
+        await listener.aclose()
+    w.close()
