@@ -149,3 +149,45 @@ async def test_a_stock_hypercore_peer_gets_every_kept_block_and_no_removed_one(t
     for listener in listeners:
         await listener.aclose()
     w.close()
+
+
+def test_a_mirror_live_during_the_clean_keeps_its_copy_and_one_resuming_after_it_gets_holes(
+        tmp_path: Path) -> None:
+    """Mirror A followed the whole archive before the writer's clean: it keeps every block
+    (mirrors do not compact) and follows what comes after. Mirror B had the first half:
+    resuming after the clean it keeps that half whole and records the removed blocks of
+    the rest as holes. Both verify, both read the writer's last value of every key."""
+    lg = open_log(tmp_path / "w")
+    for i in range(90):
+        append(lg, [(b"k%d" % (i % 5), b"v%d" % i)])
+        if i % 10 == 9:
+            lg.commit()
+        if i == 44:
+            lg.commit()
+            half = FollowerLog.open_replica(tmp_path / "b", KEYPAIR.public_key)
+            _pump(ReplicationSession.follow(lg.key, half, initiator=True, have=half.verified_tree()),
+                  ReplicationSession.serve(PartitionLogSource(lg)))
+            assert half.length == 45
+    lg.commit()
+    full = FollowerLog.open_replica(tmp_path / "a", KEYPAIR.public_key)
+    _pump(ReplicationSession.follow(lg.key, full, initiator=True, have=full.verified_tree()),
+          ReplicationSession.serve(PartitionLogSource(lg)))
+    everything = records_of(read_all(lg))
+    res = clean(lg, keys_of, POLICY, NOW)
+    assert res is not None and res.removed_blocks > 40
+    append(lg, [(b"k0", b"after")])
+    lg.commit()
+    for f in (full, half):
+        _pump(ReplicationSession.follow(lg.key, f, initiator=True, have=f.verified_tree()),
+              ReplicationSession.serve(PartitionLogSource(lg)))
+        assert _signed(f.head) == _signed(lg.head)
+    after = records_of(read_all(lg))
+    assert records_of(read_all(full.log)) == everything + after[-1:]
+    got = records_of(read_all(half.log))
+    assert got[:45] == everything[:45] and got[45:] == [r for r in after if r[0] >= 45]
+    assert {k: v for _, k, v in got} == {k: v for _, k, v in after}
+    for name, f, compacted in (("a", full, 0), ("b", half, None)):
+        f.close()
+        v = verify_partition(str(tmp_path / name), KEYPAIR.public_key)
+        assert v.ok and (v.compacted == compacted if compacted is not None else v.compacted > 0), v
+    lg.close()
