@@ -10,6 +10,7 @@ from pathlib import Path
 
 from storage_testutil import KEYPAIR
 from test_compaction import NOW, POLICY, append, keys_of, open_log, read_all, records_of
+from test_replication_interop import PEER, _require_node
 
 from storage import PartitionLog
 from storage.compaction import clean
@@ -22,7 +23,6 @@ from storage.replication import (
     ReplicationSession,
 )
 from storage.replication.trio_driver import serve_archive
-from storage.tests.test_replication_interop import PEER, _require_node
 from storage.verify import verify_partition
 
 
