@@ -306,6 +306,28 @@ class PartitionLog:
             raise KeyError(index)
         return bytes(data)
 
+    def removed_runs(self, length: int) -> list[tuple[int, int]]:
+        """(first block, count) of each run of blocks below `length` that are not held here
+        because a cleaner removed them (size-0 entries, FORMAT.md 4a and 10), in order."""
+        self._ensure_open()
+        runs: list[tuple[int, int]] = []
+        for seg in self._segments:
+            first = seg.first_leaf
+            if first >= length:
+                break
+            # a size is 0 only if its low byte is: find those in C, then check each
+            low = bytes(seg.entries[20 : seg.count * ENTRY_SIZE : ENTRY_SIZE])
+            k = low.find(0)
+            while k != -1 and first + k < length:
+                if not seg.size_of(k):
+                    i = first + k
+                    if runs and runs[-1][0] + runs[-1][1] == i:
+                        runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+                    else:
+                        runs.append((i, 1))
+                k = low.find(0, k + 1)
+        return runs
+
     # ------------------------------------------------------------------ open / recovery
 
     @classmethod

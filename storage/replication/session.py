@@ -845,19 +845,32 @@ class _Server(_Role):
         assert self.source is not None
         self.head = self.source.head()
         self._sync(s)
-        if self.head.length:
-            s.send(M.Range(0, self.head.length))
+        self._held(s, 0)
+
+    def _held(self, s: ReplicationChannel, start: int) -> None:
+        """Tell the peer which blocks from `start` to our head we hold (Hypercore `range`
+        messages): all of them, less the runs our cleaner removed (a `range` with drop),
+        so a stock Hypercore peer never asks for those (storage/FORMAT.md section 10)."""
+        length = self.head.length
+        if length <= start:
+            return
+        s.send(M.Range(start, length - start))
+        removed = getattr(self.source, "removed_runs", None)
+        if removed is not None:
+            for first, n in removed(length):
+                if first + n > start:
+                    s.send(M.Range(max(first, start), first + n - max(first, start), drop=True))
 
     def announce(self, s: ReplicationChannel) -> None:
         assert self.source is not None
         new = self.source.head()
         if new == self.head:
             return
-        self.head = new
+        old, self.head = self.head, new
         s.mux.cork()
         self._sync(s)
-        if new.length:
-            s.send(M.Range(0, new.length))
+        # grown on the same fork: only the new blocks (what the peer knew still holds)
+        self._held(s, old.length if old.fork == new.fork and old.length <= new.length else 0)
         s.mux.uncork()
 
     def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
@@ -869,7 +882,7 @@ class _Server(_Role):
             s.stats.requests += 1
             self._on_request(s, m)
         elif isinstance(m, M.Want) and not isinstance(m, M.Unwant) and self.head.length:
-            s.send(M.Range(0, self.head.length))
+            self._held(s, 0)
         elif isinstance(m, M.Range):
             self._on_range(m.start, m.length, m.drop)
         elif isinstance(m, M.Bitfield):

@@ -6,7 +6,8 @@
 //     block (hypercore verifies each proof and the signed head), then check that the
 //     length and the SHA-256 of all blocks concatenated are as given. Exit 0 if so.
 //   node peer.mjs fetch-some <port> <keyHex> <length> <held> <sha256Hex> <removed>
-//     As fetch, for an archive whose writer's cleaner removed some blocks: get each block
+//     As fetch, for an archive whose writer's cleaner removed some blocks: start a download
+//     of the whole range (in parallel, not awaited), get each block
 //     of <held> (comma-separated indexes), check the SHA-256 of them concatenated, then
 //     ask for block <removed> with a 3 s timeout: it must not arrive. Prints {ok, removed}
 //     (the error code hypercore gave for it).
@@ -78,6 +79,7 @@ async function fetchSome(port, keyHex, length, held, sha, removed) {
   socket.on('error', (e) => console.error('peer: socket error', e.message))
   await core.update({ wait: true })
   if (core.length !== Number(length)) fail(`length ${core.length}, expected ${length}`)
+  core.download({ start: 0, end: core.length }) // everything it can, in parallel
   const h = createHash('sha256')
   for (const i of held.split(',').map(Number)) h.update(await core.get(i, { timeout: 10000 }))
   const got = h.digest('hex')
