@@ -245,13 +245,27 @@ class _Sink:
         self.heads: list[tuple[int, int, bytes, list[TreeNode]]] = []
         self._wake = trio.Event()
         self._lock = trio.Lock()  # one stored head at a time (one job in flight per log)
+        # a head over removed blocks whose offsets the next block kept tells (FollowerLog)
+        self._deferred: tuple[int, int, bytes, list[TreeNode]] | None = None
 
     def put_block(self, index: int, value: bytes | memoryview, leaf: TreeNode) -> None:
         self.log.put_block(index, value, leaf)
         if self.progress is not None:
             self.progress.advance()
+        if self._deferred is not None and self.log.head_ready(self._deferred[0]):
+            deferred, self._deferred = self._deferred, None
+            self.put_head(*deferred)
+
+    def put_removed(self, index: int, leaf: TreeNode) -> None:
+        """A block the writer's cleaner removed: its verified leaf, no bytes (FollowerLog)."""
+        self.log.put_removed(index, leaf)
+        if self.progress is not None:
+            self.progress.advance()
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
+        if not self.log.head_ready(length):
+            self._deferred = (length, fork, signature, list(roots))
+            return
         self.heads.append((length, fork, signature, list(roots)))
         if self.progress is not None:
             if length >= (self.catch_up_to() or 0):
