@@ -577,9 +577,16 @@ class KafkaOracle:
 
     def start(self, timeout: float = 90.0) -> None:
         """Format, start `kafka.Kafka`, and wait until Metadata lists this node."""
+        t0 = time.monotonic()
+        self.spawn()
+        self.wait_ready(timeout, t0=t0)
+
+    def spawn(self) -> None:
+        """Format and start `kafka.Kafka` without waiting: the nodes of a controller quorum
+        (`controller.quorum.voters` naming several) answer only once a majority runs, so
+        a cluster spawns them all, then waits for each."""
         if self.proc is not None:
             raise OracleError("already started")
-        t0 = time.monotonic()
         self.format()
         argv = self.tools.command(
             KAFKA_MAIN,
@@ -596,13 +603,21 @@ class KafkaOracle:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def wait_ready(
+        self, timeout: float = 90.0, *, brokers: int = 1, t0: float | None = None
+    ) -> None:
+        """Wait until Metadata lists `brokers` nodes; killed and OracleError if it does not."""
+        if self.proc is None:
+            raise OracleError("not started")
+        t0 = time.monotonic() if t0 is None else t0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 code = self.proc.returncode
                 self.proc = None
                 raise OracleError(f"kafka.Kafka exited {code} while starting\n{self.log_tail()}")
-            if (metadata_broker_count("127.0.0.1", self.port) or 0) >= 1:
+            if (metadata_broker_count("127.0.0.1", self.port) or 0) >= brokers:
                 self.start_seconds = time.monotonic() - t0
                 return
             time.sleep(0.25)

@@ -1,4 +1,4 @@
-"""`scripts/bench broker [--quick] [--peers kafka,tansu,noida] [--runs N] ...`.
+"""`scripts/bench broker [--quick] [--peers kafka,tansu,noida] [--runs N] [--brokers 3] ...`.
 
 Parses the command line, runs `runner.run`, prints the table and writes results.json,
 table.txt and chart.png into a new folder under bench-results/ (ignored by git); with
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from compat_tests import harness
 from compat_tests.bench import runner
-from compat_tests.bench.targets import ALL_TARGETS
+from compat_tests.bench.targets import ALL_TARGETS, CLUSTER_TARGETS
 
 
 def parse(argv: list[str]) -> tuple[runner.Params, list[str], Path, argparse.Namespace]:
@@ -41,8 +41,16 @@ def parse(argv: list[str]) -> tuple[runner.Params, list[str], Path, argparse.Nam
     )
     ap.add_argument("--runs", type=int, help="runs of each workload per broker (default 3)")
     ap.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="brokers per target: 3 runs hyperkafka (on etcd, quorum-signed partitions) "
+        "beside a 3-node Kafka, replication factor 3, acks=all; peers: kafka only, "
+        f"workloads: {', '.join(runner.CLUSTER_WORKLOADS)}",
+    )
+    ap.add_argument(
         "--workloads",
-        default=",".join(runner.WORKLOADS),
+        default=None,
         help=f"comma-separated subset of {', '.join(runner.WORKLOADS)}",
     )
     ap.add_argument("--size-mib", type=int, help="bytes per throughput topic (default 1024)")
@@ -57,12 +65,21 @@ def parse(argv: list[str]) -> tuple[runner.Params, list[str], Path, argparse.Nam
     ap.add_argument("--no-chart", action="store_true", help="skip the PNG (no matplotlib)")
     args = ap.parse_args(argv)  # fmt: skip
 
-    preset = runner.PRESETS["tiny" if args.tiny else "quick" if args.quick else "full"]
-    params = runner.Params(**preset)
-    workloads = tuple(w for w in args.workloads.split(",") if w)
-    bad = [w for w in workloads if w not in runner.WORKLOADS]
+    size_name = "tiny" if args.tiny else "quick" if args.quick else "full"
+    params = runner.Params(**runner.PRESETS[size_name])
+    cluster = args.brokers > 1
+    if args.brokers < 1:
+        ap.error("--brokers must be at least 1")
+    if cluster:
+        params = runner.cluster_params(params, size_name, args.brokers)
+        if args.peers == ap.get_default("peers"):
+            args.peers = "kafka"
+    known = runner.CLUSTER_WORKLOADS if cluster else runner.WORKLOADS
+    workloads = tuple(w for w in (args.workloads or ",".join(known)).split(",") if w)
+    bad = [w for w in workloads if w not in known]
     if bad:
-        ap.error(f"unknown workload(s) {bad}; known: {', '.join(runner.WORKLOADS)}")
+        ap.error(f"unknown workload(s) {bad}; known{' with --brokers' if cluster else ''}: "
+                 f"{', '.join(known)}")  # fmt: skip
     changes: dict[str, object] = {"workloads": workloads, "hk_fsync": args.hk_fsync,
                                   "profile": args.profile}  # fmt: skip
     if args.runs is not None:
@@ -74,11 +91,13 @@ def parse(argv: list[str]) -> tuple[runner.Params, list[str], Path, argparse.Nam
     params = dataclasses.replace(params, **changes)  # type: ignore[arg-type]
 
     peers = [] if args.peers in ("", "none") else args.peers.split(",")
-    unknown = [p for p in peers if p not in ALL_TARGETS[1:]]
+    allowed = CLUSTER_TARGETS[1:] if cluster else ALL_TARGETS[1:]
+    unknown = [p for p in peers if p not in allowed]
     if unknown:
-        ap.error(f"unknown peer(s) {unknown}; known: {', '.join(ALL_TARGETS[1:])}")
+        ap.error(f"unknown peer(s) {unknown}; known{' with --brokers' if cluster else ''}: "
+                 f"{', '.join(allowed)}")  # fmt: skip
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    outdir = Path(args.out) / f"broker-{stamp}"
+    outdir = Path(args.out) / (f"cluster{args.brokers}-{stamp}" if cluster else f"broker-{stamp}")
     return params, ["hyperkafka", *peers], outdir, args
 
 

@@ -10,6 +10,12 @@ each in its own process, nothing pinned):
 - footprint: a fresh broker, a topic of 1,000 partitions (one record each) and 1,000 idle
   connections: RSS and idle CPU of the broker's process tree.
 
+With `Params.brokers` > 1 (`--brokers 3`) every target is a cluster of that many brokers
+on this machine (targets.py) and only throughput and latency run: topics have replication
+factor `brokers` and min.insync.replicas=2, are warmed by one acks=all record per
+partition before anything is timed, and throughput produces with acks=all
+(`throughput_acks`). CPU and RSS figures sum every process of a cluster.
+
 Runs interleave: run i of a workload goes to every broker before run i+1 starts (in a
 rotating order), so a machine that gets busier or quieter in the middle shifts every broker
 alike. Footprint starts fresh instances; the others share one long-lived instance per
@@ -32,7 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,6 +89,15 @@ class Params:
     workloads: tuple[str, ...] = WORKLOADS
     hk_fsync: str = "interval"
     profile: bool = False
+    brokers: int = 1  # brokers per target: > 1 runs each as a cluster (CLUSTER_WORKLOADS)
+    throughput_acks: str = "1"  # "all" in cluster mode
+
+    @property
+    def replication_factor(self) -> int:
+        return self.brokers
+
+
+CLUSTER_WORKLOADS = ("throughput", "latency")
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -96,6 +111,22 @@ PRESETS: dict[str, dict[str, Any]] = {
              "idle_seconds": 1.0, "settle_seconds": 0.5, "min_offered_fraction": 0.0},
 }  # fmt: skip
 
+# Applied over a preset by --brokers N (N > 1): 3 + 3 brokers share the machine, so the
+# topics are smaller and the latency runs' steady rate lower (on 2 cores a quorum-signed
+# hyperkafka partition takes a few MB/s at acks=all; 5 MB/s would measure a backlog).
+CLUSTER_PRESETS: dict[str, dict[str, Any]] = {
+    "full": {"throughput_bytes": 256 * MiB, "latency_rate": 1 * MB},
+    "quick": {"throughput_bytes": 32 * MiB, "latency_rate": 1 * MB},
+    "tiny": {},
+}
+
+
+def cluster_params(params: Params, preset: str, brokers: int) -> Params:
+    """`params` for a cluster of `brokers` per target: acks=all, the cluster workloads."""
+    workloads = tuple(w for w in params.workloads if w in CLUSTER_WORKLOADS)
+    return replace(params, brokers=brokers, throughput_acks="all", workloads=workloads,
+                   **CLUSTER_PRESETS[preset])  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -107,10 +138,11 @@ class Metric:
 
 def metrics_for(params: Params) -> list[Metric]:
     out: list[Metric] = []
+    acks = "" if params.throughput_acks == "1" else f" (acks={params.throughput_acks})"
     if "throughput" in params.workloads:
         for p in params.partitions:
             out += [
-                Metric(f"throughput.p{p}.produce_mb_s", f"produce {p}p", "MB/s", True),
+                Metric(f"throughput.p{p}.produce_mb_s", f"produce {p}p{acks}", "MB/s", True),
                 Metric(f"throughput.p{p}.consume_mb_s", f"consume {p}p", "MB/s", True),
                 Metric(
                     f"throughput.p{p}.produce_cpu_s_per_gb", f"broker CPU/GB in {p}p", "s", False
@@ -289,15 +321,20 @@ class Client:
 # ---------------------------------------------------------------------------- topics
 
 
-def create_topic(bootstrap: str, partitions: int, prefix: str, timeout: float = 120.0) -> str:
+def create_topic(
+    bootstrap: str, partitions: int, prefix: str, timeout: float = 120.0, *, replicas: int = 1
+) -> str:
+    """A new topic whose every partition has a leader. With `replicas` > 1, also
+    min.insync.replicas=2 (acks=all needs 2 of them)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    config = {"min.insync.replicas": "2"} if replicas > 1 else {}
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+        [NewTopic(name, num_partitions=partitions, replication_factor=replicas, config=config)],
         operation_timeout=timeout,
         request_timeout=timeout,
     )
@@ -307,7 +344,8 @@ def create_topic(bootstrap: str, partitions: int, prefix: str, timeout: float = 
         raise WorkloadError(f"CreateTopics {name} ({partitions} partitions): {exc}") from exc
     except TimeoutError as exc:
         raise WorkloadError(f"CreateTopics {name}: no answer in {timeout:.0f} s") from exc
-    # Wait until every partition has a leader: Kafka elects them after CreateTopics answers.
+    # Wait until every partition has a leader (Kafka elects them after CreateTopics
+    # answers) and, on a cluster, its replicas all in sync.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         md = admin.list_topics(name, timeout=10).topics.get(name)
@@ -315,11 +353,43 @@ def create_topic(bootstrap: str, partitions: int, prefix: str, timeout: float = 
             md is not None
             and md.error is None
             and len(md.partitions) == partitions
-            and all(p.leader >= 0 for p in md.partitions.values())
+            and all(
+                p.leader >= 0
+                # (checked on a cluster only: the single-broker peers are taken as they answer)
+                and (replicas == 1 or len(p.replicas) == len(p.isrs) == replicas)
+                for p in md.partitions.values()
+            )
         ):
             return name
         time.sleep(0.2)
-    raise WorkloadError(f"topic {name}: {partitions} partitions with leaders not seen in time")
+    raise WorkloadError(
+        f"topic {name}: {partitions} partitions with leaders and {replicas} in-sync "
+        "replica(s) not seen in time"
+    )
+
+
+def bench_topic(ctx: Context, target: Target, partitions: int, prefix: str) -> str:
+    """A topic for one run: on a cluster replicated `replication_factor` times and warmed,
+    one acks=all record into each partition before anything is timed (a new replicated
+    partition may refuse or delay its first acks=all while the replicas open it: a
+    hyperkafka replica that has not opened its copy yet, a Kafka follower not yet in
+    the ISR). Those records are 1 byte, so no latency is read from them."""
+    rf = ctx.params.replication_factor
+    topic = create_topic(target.bootstrap, partitions, prefix, replicas=rf)
+    if rf > 1:
+        spec = {"bootstrap": target.bootstrap, "topic": topic, "partitions": partitions,
+                "acks": "all", "timeout": 120}  # fmt: skip
+        try:
+            Client("touch", spec, ctx.outdir / "clients").result(180)
+        except WorkloadError:
+            delete_topic(target.bootstrap, topic)
+            raise
+    return topic
+
+
+def warm_records(params: Params, partitions: int) -> int:
+    """Records `bench_topic` put into a topic of `partitions` before the run."""
+    return partitions if params.replication_factor > 1 else 0
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
@@ -395,18 +465,22 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
     failed: list[str] = []
     records = _records(p, p.throughput_bytes)
     for parts in p.partitions:
-        topic = create_topic(target.bootstrap, parts, f"tp{parts}-r{run}")
+        topic = bench_topic(ctx, target, parts, f"tp{parts}-r{run}")
         try:
             spec = {"bootstrap": target.bootstrap, "topic": topic, "partitions": parts,
-                    "records": records, "record_size": p.record_size, "acks": "1",
-                    "linger_ms": 5, "batch_bytes": MiB}  # fmt: skip
-            cpu0 = procfs.usage(target.pid).cpu_seconds
+                    "records": records, "record_size": p.record_size,
+                    "acks": p.throughput_acks, "linger_ms": 5, "batch_bytes": MiB}  # fmt: skip
+            cpu0 = target.usage().cpu_seconds
             busy0, total0 = procfs.machine_busy_seconds()
-            with profiling(ctx, target, f"produce-p{parts}-r{run}"):
-                prod = Client("produce", spec, ctx.outdir / "clients").result(
-                    _timeout_for(p.throughput_bytes)
-                )
-            cpu1 = procfs.usage(target.pid).cpu_seconds
+            try:
+                with profiling(ctx, target, f"produce-p{parts}-r{run}"):
+                    prod = Client("produce", spec, ctx.outdir / "clients").result(
+                        _timeout_for(p.throughput_bytes)
+                    )
+            except WorkloadError as exc:
+                failed.append(f"{parts}p produce: {exc}")  # the other partition count runs
+                continue
+            cpu1 = target.usage().cpu_seconds
             busy1, total1 = procfs.machine_busy_seconds()
             if ctx.profile_dir is not None and target.name == "hyperkafka":
                 note_requests(ctx.profile_dir, f"produce-p{parts}-r{run}", int(prod["requests"]))
@@ -429,7 +503,8 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
                     1e6 * (cpu1 - cpu0) / prod["requests"]
                 )
             try:
-                cons = Client("consume", spec, ctx.outdir / "clients").result(
+                cons_spec = {**spec, "records": records + warm_records(p, parts)}
+                cons = Client("consume", cons_spec, ctx.outdir / "clients").result(
                     _timeout_for(p.throughput_bytes)
                 )
                 if cons["records"] < records:
@@ -437,7 +512,7 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
             except WorkloadError as exc:
                 failed.append(f"{parts}p {exc}")  # the other partition count still runs
                 continue
-            cpu2 = procfs.usage(target.pid).cpu_seconds
+            cpu2 = target.usage().cpu_seconds
             out[f"throughput.p{parts}.consume_mb_s"] = cons["mb_s"]
             out[f"throughput.p{parts}.consume_cpu_s_per_gb"] = (cpu2 - cpu1) / gb
         finally:
@@ -449,12 +524,13 @@ def throughput(ctx: Context, target: Target, run: int) -> dict[str, float]:
 
 def latency(ctx: Context, target: Target, run: int) -> dict[str, float]:
     p = ctx.params
-    topic = create_topic(target.bootstrap, 1, f"lat-r{run}")
+    topic = bench_topic(ctx, target, 1, f"lat-r{run}")
     total = int(p.latency_rate / p.record_size * p.latency_seconds)
     spec = {"bootstrap": target.bootstrap, "topic": topic, "partitions": 1, "records": total,
             "record_size": p.record_size, "acks": "all", "linger_ms": 1,
             "batch_bytes": MiB, "rate_bytes": p.latency_rate, "seconds": p.latency_seconds}  # fmt: skip
-    consumer = Client("e2e-consume", spec, ctx.outdir / "clients")
+    consumer = Client("e2e-consume", {**spec, "records": total + warm_records(p, 1)},
+                      ctx.outdir / "clients")  # fmt: skip
     try:
         consumer.wait_ready(60)
         with profiling(ctx, target, f"latency-r{run}"):
@@ -510,7 +586,7 @@ def footprint(ctx: Context, target: Target, run: int) -> dict[str, float]:
     """On a fresh instance (the caller starts and stops it)."""
     p = ctx.params
     time.sleep(p.settle_seconds)  # past start-up work
-    start_rss = procfs.usage(target.pid).rss_bytes
+    start_rss = target.usage().rss_bytes
     topic = create_topic(target.bootstrap, p.footprint_partitions, f"foot-r{run}", timeout=600)
     spec = {"bootstrap": target.bootstrap, "topic": topic, "partitions": p.footprint_partitions,
             "connections": p.footprint_connections, "acks": "1", "timeout": 600}  # fmt: skip
@@ -519,9 +595,9 @@ def footprint(ctx: Context, target: Target, run: int) -> dict[str, float]:
     try:
         holder.wait_ready(300)
         time.sleep(min(5.0, p.idle_seconds, 2 * p.settle_seconds))  # connections settle
-        u0 = procfs.usage(target.pid)
+        u0 = target.usage()
         time.sleep(p.idle_seconds)
-        u1 = procfs.usage(target.pid)
+        u1 = target.usage()
         if holder.proc.poll() is not None:
             raise WorkloadError("the idle-connection holder died")
         holder.close_stdin()
@@ -565,6 +641,8 @@ def run(
     """
     save = checkpoint or (lambda _r: None)
     t0 = time.monotonic()
+    # Absolute: brokers run in their own work dirs, and take their paths from here.
+    outdir = outdir.resolve()
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(params, outdir, profile_dir=outdir / "profile" if params.profile else None)
     report = Report(params, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), [])
@@ -575,7 +653,8 @@ def run(
         st = BrokerStatus(name)
         statuses[name] = st
         report.brokers.append(st)
-        probe = make_target(name, outdir / "work" / name / "probe", fsync=params.hk_fsync)
+        probe = make_target(name, outdir / "work" / name / "probe", fsync=params.hk_fsync,
+                            brokers=params.brokers)  # fmt: skip
         try:
             probe.prepare()
         except TargetUnavailable as exc:
@@ -586,7 +665,8 @@ def run(
         prepared.append(name)
 
     def fresh(name: str, label: str) -> Target:
-        t = make_target(name, outdir / "work" / name / label, fsync=params.hk_fsync)
+        t = make_target(name, outdir / "work" / name / label, fsync=params.hk_fsync,
+                        brokers=params.brokers)  # fmt: skip
         t.prepare()
         t.start()
         return t
@@ -624,7 +704,7 @@ def run(
                 for workload in shared:
                     for r in range(params.runs):
                         for t in rotated(live, r):
-                            if t.proc is None or t.proc.poll() is not None:
+                            if not t.alive():
                                 report.fail(t.name, workload, "broker process is gone; restarting")
                                 restart(t, keep_data)
                                 continue
@@ -680,9 +760,12 @@ def _one(
 
 
 def _drop_data(workdir: Path) -> None:
-    """Broker data (GiBs) goes; logs stay for a post-mortem."""
-    for sub in ("data", "logs"):
-        shutil.rmtree(workdir / sub, ignore_errors=True)
+    """Broker data (GiBs) goes; logs stay for a post-mortem. A cluster's members (and its
+    etcd) each have a folder of their own in `workdir`."""
+    members = [d for d in workdir.iterdir() if d.is_dir()] if workdir.is_dir() else []
+    for folder in (workdir, *members):
+        for sub in ("data", "logs"):
+            shutil.rmtree(folder / sub, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- the report
