@@ -245,7 +245,7 @@ async def step_down(node: Node, role: QuorumRole, name: str, index: int) -> bool
         p.queued.clear()
         old = p.log
         old.quorum_sign = None
-        old.close()
+        old.discard()  # (writes nothing: its unsigned tail is for the replica's open to cut)
         config = node.config.log_config(p.topic.record.configs)
         lg = await trio.to_thread.run_sync(
             lambda: FollowerLog.open_replica(old.path, manifest, config=config)
@@ -255,6 +255,7 @@ async def step_down(node: Node, role: QuorumRole, name: str, index: int) -> bool
         new.producers.rebuild(producer_headers(lg.log))
         new.txns = rebuild_txns(lg.log)
         p.topic.partitions[index] = new
+        role.led.discard(lg.key)  # (a leader elected by a failover, deposed by the next)
         role.register(name, lg)
     p.notify()
     node.notify_data()
