@@ -48,7 +48,8 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
     idempotent producer's retry of its last batch is a duplicate there, not a second
     record; every broker's Metadata names it leader in epoch 1; the other replica
     follows its heads; broker 1 back (its data dir kept) steps down: its copy, reopened
-    as a replica, follows the new leader."""
+    as a replica, follows the new leader. Then that leader fails too: epoch 2 among the
+    other two, and the deposed leader of epoch 1, back, follows epoch 2."""
     ports = _free_ports(3)
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
@@ -144,14 +145,33 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
                 return len(await _values(c1)) == 6
 
             await _until(old_follows_on)
-            # both others sign: with the other replica and the old leader gone, nothing is written
-            scopes[1].cancel()
-            scopes[other].cancel()
+            # the new leader fails in turn: epoch 2, among broker 1 and the other replica
+            clients = {1: c1, 2: c2, 3: c3}
+            scopes[lead].cancel()
+
+            async def second() -> bool:
+                p = (await _metadata(c1, "q")).topics[0].partitions[0]
+                return p.leader_epoch == 2 and p.leader_id in (1, other)
+
+            await _until(second)
+            lead2 = int((await _metadata(c1, "q")).topics[0].partitions[0].leader_id)
+            assert await _produce(clients[lead2], b"v6", 6) == (0, 6)
+            # the deposed leader of epoch 1 back: it steps down and follows epoch 2
+            clients[lead] = await start(lead)
+
+            async def deposed_follows() -> bool:
+                return len(await _values(clients[lead])) == 7
+
+            await _until(deposed_follows)
+            # a quorum of 2 signs: with the two others gone, nothing is written
+            for i in (1, 2, 3):
+                if i != lead2:
+                    scopes[i].cancel()
 
             async def alone() -> bool:
-                return [b.node_id for b in (await _metadata(cl, "q")).brokers] == [lead]
+                return [b.node_id for b in (await _metadata(clients[lead2], "q")).brokers] == [lead2]
 
             await _until(alone)
-            assert (await _produce(cl, b"v6", 6))[0] == 19  # NOT_ENOUGH_REPLICAS
-            assert await _values(cl) == [b"v0", b"v1", b"v2", b"v3", b"v4", b"v5"]
+            assert (await _produce(clients[lead2], b"v7", 7))[0] == 19  # NOT_ENOUGH_REPLICAS
+            assert await _values(clients[lead2]) == [b"v%d" % i for i in range(7)]
             nursery.cancel_scope.cancel()
