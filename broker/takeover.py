@@ -116,6 +116,7 @@ def dead_leaders(node: Node, cluster: Cluster) -> list[tuple[str, int]]:
 
 
 async def _takeover_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None:
+    failed: set[tuple[str, int, int]] = set()  # (topic, partition, epoch) said once
     while True:
         changed = cluster.membership.changed
         for name, placement in list(cluster.membership.placements.items()):
@@ -128,7 +129,10 @@ async def _takeover_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None
                     else:
                         await step_down(node, role, name, index)
                 except (StorageError, OSError) as exc:
-                    log.error("change of leader of %s-%d here failed: %s", name, index, exc)
+                    said = (name, index, placement.epoch_of(index))
+                    if said not in failed:  # (tried again every tick: said once per epoch)
+                        failed.add(said)
+                        log.error("change of leader of %s-%d here failed: %s", name, index, exc)
         with trio.move_on_after(TICK_S):
             await changed.wait()
 
