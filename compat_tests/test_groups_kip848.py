@@ -289,3 +289,70 @@ def test_an_empty_group_changes_protocol_and_keeps_its_offsets(
         seen += values
     assert len(seen) == len(set(seen)) == 120, "a record was read twice or missed"
     assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 30)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.matrix("group-kip848")
+@pytest.mark.parametrize(("classic", "consumer"), [("kafka-python", "confluent")])
+def test_a_live_classic_group_takes_a_consumer_protocol_member_and_gives_it_back(
+    kip848_broker: Broker, workdir: Path, classic: str, consumer: str
+) -> None:
+    """Kafka 4's online upgrade (KIP-848, group.consumer.migration.policy bidirectional): a
+    consumer-protocol member joins a stable classic group that has a member, the group
+    becomes a consumer group with both in it at once, the classic member served through
+    JoinGroup/SyncGroup/Heartbeat with the broker's assignment; when that member leaves,
+    the group is a classic one again (the downgrade) and the classic member takes every
+    partition back. Every record is read once and the commits end at the log end."""
+    _require(classic)
+    _require(consumer)
+    b = kip848_broker
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"k848x-{tag}", f"g848x-{tag}"
+    create_topic(b, topic, PARTITIONS)
+    with ExitStack() as stack:
+        old, old_stop = stack.enter_context(member(classic, b, topic, group, workdir, "classic"))
+        wait_for("the classic member to own the topic", lambda: owned(old) == list(range(PARTITIONS)), 90, [old])
+        first = produce(b, topic, 40, f"{tag}-a")
+        wait_for("the first batch", lambda: first <= {r["v"] for r in old.records()}, 60, [old])
+        assert _group_type(b, group).endswith("classic")
+        new, new_stop = stack.enter_context(
+            member(KIP848_CLIENTS[consumer], b, topic, group, workdir, "consumer")
+        )
+
+        def split() -> bool:
+            a, c = owned(old), owned(new)
+            return bool(a) and bool(c) and sorted(a + c) == list(range(PARTITIONS))
+
+        wait_for("the two members to share the topic", split, 90, [old, new])
+        assert _group_type(b, group).endswith("consumer")
+        second = produce(b, topic, 80, f"{tag}-b")
+        wait_for(
+            "the second batch, read by both",
+            lambda: second <= {r["v"] for m in (old, new) for r in m.records()},
+            90,
+            [old, new],
+        )
+        assert any(r["v"] in second for r in old.records())
+        assert any(r["v"] in second for r in new.records())
+        time.sleep(1)  # nothing more arrives
+        # The consumer-protocol member leaves: the group is a classic one again (the
+        # downgrade), its classic member rejoins and takes every partition.
+        new_stop.touch()
+        new.proc.wait(30)
+        assert new.proc.returncode == 0, new.stderr()
+        wait_for(
+            "the classic member to own the topic again",
+            lambda: owned(old) == list(range(PARTITIONS)),
+            60,
+            [old],
+        )
+        assert _group_type(b, group).endswith("classic")
+        third = produce(b, topic, 40, f"{tag}-c")
+        wait_for("the third batch", lambda: third <= {r["v"] for r in old.records()}, 60, [old])
+        time.sleep(1)
+        old_stop.touch()
+        old.proc.wait(30)
+        assert old.proc.returncode == 0, old.stderr()
+        values = [r["v"] for m in (old, new) for r in m.records()]
+    assert sorted(values) == sorted(first | second | third), "a record was read twice or missed"
+    assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 40)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from broker.groups import assignors, codes
+from broker.groups import consumer_protocol as cp
 from broker.groups import consumer_records as rec
 from broker.groups.assignors import Assignment, AssignorMember
 
@@ -91,6 +92,9 @@ class ConsumerSettings:
     max_session_timeout_ms: int = 60_000
     max_size: int = 2**31 - 1
     assignors: tuple[str, ...] = ("uniform", "range")
+    # group.consumer.migration.policy: which online conversions between a classic group
+    # with members and a consumer group are allowed (Kafka 4's default: both ways).
+    migration_policy: str = "bidirectional"
 
     NAMES: ClassVar[dict[str, str]] = {
         "group.consumer.session.timeout.ms": "session_timeout_ms",
@@ -99,7 +103,14 @@ class ConsumerSettings:
         "group.consumer.max.session.timeout.ms": "max_session_timeout_ms",
         "group.consumer.max.size": "max_size",
         "group.consumer.assignors": "assignors",
+        "group.consumer.migration.policy": "migration_policy",
     }
+
+    def allows_upgrade(self) -> bool:
+        return self.migration_policy in ("bidirectional", "upgrade")
+
+    def allows_downgrade(self) -> bool:
+        return self.migration_policy in ("bidirectional", "downgrade")
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> ConsumerSettings:
@@ -117,6 +128,11 @@ class ConsumerSettings:
                         f"group.consumer.assignors: unknown assignor(s) {unknown or names}"
                     )
                 values[attr] = short
+            elif attr == "migration_policy":
+                policy = props[name].strip().lower()
+                if policy not in ("disabled", "upgrade", "downgrade", "bidirectional"):
+                    raise ValueError(f"{name}: unknown policy {props[name]!r}")
+                values[attr] = policy
             else:
                 value = int(props[name])
                 if value < 1:
@@ -170,6 +186,12 @@ class ConsumerMember:
     pending_revocation: Assignment = field(default_factory=dict)
     session_deadline: int | None = None
     revocation_deadline: int | None = None
+    # A member speaking the classic protocol (JoinGroup/SyncGroup/Heartbeat) in this
+    # consumer group: (session timeout ms, its JoinGroup protocols); None otherwise.
+    classic: tuple[int, tuple[tuple[str, bytes], ...]] | None = None
+
+    def session_timeout_ms(self, settings: ConsumerSettings) -> int:
+        return settings.session_timeout_ms if self.classic is None else self.classic[0]
 
     def metadata(self) -> rec.MemberMetadata:
         return rec.MemberMetadata(
@@ -181,6 +203,7 @@ class ConsumerMember:
             self.subscribed_topic_regex,
             self.rebalance_timeout_ms,
             self.server_assignor,
+            self.classic,
         )
 
     def current(self) -> rec.CurrentAssignment:
@@ -191,6 +214,20 @@ class ConsumerMember:
             self.assigned,
             self.pending_revocation,
         )
+
+
+@dataclass(frozen=True)
+class ClassicMember:
+    """A member of a stable classic group being converted (ConsumerGroup.fromClassicGroup)."""
+
+    member_id: str
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+    subscription: bytes  # its metadata for the group's protocol
+    assignment: bytes  # what the leader's SyncGroup gave it
 
 
 @dataclass(frozen=True)
@@ -408,25 +445,36 @@ class ConsumerGroup:
             member.assigned if full or member.assigned != before else None,
         )
 
+    @staticmethod
+    def check_join(hb: Heartbeat, settings: ConsumerSettings) -> None:
+        """Raise the HeartbeatError a join (member epoch 0) is refused with, before any
+        change (an online upgrade runs only for a join that will be accepted)."""
+        if hb.subscribed_topic_regex:
+            why = regex_refusal(hb.subscribed_topic_regex)
+            if why is not None:
+                raise HeartbeatError(
+                    INVALID_REGULAR_EXPRESSION,
+                    f"SubscribedTopicRegex `{hb.subscribed_topic_regex}` is not a valid regular expression: {why}.",
+                )
+        if (
+            hb.rebalance_timeout_ms == -1
+            or (hb.subscribed_topic_names is None and hb.subscribed_topic_regex is None)
+            or hb.owned is None
+        ):
+            raise HeartbeatError(
+                codes.INVALID_REQUEST,
+                "A join (member epoch 0) must carry the rebalance timeout, the subscription and the owned partitions.",
+            )
+        if hb.server_assignor is not None and hb.server_assignor not in settings.assignors:
+            raise HeartbeatError(
+                UNSUPPORTED_ASSIGNOR,
+                f"ServerAssignor {hb.server_assignor} is not supported. Supported assignors: {', '.join(settings.assignors)}.",
+            )
+
     def _member_for(self, now: int, hb: Heartbeat) -> tuple[ConsumerMember, bool]:
         """The member this heartbeat is from (created on a join), its epoch checked."""
         if hb.member_epoch == 0:
-            if hb.version == 0 and hb.member_id:
-                pass  # v0 allowed a client-chosen id too
-            if (
-                hb.rebalance_timeout_ms == -1
-                or (hb.subscribed_topic_names is None and hb.subscribed_topic_regex is None)
-                or hb.owned is None
-            ):
-                raise HeartbeatError(
-                    codes.INVALID_REQUEST,
-                    "A join (member epoch 0) must carry the rebalance timeout, the subscription and the owned partitions.",
-                )
-            if hb.server_assignor is not None and hb.server_assignor not in self.settings.assignors:
-                raise HeartbeatError(
-                    UNSUPPORTED_ASSIGNOR,
-                    f"ServerAssignor {hb.server_assignor} is not supported. Supported assignors: {', '.join(self.settings.assignors)}.",
-                )
+            self.check_join(hb, self.settings)
             if hb.instance_id is not None:
                 return self._static_join(now, hb)
             member_id = hb.member_id or str(uuid.uuid4())
@@ -693,6 +741,176 @@ class ConsumerGroup:
             )
         )
 
+    # ------------------------------------------------------------------ classic members
+
+    @classmethod
+    def from_classic(
+        cls,
+        now: int,
+        group_id: str,
+        settings: ConsumerSettings,
+        records: Records,
+        generation: int,
+        members: Iterable[ClassicMember],
+        lookup: TopicLookup,
+        names: Callable[[], Iterable[str]],
+    ) -> ConsumerGroup:
+        """Kafka's convertToConsumerGroup: a stable classic group of the consumer protocol
+        as a consumer group whose group and assignment epochs are its generation, each
+        member keeping the partitions its assignment named as its target and current
+        assignment. ValueError when a member's embedded protocol cannot be read."""
+        group = cls(group_id, settings, records)
+        group.group_epoch = group.assignment_epoch = generation
+        staged = []
+        for c in members:
+            sub = cp.decode_subscription(c.subscription)
+            assigned: Assignment = {}
+            for topic, parts in cp.decode_assignment(c.assignment).items():
+                found = lookup(topic)
+                if found is not None:
+                    assigned[found[0]] = frozenset(p for p in parts if 0 <= p < found[1])
+            member = ConsumerMember(
+                c.member_id,
+                client_id=c.client_id,
+                client_host=c.client_host,
+                subscribed_topic_names=tuple(sorted(set(sub.topics))),
+                rebalance_timeout_ms=c.rebalance_timeout_ms,
+                member_epoch=generation,
+                previous_member_epoch=generation,
+                assigned=_normal(assigned),
+                classic=(c.session_timeout_ms, c.protocols),
+            )
+            member.session_deadline = now + c.session_timeout_ms
+            staged.append(member)
+        records.append((rec.key(rec.GROUP_METADATA, group_id), rec.group_metadata(generation)))
+        for member in staged:
+            group.members[member.member_id] = member
+            group.target[member.member_id] = member.assigned
+            group._hold(member)
+            records.append(
+                (
+                    rec.key(rec.MEMBER_METADATA, group_id, member.member_id),
+                    rec.member_metadata(member.metadata()),
+                )
+            )
+            records.append(
+                (
+                    rec.key(rec.TARGET_MEMBER, group_id, member.member_id),
+                    rec.target_member(member.assigned),
+                )
+            )
+        records.append((rec.key(rec.TARGET_METADATA, group_id), rec.target_metadata(generation)))
+        for member in staged:
+            group._write_current(member)
+        group.topic_metadata = group._topic_metadata(lookup, names)
+        log.info(
+            "group %s: classic group of generation %d upgraded to a consumer group (%d members)",
+            group_id,
+            generation,
+            len(staged),
+        )
+        return group
+
+    def classic_join(
+        self,
+        now: int,
+        member_id: str,
+        protocols: list[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        client_id: str,
+        client_host: str,
+        lookup: TopicLookup,
+        names: Callable[[], Iterable[str]],
+    ) -> tuple[int, str, int, str]:
+        """JoinGroup of a classic member (classicGroupJoinToConsumerGroup): its subscription
+        and owned partitions come from the join metadata; it is reconciled toward its
+        target at once. (error, member id, generation = its member epoch, protocol name)."""
+        if not protocols:
+            return codes.INCONSISTENT_GROUP_PROTOCOL, member_id, -1, ""
+        name, embedded = protocols[0]
+        try:
+            sub = cp.decode_subscription(embedded)
+        except ValueError:
+            return codes.INCONSISTENT_GROUP_PROTOCOL, member_id, -1, ""
+        member = self.members.get(member_id)
+        if member is not None and member.classic is None:
+            return codes.UNKNOWN_MEMBER_ID, member_id, -1, ""  # a consumer-protocol member's id
+        is_new = member is None
+        if member is None:
+            try:
+                member = self._add(ConsumerMember(member_id))
+            except HeartbeatError as exc:
+                return exc.error, member_id, -1, ""
+        member.classic = (session_timeout_ms, tuple(protocols))
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.client_id, member.client_host = client_id, client_host
+        topics = tuple(sorted(set(sub.topics)))
+        changed = is_new or topics != member.subscribed_topic_names
+        member.subscribed_topic_names = topics
+        self.records.append(
+            (
+                rec.key(rec.MEMBER_METADATA, self.group_id, member.member_id),
+                rec.member_metadata(member.metadata()),
+            )
+        )
+        metadata = self._topic_metadata(lookup, names)
+        if changed or metadata != self.topic_metadata:
+            self.topic_metadata = metadata
+            self._bump_group_epoch()
+        if self.group_epoch > self.assignment_epoch:
+            self._compute_target()
+        owned: Assignment = {}
+        for topic, parts in sub.owned.items():
+            if topic in self.topic_metadata:
+                owned[self.topic_metadata[topic][0]] = parts
+        self._reconcile(now, member, owned)
+        if member.state is MemberState.UNREVOKED_PARTITIONS:
+            self._reconcile(now, member, owned)  # the join showed them given up already
+        member.session_deadline = now + session_timeout_ms
+        return codes.NONE, member.member_id, member.member_epoch, name
+
+    def _classic_member(self, member_id: str, generation: int) -> ConsumerMember | int:
+        member = self.members.get(member_id)
+        if member is None or member.classic is None:
+            return codes.UNKNOWN_MEMBER_ID
+        if generation != member.member_epoch:
+            return codes.ILLEGAL_GENERATION
+        return member
+
+    def classic_sync(self, now: int, member_id: str, generation: int) -> tuple[int, bytes]:
+        """SyncGroup of a classic member: the server-side assignment it reconciled to, as
+        a ConsumerProtocolAssignment."""
+        member = self._classic_member(member_id, generation)
+        if isinstance(member, int):
+            return member, b""
+        assert member.classic is not None
+        member.session_deadline = now + member.classic[0]
+        by_id = {tid: name for name, (tid, _) in self.topic_metadata.items()}
+        named = {by_id[t]: ps for t, ps in member.assigned.items() if t in by_id}
+        return codes.NONE, cp.encode_assignment(named)
+
+    def classic_heartbeat(self, now: int, member_id: str, generation: int) -> int:
+        """Heartbeat of a classic member: REBALANCE_IN_PROGRESS while it has not reached
+        the current target assignment (it rejoins to be reconciled)."""
+        member = self._classic_member(member_id, generation)
+        if isinstance(member, int):
+            return member
+        assert member.classic is not None
+        member.session_deadline = now + member.classic[0]
+        if self.group_epoch > self.assignment_epoch:
+            self._compute_target()
+        if member.member_epoch != self.assignment_epoch or member.state is not MemberState.STABLE:
+            return codes.REBALANCE_IN_PROGRESS
+        return codes.NONE
+
+    def classic_leave(self, member_id: str) -> int:
+        member = self.members.get(member_id)
+        if member is None or member.classic is None:
+            return codes.UNKNOWN_MEMBER_ID
+        self.remove(member_id, "left (LeaveGroup)")
+        return codes.NONE
+
     # ------------------------------------------------------------------ timers
 
     def tick(self, now: int) -> None:
@@ -722,6 +940,9 @@ class ConsumerGroup:
         member = self.members.get(member_id)
         if member is None:
             return codes.UNKNOWN_MEMBER_ID
+        if member.classic is not None:
+            # A classic member commits with its generation: its member epoch.
+            return codes.NONE if member_epoch == member.member_epoch else codes.ILLEGAL_GENERATION
         if api_version < 9 and not transactional:
             return codes.UNSUPPORTED_VERSION  # members of the consumer protocol commit with v9+
         if member_epoch != member.member_epoch:
@@ -774,6 +995,7 @@ class ConsumerGroup:
                     md.rebalance_timeout_ms,
                     md.server_assignor,
                 )
+                m.classic = md.classic
         for (record_type, member_id), value in records.items():
             if record_type == rec.TARGET_MEMBER and member_id in self.members:
                 self.target[member_id] = _normal(rec.decode_target_member(value))
@@ -793,7 +1015,7 @@ class ConsumerGroup:
         for m in self.members.values():
             if m.instance_id is not None:
                 self.static_members[m.instance_id] = m.member_id
-            m.session_deadline = now + self.settings.session_timeout_ms
+            m.session_deadline = now + m.session_timeout_ms(self.settings)
             if m.state is MemberState.UNREVOKED_PARTITIONS:
                 m.revocation_deadline = now + m.rebalance_timeout_ms
             self._hold(m)

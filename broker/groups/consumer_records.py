@@ -65,6 +65,9 @@ class MemberMetadata:
     subscribed_topic_regex: str | None
     rebalance_timeout_ms: int
     server_assignor: str | None
+    # A member of the classic protocol in a consumer group (KIP-848 online migration):
+    # (session timeout ms, its JoinGroup protocols as (name, metadata)); None otherwise.
+    classic: tuple[int, tuple[tuple[str, bytes], ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,15 @@ def member_metadata(m: MemberMetadata) -> bytes:
         + struct.pack(">i", m.rebalance_timeout_ms)
         + _cstr(m.server_assignor)
     )
-    return bytes(out + _NO_TAGS)
+    if m.classic is None:
+        return bytes(out + _NO_TAGS)
+    # ClassicMemberMetadata: tagged field 0, a nullable struct (a 1 byte marker first).
+    session_ms, protocols = m.classic
+    body = bytearray(b"\x01" + struct.pack(">i", session_ms) + _uvarint(len(protocols) + 1))
+    for name, metadata in protocols:
+        body += _cstr(name) + _uvarint(len(metadata) + 1) + metadata + _NO_TAGS
+    body += _NO_TAGS
+    return bytes(out + _uvarint(1) + _uvarint(0) + _uvarint(len(body)) + body)
 
 
 def target_member(assignment: Partitions) -> bytes:
@@ -279,9 +290,31 @@ def decode_member_metadata(data: bytes) -> MemberMetadata:
     regex = r.cstr()
     rebalance = r.num(">i")
     assignor = r.cstr()
-    r.end()
+    classic = None
+    for _ in range(r.uvarint()):
+        tag, size = r.uvarint(), r.uvarint()
+        field_end = r.pos + size
+        if tag != 0:
+            r.raw(size)
+            continue
+        if r.num(">b") >= 0:
+            session_ms = r.num(">i")
+            protocols = []
+            for _ in range(r.count()):
+                name = r.req_cstr()
+                n = r.uvarint()
+                if n == 0:
+                    raise RecordFormatError("null protocol metadata")
+                protocols.append((name, r.raw(n - 1)))
+                r.tags()
+            r.tags()
+            classic = (session_ms, tuple(protocols))
+        if r.pos != field_end:
+            raise RecordFormatError("ClassicMemberMetadata of the wrong size")
+    if r.pos != len(r.data):
+        raise RecordFormatError("trailing bytes after a consumer group value")
     return MemberMetadata(
-        instance, rack, client_id, client_host, topics, regex, rebalance, assignor
+        instance, rack, client_id, client_host, topics, regex, rebalance, assignor, classic
     )
 
 

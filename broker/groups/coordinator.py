@@ -557,7 +557,8 @@ class GroupCoordinator:
     def join(self, group_id: str, member_id: str, group_instance_id: str | None, protocol_type: str,
              protocols: list[tuple[str, bytes]], **kw: Any) -> JoinResult | Waiter:
         waiter = Waiter()
-        result = self.groups.join(self.now(), group_id, member_id, group_instance_id, protocol_type, protocols, waiter, **kw)
+        result = self.groups.join(self.now(), group_id, member_id, group_instance_id, protocol_type, protocols, waiter,
+                                  lookup=self._topic, names=self._topic_names, **kw)
         self._dispatch()
         return waiter if result is None else result
 

@@ -39,8 +39,9 @@ SyncGroup) we answer the abandoned request with an error instead, because here t
 connection that sent it is not muted and later replies queue behind it.
 
 A group of the KIP-848 consumer protocol is a `Group` holding a `ConsumerGroup`
-(`Group.consumer`, broker.groups.consumer_group): the classic entry points refuse it while
-it has members, and the shared ones (offsets, listing, deletion, expiry, timers) defer to it.
+(`Group.consumer`, broker.groups.consumer_group): the classic entry points serve its
+classic members (KIP-848's mixed group, after an online upgrade: `Groups._upgrade`), and
+the shared ones (offsets, listing, deletion, expiry, timers) defer to it.
 
 Imports only the standard library, `broker.groups.codes` and the pure
 `broker.groups.consumer_group`: no trio, no storage, no protocol classes.
@@ -59,13 +60,16 @@ from typing import ClassVar
 
 from broker.groups import codes
 from broker.groups.consumer_group import (
+    ClassicMember,
     ConsumerGroup,
     ConsumerSettings,
     Heartbeat,
+    HeartbeatError,
     HeartbeatResult,
     Records,
     TopicLookup,
 )
+from broker.groups.consumer_protocol import encode_assignment
 
 log = logging.getLogger("hyperkafka.groups")
 
@@ -687,20 +691,35 @@ class Groups:
 
     def tick(self, now: int) -> None:
         for group in list(self.groups.values()):
+            if group.consumer is None:
+                group.tick(now)
+                continue
+            epoch, before = group.consumer.group_epoch, len(group.consumer.members)
             group.tick(now)
+            if len(group.consumer.members) < before:  # a member expired or was fenced
+                self._maybe_downgrade(now, group, epoch)
 
     # ------------------------------------------------------------------ ConsumerGroupHeartbeat
 
     def consumer_heartbeat(self, now: int, hb: Heartbeat, lookup: TopicLookup, names: Callable[[], Iterable[str]]) -> HeartbeatResult:
         """KIP-848: one heartbeat of a member of a consumer group (broker.groups.consumer_group).
         A new group id, or an empty classic group (offsets only), becomes a consumer group;
-        a classic group with members stays one (Kafka: GROUP_ID_NOT_FOUND)."""
+        a stable classic group with members is upgraded when the policy allows (`_upgrade`),
+        else stays one (Kafka: GROUP_ID_NOT_FOUND)."""
         if not hb.group_id:
             return HeartbeatResult(codes.INVALID_REQUEST, "GroupId can't be empty.")
         group = self.groups.get(hb.group_id)
         created = group is None
         if group is None:
             group = self.get_or_create(hb.group_id)
+        if group.consumer is None and group.members:
+            if hb.member_epoch == 0:
+                try:
+                    ConsumerGroup.check_join(hb, self.consumer_settings)
+                except HeartbeatError as exc:
+                    return HeartbeatResult(exc.error, exc.message)
+            if hb.member_epoch != 0 or not self._upgrade(now, group, lookup, names):
+                return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.")
         if group.consumer is None:
             if not group.is_(State.EMPTY) or group.members or group.pending_members:
                 return HeartbeatResult(codes.GROUP_ID_NOT_FOUND, f"Group {hb.group_id} is not a consumer group.")
@@ -710,10 +729,98 @@ class Groups:
                 return HeartbeatResult(codes.UNKNOWN_MEMBER_ID, f"Member {hb.member_id} is not a member of group {hb.group_id}.")
             group.consumer = ConsumerGroup(hb.group_id, self.consumer_settings, self.records)
             group.protocol_type = CONSUMER_PROTOCOL
+        epoch = group.consumer.group_epoch
         result = group.consumer.heartbeat(now, hb, lookup, names)
         if created and not group.consumer.members:
             del self.groups[hb.group_id]  # a join that failed leaves nothing behind
+        elif hb.member_epoch == -1:
+            self._maybe_downgrade(now, group, epoch)
         return result
+
+    def _maybe_downgrade(self, now: int, group: Group, epoch: int) -> None:
+        """Kafka's validateOnlineDowngrade + convertToClassicGroup: when the last member of
+        the consumer protocol left (or was fenced) and classic members remain, the group
+        becomes a classic group of those members at generation `epoch` (the group epoch
+        before that member went, which the reconciled classic members hold), keeping their
+        partitions, and rebalances: they rejoin and their leader assigns again."""
+        consumer = group.consumer
+        if (
+            consumer is None
+            or not consumer.members
+            or any(m.classic is None for m in consumer.members.values())
+            or not self.consumer_settings.allows_downgrade()
+        ):
+            return
+        if len(consumer.members) > self.settings.max_size:
+            log.info("group %s: cannot downgrade to a classic group: more members than group.max.size", group.group_id)
+            return
+        by_id = {tid: name for name, (tid, _) in consumer.topic_metadata.items()}
+        self.records.extend(consumer.tombstones())
+        group.consumer = None
+        group.protocol_type = CONSUMER_PROTOCOL
+        group.generation_id = epoch
+        group.members, group.static_members, group.pending_members = {}, {}, {}
+        group.leader_id = None
+        for cm in consumer.members.values():
+            assert cm.classic is not None
+            session_ms, protocols = cm.classic
+            named = {by_id[t]: ps for t, ps in cm.assigned.items() if t in by_id}
+            member = Member(
+                cm.member_id, None, cm.client_id, cm.client_host, cm.rebalance_timeout_ms, session_ms,
+                CONSUMER_PROTOCOL, list(protocols), encode_assignment(named),
+            )
+            group._add(member)
+            group._schedule_heartbeat(member, now)
+        group.protocol_name = group.select_protocol()
+        group.state = State.STABLE
+        log.info("group %s: consumer group of epoch %d downgraded to a classic group (%d members)", group.group_id, epoch, len(group.members))
+        self.effects.append(StoreGroup(group.group_id, group.generation_id, None))
+        group.prepare_rebalance(now)
+
+    def _upgrade(self, now: int, group: Group, lookup: TopicLookup, names: Callable[[], Iterable[str]]) -> bool:
+        """Kafka's validateOnlineUpgrade + convertToConsumerGroup: a stable classic group of
+        the consumer protocol, joined by a consumer-protocol member, becomes a consumer
+        group keeping its members (as classic members) and their partitions."""
+        s = self.consumer_settings
+        why = None
+        if not s.allows_upgrade():
+            why = "group.consumer.migration.policy does not allow it"
+        elif group.protocol_type != CONSUMER_PROTOCOL or group.protocol_name is None:
+            why = f"its protocol type is {group.protocol_type!r}"
+        elif not group.is_(State.STABLE):
+            why = f"it is {group.state.value}"  # rebalancing: try again once stable
+        elif len(group.members) >= s.max_size:
+            why = "the joining member would exceed group.consumer.max.size"
+        elif group.static_members:
+            why = "static classic members are not converted here"
+        protocol = group.protocol_name or ""
+        if why is None:
+            try:
+                consumer = ConsumerGroup.from_classic(
+                    now, group.group_id, s, self.records, group.generation_id,
+                    [
+                        ClassicMember(m.member_id, m.client_id, m.client_host, m.rebalance_timeout_ms, m.session_timeout_ms,
+                                      tuple(m.protocols), m.metadata(protocol), m.assignment)
+                        for m in group.members.values()
+                    ],
+                    lookup, names,
+                )
+            except (ValueError, KeyError) as exc:
+                why = f"a member's embedded consumer protocol cannot be read ({exc})"
+        if why is not None:
+            log.info("group %s: cannot upgrade the classic group to a consumer group: %s", group.group_id, why)
+            return False
+        # The classic group's record goes: at replay a group with classic members would
+        # shadow its consumer records.
+        self.records.append((_classic_group_key(group.group_id), None))
+        group.consumer = consumer
+        group.members, group.static_members, group.pending_members = {}, {}, {}
+        group.pending_sync.clear()
+        group.leader_id, group.protocol_name = None, None
+        group.join_deadline = group.sync_deadline = None
+        group.state = State.EMPTY
+        group.protocol_type = CONSUMER_PROTOCOL
+        return True
 
     def to_classic(self, group: Group) -> None:
         """An empty consumer group joined by a classic member becomes classic again
@@ -743,8 +850,11 @@ class Groups:
         supports_skip_assignment: bool = False,
         client_id: str = "",
         client_host: str = "",
+        lookup: TopicLookup | None = None,
+        names: Callable[[], Iterable[str]] = tuple,
     ) -> JoinResult | None:
-        """The answer now, or None when it will come through `outbox` for `waiter`."""
+        """The answer now, or None when it will come through `outbox` for `waiter`.
+        `lookup`/`names` (the catalog) let a classic member into a consumer group."""
         if not group_id:
             return JoinResult(codes.INVALID_GROUP_ID, member_id)
         s = self.settings
@@ -758,9 +868,22 @@ class Groups:
             group = self.get_or_create(group_id)
         if group.consumer is not None:
             if group.consumer.members:
-                # Kafka 4 lets classic members into a consumer group (a mixed group, for an
-                # online upgrade); that is not implemented: the group keeps its protocol.
-                return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, member_id)
+                # A classic member in a consumer group (KIP-848's mixed group). Static
+                # classic members are not served in a consumer group here.
+                if protocol_type != CONSUMER_PROTOCOL or group_instance_id is not None or lookup is None:
+                    return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, member_id)
+                if unknown:
+                    member_id = _member_id(client_id, self._new_id())
+                    if require_known_member_id:
+                        return JoinResult(codes.MEMBER_ID_REQUIRED, member_id)
+                joined, member_id, epoch, name = group.consumer.classic_join(
+                    now, member_id, protocols, session_timeout_ms, rebalance_timeout_ms, client_id, client_host, lookup, names
+                )
+                if joined != codes.NONE:
+                    return JoinResult(joined, member_id)
+                # No leader: every classic member syncs as a follower and gets the
+                # server-side assignment.
+                return JoinResult(codes.NONE, member_id, epoch, CONSUMER_PROTOCOL, name, "", (), False)
             self.to_classic(group)
         if not self._accept_joining_member(group, member_id):
             group._remove(member_id)
@@ -925,7 +1048,14 @@ class Groups:
         if not group_id:
             return SyncResult(codes.INVALID_GROUP_ID)
         group = self.groups.get(group_id)
-        if group is None or group.consumer is not None:
+        if group is not None and group.consumer is not None:
+            if protocol_type is not None and protocol_type != CONSUMER_PROTOCOL:
+                return SyncResult(codes.INCONSISTENT_GROUP_PROTOCOL)
+            synced, assignment = group.consumer.classic_sync(now, member_id, generation_id)
+            cm = group.consumer.members.get(member_id)
+            name = cm.classic[1][0][0] if synced == codes.NONE and cm is not None and cm.classic else None
+            return SyncResult(synced, assignment, CONSUMER_PROTOCOL if name else None, name)
+        if group is None:
             return SyncResult(codes.UNKNOWN_MEMBER_ID)
         if group.is_(State.DEAD):
             return SyncResult(codes.COORDINATOR_NOT_AVAILABLE)
@@ -979,7 +1109,9 @@ class Groups:
         if not group_id:
             return codes.INVALID_GROUP_ID
         group = self.groups.get(group_id)
-        if group is None or group.consumer is not None:
+        if group is not None and group.consumer is not None:
+            return group.consumer.classic_heartbeat(now, member_id, generation_id)
+        if group is None:
             return codes.UNKNOWN_MEMBER_ID
         if group.is_(State.DEAD):
             return codes.COORDINATOR_NOT_AVAILABLE
@@ -1003,7 +1135,9 @@ class Groups:
         if not group_id:
             return codes.INVALID_GROUP_ID, []
         group = self.groups.get(group_id)
-        if group is None or group.consumer is not None:
+        if group is not None and group.consumer is not None:
+            return codes.NONE, [group.consumer.classic_leave(member_id) for member_id, _ in leaving]
+        if group is None:
             return codes.NONE, [codes.UNKNOWN_MEMBER_ID] * len(leaving)
         if group.is_(State.DEAD):
             return codes.COORDINATOR_NOT_AVAILABLE, []
@@ -1233,6 +1367,13 @@ __all__ = [
 
 
 _MAX_MEMBER_ID_BYTES = 0x7FFF
+
+
+def _classic_group_key(group_id: str) -> bytes:
+    """broker.groups.records.group_key (GroupMetadataKey, type 2), kept here: this module
+    does not import storage."""
+    raw = group_id.encode("utf-8")
+    return struct.pack(">hh", 2, len(raw)) + raw
 
 
 def _member_id(prefix: str, unique: str) -> str:

@@ -181,7 +181,8 @@ async def consumer_group_describe(ctx: RequestContext, req: Any) -> Reply:
                         or "",  # Kafka: "" when none
                         "assignment": partitions(m.assigned),
                         "target_assignment": partitions(group.target.get(m.member_id, {})),
-                        "member_type": 1,  # KIP-1099: 1 = consumer protocol
+                        # KIP-1099: 0 = a classic member (a mixed group), 1 = consumer protocol
+                        "member_type": 0 if m.classic is not None else 1,
                     }
                     for m in group.members.values()
                 ],
