@@ -2,12 +2,14 @@
 coordinator and its replication, and runs their background tasks.
 
 `open_node` opens the data dir (descriptors on a budget, storage/handles.py), makes the
-cluster view when the config names etcd (`Cluster.from_config`, broker/cluster/), the
+cluster view (`ClusterView`, broker/cluster/view.py): `Cluster.from_config` when the
+config names etcd, else a `NullCluster`, with the matching `TopicMaker` (`PlacedTopics`,
+broker/placement.py, or the node's own `LocalTopics`), the
 `Node` (broker/node.py), its `GroupCoordinator` (broker/groups/coordinator.py, which
 replays ``__consumer_offsets``) and its `TxnCoordinator` (broker/transactions/, which
-replays ``__transaction_state``). `run_node` runs everything that keeps them moving: the
-etcd session first (a cluster broker registers before anything else), placement
-(broker/placement.py), the node's commit, retention, cleaner and offline-retry loops, the group
+replays ``__transaction_state``). `run_node` runs everything that keeps them moving: for
+the etcd view, its session first (a cluster broker registers before anything else) and
+placement (broker/placement.py), which a NullCluster needs neither of; the node's commit, retention, cleaner and offline-retry loops, the group
 and transaction coordinators, and replication (broker/mirror.py) when the config asks for it.
 
 Lower layers never import this module, nor each other upwards: broker.node imports neither
@@ -22,12 +24,12 @@ from functools import partial
 
 import trio
 
-from broker.cluster import Cluster
+from broker.cluster import Cluster, ClusterView, NullCluster
 from broker.config import BrokerConfig
 from broker.groups.coordinator import GroupCoordinator
 from broker.mirror import run_replication
 from broker.node import Node
-from broker.placement import follow_placements, manifest_hook
+from broker.placement import PlacedTopics, follow_placements, manifest_hook
 from broker.quorum_link import own_partitions, quorum_role
 from broker.transactions.coordinator import TxnCoordinator
 from storage import Store
@@ -46,11 +48,18 @@ def open_node(config: BrokerConfig) -> Node:
     )
     # (after the data dir's lock: a refused second broker says one line, the lock's)
     log.info("open-file budget: %s", budget.describe())
-    node = Node(config, store, Cluster.from_config(config, store.node_public_key))
-    if node.cluster is not None:  # quorum-signed topics where placement names replicas
-        node.partition_manifests = manifest_hook(node.cluster)
+    cluster: ClusterView = (
+        Cluster.from_config(config, store.node_public_key)
+        if config.cluster_etcd_endpoints
+        else NullCluster.from_config(config, store.node_public_key)
+    )
+    node = Node(config, store, cluster)
+    if isinstance(cluster, Cluster):
+        node.topic_maker = PlacedTopics(node, cluster)  # placed by the controller in etcd
+        # quorum-signed topics where placement names replicas
+        node.partition_manifests = manifest_hook(cluster)
         if config.quorum_partitions:
-            node.quorum = quorum_role(node, node.cluster)
+            node.quorum = quorum_role(node, cluster)
     node.fd_budget = budget
     node.groups = GroupCoordinator(node)  # replays __consumer_offsets (creates it once)
     node.transactions = TxnCoordinator(node)  # replays __transaction_state (made at first use)
@@ -62,7 +71,7 @@ async def run_node(
 ) -> None:
     """Run the node's background tasks until cancelled; started once they all are."""
     async with trio.open_nursery() as nursery:
-        if node.cluster is not None:  # registered in etcd before anything else
+        if isinstance(node.cluster, Cluster):  # registered in etcd before anything else
             await nursery.start(node.cluster.membership.run)
             nursery.start_soon(follow_placements, node, node.cluster)
         nursery.start_soon(node.commit_loop)

@@ -21,14 +21,14 @@ from typing import Any
 
 import trio
 
-from broker.cluster import Cluster
+from broker.cluster import ClusterView
 from broker.node import LEADER_NOT_AVAILABLE, NOT_CONTROLLER, TopicError
 
 FORWARD_TIMEOUT_S = 5.0  # bounds one exchange with another broker
 
 
 async def forward_to(
-    cluster: Cluster,
+    cluster: ClusterView,
     broker_id: int,
     api_key: int,
     version: int,
@@ -53,7 +53,7 @@ async def forward_to(
 
 
 async def forward_to_controller(
-    cluster: Cluster,
+    cluster: ClusterView,
     api_key: int,
     version: int,
     schema: str,
@@ -65,7 +65,7 @@ async def forward_to_controller(
     not heard of it yet) or it does not answer: the client asks again, here, and is
     forwarded once the view knows."""
     controller = cluster.controller_id
-    if controller == cluster.membership.me.node_id or controller not in cluster.brokers:
+    if controller == cluster.me or controller not in cluster.brokers:
         raise TopicError(NOT_CONTROLLER, "No controller is elected now; ask again.")
     return await forward_to(
         cluster, controller, api_key, version, schema, body, timeout_s, NOT_CONTROLLER

@@ -218,18 +218,18 @@ def render(node: Node) -> str:
     for p in own:
         if p.failed:
             offline += 1
-        if cluster is not None and not p.topic.name.startswith("__"):
+        if not p.topic.name.startswith("__"):
             isr = len(cluster.isr(p.log.key))
             if isr < len(cluster.replicas(node.config.node_id)):
                 under += 1
-            if isr < p.topic.min_insync_replicas:
+            if cluster.short_of_insync(p.log.key, p.topic.min_insync_replicas) is not None:
                 under_min_isr += 1
     failed_dir = any(
         p.failed and p.failed_code == KAFKA_STORAGE_ERROR
         for t in node.topics.values()
         for p in t.partitions
     )
-    controller = cluster is None or cluster.is_controller
+    controller = cluster.is_controller
     out.family(
         "kafka_server_replicamanager_partitioncount",
         "gauge",

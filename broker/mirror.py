@@ -245,13 +245,27 @@ class _Sink:
         self.heads: list[tuple[int, int, bytes, list[TreeNode]]] = []
         self._wake = trio.Event()
         self._lock = trio.Lock()  # one stored head at a time (one job in flight per log)
+        # a head over removed blocks whose offsets the next block kept tells (FollowerLog)
+        self._deferred: tuple[int, int, bytes, list[TreeNode]] | None = None
 
     def put_block(self, index: int, value: bytes | memoryview, leaf: TreeNode) -> None:
         self.log.put_block(index, value, leaf)
         if self.progress is not None:
             self.progress.advance()
+        if self._deferred is not None and self.log.head_ready(self._deferred[0]):
+            deferred, self._deferred = self._deferred, None
+            self.put_head(*deferred)
+
+    def put_removed(self, index: int, leaf: TreeNode) -> None:
+        """A block the writer's cleaner removed: its verified leaf, no bytes (FollowerLog)."""
+        self.log.put_removed(index, leaf)
+        if self.progress is not None:
+            self.progress.advance()
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[TreeNode]) -> None:
+        if not self.log.head_ready(length):
+            self._deferred = (length, fork, signature, list(roots))
+            return
         self.heads.append((length, fork, signature, list(roots)))
         if self.progress is not None:
             if length >= (self.catch_up_to() or 0):
@@ -508,12 +522,16 @@ async def follow_forever(link: ConnectionDriver, lg: FollowerLog, on_head: Calla
 class NodeMirror:
     """Everything this node mirrors from one other node."""
 
-    def __init__(self, node: Node, target: MirrorTarget, broker_id: int | None = None) -> None:
+    def __init__(self, node: Node, target: MirrorTarget, broker_id: int | None = None,
+                 cluster: Cluster | None = None) -> None:
         self.node = node
         self.target = target
         # Cluster mode: the peer's broker id (the leader of what it writes), and our node
         # key as the Noise static key, by which the writer tells our progress apart.
         self.broker_id = broker_id
+        # Cluster mode: the etcd view of the cluster the peer belongs to (None: the
+        # mirror of a node outside any cluster, a --mirror target).
+        self.cluster = cluster
         self.keypair: Ed25519KeyPair | None = None
         if broker_id is not None:
             kp = node.store.node_keypair
@@ -717,7 +735,7 @@ class NodeMirror:
         """Cluster mode: open our copy of the peer's offsets archive (under this mirror's
         directory, so it cannot clash with our own ``__consumer_offsets``), hand it to
         `Cluster.offsets_copies` and follow it like any archive."""
-        cluster = self.node.cluster
+        cluster = self.cluster
         if cluster is None or self.broker_id is None or rec.partitions != 1:
             return
         if head_manifest(public_key).hash() != rec.archive_keys[0]:
@@ -733,7 +751,7 @@ class NodeMirror:
             self._spawn.start_soon(self._follow_offsets, self._link)
 
     async def _follow_offsets(self, link: ConnectionDriver) -> None:
-        copy, cluster, lg = self.offsets_copy, self.node.cluster, self._offsets_follower
+        copy, cluster, lg = self.offsets_copy, self.cluster, self._offsets_follower
         assert copy is not None and cluster is not None and lg is not None
 
         def channel(ch: ReplicationChannel | None) -> None:
@@ -776,8 +794,8 @@ class NodeMirror:
                             log.info("mirror of %s: trusting node key %s on first use",
                                      self.target.address, key.hex())
                             self.open_local()
-                        if self.broker_id is not None and self.node.cluster is not None:
-                            self.node.cluster.learn(self.broker_id, key)
+                        if self.broker_id is not None and self.cluster is not None:
+                            self.cluster.learn(self.broker_id, key)
                         await self._follow(address)
                 except Equivocation:  # the catalog itself (logged where found): frozen
                     pass
@@ -891,8 +909,8 @@ class NodeMirror:
 
     def close(self) -> None:
         if self.offsets_copy is not None:
-            if self.broker_id is not None and self.node.cluster is not None:
-                self.node.cluster.offsets_copies.pop(self.broker_id, None)
+            if self.broker_id is not None and self.cluster is not None:
+                self.cluster.offsets_copies.pop(self.broker_id, None)
             with contextlib.suppress(Exception):
                 self.offsets_copy.log.close()
         for _, logs in self.attached.values():
@@ -914,7 +932,7 @@ async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.
             await nursery.start(serve_replication, node, host, port)
         for text in node.config.mirrors:
             await nursery.start(NodeMirror(node, MirrorTarget.parse(text)).run)
-        if node.cluster is not None:
+        if isinstance(node.cluster, Cluster):  # every other member of an etcd cluster
             nursery.start_soon(_mirror_members, node, node.cluster, nursery)
         task_status.started()
 
@@ -938,7 +956,8 @@ async def _mirror_members(node: Node, cluster: Cluster, nursery: trio.Nursery) -
                 continue
             started.add(member.node_id)
             peer = ClusterBroker(member.node_id, member.host, member.port)
-            await nursery.start(NodeMirror(node, MirrorTarget(member.host, member.port, pinned), member.node_id).run)
+            await nursery.start(NodeMirror(node, MirrorTarget(member.host, member.port, pinned), member.node_id,
+                                              cluster).run)
             nursery.start_soon(poll_leader_isr, cluster, peer)
         await changed.wait()
 

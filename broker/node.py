@@ -4,7 +4,8 @@ Owns the state every handler shares and the two background loops that keep it mo
 `commit_loop` (group commit: one signed head per partition per round, fsync off the
 event loop, then wake the produces and fetches waiting on it) and `retention_loop`.
 Handlers never touch `storage` directly for writes; they call `Partition.admit` and
-`Partition.wait_durable`. Imports `storage` and `broker.cluster`, never the protocol
+`Partition.wait_durable`. Imports `storage` and `broker.cluster` (the `ClusterView` interface: `Node.cluster`
+is never None, a single broker's is a `NullCluster`), never the protocol
 codec, the group coordinator, placement or the mirrors: broker/compose.py (the
 composition root) builds the node with them and runs their background tasks.
 
@@ -22,10 +23,8 @@ next round's group, so rounds grow with load instead of ticking.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
-import hashlib
 import logging
 import math
 import os
@@ -36,12 +35,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
 from broker.cleaner import Cleaner, compaction_policy
-from broker.cluster import Cluster, signed_blocks
+from broker.cluster import ClusterView, NullCluster, signed_blocks
 from broker.cluster.signing import NotEnoughSigners
 from broker.config import BrokerConfig, validate_topic_configs
 from broker.idempotence import ProducerStates
@@ -67,7 +66,6 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
 PRODUCER_ID_EXPIRATION_MS = 86_400_000
-CLUSTER_PID_SHIFT = 40  # cluster mode: producer ids of broker N start at N << 40
 # A round writing less runs on the loop (no fsync due). Measured under the acks=all latency
 # workload: at 64 KiB the rounds that grew under load went to a worker thread, and the hop
 # (thread hand-off, GIL hand-back) cost more loop time than writing and hashing inline.
@@ -241,20 +239,88 @@ class Topic:
         return self.record.topic_id
 
 
+class TopicMaker(Protocol):
+    """How topics come to exist: the one seam CreateTopics and auto-creation (Metadata,
+    Produce) call. `LocalTopics` (below) makes them here, a single broker's way;
+    `PlacedTopics` (broker/placement.py) has the controller place them in etcd, and their
+    writer make them. broker/compose.py picks one with the cluster view."""
+
+    def check_assignments(self, assignments: Sequence[tuple[int, Sequence[int]]]) -> str | None:
+        """Why CreateTopics' replica assignment is refused (INVALID_REPLICA_ASSIGNMENT), or None."""
+        ...
+
+    async def create(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, str | None],
+        *,
+        validate_only: bool,
+        assignments: Sequence[tuple[int, Sequence[int]]],
+    ) -> Topic | None:
+        """CreateTopics: the topic when it is written here, None when validating or when
+        another broker writes it. NOT_CONTROLLER when this broker may not create it
+        (the handler forwards it to the controller)."""
+        ...
+
+    async def auto_create(self, name: str) -> Topic:
+        """Metadata's auto-creation: the topic, or a TopicError (LEADER_NOT_AVAILABLE while
+        it is being made elsewhere: the client asks again)."""
+        ...
+
+    def auto_create_for_write(self, name: str) -> Topic:
+        """Produce's auto-creation (on the loop, without yielding): the topic or a TopicError."""
+        ...
+
+
+class LocalTopics:
+    """`TopicMaker` of a single broker: every topic is made here, at once."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def check_assignments(self, assignments: Sequence[tuple[int, Sequence[int]]]) -> str | None:
+        me = self.node.config.node_id
+        if any(list(ids) != [me] for _, ids in assignments):
+            return f"Only broker {me} exists"
+        return None
+
+    async def create(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, str | None],
+        *,
+        validate_only: bool,
+        assignments: Sequence[tuple[int, Sequence[int]]],
+    ) -> Topic | None:
+        return await self.node.create_topic_off_loop(name, partitions, replication_factor, configs,
+                                                     validate_only=validate_only)
+
+    async def auto_create(self, name: str) -> Topic:
+        return self.auto_create_for_write(name)
+
+    def auto_create_for_write(self, name: str) -> Topic:
+        created = self.node.create_topic(name)
+        assert created is not None
+        return created
+
+
 class Node:
     """The broker's shared state. Built by broker/compose.py (`open_node`), which also runs
     its background tasks (`run_node`)."""
 
     groups: GroupCoordinator  # set by broker/compose.py: it replays __consumer_offsets
     transactions: TxnCoordinator  # set by broker/compose.py: it replays __transaction_state
+    topic_maker: TopicMaker  # LocalTopics, or broker/placement.py's PlacedTopics (compose)
 
-    def __init__(self, config: BrokerConfig, store: Store, cluster: Cluster | None = None) -> None:
+    def __init__(self, config: BrokerConfig, store: Store, cluster: ClusterView | None = None) -> None:
         self.config = config
         self.cleaner = Cleaner(self)  # compacted topics (broker/cleaner.py)
         self.store = store
         self.topics: dict[str, Topic] = {}
-        digest = hashlib.blake2b(store.node_public_key, digest_size=16).digest()
-        self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
         self._dirty: dict[int, Partition] = {}
         self._commit_lock = trio.Lock()
         self._commit_wanted = trio.Event()
@@ -288,11 +354,14 @@ class Node:
         self.writer_catalogs: dict[str, tuple[bytes, PartitionLog]] = {}
         self.metrics = BrokerMetrics()  # what /metrics shows (broker/metrics.py)
         self.started = time.monotonic()
-        # Cluster mode (broker/cluster/): membership, controller and placement in etcd;
-        # the ISR and acks=all.
-        self.cluster = cluster
-        if cluster is not None:
-            self.cluster_id = cluster.cluster_id
+        # The cluster (broker/cluster/view.py): membership, controller and placement, the
+        # ISR and acks=all; in etcd (`Cluster`) or this broker alone (`NullCluster`, the
+        # default: what tests and single brokers get).
+        self.cluster: ClusterView = (
+            cluster if cluster is not None else NullCluster.from_config(config, store.node_public_key)
+        )
+        self.cluster_id = self.cluster.cluster_id
+        self.topic_maker = LocalTopics(self)
         # (topic, topic id, partitions) -> the manifests of its quorum-signed partitions,
         # or None for single-signer ones (broker/cluster/quorum.py sets it in a cluster).
         self.partition_manifests: Callable[[str, uuid.UUID, int], Sequence[Manifest] | None] = (
@@ -382,8 +451,7 @@ class Node:
             partition.producers.rebuild(_producer_headers(plog))
             partition.txns = rebuild_txns(plog)
             topic.partitions.append(partition)
-            if self.cluster is not None:
-                self.cluster.published(plog.key, signed_blocks(plog))
+            self.cluster.published(plog.key, signed_blocks(plog))
         self.topics[record.name] = topic
         return topic
 
@@ -482,21 +550,14 @@ class Node:
             raise TopicError(INVALID_PARTITIONS, "Number of partitions is larger than 100000.")
         if replication_factor == -1:
             replication_factor = self.config.default_replication_factor
-        if self.cluster is not None:
-            # Every broker of the cluster mirrors every archive: any factor up to the
-            # number of live brokers is met (with more copies than asked for below it).
-            brokers = len(self.cluster.live_ids())
-            if not 1 <= replication_factor <= brokers:
-                raise TopicError(
-                    INVALID_REPLICATION_FACTOR,
-                    f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
-                    f"of {replication_factor} cannot be reached because only {brokers} broker(s) are registered.",
-                )
-        elif replication_factor != 1:
+        # Every broker of the cluster mirrors every archive: any factor up to the number
+        # of live brokers is met (with more copies than asked for below it).
+        brokers = len(self.cluster.live_ids())
+        if not 1 <= replication_factor <= brokers:
             raise TopicError(
                 INVALID_REPLICATION_FACTOR,
                 f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
-                "of 1 cannot be reached because only 1 broker(s) are registered.",
+                f"of {replication_factor} cannot be reached because only {brokers} broker(s) are registered.",
             )
         try:
             overrides = validate_topic_configs(configs or {})
@@ -504,15 +565,15 @@ class Node:
             raise TopicError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return None
-        if self.cluster is not None and name not in INTERNAL_TOPICS:
-            # Only the writer etcd's placement names makes a topic (broker/placement.py):
-            # one name never has two writers.
-            placed = self.cluster.membership.placements.get(name)
-            if placed is None:
+        if name not in INTERNAL_TOPICS:
+            # Only the writer placement names makes a topic (broker/placement.py): one
+            # name never has two writers. (Alone, this broker writes every topic.)
+            writer = self.cluster.placed_writer(name)
+            if writer is None:
                 raise TopicError(NOT_CONTROLLER, f"Topic '{name}' is not placed yet: topics are created on the "
                                  f"controller (broker {self.cluster.controller_id}).")
-            if placed.writer != self.config.node_id:
-                raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists (written by broker {placed.writer}).")
+            if writer != self.config.node_id:
+                raise TopicError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists (written by broker {writer}).")
         if prepared is None and name not in INTERNAL_TOPICS:
             self.check_partition_limit(partitions)
         # The partitions first, the catalog last (Store.prepare_partitions): a disk that
@@ -568,8 +629,7 @@ class Node:
             del self._creating[name]
         for plog in logs:
             topic.partitions.append(Partition(topic, len(topic.partitions), plog))
-            if self.cluster is not None:
-                self.cluster.published(plog.key, signed_blocks(plog))
+            self.cluster.published(plog.key, signed_blocks(plog))
         log.info("topic %s grown to %d partitions", name, count)
         self.notify_data()
 
@@ -591,7 +651,7 @@ class Node:
         if name in INTERNAL_TOPICS:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Internal topic {name} cannot be deleted")
         written_here = name in self.topics and not self.topics[name].mirrored
-        if self.cluster is not None and not self.cluster.is_controller and not written_here:
+        if not self.cluster.is_controller and not written_here:
             # (a topic this broker writes: the controller forwards its deletion here)
             raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are deleted on broker {self.cluster.controller_id}.")
         if name in self.topics and self.topics[name].mirrored:
@@ -637,17 +697,14 @@ class Node:
             if topic.mirrored:  # this node holds no key for it: an error, never silent loss
                 raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is a read-only mirror; produce to its writer")
             return topic
-        if not self.config.auto_create_topics or self.cluster is not None:
-            # (in a cluster, topics are placed by the controller; Metadata asks it)
+        if not self.config.auto_create_topics:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
         try:
-            created = self.create_topic(name)
+            return self.topic_maker.auto_create_for_write(name)
         except TopicError as exc:
             if exc.code in (NOT_CONTROLLER, TOPIC_ALREADY_EXISTS):  # not yet here: retriable
                 raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, exc.message) from None
             raise
-        assert created is not None
-        return created
 
     def partition(self, topic: str, index: int) -> Partition | None:
         t = self.topics.get(topic)
@@ -674,11 +731,8 @@ class Node:
             self._next_pid, self._pid_limit = start, limit
         pid = self._next_pid
         self._next_pid += 1
-        if self.cluster is not None:
-            # Any broker hands out ids and any writer checks them: each broker gets its
-            # own range, so two brokers never give one id to two producers.
-            pid += self.config.node_id << CLUSTER_PID_SHIFT
-        return pid
+        # (in a cluster, each broker hands out ids of its own range)
+        return pid + self.cluster.producer_id_base
 
     # -- group commit -------------------------------------------------------------
 
@@ -854,8 +908,7 @@ class Node:
                                         code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR)
                 elif job is not None and not p.failed:
                     p.log.publish(job)
-                    if self.cluster is not None:
-                        self.cluster.published(p.log.key, signed_blocks(p.log))
+                    self.cluster.published(p.log.key, signed_blocks(p.log))
         finally:
             for plog in pinned:
                 plog.unpin()

@@ -1,6 +1,7 @@
 """Cluster mode: topics are placed by the controller in etcd, and made by their writer.
 
-Owns `create_placed` (CreateTopics and auto-creation on the controller: validate, choose
+Owns `PlacedTopics` (the `TopicMaker` of a cluster broker, broker/node.py: CreateTopics
+and auto-creation go through it), `create_placed` (CreateTopics and auto-creation on the controller: validate, choose
 the writer, record the placement in etcd under the controller's epoch, create the archives
 when the writer is this broker), `choose_writer` (balanced and rack-aware) and
 `follow_placements` (the writer side: a placement naming this broker whose topic is not
@@ -35,7 +36,7 @@ from typing import Any
 
 import trio
 
-from broker.cluster import Cluster
+from broker.cluster import Cluster, ClusterView
 from broker.cluster.etcd import EtcdError
 from broker.cluster.membership import Placement
 from broker.cluster.quorum import (
@@ -49,8 +50,10 @@ from broker.forwarding import FORWARD_TIMEOUT_S, forward_to_controller
 from broker.node import (
     INTERNAL_TOPICS,
     INVALID_REPLICA_ASSIGNMENT,
+    LEADER_NOT_AVAILABLE,
     NOT_CONTROLLER,
     TOPIC_ALREADY_EXISTS,
+    UNKNOWN_TOPIC_OR_PARTITION,
     Node,
     Topic,
     TopicError,
@@ -58,6 +61,74 @@ from broker.node import (
 from storage.hypercore import Manifest
 
 log = logging.getLogger("hyperkafka.cluster")
+
+
+class PlacedTopics:
+    """`TopicMaker` (broker/node.py) of a cluster broker: the controller places a topic in
+    etcd and its writer makes it; another broker forwards to the controller."""
+
+    def __init__(self, node: Node, cluster: Cluster) -> None:
+        self.node = node
+        self.cluster = cluster
+
+    def check_assignments(self, assignments: Sequence[tuple[int, Sequence[int]]]) -> str | None:
+        brokers = self.cluster.brokers
+        if any(not set(ids) <= set(brokers) for _, ids in assignments):
+            return f"Only brokers {sorted(brokers)} exist"
+        if len({ids[0] if ids else -1 for _, ids in assignments}) != 1:
+            return "Every partition of a topic has the same writer here: name the same first broker for each"
+        return None
+
+    async def create(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, str | None],
+        *,
+        validate_only: bool,
+        assignments: Sequence[tuple[int, Sequence[int]]],
+    ) -> Topic | None:
+        writer = assignments[0][1][0] if assignments else None  # Kafka's preferred leader
+        return await create_placed(self.node, self.cluster, name, partitions, replication_factor, configs,
+                                   validate_only=validate_only, writer=writer, assignments=assignments)
+
+    async def auto_create(self, name: str) -> Topic:
+        cluster = self.cluster
+        if name in cluster.membership.placements:
+            # placed in etcd, not here yet (its writer makes it, our mirror attaches it)
+            raise TopicError(LEADER_NOT_AVAILABLE, "placed, not created yet")
+        if not cluster.is_controller:
+            await _create_on_controller(cluster, name)
+            raise TopicError(LEADER_NOT_AVAILABLE, "created on the controller")
+        topic = await create_placed(self.node, cluster, name)
+        if topic is None:
+            raise TopicError(LEADER_NOT_AVAILABLE, "placed on another broker")
+        return topic
+
+    def auto_create_for_write(self, name: str) -> Topic:
+        # topics are placed by the controller, which Metadata asks
+        raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
+
+
+async def _create_on_controller(cluster: Cluster, name: str) -> None:
+    """Auto-creation asked of a broker that is not the controller: ask the controller
+    (Kafka forwards it there too, KIP-590); the topic reaches this broker through its
+    mirror of the controller, meanwhile the client hears LEADER_NOT_AVAILABLE and asks
+    again."""
+    from broker.mirror import kafka_request  # the client side of the mirror machinery
+
+    controller = cluster.brokers.get(cluster.controller_id)
+    if controller is None:  # none elected right now: the client asks again
+        return
+    try:
+        await kafka_request(controller.host, controller.port, 19, 4, "create_topics", {
+            "topics": [{"name": name, "num_partitions": -1, "replication_factor": -1,
+                        "assignments": [], "configs": []}],
+            "timeout": 5000, "validate_only": False,
+        })
+    except Exception as exc:  # the client asks again; the next try forwards again
+        log.info("auto-creating %s on controller %d failed: %s", name, controller.node_id, exc)
 
 
 def choose_writer(cluster: Cluster) -> int:
@@ -172,7 +243,7 @@ def manifest_hook(cluster: Cluster) -> Callable[[str, uuid.UUID, int], list[Mani
 
 
 async def forward_create(
-    cluster: Cluster,
+    cluster: ClusterView,
     name: str,
     partitions: int,
     replication_factor: int,
@@ -236,7 +307,7 @@ async def forward_create(
     }
 
 
-async def forward_delete(cluster: Cluster, name: str, timeout_s: float) -> None:
+async def forward_delete(cluster: ClusterView, name: str, timeout_s: float) -> None:
     """Ask the controller to delete `name` (this broker is not the controller); its
     refusal as a TopicError. The controller may wait `timeout_s` for the topic's writer
     (broker/handlers/admin.py), so the exchange is given that much more."""

@@ -105,7 +105,7 @@ class _Progress:
 
     def update(self) -> None:
         cluster, source = self.node.cluster, self.channel.source
-        if cluster is None or source is None:
+        if source is None:
             return
         if self.key is None:
             broker = cluster.broker_for_identity(self.conn.remote_public_key)
@@ -122,7 +122,7 @@ class _Progress:
             cluster.acked(self.key, self.broker, length)
 
     def close(self) -> None:
-        if self.node.cluster is not None and self.key is not None and self.broker is not None:
+        if self.key is not None and self.broker is not None:
             self.node.cluster.disconnected(self.key, self.broker)
             self.key = None
 

@@ -231,7 +231,9 @@ def _verify_mirrors(data_dir: str, topic: str | None, prog: Progress,
                 res = verify_partition(path, pk, progress=prog)
                 prog.item_done()
                 if res.ok:
-                    say(f"ok {tag}/{tname} {p} {res.length} blocks, {res.signed_length} signed")
+                    say(f"ok {tag}/{tname} {p} {res.length} blocks, {res.signed_length} signed"
+                        + (f", {res.compacted} compacted away (leaf hashes checked)"
+                           if res.compacted else ""))
                 else:
                     failures += 1
                     say(f"BAD {tag}/{tname} {p} {res.first_bad_offset} {res.reason}")

@@ -116,6 +116,9 @@ class CommitJob:
     # against the writer's signed tree before the batch was written; used instead of
     # reading the batches back and hashing them a second time.
     leaves: list[bytes] | None = None
+    # A follower's commit: the leaf byte size of each pending block the writer's cleaner
+    # removed (its entry's size is 0, FORMAT.md section 10), by leaf index.
+    hole_sizes: dict[int, int] | None = None
     # A follower's commit: (length, tree hash) of the writer's signed head; `run` writes
     # nothing unless the folded leaves make exactly that tree.
     expect_tree: tuple[int, bytes] | None = None
@@ -277,6 +280,7 @@ class CommitJob:
         self.leaf_hi = fr.length + len(pending)
         fs = self.log.fs
         fr_append = fr.append
+        holes = self.hole_sizes or {}
         pack_entry = ENTRY.pack
         pack_u32 = U32.pack
         crc = crc32c.crc32c
@@ -302,7 +306,7 @@ class CommitJob:
                 for t in range(lo, hi):
                     _, _, _, base, max_ts, pos, size, delta = group[t]
                     leaf = leaves[t]
-                    nodes.extend(fr_append(leaf, size))
+                    nodes.extend(fr_append(leaf, size or holes[fr.length]))
                     body = pack_entry(base, max_ts, pos, size, delta, leaf)
                     entries.extend(body)
                     entries.extend(pack_u32(crc(body)))

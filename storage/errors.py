@@ -52,3 +52,8 @@ class RecoveryFailed(ArchiveDamaged):
         ArchiveDamaged.__init__(self, message)
         self.offset = offset
         self.cause = cause  # the failed write (its errno tells a full disk from EIO)
+
+
+class BlockRemoved(KeyError):
+    """`PartitionLog.block` of a block the log's cleaner removed (FORMAT.md section 4a):
+    its leaf is in the tree, its bytes are not held here. A KeyError, as any block not held."""

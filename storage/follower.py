@@ -192,6 +192,11 @@ class FollowerLog:
         # set: the writer truncated below what we hold (ForkChanged raised); following
         # needs a reorg we do not do, so nothing is tried again until a restart
         self.reorg_needed: str | None = None
+        # a run of blocks the writer's cleaner removed (put_removed), verified, not yet
+        # written: their offsets are known once the next block kept says where it starts
+        self._holes: list[tuple[int, Node]] = []
+        # a head over blocks of `_holes` (put_head): stored once they are written
+        self._deferred_head: tuple[int, int, bytes, list[Node]] | None = None
 
     @classmethod
     def open_replica(
@@ -316,6 +321,8 @@ class FollowerLog:
     def discard_unsigned(self) -> None:
         """Drop blocks delivered past the last stored head (a session that ended before
         their head arrived); a new session fetches them again from `verified_tree()`."""
+        self._holes = []
+        self._deferred_head = None
         self.log.drop_unsigned_tail()
 
     @property
@@ -648,10 +655,62 @@ class FollowerLog:
             if lg.block(index) == bytes(value):
                 return
             self.discard_unsigned()
+        if self._holes:
+            if len(value) < B.HEADER_SIZE:
+                raise VerificationFailed(f"block {index} is not a record batch v2")
+            self._write_holes(_BE_I64.unpack_from(value, B.BASE_OFFSET)[0])
         self.append_block(index, value, leaf.hash)
+        deferred = self._deferred_head
+        if deferred is not None and self.head_ready(deferred[0]):
+            self._deferred_head = None
+            self.accept_head(*deferred)
 
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:
+        if not self.head_ready(length):
+            self._deferred_head = (length, fork, signature, list(roots))
+            return
         self.accept_head(length, fork, signature, roots)
+
+    def put_removed(self, index: int, leaf: Node) -> None:
+        """Block `index` is one the writer's cleaner removed (storage/FORMAT.md 4a): the
+        session verified its leaf node (hash and byte size) against the signed tree and
+        has no bytes for it. Recorded as the writer records it, a size-0 index entry with
+        that leaf (section 10). A run of such blocks waits for the next block kept: its
+        base offset says which offsets the run covered."""
+        if self.frozen:
+            raise Equivocation(f"{self.path}: archive frozen ({self.frozen})")
+        self.log.check_writable()
+        if index != self.log.length + len(self._holes):
+            raise StorageError(f"block {index} out of order (have {self.log.length + len(self._holes)})")
+        if leaf.index != 2 * index or leaf.size <= 0:
+            raise VerificationFailed(f"block {index}: not its leaf node")
+        self._holes.append((index, leaf))
+
+    @property
+    def holes_pending(self) -> bool:
+        """Removed blocks were delivered that wait for the next block kept."""
+        return bool(self._holes)
+
+    def head_ready(self, length: int) -> bool:
+        """Every block under a head of `length` is written (none waits in a run of removed
+        blocks): the head can be revealed and stored."""
+        return length <= self.log.length
+
+    def _write_holes(self, next_base: int) -> None:
+        """Write the waiting run of removed blocks, the block kept after it starting at
+        offset `next_base`. The writer's split of the run's offsets among its blocks is
+        gone with their bytes: each block but the last covers one offset, the last the
+        rest (no record is served from any of them; section 10)."""
+        lg = self.log
+        holes, self._holes = self._holes, []
+        start = lg.log_end_offset
+        if next_base - start < len(holes):
+            raise VerificationFailed(
+                f"block {holes[-1][0] + 1} starts at offset {next_base}, but {len(holes)} "
+                f"removed blocks lie between it and offset {start}")
+        for n, (_, leaf) in enumerate(holes):
+            delta = next_base - start - len(holes) if n == len(holes) - 1 else 0
+            lg.append_removed(start + n, delta, leaf.hash, leaf.size)
 
     # ------------------------------------------------------------------ repair
 

@@ -38,7 +38,13 @@ from storage import compaction, recovery, retention
 from storage import format as fmt
 from storage.commit import BackgroundSync, CommitJob, PendingBatch, hash_jobs
 from storage.epochs import EpochCache
-from storage.errors import ArchiveDamaged, CorruptBatch, OffsetOutOfRange, StorageError
+from storage.errors import (
+    ArchiveDamaged,
+    BlockRemoved,
+    CorruptBatch,
+    OffsetOutOfRange,
+    StorageError,
+)
 from storage.format import (
     BE_I32,
     BE_I64,
@@ -188,6 +194,9 @@ class PartitionLog:
         self._pending: list[PendingBatch] = []
         # a replica's verified leaf hashes of `_pending` (see `replica`); None: hash them
         self._pending_leaves: list[bytes] | None = None
+        # a replica's blocks the writer's cleaner removed (FORMAT.md section 10), not yet
+        # under a stored head: leaf index -> the leaf's byte size (its index entry is 0)
+        self._hole_sizes: dict[int, int] = {}
         # Heads come from another node (storage.follower), never from us: `prepare_commit`
         # builds no job of its own, blocks past the last stored head are dropped at commit,
         # close and recovery (fetched again), retention keeps what the writer signed.
@@ -297,11 +306,33 @@ class PartitionLog:
             raise KeyError(index)
         size = seg.size_of(k)
         if not size:  # removed by compaction (FORMAT.md 4a): not held here
-            raise KeyError(index)
+            raise BlockRemoved(index)
         data = self.fs.pread_exact(seg.log_fd, size, seg.positions[k])
         if len(data) != size:
             raise KeyError(index)
         return bytes(data)
+
+    def removed_runs(self, length: int) -> list[tuple[int, int]]:
+        """(first block, count) of each run of blocks below `length` that are not held here
+        because a cleaner removed them (size-0 entries, FORMAT.md 4a and 10), in order."""
+        self._ensure_open()
+        runs: list[tuple[int, int]] = []
+        for seg in self._segments:
+            first = seg.first_leaf
+            if first >= length:
+                break
+            # a size is 0 only if its low byte is: find those in C, then check each
+            low = bytes(seg.entries[20 : seg.count * ENTRY_SIZE : ENTRY_SIZE])
+            k = low.find(0)
+            while k != -1 and first + k < length:
+                if not seg.size_of(k):
+                    i = first + k
+                    if runs and runs[-1][0] + runs[-1][1] == i:
+                        runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+                    else:
+                        runs.append((i, 1))
+                k = low.find(0, k + 1)
+        return runs
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -677,6 +708,7 @@ class PartitionLog:
             nodes=self._pending_nodes,
             pending=self._pending,
             leaves=self._pending_leaves,
+            hole_sizes=self._hole_sizes or None,
             sync_fds=sync_fds,
             sync_derived=derived_due,
             derived_length=derived_length,
@@ -718,6 +750,8 @@ class PartitionLog:
         self._head = head
         self._published_length = head.length
         self.high_watermark = head.next_offset
+        if self._hole_sizes:  # their leaves are in the tree file now
+            self._hole_sizes = {i: n for i, n in self._hole_sizes.items() if i >= head.length}
         handles = self._handles
         if handles is not None and handles.total > handles.budget:
             # logs that were busy when others opened are idle now: back within budget
@@ -765,6 +799,19 @@ class PartitionLog:
         self._store(batch, len(batch), base, delta, max_ts)
         self._pending_leaves.append(bytes(leaf))
 
+    def append_removed(self, base: int, delta: int, leaf: bytes, leaf_size: int) -> None:
+        """Replica: record block `next leaf` as one the writer's cleaner removed (FORMAT.md
+        section 10): a size-0 index entry covering offsets [base, base + delta] with the leaf
+        hash and byte size a replication session verified under a signed head. No bytes.
+        Invisible until `prepare_signed` stores a head over it, as `append_verified`."""
+        self.check_writable()
+        assert self._pending_leaves is not None, "not a replica"
+        if leaf_size <= 0:
+            raise StorageError("a removed block's leaf has a size")
+        self._hole_sizes[self._next_leaf] = leaf_size
+        self._store(b"", 0, base, delta, -1)
+        self._pending_leaves.append(bytes(leaf))
+
     def sync_unsigned_tail(self) -> None:
         """Replica: fsync the data of the blocks past the last stored head (a replica that
         vouches for them, signing them as one of a quorum, needs them to outlive a crash)."""
@@ -791,7 +838,7 @@ class PartitionLog:
             return None
         f = Frontier.from_roots(list(head.roots)) if head is not None and stored else Frontier()
         for leaf, p in zip(leaves[: n - stored], self._pending[: n - stored], strict=True):
-            f.append(leaf, p[6])
+            f.append(leaf, p[6] or self._hole_sizes[f.length])
         return f.tree_hash()
 
     def drop_unsigned_tail(self, keep_length: int | None = None) -> None:
@@ -827,6 +874,7 @@ class PartitionLog:
         self._pending = kept
         self._pending_leaves = kept_leaves
         self._pending_nodes = []
+        self._hole_sizes = {}
         self._next_leaf = keep
         self.log_end_offset = (
             self._segments[-1].next_offset() if self._segments else self.log_start_offset

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from broker.cluster.membership import Membership, Placement
-from broker.cluster.replicas import Cluster
 from storage.hypercore import Manifest
 from storage.quorum import partition_manifest
+
+if TYPE_CHECKING:  # (broker.cluster.replicas imports this module)
+    from broker.cluster.replicas import Cluster
 
 
 class QuorumPlacementError(Exception):

@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from broker.cluster import quorum
 from broker.cluster.etcd import Etcd
 from broker.cluster.membership import Member, Membership
 from broker.config import RACK_AWARE_SELECTOR, BrokerConfig, ClusterBroker
@@ -81,6 +82,7 @@ from storage.replication.session import ReplicationChannel
 DEFAULT_REPLICA_LAG_MS = 30_000
 DEFAULT_SESSION_TIMEOUT_MS = 9_000  # Kafka's broker.session.timeout.ms
 NO_LEADER = -1
+CLUSTER_PID_SHIFT = 40  # producer ids of broker N start at N << 40
 WAIT_TICK_MAX_S = 0.5
 
 
@@ -132,7 +134,8 @@ class PeerCopy:
 
 
 class Cluster:
-    """This broker's view of its cluster. Lives on `Node.cluster` in cluster mode.
+    """This broker's view of its cluster (a `ClusterView`, broker/cluster/view.py). Lives
+    on `Node.cluster` in cluster mode (alone: `NullCluster`, broker/cluster/null.py).
 
     Membership, the controller and placement come from etcd (`membership`,
     broker/cluster/membership.py); this class keeps what the brokers tell each other
@@ -170,10 +173,8 @@ class Cluster:
         self.cluster_id = base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     @classmethod
-    def from_config(cls, config: BrokerConfig, node_key: bytes) -> Cluster | None:
-        """The cluster view of a broker whose config names etcd (None: a single broker)."""
-        if not config.cluster_etcd_endpoints:
-            return None
+    def from_config(cls, config: BrokerConfig, node_key: bytes) -> Cluster:
+        """The cluster view of a broker whose config names etcd."""
         host, port = config.advertised
         me = Member(config.node_id, host, port, config.rack, node_key.hex())
         membership = Membership(
@@ -270,6 +271,16 @@ class Cluster:
         """Wait (at most `timeout_s`) until `handed_over`; whether it is."""
         return await _wait_until(self.handed_over, lambda: self._copies_changed, timeout_s)
 
+    @property
+    def multi_broker(self) -> bool:
+        return True
+
+    @property
+    def producer_id_base(self) -> int:
+        # Any broker hands out ids and any writer checks them: each broker gets its own
+        # range, so two brokers never give one id to two producers.
+        return self.me << CLUSTER_PID_SHIFT
+
     def alive(self, node_id: int, now: float | None = None) -> bool:
         """Whether `node_id` holds a live etcd lease (this broker always counts itself)."""
         return node_id == self.me or node_id in self.membership.members
@@ -297,6 +308,31 @@ class Cluster:
         if self.alive(writer):
             return writer, live
         return (min(live) if live else NO_LEADER), live
+
+    # -- placement (etcd) -------------------------------------------------------
+
+    def placed_writer(self, name: str) -> int | None:
+        placed = self.membership.placements.get(name)
+        return None if placed is None else placed.writer
+
+    def placed_replicas(self, topic: str, index: int) -> list[int] | None:
+        return quorum.placed_replicas(self, topic, index)
+
+    async def unplace(self, name: str) -> bool | None:
+        return await self.membership.unplace(name)
+
+    # -- coordinators of internal topics (broker/cluster/shards.py) ----------------
+
+    def shard_count(self, topic: str) -> int | None:
+        shards = self.membership.shards.get(topic)
+        return max(shards) + 1 if shards else 0
+
+    def coordinator(self, topic: str, partition: int) -> int | None:
+        shard = self.membership.shards.get(topic, {}).get(partition)
+        return None if shard is None else shard.owner
+
+    async def check_fence(self, topic: str, revisions: dict[int, int]) -> bool:
+        return await self.membership.check_shards(topic, revisions)
 
     def peers(self) -> list[ClusterBroker]:
         return [b for i, b in self.brokers.items() if i != self.me]
@@ -403,6 +439,18 @@ class Cluster:
 
     def isr(self, key: bytes) -> list[int]:
         return [self.me, *self.in_sync(key)]
+
+    def short_of_insync(self, key: bytes, min_insync: int) -> list[int] | None:
+        isr = self.isr(key)
+        return isr if len(isr) < min_insync else None
+
+    def acks_all_replicas(self, min_insync: int) -> int:
+        return min_insync
+
+    def produce_refusal(self, topic: str, index: int, log: PartitionLog, min_insync: int) -> str | None:
+        # quorum-signed: its signers alive, or nothing is written
+        return quorum.produce_refusal(self, topic, index, log.manifest, log.public_key,
+                                      log.quorum_sign is not None, min_insync)
 
     def held_by(self, key: bytes, node_id: int) -> int:
         a = self._archives.get(key)

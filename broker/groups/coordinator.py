@@ -143,7 +143,11 @@ class GroupCoordinator:
         self.groups = Groups(self.settings, consumer_settings=ConsumerSettings.from_properties(node.config.static))
         self.wall: Callable[[], int] = wall_ms
         self.archive = OffsetsArchive(node)
-        if node.cluster is not None:
+        # The etcd view whose shards of __consumer_offsets this coordinator takes over and
+        # serves; None alone, where every group is served from the start (a different way
+        # to load, not a null case of taking over: the remaining mode branches below).
+        self.sharded: Cluster | None = node.cluster if isinstance(node.cluster, Cluster) else None
+        if self.sharded is not None:
             # Compaction keeps tombstones for the topic's delete.retention.ms, as Kafka's
             # cleaner does: a broker that was away may still hold the values they deleted.
             topic = self.archive.partition.topic
@@ -177,14 +181,14 @@ class GroupCoordinator:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             replayed, self._replayed = self._replayed, None
-            if self.node.cluster is None:
+            if self.sharded is None:
                 if replayed is not None:
                     self._install(replayed)
             else:
-                membership = self.node.cluster.membership
+                membership = self.sharded.membership
                 partitions = self.settings.offsets_topic_num_partitions
                 nursery.start_soon(place_shards, membership, OFFSETS_TOPIC, partitions)
-                nursery.start_soon(self._follow_shards, self.node.cluster)
+                nursery.start_soon(self._follow_shards, self.sharded)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -206,26 +210,17 @@ class GroupCoordinator:
     def loaded(self) -> bool:
         """Whether this broker serves groups now (alone: always; in cluster mode: whether
         it coordinates at least one partition of __consumer_offsets)."""
-        return self.node.cluster is None or bool(self.shards)
+        return self.sharded is None or bool(self.shards)
 
     def shard_of(self, group_id: str) -> int:
         """The partition of __consumer_offsets group `group_id` maps to (cluster mode:
         how many partitions etcd records; before any, the configured count)."""
-        cluster = self.node.cluster
-        count = self.settings.offsets_topic_num_partitions
-        if cluster is not None:
-            shards = cluster.membership.shards.get(OFFSETS_TOPIC)
-            if shards:
-                count = max(shards) + 1
+        count = self.node.cluster.shard_count(OFFSETS_TOPIC) or self.settings.offsets_topic_num_partitions
         return partition_for(group_id, count)
 
     def coordinator_of(self, group_id: str) -> int | None:
         """Cluster mode: the broker etcd names coordinator of `group_id` (None: none yet)."""
-        cluster = self.node.cluster
-        if cluster is None:
-            return self.node.config.node_id
-        shard = cluster.membership.shards.get(OFFSETS_TOPIC, {}).get(self.shard_of(group_id))
-        return None if shard is None else shard.owner
+        return self.node.cluster.coordinator(OFFSETS_TOPIC, self.shard_of(group_id))
 
     def refusal(self, group_id: str) -> int:
         """NONE when this broker serves group `group_id` now; else what a request for it
@@ -233,7 +228,7 @@ class GroupCoordinator:
         __consumer_offsets (the client asks FindCoordinator again),
         COORDINATOR_LOAD_IN_PROGRESS while this broker takes the partition over (both
         retriable)."""
-        cluster = self.node.cluster
+        cluster = self.sharded
         if cluster is None:
             return codes.NONE
         p = self.shard_of(group_id)
@@ -249,7 +244,7 @@ class GroupCoordinator:
     def refusal_all(self) -> int:
         """ListGroups: COORDINATOR_LOAD_IN_PROGRESS while a partition named to this broker
         is not loaded yet, else NONE (it lists the groups of the partitions it serves)."""
-        cluster = self.node.cluster
+        cluster = self.sharded
         if cluster is None:
             return codes.NONE
         mine = self._named_here(cluster)
@@ -361,7 +356,7 @@ class GroupCoordinator:
     def _fence(self, group_ids: Iterable[str]) -> dict[int, int] | None:
         """Cluster mode: the partitions of these groups -> the revision we serve them at
         (what `_wait_stored` has etcd compare); None when one is not served here. Alone: {}."""
-        if self.node.cluster is None:
+        if self.sharded is None:
             return {}
         fence: dict[int, int] = {}
         for g in group_ids:
@@ -388,16 +383,15 @@ class GroupCoordinator:
                 log.error("%s not durable: %s", OFFSETS_TOPIC, exc)
                 return codes.COORDINATOR_NOT_AVAILABLE
             cluster = self.node.cluster
-            if cluster is None:
-                return codes.NONE
             plog = self.archive.partition.log
             if not await cluster.wait_replicated(plog.key, signed_blocks(plog), self._min_insync):
                 return codes.COORDINATOR_NOT_AVAILABLE
             # Fencing: answered only while the records of the partitions concerned still
             # have the revision we claimed them at, so a coordinator that was paused or
             # cut off acknowledges nothing once the controller moved them (it steps down).
+            # (alone, nobody else acts: it always holds)
             try:
-                still = await cluster.membership.check_shards(OFFSETS_TOPIC, fence)
+                still = await cluster.check_fence(OFFSETS_TOPIC, fence)
             except EtcdError as exc:
                 log.warning("cannot check the coordinator's epoch in etcd: %s", exc)
                 return codes.COORDINATOR_NOT_AVAILABLE
@@ -418,8 +412,7 @@ class GroupCoordinator:
         cluster mode, raise (OSError) instead when our archive has fewer in-sync replicas
         than min.insync.replicas, as Kafka refuses such a write before appending it
         (NOT_ENOUGH_REPLICAS)."""
-        cluster = self.node.cluster
-        if cluster is not None and len(cluster.isr(self.archive.partition.log.key)) < self._min_insync:
+        if self.node.cluster.short_of_insync(self.archive.partition.log.key, self._min_insync) is not None:
             raise OSError(f"fewer in-sync replicas of {OFFSETS_TOPIC} than min.insync.replicas={self._min_insync}")
         span = self.archive.append(records, now_wall)
         self._check_compaction()

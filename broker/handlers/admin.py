@@ -21,14 +21,14 @@ from typing import Any
 import trio
 
 from broker.api import Reply, RequestContext, api
-from broker.cluster import NO_LEADER, Cluster
+from broker.cluster import NO_LEADER, ClusterView
 from broker.cluster.etcd import EtcdError
 from broker.config import ConfigEntry, ConfigSource
 from broker.forwarding import FORWARD_TIMEOUT_S, forward_to
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
 from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, TopicError
-from broker.placement import create_placed, forward_create, forward_delete
+from broker.placement import forward_create, forward_delete
 from broker.replication_server import replication_config_entries
 from broker.security.authz import Operation
 from broker.security.session import authorize
@@ -78,36 +78,26 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
                 continue
             partitions = len(t.assignments)
             replication = len(t.assignments[0].broker_ids)
-            if node.cluster is not None and any(not set(a.broker_ids) <= set(node.cluster.brokers) for a in t.assignments):
-                entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only brokers {sorted(node.cluster.brokers)} exist")
-                continue
-            if node.cluster is not None and len({a.broker_ids[0] if a.broker_ids else -1 for a in t.assignments}) != 1:
-                entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT,
-                             error_message="Every partition of a topic has the same writer here: name the same first broker for each")
-                continue
-            if node.cluster is None and any(list(a.broker_ids) != [node.config.node_id] for a in t.assignments):
-                entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=f"Only broker {node.config.node_id} exists")
-                continue
+        assignments = [(a.partition_index, a.broker_ids) for a in t.assignments or ()]
+        refused = node.topic_maker.check_assignments(assignments) if assignments else None
+        if refused is not None:
+            entry.update(error_code=errors.INVALID_REPLICA_ASSIGNMENT, error_message=refused)
+            continue
         try:
             configs = {c.name: c.value for c in t.configs}
-            if node.cluster is not None:  # the controller places it in etcd (broker/placement.py)
-                writer = t.assignments[0].broker_ids[0] if t.assignments else None  # Kafka's preferred leader
-                try:
-                    topic = await create_placed(node, node.cluster, t.name, partitions, replication, configs,
-                                                validate_only=req.validate_only, writer=writer,
-                                                assignments=[(a.partition_index, a.broker_ids) for a in t.assignments or ()])
-                except TopicError as exc:
-                    # Not the controller (any more): forward to the one etcd names (KIP-590), once.
-                    if (exc.code != errors.NOT_CONTROLLER or ctx.client_id == BROKER_CLIENT_ID
-                            or node.cluster.controller_id in (NO_LEADER, node.config.node_id)):
-                        raise
-                    entry.update(await forward_create(
-                        node.cluster, t.name, t.num_partitions, t.replication_factor, configs,
-                        [(a.partition_index, a.broker_ids) for a in t.assignments or ()]))
-                    continue
-            else:
-                topic = await node.create_topic_off_loop(t.name, partitions, replication, configs,
-                                                         validate_only=req.validate_only)
+            try:
+                # alone, made here; in a cluster, the controller places it in etcd
+                # (broker/placement.py) and its writer makes it
+                topic = await node.topic_maker.create(t.name, partitions, replication, configs,
+                                                      validate_only=req.validate_only, assignments=assignments)
+            except TopicError as exc:
+                # Not the controller (any more): forward to the one etcd names (KIP-590), once.
+                if (exc.code != errors.NOT_CONTROLLER or ctx.client_id == BROKER_CLIENT_ID
+                        or node.cluster.controller_id in (NO_LEADER, node.config.node_id)):
+                    raise
+                entry.update(await forward_create(
+                    node.cluster, t.name, t.num_partitions, t.replication_factor, configs, assignments))
+                continue
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)
             continue
@@ -115,7 +105,7 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
         entry.update(
             topic_id=topic.topic_id if topic else None,
             num_partitions=len(topic.partitions) if topic else (partitions if partitions != -1 else node.config.num_partitions),
-            replication_factor=len(node.cluster.brokers) if node.cluster is not None else 1,
+            replication_factor=len(node.cluster.brokers),
             configs=[
                 {
                     "name": e.name,
@@ -131,18 +121,19 @@ async def create_topics(ctx: RequestContext, req: Any) -> Reply:
 
 
 
-async def _unplace(cluster: Cluster, name: str) -> None:
-    """Cluster mode, on the controller: drop the topic's placement from etcd (fenced by the
-    controller epoch) before its archives go, so its writer does not make it again."""
+async def _unplace(cluster: ClusterView, name: str) -> None:
+    """On the controller: drop the topic's placement from etcd (fenced by the controller
+    epoch) before its archives go, so its writer does not make it again (alone: nothing
+    is placed)."""
     try:
-        ok = await cluster.membership.unplace(name)
+        ok = await cluster.unplace(name)
     except EtcdError as exc:
         raise TopicError(errors.NOT_CONTROLLER, f"The controller cannot reach etcd: {exc}") from None
     if ok is None:
         raise TopicError(errors.NOT_CONTROLLER, "This broker is no longer the controller (its epoch was fenced).")
 
 
-async def _delete_on_writer(node: Node, cluster: Cluster, name: str, writer: int, timeout_s: float) -> None:
+async def _delete_on_writer(node: Node, cluster: ClusterView, name: str, writer: int, timeout_s: float) -> None:
     """Cluster mode, on the controller: delete `name`, which broker `writer` writes, there;
     return once our mirror dropped it (or the timeout passed: it will shortly)."""
     if not cluster.alive(writer):
@@ -192,7 +183,7 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
                 entry["topic_id"] = topic.topic_id
             cluster = node.cluster
             timeout_s = min(max(req.timeout.total_seconds(), 0.1), FORWARD_TIMEOUT_S)
-            if cluster is not None and not cluster.is_controller and ctx.client_id != BROKER_CLIENT_ID:
+            if not cluster.is_controller and ctx.client_id != BROKER_CLIENT_ID:
                 # Not the controller: forward to the one etcd names (KIP-590), once; the
                 # answer comes once this broker dropped the topic too (or the timeout passed).
                 await forward_delete(cluster, name, timeout_s)
@@ -200,7 +191,7 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
                     while name in node.topics:
                         await node.wait_for_data()  # detaching a mirrored topic wakes it
                 continue
-            if (cluster is not None and cluster.is_controller and topic is not None and topic.mirrored
+            if (cluster.is_controller and topic is not None and topic.mirrored
                     and topic.leader_id is not None and node.config.delete_topic_enable):
                 if not cluster.alive(topic.leader_id):
                     raise TopicError(errors.LEADER_NOT_AVAILABLE, f"Topic {name} is written by broker "
@@ -208,7 +199,7 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
                 await _unplace(cluster, name)
                 await _delete_on_writer(node, cluster, name, topic.leader_id, timeout_s)
                 continue
-            if cluster is not None and cluster.is_controller and node.config.delete_topic_enable:
+            if cluster.is_controller and node.config.delete_topic_enable:
                 await _unplace(cluster, name)
             await node.delete_topic(name)
         except TopicError as exc:

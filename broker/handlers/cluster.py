@@ -8,11 +8,9 @@ import uuid
 from typing import Any
 
 from broker.api import Reply, RequestContext, advertised, api
-from broker.cluster import NO_LEADER, Cluster
-from broker.cluster.quorum import placed_replicas
+from broker.cluster import NO_LEADER, ClusterView
 from broker.handlers import errors
 from broker.node import OFFSETS_TOPIC, Node, Partition, Topic, TopicError, check_topic_name
-from broker.placement import create_placed
 from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
 from broker.security.session import authorize, authorized_operations, cluster_operations
 from broker.shape import field_of
@@ -62,18 +60,17 @@ def brokers(node: Node, ctx: RequestContext | None = None) -> list[dict[str, Any
     me = node.config.node_id
     out: list[dict[str, Any]] = [{"node_id": me, "broker_id": me, "host": host, "port": port, "rack": node.config.rack}]
     cluster = node.cluster
-    if cluster is not None:
-        # Cluster mode: every live broker (a dead one leaves, as Kafka's fenced brokers),
-        # at the address the cluster list gives it; its rack once we have heard it from
-        # the broker itself (discovery).
-        out += [{"node_id": b.node_id, "broker_id": b.node_id, "host": b.host, "port": b.port,
-                 "rack": cluster.racks.get(b.node_id)} for b in cluster.peers() if cluster.alive(b.node_id)]
-        out.sort(key=lambda b: b["node_id"])
+    # Every other live broker (a dead one leaves, as Kafka's fenced brokers), at the
+    # address the cluster list gives it; its rack once we have heard it from the broker
+    # itself (discovery).
+    out += [{"node_id": b.node_id, "broker_id": b.node_id, "host": b.host, "port": b.port,
+             "rack": cluster.racks.get(b.node_id)} for b in cluster.peers() if cluster.alive(b.node_id)]
+    out.sort(key=lambda b: b["node_id"])
     return out
 
 
 def controller_id(node: Node) -> int:
-    return node.cluster.controller_id if node.cluster is not None else node.config.node_id
+    return node.cluster.controller_id
 
 
 def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], list[int], list[int]]:
@@ -81,13 +78,13 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
     me = node.config.node_id
     cluster = node.cluster
     offline = [me] if p.failed else []
-    if cluster is None or topic.name.startswith("__") or (topic.mirrored and topic.leader_id is None):
-        # Alone, a broker's own internal archives, or a mirror of a node outside the
-        # cluster: this broker is all Kafka needs to know of.
+    if topic.name.startswith("__") or (topic.mirrored and topic.leader_id is None):
+        # A broker's own internal archives, or a mirror of a node outside the cluster:
+        # this broker is all Kafka needs to know of.
         return me, [me], [me], offline
     writer = me if topic.leader_id is None else topic.leader_id
     # a quorum-signed partition's replicas are its signers, as placed in etcd
-    placed = placed_replicas(cluster, topic.name, p.index)
+    placed = cluster.placed_replicas(topic.name, p.index)
     replicas = placed if placed is not None else cluster.replicas(writer)
     offline += [i for i in replicas if not cluster.alive(i)]
     if writer == me:
@@ -99,14 +96,17 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
     return leader, replicas, isr, offline
 
 
-def _sharded_partitions(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+def _sharded_partitions(cluster: ClusterView, name: str, count: int) -> list[dict[str, Any]]:
     """An internal topic in cluster mode: its partitions as etcd places them (each one's
     coordinator leads it, broker/cluster/shards.py), the same on every broker. Every
     broker copies every other's offsets archive: all are replicas, the live ones in sync."""
     out = []
-    for index, shard in sorted(cluster.membership.shards.get(name, {}).items()):
-        replicas = cluster.replicas(shard.owner)
-        leader = shard.owner if cluster.alive(shard.owner) else NO_LEADER
+    for index in range(count):
+        owner = cluster.coordinator(name, index)
+        if owner is None:
+            continue
+        replicas = cluster.replicas(owner)
+        leader = owner if cluster.alive(owner) else NO_LEADER
         out.append({
             "error_code": errors.LEADER_NOT_AVAILABLE if leader == NO_LEADER else errors.NONE,
             "partition_index": index,
@@ -121,10 +121,11 @@ def _sharded_partitions(cluster: Cluster, name: str) -> list[dict[str, Any]]:
 
 def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
     partitions = []
-    cluster = node.cluster if topic.name == OFFSETS_TOPIC else None
-    if cluster is not None:
-        partitions = _sharded_partitions(cluster, topic.name)
-    for p in [] if cluster is not None else topic.partitions:
+    # (alone, the offsets topic is this broker's own archive: not sharded)
+    shards = node.cluster.shard_count(topic.name) if topic.name == OFFSETS_TOPIC else None
+    if shards is not None:
+        partitions = _sharded_partitions(node.cluster, topic.name, shards)
+    for p in [] if shards is not None else topic.partitions:
         leader, replicas, isr, offline = _replicas(node, topic, p)
         partitions.append({
             # Kafka's offline partition: no live in-sync replica to lead it
@@ -143,26 +144,6 @@ def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
         "is_internal": topic.name.startswith("__"),
         "partitions": partitions,
     }
-
-
-async def _create_on_controller(cluster: Cluster, name: str) -> None:
-    """Cluster mode, auto-creation asked of a broker that is not the controller: ask the
-    controller (Kafka forwards it there too, KIP-590); the topic reaches this broker
-    through its mirror of the controller, meanwhile the client hears LEADER_NOT_AVAILABLE
-    and asks again."""
-    from broker.mirror import kafka_request  # the client side of the mirror machinery
-
-    controller = cluster.brokers.get(cluster.controller_id)
-    if controller is None:  # none elected right now: the client asks again
-        return
-    try:
-        await kafka_request(controller.host, controller.port, 19, 4, "create_topics", {
-            "topics": [{"name": name, "num_partitions": -1, "replication_factor": -1,
-                        "assignments": [], "configs": []}],
-            "timeout": 5000, "validate_only": False,
-        })
-    except Exception as exc:  # the client asks again; the next try forwards again
-        log.info("auto-creating %s on controller %d failed: %s", name, controller.node_id, exc)
 
 
 def _invalid_metadata_request(requested: Any) -> Reply:
@@ -229,22 +210,10 @@ async def metadata(ctx: RequestContext, req: Any) -> Reply:
                         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, "unknown topic")
                     if not authorize(ctx, Operation.CREATE, name):
                         raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "not authorized to create")
-                    cluster = node.cluster
-                    if cluster is None:
-                        topic = node.create_topic(name)
-                    elif name in cluster.membership.placements:
-                        # placed in etcd, not here yet (its writer makes it, our mirror attaches it)
-                        raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed, not created yet")
-                    elif not cluster.is_controller:
-                        await _create_on_controller(cluster, name)
-                        raise TopicError(errors.LEADER_NOT_AVAILABLE, "created on the controller")
-                    else:
-                        topic = await create_placed(node, cluster, name)
-                        if topic is None:
-                            raise TopicError(errors.LEADER_NOT_AVAILABLE, "placed on another broker")
+                    topic = await node.topic_maker.auto_create(name)
                 except TopicError as exc:
                     code = exc.code
-                    if code == errors.TOPIC_ALREADY_EXISTS or (node.cluster is not None and code == errors.NOT_CONTROLLER):
+                    if code in (errors.TOPIC_ALREADY_EXISTS, errors.NOT_CONTROLLER):
                         # written elsewhere, not attached here yet (or this controller
                         # is catching up), or still being deleted here: as Kafka's
                         # auto-creation, ask again

@@ -60,9 +60,9 @@ def _topic(ctx: RequestContext, name: str) -> Topic | None:
 def _writer_to_ask(ctx: RequestContext, topic: Topic) -> int | None:
     """The broker to forward a change of `topic` to: its writer, in cluster mode, unless
     another broker forwarded the request here (never twice)."""
-    if ctx.node.cluster is None or ctx.client_id == BROKER_CLIENT_ID or not topic.mirrored:
+    if ctx.client_id == BROKER_CLIENT_ID or not topic.mirrored:
         return None
-    return topic.leader_id
+    return topic.leader_id  # (None: mirrored from a node outside the cluster)
 
 
 async def _forward(
@@ -70,7 +70,6 @@ async def _forward(
 ) -> None:
     """Have `writer` apply resource `r`; its refusal as a TopicError."""
     cluster = ctx.node.cluster
-    assert cluster is not None  # `_writer_to_ask` names a writer in cluster mode only
     if incremental:
         configs = [
             {"name": c.name, "config_operation": int(c.config_operation), "value": c.value}

@@ -137,7 +137,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                 else:
                     entry["diverging_epoch"] = {"epoch": diverging[0], "end_offset": diverging[1]}
                 continue
-            if rack and node.cluster is not None and topic is not None and not topic.mirrored:
+            if rack and topic is not None and not topic.mirrored:
                 # KIP-392, as Kafka's leader: a consumer in another rack than ours is sent
                 # to an in-sync follower in its own rack, with no records this time.
                 preferred = node.cluster.preferred_read_replica(plog.key, rack)
@@ -170,7 +170,7 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
                     # first batch always, KIP-74): the rest is fetched next time.
                     continue
             except OffsetOutOfRange:
-                if (topic is not None and topic.mirrored and node.cluster is not None and p.fetch_offset > hwm
+                if (topic is not None and topic.mirrored and node.cluster.multi_broker and p.fetch_offset > hwm
                         and ((version >= 11 and current_epoch < 0)
                              or (topic.leader_id is not None and not node.cluster.alive(topic.leader_id)))):
                     # A follower behind an offset the consumer learned at the leader, as

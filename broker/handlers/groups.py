@@ -89,7 +89,7 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> Reply:
             # asked, so a group never has two coordinators.
             coordinator_id = _coordinator(ctx).coordinator_of(key)
             address = (host, port) if coordinator_id == node.config.node_id else None
-            if address is None and coordinator_id is not None and node.cluster is not None and node.cluster.alive(coordinator_id):
+            if address is None and coordinator_id is not None and node.cluster.alive(coordinator_id):
                 b = node.cluster.brokers.get(coordinator_id)
                 address = None if b is None else (b.host, b.port)
             if coordinator_id is None or address is None:  # none named or alive right now: retriable

@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from broker.api import Reply, RequestContext, api
-from broker.cluster import Cluster
+from broker.cluster import ClusterView
 from broker.forwarding import FORWARD_TIMEOUT_S, forward_to
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
@@ -79,8 +79,7 @@ async def _grow(ctx: RequestContext, node: Node, t: Any, validate_only: bool) ->
     if topic is None or t.name.startswith("__"):
         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{t.name}' does not exist.")
     if (
-        cluster is not None
-        and topic.mirrored
+        topic.mirrored
         and topic.leader_id is not None
         and ctx.client_id != BROKER_CLIENT_ID
     ):
@@ -112,7 +111,7 @@ async def _grow(ctx: RequestContext, node: Node, t: Any, validate_only: bool) ->
                 errors.INVALID_REPLICA_ASSIGNMENT,
                 f"Increasing the number of partitions by {t.count - have} but {len(t.assignments)} assignments provided.",
             )
-        brokers = set(cluster.brokers) if cluster is not None else {node.config.node_id}
+        brokers = set(cluster.brokers)
         if any(not a.broker_ids or not set(a.broker_ids) <= brokers for a in t.assignments):
             raise TopicError(
                 errors.INVALID_REPLICA_ASSIGNMENT, f"Only brokers {sorted(brokers)} exist."
@@ -122,7 +121,7 @@ async def _grow(ctx: RequestContext, node: Node, t: Any, validate_only: bool) ->
         await node.add_partitions(topic, t.count)
 
 
-async def _grow_on_writer(cluster: Cluster, writer: int, t: Any, validate_only: bool) -> None:
+async def _grow_on_writer(cluster: ClusterView, writer: int, t: Any, validate_only: bool) -> None:
     """Have `writer`, which writes topic `t.name`, add its partitions; its refusal as a
     TopicError."""
     assignments = (

@@ -31,7 +31,6 @@ import trio
 from broker.api import NO_RESPONSE, Deferred, Encoded, Reply, RequestContext, api
 from broker.cleaner import keyless_message, keyless_record
 from broker.cluster import signed_blocks
-from broker.cluster.quorum import produce_refusal
 from broker.handlers import errors
 from broker.handlers.transactions import init_transactional
 from broker.idempotence import Verdict, last_sequence
@@ -103,16 +102,15 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
     cluster = ctx.node.cluster
-    if cluster is not None and not topic.mirrored:  # quorum-signed: its signers alive, or nothing is written
-        log_ = partition.log
-        why = produce_refusal(cluster, topic.name, index, log_.manifest, log_.public_key,
-                              log_.quorum_sign is not None, topic.min_insync_replicas if acks == -1 else 0)
+    if not topic.mirrored:  # quorum-signed: its signers alive, or nothing is written
+        why = cluster.produce_refusal(topic.name, index, partition.log,
+                                      topic.min_insync_replicas if acks == -1 else 0)
         if why is not None:
             return _PartitionResult(errors.NOT_ENOUGH_REPLICAS, why)
-    if acks == -1 and cluster is not None:
+    if acks == -1:
         # Kafka's check before the append: too few in-sync replicas, nothing is written.
-        isr = cluster.isr(partition.log.key)
-        if len(isr) < topic.min_insync_replicas:
+        isr = cluster.short_of_insync(partition.log.key, topic.min_insync_replicas)
+        if isr is not None:
             return _PartitionResult(
                 errors.NOT_ENOUGH_REPLICAS,
                 f"The size of the current ISR {isr} is insufficient to satisfy the min.isr requirement "
@@ -122,8 +120,8 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
     result = _admit_checked(ctx, topic, partition, data)
     if result.error not in _NO_LOG_START_OFFSET and not result.before_log:
         result.log_start_offset = partition.log.log_start_offset
-    if acks == -1 and cluster is not None and result.partition is not None:
-        result.min_insync = topic.min_insync_replicas
+    if acks == -1 and result.partition is not None:
+        result.min_insync = cluster.acks_all_replicas(topic.min_insync_replicas)
     return result
 
 
@@ -287,7 +285,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
     waiting = [r for r in results.values() if r.partition is not None and r.error == errors.NONE]
 
     # acks=all in a cluster waits for the in-sync mirrors as well (broker/cluster.py).
-    for_mirrors = node.cluster is not None and any(r.min_insync for r in waiting)
+    for_mirrors = any(r.min_insync for r in waiting)
 
     def settled(r: _PartitionResult) -> bool:
         assert r.partition is not None
@@ -313,7 +311,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                     except TopicError as exc:
                         r.error, r.message = exc.code, exc.message
                 for r in waiting:
-                    if r.error == errors.NONE and r.min_insync and node.cluster is not None:
+                    if r.error == errors.NONE and r.min_insync:
                         # The published head covers the batch; now the in-sync mirrors
                         # must hold it too.
                         plog = r.partition.log  # type: ignore[union-attr]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.cluster import PeerCopy
+from broker.cluster import Cluster, PeerCopy
 from broker.cluster.etcd import Etcd
 from broker.cluster.membership import Member
 from broker.config import BrokerConfig, apply_properties
@@ -180,7 +180,7 @@ async def test_a_new_coordinator_waits_for_the_handover_then_adopts_the_previous
     client = await _peer_registered(etcd, coordinated=True, legacy=legacy)
     async with running(b_config, clock) as b, running(_cluster_config(tmp_path / "a", etcd), clock) as a:
         cluster = a.cluster
-        assert cluster is not None
+        assert isinstance(cluster, Cluster)
         b.create_topic("t", 1)
         peer_log = b.groups.archive.partition.log
         clock.now = T0
@@ -220,7 +220,7 @@ async def test_a_coordinator_whose_partition_moved_acknowledges_nothing(tmp_path
     client = await _peer_registered(etcd, coordinated=False)
     async with running(_cluster_config(tmp_path / "a", etcd), clock) as a:
         cluster = a.cluster
-        assert cluster is not None
+        assert isinstance(cluster, Cluster)
         with trio.fail_after(10):
             await eventually(lambda: a.groups.loaded)  # named coordinator, nobody to hand over from
         first = a.groups.shards[0]
@@ -257,10 +257,10 @@ async def test_cluster_compaction_keeps_young_tombstones(tmp_path: Path, etcd: E
     await _peer_registered(etcd, coordinated=False)
     stale = _words(_offset("old", 5, T0 - 1), _offset("young", 6, T0 - 1))  # a peer's archive
     async with running(config, clock) as node:
-        assert node.cluster is not None
+        assert isinstance(node.cluster, Cluster)
         with trio.fail_after(10):
             await eventually(lambda: node.groups.loaded)
-        assert node.cluster is not None
+        assert isinstance(node.cluster, Cluster)
         await create_placed(node, node.cluster, "t", 1)
         c = node.groups
         for g in ("old", "young", "kept"):

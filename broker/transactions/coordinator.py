@@ -130,9 +130,9 @@ def coordinator_node(node: Node, transactional_id: str) -> int | None:
     """The broker that coordinates `transactional_id` (None: none can now). The one place
     that decides it, so a cluster can later spread ids by their `__transaction_state`
     partition as groups are."""
-    if node.cluster is not None:
-        return None
-    return node.config.node_id
+    # (a cluster places no coordinator of __transaction_state yet: None there; alone,
+    # this broker coordinates every partition)
+    return node.cluster.coordinator(TXN_TOPIC, 0)
 
 
 def wall_ms() -> int:
@@ -595,7 +595,8 @@ class TxnCoordinator:
     ) -> dict[tuple[str, int], int]:
         """WriteTxnMarkers (`kafka-transactions abort`, Kafka's Admin.abortTransaction): a
         marker written into each partition as Kafka's broker writes one its coordinator
-        sends, which closes a transaction there that no coordinator will (a hanging one).
+        sends, which closes a transaction there that no coordinator will (a hanging one);
+        where the producer has no open transaction the answer is success and nothing is written.
         The error code of each partition: an epoch older than the producer's at the
         partition is refused INVALID_PRODUCER_EPOCH; the internal topics take no marker
         from outside (their transactional offsets are the coordinator's)."""
@@ -620,6 +621,12 @@ class TxnCoordinator:
             entry = p.producers.entry(producer_id)
             if entry is not None and producer_epoch < entry.epoch:
                 codes[(topic, index)] = INVALID_PRODUCER_EPOCH
+                continue
+            if producer_id not in p.txns.ongoing:
+                # Nothing of this producer's is open here (never was, or a retried marker
+                # already closed it): Kafka would still append a marker that closes nothing;
+                # we sign nothing an outside request asks for that changes nothing.
+                codes[(topic, index)] = NONE
                 continue
             log.info(
                 "WriteTxnMarkers: %s marker of producer %d epoch %d into %s-%d",

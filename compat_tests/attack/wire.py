@@ -275,6 +275,29 @@ def _uvarint(buf: bytes) -> tuple[int, int]:
     raise Malformed("bad uvarint")
 
 
+def _check_control(batch: bytes, attrs: int, lod: int, count: int) -> None:
+    """A control batch as only a broker writes one (Kafka's EndTransactionMarker): transactional,
+    uncompressed, one record whose key is (version 0, ABORT or COMMIT) and whose value is
+    (version 0, coordinator epoch), from a producer id; Malformed otherwise."""
+    pid = struct.unpack_from(">q", batch, 43)[0]
+    if not attrs & 0x10 or attrs & 0x07 or count != 1 or lod != 0 or pid < 0:
+        raise Malformed(f"control batch: attributes {attrs:#x}, {count} records, producer {pid}")
+    data = batch[61:]
+    n, pos = _varint(data, 0, 5)
+    if pos + n != len(data):
+        raise Malformed(f"control batch: a record of {n} bytes in {len(data) - pos}")
+    p = pos + 1
+    _ts, p = _varint(data, p)
+    delta, p = _varint(data, p, 5)
+    key, p = _varbytes(data, p, len(data))
+    value, p = _varbytes(data, p, len(data))
+    nh, p = _varint(data, p, 5)
+    if delta != 0 or key is None or len(key) != 4 or key[:2] != b"\0\0" or key[2:] not in (b"\0\0", b"\0\1"):
+        raise Malformed(f"control batch: key {key!r}")
+    if value is None or len(value) < 6 or value[:2] != b"\0\0" or nh != 0 or p != len(data):
+        raise Malformed(f"control batch: value {value!r}, {nh} headers")
+
+
 def strict_decode(batch: bytes) -> list[StoredRecord]:
     """Every record of one stored batch, or Malformed: magic 2, exact length, CRC-32C,
     count == lastOffsetDelta + 1 == records present, offset deltas 0..n-1, every length in
@@ -290,7 +313,8 @@ def strict_decode(batch: bytes) -> list[StoredRecord]:
         raise Malformed("CRC-32C mismatch")
     attrs, lod, _bts, _mts, _pid, _pe, _bs, count = struct.unpack_from(">hiqqqhii", batch, 21)
     if attrs & 0x20:
-        return []  # a control batch (the broker's own transaction markers)
+        _check_control(batch, attrs, lod, count)
+        return []  # a transaction marker: no record of a client's
     if count <= 0 or lod != count - 1:
         raise Malformed(f"{count} records but lastOffsetDelta {lod}")
     data = _inflate(attrs & 0x07, batch[61:])
@@ -384,8 +408,9 @@ def read_partition(host: str, port: int, topic: str, partition: int,
                 out.batches += 1
                 try:
                     recs = strict_decode(b)
+                    control = bool(struct.unpack_from(">h", b, 21)[0] & 0x20)
                     theirs = [(r.offset, r.key, r.value) for r in iter_records(b)]
-                    if theirs != [(r.offset, r.key, r.value) for r in recs]:
+                    if not control and theirs != [(r.offset, r.key, r.value) for r in recs]:
                         raise Malformed("the broker's iter_records reads it differently")
                     out.records += recs
                 except Exception as exc:

@@ -36,7 +36,7 @@ manifests, sparse peers that lack blocks they announced, pushing unrequested blo
 protocols on the same connection (`open_protocol`, `accept`) are handed to a
 `ProtocolHandler` (cluster mode's quorum signing, broker/cluster/signing.py).
 
-May import the standard library, PyNaCl, `storage.hypercore` and
+May import the standard library, PyNaCl, `storage.errors`, `storage.hypercore` and
 `storage.replication.{noise,secretstream,mux,messages,sources,errors}`; never trio.
 """
 
@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import blake2b
 
+from storage.errors import BlockRemoved
 from storage.hypercore import (
     REPLICATE_INITIATOR_NS,
     REPLICATE_RESPONDER_NS,
@@ -62,6 +63,7 @@ from storage.hypercore.encoding import Reader, encode_uint
 from storage.hypercore.multisig import HeadSigner
 from storage.hypercore.proofs import (
     BlockRequest,
+    HashRequest,
     InvalidRequest,
     Proof,
     UpgradeRequest,
@@ -843,19 +845,32 @@ class _Server(_Role):
         assert self.source is not None
         self.head = self.source.head()
         self._sync(s)
-        if self.head.length:
-            s.send(M.Range(0, self.head.length))
+        self._held(s, 0)
+
+    def _held(self, s: ReplicationChannel, start: int) -> None:
+        """Tell the peer which blocks from `start` to our head we hold (Hypercore `range`
+        messages): all of them, less the runs our cleaner removed (a `range` with drop),
+        so a stock Hypercore peer never asks for those (storage/FORMAT.md section 10)."""
+        length = self.head.length
+        if length <= start:
+            return
+        s.send(M.Range(start, length - start))
+        removed = getattr(self.source, "removed_runs", None)
+        if removed is not None:
+            for first, n in removed(length):
+                if first + n > start:
+                    s.send(M.Range(max(first, start), first + n - max(first, start), drop=True))
 
     def announce(self, s: ReplicationChannel) -> None:
         assert self.source is not None
         new = self.source.head()
         if new == self.head:
             return
-        self.head = new
+        old, self.head = self.head, new
         s.mux.cork()
         self._sync(s)
-        if new.length:
-            s.send(M.Range(0, new.length))
+        # grown on the same fork: only the new blocks (what the peer knew still holds)
+        self._held(s, old.length if old.fork == new.fork and old.length <= new.length else 0)
         s.mux.uncork()
 
     def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
@@ -867,7 +882,7 @@ class _Server(_Role):
             s.stats.requests += 1
             self._on_request(s, m)
         elif isinstance(m, M.Want) and not isinstance(m, M.Unwant) and self.head.length:
-            s.send(M.Range(0, self.head.length))
+            self._held(s, 0)
         elif isinstance(m, M.Range):
             self._on_range(m.start, m.length, m.drop)
         elif isinstance(m, M.Bitfield):
@@ -916,6 +931,13 @@ class _Server(_Role):
         if run:
             self._on_range(start, run, False)
 
+    @staticmethod
+    def _invalid(s: ReplicationChannel, m: M.Request) -> None:
+        s.stats.invalid_requests += 1
+        if s.stats.invalid_requests >= MAX_INVALID_REQUESTS:
+            raise RemoteProtocolError("too many invalid requests") from None
+        s.send(M.NoData(m.id, M.NoDataReason.INVALID_REQUEST))
+
     def _on_request(self, s: ReplicationChannel, m: M.Request) -> None:
         assert self.source is not None
         head = self.head
@@ -942,16 +964,22 @@ class _Server(_Role):
 
         try:
             value = self.source.block(m.block.index) if m.block is not None else None
+        except BlockRemoved:
+            # removed by the cleaner (storage/FORMAT.md 4a): not held, as Hypercore says of
+            # a block it lacks; the leaf stays in the tree (a `hash` request gets it)
+            s.send(M.NoData(m.id, M.NoDataReason.NOT_AVAILABLE))
+            return
+        except (KeyError, IndexError):
+            self._invalid(s, m)
+            return
+        try:
             proof = generate_proof(
                 get, head.length, head.fork, head.signature,
                 block=m.block, block_value=value, hash=m.hash, upgrade=m.upgrade,
                 manifest=manifest,
             )
         except (InvalidRequest, KeyError, IndexError):
-            s.stats.invalid_requests += 1
-            if s.stats.invalid_requests >= MAX_INVALID_REQUESTS:
-                raise RemoteProtocolError("too many invalid requests") from None
-            s.send(M.NoData(m.id, M.NoDataReason.INVALID_REQUEST))
+            self._invalid(s, m)
             return
         if value is not None:
             s.stats.blocks += 1
@@ -980,6 +1008,7 @@ class _Pending:
     upgrade: bool
     manifest: bool
     repair: bool = False  # a block fetched again for sink.repair_block
+    hole: bool = False  # the leaf node (a `hash` request) of a block the peer removed
 
 
 @dataclass
@@ -994,7 +1023,8 @@ class _Follower(_Role):
     fork: int = 0
     known: dict[int, Node] = field(default_factory=dict)
     heads: list[tuple[int, int, bytes, list[Node]]] = field(default_factory=list)
-    buffered: dict[int, tuple[bytes | memoryview, Node]] = field(default_factory=dict)
+    # None: a block the writer's cleaner removed, its verified leaf (sink.put_removed)
+    buffered: dict[int, tuple[bytes | memoryview | None, Node]] = field(default_factory=dict)
     inflight: dict[int, _Pending] = field(default_factory=dict)
     next_id: int = 1
     next_request: int = 0
@@ -1007,6 +1037,7 @@ class _Follower(_Role):
     latest_proof: Proof | None = None
     probe_at: int | None = None  # ask for the peer's tree at this length (see follow)
     repairs: list[int] = field(default_factory=list)
+    holes: list[int] = field(default_factory=list)  # removed blocks whose leaf to ask for
     # block answers whose path ends at a node an earlier answer will prove
     stalled: list[tuple[_Pending, int, memoryview, tuple[Node, ...]]] = field(default_factory=list)
     stalls: int = 0  # answers that waited for an earlier one (statistics, tests)
@@ -1068,11 +1099,27 @@ class _Follower(_Role):
         elif isinstance(m, M.NoData):
             p = self.inflight.get(m.request)
             if p is not None:
-                raise RemoteProtocolError(
-                    f"peer refused request {m.request} (reason {m.reason}) for data it announced")
+                if not self._removed(p, m.reason):
+                    raise RemoteProtocolError(
+                        f"peer refused request {m.request} (reason {m.reason}) for data it announced")
+                del self.inflight[m.request]
         self._pump(s)
         if self.finished:
             s.close()
+
+    def _removed(self, p: _Pending, reason: int) -> bool:
+        """A block request the writer answered `not available`: a block its cleaner removed
+        (storage/FORMAT.md 4a). A sink that records such holes (`put_removed`) gets the
+        block's leaf instead, from a `hash` request proven against the signed tree; the
+        upgrade it rode along with is asked for again alone. Any other sink cannot go on."""
+        if (reason != M.NoDataReason.NOT_AVAILABLE or p.block is None or p.manifest or p.repair
+                or p.hole or getattr(self.sink, "put_removed", None) is None):
+            return False
+        if p.upgrade:
+            self.upgrading = False
+        self.holes.append(p.block)
+        self.holes.sort()
+        return True
 
     def _request(self, s: ReplicationChannel, p: _Pending, req: M.Request) -> None:
         self.inflight[p.id] = p
@@ -1115,6 +1162,11 @@ class _Follower(_Role):
             rid = self._id()
             self._request(s, _Pending(rid, i, False, False, repair=True), M.Request(
                 rid, self.fork, block=BlockRequest(i, max_missing_nodes(2 * i, length))))
+        while self.holes and self.holes[0] < length:
+            i = self.holes.pop(0)
+            rid = self._id()
+            self._request(s, _Pending(rid, i, False, False, hole=True), M.Request(
+                rid, self.fork, hash=HashRequest(2 * i, max_missing_nodes(2 * i, length))))
         while self.next_request < length and len(self.inflight) < self.window:
             i = self.next_request
             self.next_request += 1
@@ -1133,7 +1185,7 @@ class _Follower(_Role):
         here when it answers a plain block request (True), else False and it goes
         through `_on_data` like any other message."""
         p = self.inflight.get(request)
-        if (p is None or p.block is None or p.upgrade or p.manifest or p.repair
+        if (p is None or p.block is None or p.upgrade or p.manifest or p.repair or p.hole
                 or self.public_key is None or fork != self.fork):
             return False
         del self.inflight[request]
@@ -1150,6 +1202,9 @@ class _Follower(_Role):
         proof = m.proof
         if proof.fork != self.fork:
             raise VerificationError(f"data for fork {proof.fork}, we are on {self.fork}")
+        if p.hole:
+            self._on_hole(s, p, proof)
+            return
         if (p.block is not None and not p.upgrade and not p.manifest and not p.repair
                 and proof.upgrade is None and proof.block is not None
                 and proof.manifest is None and proof.hash is None and self.public_key is not None):
@@ -1222,6 +1277,28 @@ class _Follower(_Role):
             self.buffered[p.block] = (proof.block.value or b"", vp.proven)
             s.stats.blocks += 1
             s.stats.bytes += len(proof.block.value or b"")
+        self._deliver()
+        self._unstall(s)
+
+    def _on_hole(self, s: ReplicationChannel, p: _Pending, proof: Proof) -> None:
+        """The leaf node of a block the writer removed, with its path up to a node we
+        trust: verified, it stands for the block (its hash and size fold into the tree)."""
+        assert p.block is not None
+        if (proof.hash is None or proof.hash.index != 2 * p.block or proof.block is not None
+                or proof.upgrade is not None or self.public_key is None):
+            raise VerificationError("peer answered a hash request with another proof")
+        try:
+            vp = verify_proof(
+                proof, public_key=self.public_key, key=self.key, fork=self.fork,
+                trusted=self.trusted, trusted_node=self.known.get,
+            )
+        except HypercoreError as e:
+            raise VerificationError(f"bad proof from peer: {e}") from e
+        leaf = vp.proven
+        if leaf is None or leaf.index != 2 * p.block:
+            raise VerificationError("peer answered with another node than requested")
+        self._keep_path(leaf, proof.hash.nodes[1:])
+        self.buffered[p.block] = (None, leaf)
         self._deliver()
         self._unstall(s)
 
@@ -1312,7 +1389,10 @@ class _Follower(_Role):
             self._prune()
         while self.next_deliver in self.buffered:
             value, leaf = self.buffered.pop(self.next_deliver)
-            self.sink.put_block(self.next_deliver, value, leaf)
+            if value is None:
+                self.sink.put_removed(self.next_deliver, leaf)  # type: ignore[attr-defined]
+            else:
+                self.sink.put_block(self.next_deliver, value, leaf)
             self.next_deliver += 1
         while self.heads and self.heads[0][0] <= self.next_deliver:
             length, fork, sig, roots = self.heads.pop(0)

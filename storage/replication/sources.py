@@ -169,3 +169,7 @@ class PartitionLogSource:
     def block(self, index: int) -> bytes:
         """The stored batch at leaf `index`; KeyError below retention's minimum index."""
         return self.log.block(index)
+
+    def removed_runs(self, length: int) -> list[tuple[int, int]]:
+        """Runs (first block, count) below `length` the log's cleaner removed."""
+        return self.log.removed_runs(length)

@@ -5,6 +5,12 @@
 //     Dial 127.0.0.1:<port> as the initiator, replicate core <keyHex>, download every
 //     block (hypercore verifies each proof and the signed head), then check that the
 //     length and the SHA-256 of all blocks concatenated are as given. Exit 0 if so.
+//   node peer.mjs fetch-some <port> <keyHex> <length> <held> <sha256Hex> <removed>
+//     As fetch, for an archive whose writer's cleaner removed some blocks: start a download
+//     of the whole range (in parallel, not awaited), get each block
+//     of <held> (comma-separated indexes), check the SHA-256 of them concatenated, then
+//     ask for block <removed> with a 3 s timeout: it must not arrive. Prints {ok, removed}
+//     (the error code hypercore gave for it).
 //   node peer.mjs serve <blocks> <blockSize>
 //     Write a core of <blocks> deterministic blocks with a fixed key pair, listen on
 //     127.0.0.1 (free port) and print one JSON line {port, key, length, sha256,
@@ -57,6 +63,35 @@ async function fetch(port, keyHex, length, sha) {
   const got = h.digest('hex')
   if (got !== sha) fail(`sha256 ${got}, expected ${sha}`)
   console.log(JSON.stringify({ ok: true, length: core.length, bytes, seconds: secs }))
+  socket.destroy()
+  await core.close()
+  cleanup()
+  process.exit(0)
+}
+
+async function fetchSome(port, keyHex, length, held, sha, removed) {
+  const core = new Hypercore(dir, Buffer.from(keyHex, 'hex'))
+  await core.ready()
+  const socket = net.connect(Number(port), '127.0.0.1')
+  const stream = core.replicate(true, { keepAlive: false })
+  socket.pipe(stream).pipe(socket)
+  stream.on('error', (e) => console.error('peer: stream error', e.message))
+  socket.on('error', (e) => console.error('peer: socket error', e.message))
+  await core.update({ wait: true })
+  if (core.length !== Number(length)) fail(`length ${core.length}, expected ${length}`)
+  core.download({ start: 0, end: core.length }) // everything it can, in parallel
+  const h = createHash('sha256')
+  for (const i of held.split(',').map(Number)) h.update(await core.get(i, { timeout: 10000 }))
+  const got = h.digest('hex')
+  if (got !== sha) fail(`sha256 ${got}, expected ${sha}`)
+  let code = null
+  try {
+    const b = await core.get(Number(removed), { timeout: 3000 })
+    fail(`got ${b === null ? 'null' : b.byteLength + ' bytes'} for removed block ${removed}`)
+  } catch (e) {
+    code = e.code || e.message
+  }
+  console.log(JSON.stringify({ ok: true, removed: code }))
   socket.destroy()
   await core.close()
   cleanup()
@@ -135,6 +170,7 @@ async function serve(blocks, size, seedBase, signers, signWith) {
 }
 
 if (mode === 'fetch') fetch(...args).catch((e) => fail(e.stack))
+else if (mode === 'fetch-some') fetchSome(...args).catch((e) => fail(e.stack))
 else if (mode === 'serve') serve(...args.slice(0, 2)).catch((e) => fail(e.stack))
 else if (mode === 'serve-multisig') serve(...args).catch((e) => fail(e.stack))
 else fail('usage: peer.mjs fetch|serve|serve-multisig ...')
