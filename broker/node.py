@@ -75,6 +75,7 @@ COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interva
 # disk that got room again takes produces within this long.
 OFFLINE_RETRY_S = 5.0
 OFFLINE_RETRY_MAX_S = 60.0  # the retry of one partition backs off to this while it fails
+ENDED_GENERATIONS = 16  # a partition's last offline spells, kept for their waiters
 
 
 class TopicError(Exception):
@@ -99,6 +100,7 @@ INVALID_CONFIG = 40
 NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
+NOT_ENOUGH_REPLICAS = 19
 POLICY_VIOLATION = 44
 INVALID_REQUEST = 42
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
@@ -145,6 +147,14 @@ class Partition:
     # writer (leader) of (broker/takeover.py): it takes produces, the rest of the topic not.
     led: bool = False
     _end: int = 0  # the offset after the last admitted batch, while queued or writing
+    # Bumped each time the partition goes offline (`Node.fail_partition`). A batch is
+    # admitted in a generation; once that generation ended, what was not published by
+    # then never will be (the reopen cuts the unsigned tail, and its offsets are given
+    # again), so its waiter is answered at once from `_ended` instead of waiting on a
+    # log that no longer holds it (or, worse, for other batches to reach its offsets).
+    generation: int = 0
+    # generation -> (high watermark when it ended, the Kafka error, why); the last few
+    _ended: dict[int, tuple[int, int, str]] = field(default_factory=dict)
 
     @property
     def high_watermark(self) -> int:
@@ -170,14 +180,35 @@ class Partition:
         self.queued.append((batch, base))
         return base, self._end - 1
 
-    async def wait_durable(self, last_offset: int) -> None:
-        """Return once a published head covers `last_offset` (the caller bounds the wait)."""
-        while self.log.high_watermark <= last_offset:
-            if self.failed:
-                raise TopicError(self.failed_code, self.failed)
-            await self._changed.wait()
+    def end_generation(self, code: int, reason: str) -> None:
+        """The partition went offline: batches admitted so far and not yet published are
+        lost (answered `code`), and waiters are woken to learn it."""
+        self._ended[self.generation] = (self.log.high_watermark, code, reason)
+        if len(self._ended) > ENDED_GENERATIONS:
+            del self._ended[min(self._ended)]
+        self.generation += 1
+        self.queued.clear()  # admitted, not yet taken by a round: never written now
+        self.notify()
+
+    def durable(self, last_offset: int, generation: int | None = None) -> bool:
+        """Whether a published head covers `last_offset` (admitted in `generation`; None:
+        the current one); raises TopicError when it never will."""
+        if generation is not None and generation != self.generation:
+            hw, code, reason = self._ended.get(
+                generation, (0, self.failed_code, self.failed or "the partition went offline"))
+            if last_offset < hw:
+                return True
+            raise TopicError(code, f"The batch was not committed: {reason}")
         if self.failed:
             raise TopicError(self.failed_code, self.failed)
+        return self.log.high_watermark > last_offset
+
+    async def wait_durable(self, last_offset: int, generation: int | None = None) -> None:
+        """Return once a published head covers `last_offset`, admitted in `generation`
+        (the caller bounds the wait); TopicError when the partition failed, or went
+        offline since `generation` before publishing it."""
+        while not self.durable(last_offset, generation):
+            await self._changed.wait()
 
 
 @dataclass(eq=False)
@@ -873,8 +904,12 @@ class Node:
                     if job is not None:
                         p.log.abandon(job)
                     # too few replicas signed: reopened later, which cuts the unsigned tail
+                    # (its batches' producers get NOT_ENOUGH_REPLICAS, retriable, as Kafka
+                    # answers acks=all when the ISR cannot take a write)
+                    short = _quorum_short(error)
                     self.fail_partition(p, f"commit failed: {error}",
-                                        retry=_disk_full(error) or _quorum_short(error))
+                                        retry=_disk_full(error) or short,
+                                        code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR)
                 elif job is not None and not p.failed:
                     p.log.publish(job)
                     self.cluster.published(p.log.key, signed_blocks(p.log))
@@ -888,18 +923,25 @@ class Node:
         self._data_changed.set()
         self._data_changed = trio.Event()
 
-    def fail_partition(self, p: Partition, reason: str, *, retry: bool = False) -> None:
-        """Take a partition offline: its produces get KAFKA_STORAGE_ERROR, the broker lives.
+    def fail_partition(self, p: Partition, reason: str, *, retry: bool = False,
+                       code: int = KAFKA_STORAGE_ERROR) -> None:
+        """Take a partition offline: its produces get `code` (KAFKA_STORAGE_ERROR, or
+        NOT_ENOUGH_REPLICAS when too few replicas signed), the broker lives.
         `retry`: the disk was full, `retry_offline` reopens it once it has room. Any other
         disk error (EIO) keeps it offline until a restart, as Kafka's offline log dir:
         after a failed write-back the page cache no longer tells what is on the disk
-        (fsyncgate), and a reopen would sign what it reads there."""
+        (fsyncgate), and a reopen would sign what it reads there. Waiters of batches not
+        published yet are answered `code` now (`Partition.end_generation`)."""
         p.failed = reason
+        p.failed_code = code
         p.retry = retry
+        p.end_generation(code, reason)
         if retry:
             self._offline[id(p)] = p
-        log.error("partition %s-%d is offline%s: %s", p.topic.name, p.index,
-                  " until the disk has room" if retry else " until the broker restarts", reason)
+        until = " until the broker restarts"
+        if retry:
+            until = " until its replicas sign again" if code == NOT_ENOUGH_REPLICAS else " until the disk has room"
+        log.error("partition %s-%d is offline%s: %s", p.topic.name, p.index, until, reason)
 
     async def offline_retry_loop(self) -> None:
         while True:

@@ -66,6 +66,8 @@ from storage.replication.trio_driver import ConnectionDriver
 log = logging.getLogger("hyperkafka.quorum")
 
 QUEUE = 64  # proposals waiting per connection on a replica
+BUSY_POLL_S = 0.002  # a proposal waits for its archive's accept job, polling,
+BUSY_POLLS = 1000  # this many times at most (2 s, within the leader's 5 s)
 RECONNECT_MIN_S = 0.2
 RECONNECT_MAX_S = 5.0
 
@@ -318,6 +320,15 @@ async def serve_proposals(
             )
             conn.send_protocol(channel, VOTE, v.encode())
         else:
+            # The mirror may be storing a head of this archive (its accept job, in a
+            # worker thread): the tree of what it holds is known once that is published.
+            # Waited for here, briefly (polled: the job belongs to the mirror), rather
+            # than refused: under load the mirror is often mid-accept, and a refusal
+            # costs the leader a backoff.
+            for _ in range(BUSY_POLLS):
+                if not signer.busy(p.archive):
+                    break
+                await trio.sleep(BUSY_POLL_S)
             a = signer.handle(sender, p)
             conn.send_protocol(channel, ANSWER, a.encode())
         kick()

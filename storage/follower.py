@@ -361,6 +361,12 @@ class FollowerLog:
             lg.fs, self.path, keypair, manifest, fork, length, tree_hash_, lg.held_tree_at
         )
 
+    @property
+    def busy(self) -> bool:
+        """Storing a head (an accept job in flight): `sign_held` cannot compute the tree
+        of what it holds until that job is published."""
+        return self.log.committing
+
     def vote(self, epoch: int) -> Vote:
         """A failover vote for leader epoch `epoch` (storage/quorum.py `promise`): this
         replica's longest head, after its promise never to sign an older fork is durable.

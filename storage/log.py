@@ -259,6 +259,11 @@ class PartitionLog:
         return self._min_index
 
     @property
+    def committing(self) -> bool:
+        """A commit (or a replica's accept) job is in flight: `held_tree_at` waits for it."""
+        return self._job is not None
+
+    @property
     def quiescent(self) -> bool:
         """Nothing for a commit to do: every appended batch is published, no commit or
         background sync is in flight, and (under `interval`) nothing written waits for a

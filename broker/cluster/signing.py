@@ -11,8 +11,12 @@ Theory of operation, one head of one archive:
 1. The leader appended batches (stamped with offsets and epoch) and holds them durably
    as an unsigned tail. It proposes (fork, length, tree hash) to every other replica,
    with the blocks that replica lacks: from what the replica last said it holds
-   (`Answer.held`) up to `length`, never more than `max_bytes` of blocks (a replica that
-   is further behind catches up from the last quorum head by ordinary replication).
+   (`Answer.held`) up to `length`, in pieces of at most `max_bytes` (and MAX_BLOCKS
+   blocks). A piece that stops short of `length` is stored and answered with what the
+   replica holds now, without signing; the leader sends the next piece from there, so a
+   replica far behind (a burst of unsigned blocks, a replica back from a pause) catches
+   up within the signing window instead of being given up on. (Ordinary replication
+   cannot carry those blocks: no head covers them yet.)
 2. The replica (`ReplicaSigner.handle`) refuses a proposal for an archive it is not a
    signer of, from a broker that is not that archive's placed leader, or larger than its
    budget. It keeps the blocks it holds that the proposal repeats byte for byte; a block
@@ -187,6 +191,12 @@ class ReplicaSigner:
         default=lambda _key: DEFAULT_MAX_MESSAGE_BYTES
     )
 
+    def busy(self, key: bytes) -> bool:
+        """Whether this broker's copy of archive `key` is storing a head right now (its
+        mirror's accept job): a proposal is answered once it is done."""
+        lg = self.archive(key)
+        return lg is not None and lg.busy
+
     def handle(self, sender: int, p: Proposal) -> Answer:
         lg = self.archive(p.archive)
         if lg is None:
@@ -211,6 +221,10 @@ class ReplicaSigner:
             why = self._take_blocks(lg, p)
             if why is not None:
                 return refuse(why)
+            if p.blocks and p.start + len(p.blocks) < p.length and lg.length < p.length:
+                # one piece of a proposal larger than a message: stored, the rest to come
+                why = f"holds fewer than the {p.length} blocks proposed: {lg.length}; send the rest"
+                return Answer(p.archive, p.fork, p.length, lg.length, reason=why)
             partial = lg.sign_held(self.keypair, p.fork, p.length, p.tree_hash)
         except RefusedToSign as exc:
             return refuse(str(exc))
@@ -287,21 +301,31 @@ class QuorumAssembler:
         return self.manifest.hash()
 
     def _proposal(self, node_id: int, fork: int, length: int, th: bytes) -> Proposal | None:
+        """The next piece for `node_id`: its missing blocks from what it holds, at most
+        `max_bytes` and MAX_BLOCKS of them; None when one block alone exceeds the budget
+        (that replica can never take it: given up on, logged)."""
         start = min(self.held.get(node_id, self.signed_length()), length)
         blocks: list[bytes] = []
         total = 0
         for i in range(start, length):
             b = self.blocks(i)
+            if total + len(b) > self.max_bytes or len(blocks) >= MAX_BLOCKS:
+                if not blocks:
+                    log.warning(
+                        "giving up on broker %d for length %d: block %d (%d bytes) exceeds "
+                        "the %d-byte proposal budget", node_id, length, i, len(b), self.max_bytes,
+                    )  # fmt: skip
+                    return None
+                break  # the rest in the next piece
             total += len(b)
-            if total > self.max_bytes or len(blocks) >= MAX_BLOCKS:
-                return None  # too far behind for one proposal: replication first
             blocks.append(b)
         return Proposal(self.key, fork, length, th, start, tuple(blocks))
 
     async def _ask(
         self, node_id: int, fork: int, length: int, th: bytes
     ) -> PartialSignature | None:
-        for _attempt in range(2):  # once more from what it says it holds
+        resent = False
+        while True:
             p = self._proposal(node_id, fork, length, th)
             if p is None:
                 return None
@@ -315,10 +339,14 @@ class QuorumAssembler:
                     node_id
                 ) and verify_partial(self.manifest, partial, th, length, fork)
                 return partial if ok else None
+            end = p.start + len(p.blocks)
+            if end < length and a.held >= end:
+                continue  # a piece taken (or held already): the next one at once
             log.info("broker %d did not sign length %d: %s", node_id, length, a.reason)
-            if a.held >= p.start:
-                return None  # refused for another reason than blocks before `start`
-        return None
+            if a.held < p.start and not resent:
+                resent = True  # it holds less than it said: once more from there
+                continue
+            return None
 
     def _key_of(self, node_id: int) -> bytes | None:
         try:
@@ -359,6 +387,12 @@ class QuorumAssembler:
                     if r != self.me:
                         nursery.start_soon(ask, r)
         if len(partials) < need:
+            late = [r for r in self.replicas if r != self.me]
+            behind = {r: length - self.held.get(r, self.signed_length()) for r in late}
+            log.warning(
+                "gave up on signing length %d of %s after %.1f s: blocks each replica "
+                "lacks %s", length, self.key.hex()[:16], self.timeout_s, behind,
+            )  # fmt: skip
             raise NotEnoughSigners(
                 f"{len(partials)} of the {need} signers needed signed length {length}"
             )

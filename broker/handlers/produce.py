@@ -81,7 +81,7 @@ class CloseConnection(ProtocolError):
 
 
 class _PartitionResult:
-    __slots__ = ("base_offset", "before_log", "error", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "record_index", "wait_for")
+    __slots__ = ("base_offset", "before_log", "error", "generation", "log_append_time", "log_start_offset", "message", "min_insync", "partition", "record_index", "wait_for")
 
     def __init__(self, error: int = errors.NONE, message: str | None = None, record_index: int | None = None) -> None:
         self.error = error
@@ -92,6 +92,7 @@ class _PartitionResult:
         self.log_start_offset = -1  # reported for every partition that exists (KIP-360)
         self.partition: Partition | None = None
         self.wait_for = -1  # last offset that must be covered by a head before answering
+        self.generation = 0  # the partition's generation it was admitted in (Partition.durable)
         self.min_insync = 0  # cluster mode, acks=all: replicas that must hold it (0: none waited for)
         self.before_log = False  # refused before the log was consulted (log start offset -1)
 
@@ -191,6 +192,7 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
             result = _PartitionResult()
             result.base_offset = outcome.duplicate_of.first_offset
             result.partition, result.wait_for = partition, outcome.duplicate_of.last_offset
+            result.generation = partition.generation
             return result
         if outcome.verdict is Verdict.FENCED:
             return _PartitionResult(errors.INVALID_PRODUCER_EPOCH, outcome.message)
@@ -237,6 +239,7 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
         )
     ctx.node.mark_dirty(partition, wake=False)  # the reader runs the round after the chunk
     result.base_offset, result.partition, result.wait_for = base, partition, last
+    result.generation = partition.generation
     return result
 
 
@@ -291,10 +294,18 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
     # acks=all in a cluster waits for the in-sync mirrors as well (broker/cluster.py).
     for_mirrors = any(r.min_insync for r in waiting)
 
+    def settled(r: _PartitionResult) -> bool:
+        assert r.partition is not None
+        try:
+            return r.partition.durable(r.wait_for, r.generation)
+        except TopicError:
+            return True
+
     def ready() -> bool:
-        # Every batch is under a published head (or its partition failed): finish() will
-        # not wait. The usual case once the writer gets here, as the round ran first.
-        return not for_mirrors and all(r.partition.high_watermark > r.wait_for or r.partition.failed for r in waiting)  # type: ignore[union-attr]
+        # Every batch is under a published head (or its partition failed, or went
+        # offline before publishing it): finish() will not wait. The usual case once the
+        # writer gets here, as the round ran first.
+        return not for_mirrors and all(settled(r) for r in waiting)
 
     async def finish() -> Encoded:
         replicated: set[int] = set()
@@ -303,7 +314,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                 for r in waiting:
                     assert r.partition is not None
                     try:
-                        await r.partition.wait_durable(r.wait_for)
+                        await r.partition.wait_durable(r.wait_for, r.generation)
                     except TopicError as exc:
                         r.error, r.message = exc.code, exc.message
                 for r in waiting:
@@ -319,17 +330,23 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             if scope.cancelled_caught:
                 for r in waiting:
                     assert r.partition is not None
-                    if r.error == errors.NONE and r.partition.high_watermark <= r.wait_for:
-                        r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
-                    elif r.error == errors.NONE and r.min_insync and id(r) not in replicated:
+                    if r.error == errors.NONE:
+                        try:
+                            if not r.partition.durable(r.wait_for, r.generation):
+                                r.error, r.message = errors.REQUEST_TIMED_OUT, "The head covering this batch was not published in time"
+                        except TopicError as exc:
+                            r.error, r.message = exc.code, exc.message
+                    if r.error == errors.NONE and r.min_insync and id(r) not in replicated:
                         r.error, r.message = errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
                             f"The batch is stored, but in-sync replicas did not all hold it within the "
                             f"request timeout (min.insync.replicas={r.min_insync})")
         else:
             for r in waiting:
                 assert r.partition is not None
-                if r.partition.failed:  # as wait_durable answers
-                    r.error, r.message = r.partition.failed_code, r.partition.failed
+                try:  # as wait_durable answers
+                    r.partition.durable(r.wait_for, r.generation)
+                except TopicError as exc:
+                    r.error, r.message = exc.code, exc.message
         by_topic: dict[str, list[ProducePartitionResult]] = {}
         for (name, index), r in results.items():
             ok = r.error == errors.NONE
