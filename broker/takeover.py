@@ -245,8 +245,9 @@ async def step_down(node: Node, role: QuorumRole, name: str, index: int) -> bool
     async with p.lock:
         if node.partition(name, index) is not p:
             return False
-        p.failed, p.failed_code, p.retry = f"broker {node.config.node_id} no longer leads it", 6, False
-        p.queued.clear()
+        why = f"broker {node.config.node_id} no longer leads it"
+        p.failed, p.failed_code, p.retry = why, 6, False  # NOT_LEADER_OR_FOLLOWER
+        p.end_generation(6, why)  # waiters of batches not published yet are answered now
         old = p.log
         old.quorum_sign = None
         old.discard()  # (writes nothing: its unsigned tail is for the replica's open to cut)
