@@ -188,6 +188,8 @@ class Cleaner:
             if policy is None or topic.mirrored or topic.name.startswith("__"):
                 continue  # internal topics compact themselves (broker/groups/offsets.py)
             for p in topic.partitions:
+                if p.log.replica:  # a leader that stepped down (broker/takeover.py): a copy
+                    continue
                 res = await self._clean_one(p, policy, now_ms, force)
                 if res is None:
                     continue

@@ -31,6 +31,7 @@ from broker.mirror import run_replication
 from broker.node import Node
 from broker.placement import PlacedTopics, follow_placements, manifest_hook
 from broker.quorum_link import own_partitions, quorum_role
+from broker.takeover import run_failover
 from broker.transactions.coordinator import TxnCoordinator
 from storage import Store
 from storage.handles import FdBudget, HandleCache
@@ -85,4 +86,5 @@ async def run_node(
             await nursery.start(run_replication, node)
         if node.quorum is not None:
             nursery.start_soon(node.quorum.run, partial(own_partitions, node))
+            nursery.start_soon(run_failover, node, node.quorum.cluster, node.quorum)
         task_status.started()

@@ -821,6 +821,9 @@ class NodeMirror:
         link = ConnectionDriver(await _connect(address),
                                 Connection(initiator=True, keypair=self.keypair))
         self._link = link
+        quorum = self.node.quorum
+        if quorum is not None and self.broker_id is not None:
+            quorum.links[self.broker_id] = link  # archives a failover moved to it follow it here
         try:
             with _single_error():
                 async with trio.open_nursery() as nursery:
@@ -838,6 +841,8 @@ class NodeMirror:
         finally:
             self._spawn = None
             self._link = None
+            if quorum is not None and self.broker_id is not None and quorum.links.get(self.broker_id) is link:
+                del quorum.links[self.broker_id]
 
     async def _follow_catalog(self, link: ConnectionDriver) -> None:
         cat = self.catalog
@@ -898,12 +903,19 @@ class NodeMirror:
         attached = self.attached.get(topic.name)
         if attached is None or lg not in attached[1]:
             return  # detached before this task started
+        quorum = self.node.quorum
+        if quorum is not None and quorum.moved(lg.key):
+            return  # a failover moved its leader: followed from there (broker/takeover.py)
         scope = trio.CancelScope()
         scopes = self._scopes.setdefault(topic.name, set())
         scopes.add(scope)
         try:
             with scope:
-                await follow_forever(link, lg, moved, f"{topic.name}-{index}")
+                if quorum is None:
+                    await follow_forever(link, lg, moved, f"{topic.name}-{index}")
+                else:
+                    with quorum.following(lg.key) as session, session:  # a takeover ends it
+                        await follow_forever(link, lg, moved, f"{topic.name}-{index}")
         finally:
             scopes.discard(scope)
 

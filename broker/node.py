@@ -143,6 +143,9 @@ class Partition:
     # order, with the base offset each was given; the next commit round writes them.
     queued: list[tuple[Any, int]] = field(default_factory=list)
     writing: bool = False  # a round is writing an earlier queue in a worker thread
+    # A quorum-signed partition of a mirrored topic that a failover made this broker the
+    # writer (leader) of (broker/takeover.py): it takes produces, the rest of the topic not.
+    led: bool = False
     _end: int = 0  # the offset after the last admitted batch, while queued or writing
     # Bumped each time the partition goes offline (`Node.fail_partition`). A batch is
     # admitted in a generation; once that generation ended, what was not published by
@@ -448,7 +451,7 @@ class Node:
             elif plog.damage is not None:
                 # Signed history did not verify at open: serve what verifies, take no writes.
                 self.fail_partition(partition, f"archive damaged: {plog.damage}")
-            partition.producers.rebuild(_producer_headers(plog))
+            partition.producers.rebuild(producer_headers(plog))
             partition.txns = rebuild_txns(plog)
             topic.partitions.append(partition)
             self.cluster.published(plog.key, signed_blocks(plog))
@@ -694,7 +697,8 @@ class Node:
             raise TopicError(INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {name}")
         topic = self.topics.get(name)
         if topic is not None:
-            if topic.mirrored:  # this node holds no key for it: an error, never silent loss
+            if topic.mirrored and not any(p.led for p in topic.partitions):
+                # this node holds no key for it: an error, never silent loss
                 raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is a read-only mirror; produce to its writer")
             return topic
         if not self.config.auto_create_topics:
@@ -982,7 +986,7 @@ class Node:
                 self.store.swap_log(topic.name, p.index, new)
                 p.log = new
                 p.producers = ProducerStates()
-                p.producers.rebuild(_producer_headers(new))
+                p.producers.rebuild(producer_headers(new))
                 p.txns = rebuild_txns(new)
                 p.failed, p.retry, p.retry_delay = None, False, 0.0
                 del self._offline[id(p)]
@@ -1119,7 +1123,7 @@ def _disk_full(exc: BaseException | None) -> bool:
     return False
 
 
-def _producer_headers(plog: PartitionLog) -> Iterator[tuple[int, int, int, int, int, int]]:
+def producer_headers(plog: PartitionLog) -> Iterator[tuple[int, int, int, int, int, int]]:
     """(producerId, epoch, baseSequence, lastOffsetDelta, baseOffset, maxTimestamp) of every
     stored batch that carries a producer id."""
     for header in plog.batch_headers(plog.log_start_offset):

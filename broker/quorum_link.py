@@ -29,14 +29,16 @@ May import trio, `broker.cluster`, `broker.config`, `broker.node`, `broker.mirro
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import trio
 
 from broker.cluster import Cluster
 from broker.cluster.failover import VOTE, VOTE_REQUEST, ReplicaVoter, VoteAnswer, VoteRequest
+from broker.cluster.membership import Placement
 from broker.cluster.quorum import is_quorum_signed, node_key, placed_replicas
 from broker.cluster.signing import (
     ANSWER,
@@ -368,6 +370,14 @@ class QuorumRole:
         self.voter = ReplicaVoter(self._follower, lambda: cluster.membership.controller)
         self.peers: LinkPeers | None = None
         self.assemblers: dict[bytes, QuorumAssembler] = {}
+        # failover (broker/takeover.py): the mirror's session of each quorum-signed
+        # archive it follows here (its cancel scope, and an event set when it ended), and
+        # the archives this broker took over as their elected leader (never followed again)
+        self.sessions: dict[bytes, tuple[trio.CancelScope, trio.Event]] = {}
+        self.led: set[bytes] = set()
+        # the live replication connection of the mirror of each peer broker (by id): an
+        # archive a failover moved to that broker is followed on it
+        self.links: dict[int, ConnectionDriver] = {}
 
     # -- replica side
 
@@ -380,6 +390,54 @@ class QuorumRole:
         for key in [k for k, (t, _) in self.followers.items() if t == topic]:
             del self.followers[key]
 
+    def leads(self, key: bytes) -> bool:
+        """Whether this broker took archive `key` over (a failover elected it): the
+        mirror does not follow it any more."""
+        return key in self.led
+
+    def moved(self, key: bytes) -> bool:
+        """Whether a failover recorded a leader for archive `key` (held here as a copy):
+        its writer's mirror does not follow it any more; this broker writes it, or
+        follows it from that leader (broker/takeover.py)."""
+        if key in self.led:
+            return True
+        placement, index = self._placement(key)
+        return placement is not None and index is not None and placement.epoch_of(index) > 0
+
+    def _placement(self, key: bytes) -> tuple[Placement | None, int | None]:
+        entry = self.followers.get(key)
+        if entry is None:
+            return None, None
+        manifest = entry[1].manifest
+        index = manifest_partition(manifest) if manifest is not None else None
+        return self.cluster.membership.placements.get(entry[0]), index
+
+    async def stop_session(self, key: bytes) -> None:
+        """End the session following archive `key` (if any) and wait until it ended."""
+        entry = self.sessions.get(key)
+        if entry is not None:
+            entry[0].cancel()
+            await entry[1].wait()
+
+    @contextlib.contextmanager
+    def following(self, key: bytes) -> Iterator[trio.CancelScope]:
+        """The mirror's session of archive `key` runs in the scope this gives, which a
+        takeover (`release`) cancels."""
+        scope, ended = trio.CancelScope(), trio.Event()
+        self.sessions[key] = (scope, ended)
+        try:
+            yield scope
+        finally:
+            if self.sessions.get(key, (None, None))[0] is scope:
+                del self.sessions[key]
+            ended.set()
+
+    async def release(self, key: bytes) -> None:
+        """Stop the mirror's session of archive `key` for good (this broker leads it
+        now) and wait until it ended: nothing but the leader writes the archive after."""
+        self.led.add(key)
+        await self.stop_session(key)
+
     def _follower(self, key: bytes) -> FollowerLog | None:
         entry = self.followers.get(key)
         return entry[1] if entry is not None else None
@@ -387,14 +445,9 @@ class QuorumRole:
     def _leader_of(self, key: bytes) -> int | None:
         """The placed leader of archive `key`: the partition's leader its placement
         records after a failover (broker/cluster/failover.py), else the topic's writer."""
-        entry = self.followers.get(key)
-        if entry is None:
-            return None
-        placement = self.cluster.membership.placements.get(entry[0])
+        placement, index = self._placement(key)
         if placement is None:
             return None
-        manifest = entry[1].manifest
-        index = manifest_partition(manifest) if manifest is not None else None
         return placement.leader_of(index) if index is not None else placement.writer
 
     def identify(self, public_key: bytes) -> int | None:
@@ -414,6 +467,15 @@ class QuorumRole:
         self, queue: trio.MemoryReceiveChannel[Queued], kick: Callable[[], None]
     ) -> None:
         await serve_proposals(self.signer, queue, kick, self.voter)
+
+    async def vote(self, node_id: int, request: VoteRequest) -> VoteAnswer:
+        """`failover.Voters` of the controller: its own copy answers here (a replica
+        takes no quorum channel from itself), the others over their links."""
+        if node_id == self.node_id:
+            return self.voter.handle(node_id, request)
+        if self.peers is None:
+            raise trio.BrokenResourceError("the quorum links are not up yet")
+        return await self.peers.vote(node_id, request)
 
     # -- leader side
 
@@ -436,10 +498,16 @@ class QuorumRole:
                     if (
                         own
                         and lg.quorum_sign is None
+                        and not lg.replica
                         and is_quorum_signed(lg.manifest, lg.public_key)
                     ):
                         self._lead(name, index, lg, token)
                 await trio.sleep(SCAN_S)
+
+    def lead(self, name: str, index: int, lg: PartitionLog) -> None:
+        """Sign partition `index` of `name` (written here: a takeover made `lg` its
+        writer) by a quorum of its placed replicas from its next commit."""
+        self._lead(name, index, lg, trio.lowlevel.current_trio_token())
 
     def _lead(
         self, name: str, index: int, lg: PartitionLog, token: trio.lowlevel.TrioToken
@@ -496,5 +564,9 @@ def own_partitions(node: Node) -> list[tuple[str, int, PartitionLog, bool]]:
         first = t.partitions[0].log
         if not is_quorum_signed(first.manifest, first.public_key):
             continue
-        out += [(t.name, p.index, p.log, True) for p in t.partitions if p.log.quorum_sign is None]
+        out += [
+            (t.name, p.index, p.log, True)
+            for p in t.partitions
+            if p.log.quorum_sign is None and not p.log.replica  # (a leader that stepped down)
+        ]
     return out

@@ -23,16 +23,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from compat_tests import harness
-from compat_tests.etcd import EtcdServer, etcd_binary
-from compat_tests.harness import ROOT, Broker
+from compat_tests.harness import ROOT
+from compat_tests.quorum_cluster import brokers_listed, py, quorum_cluster, wait
 
-ETCD_MISSING = "etcd is not installed (Debian: apt-get install -y etcd-server etcd-client; scripts/test does it as root)"
 INTEROP = ROOT / "storage" / "tests" / "interop"
 SESSION_MS = 4000
 TOPIC = "quorum"
@@ -109,79 +106,23 @@ BLOCKS = textwrap.dedent(
 )
 
 
-def _py(code: str, *args: str, timeout: float = 90) -> str:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", code, *args], timeout=timeout, cwd=ROOT,
-                         capture_output=True, text=True, env=env)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
-
-
-def _wait(what: str, check, timeout: float = 60, every: float = 0.3):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what}: not reached in {timeout}s (last: {last})")
-
-
-def _brokers_listed(b: Broker) -> list[int]:
-    code = textwrap.dedent(
-        """
-        import sys
-        from confluent_kafka.admin import AdminClient
-        md = AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=10)
-        print(sorted(md.brokers))
-        """
-    )
-    try:
-        return json.loads(_py(code, b.bootstrap, timeout=30))  # type: ignore[no-any-return]
-    except (AssertionError, subprocess.TimeoutExpired):
-        return []
-
-
 @pytest.mark.timeout(400)
 @pytest.mark.matrix(
     "cluster: quorum-signed partition (rf 3), acks=all with 1 of 3 down, refused with 2, npm hypercore verifies",
     client="confluent+kafka-python",
 )
 def test_quorum_signed_partition(workdir: Path) -> None:
-    harness.require(etcd_binary() is not None, ETCD_MISSING)
     node = shutil.which("node")
     node_ok = node is not None and (INTEROP / "node_modules" / "hypercore").is_dir()
     if not node_ok and os.environ.get("CI") == "true":
         pytest.fail(
             "the npm hypercore peer is unavailable under CI (npm ci in storage/tests/interop)"
         )
-    ports = [harness.free_port() for _ in range(3)]
-    rports = [harness.free_port() for _ in range(3)]
-    brokers: list[Broker] = []
-    etcd = EtcdServer(workdir / "etcd")
-    try:
-        etcd.start()
-        for i in range(3):
-            props = workdir / f"b{i + 1}.properties"
-            props.write_text(textwrap.dedent(f"""\
-                node.id={i + 1}
-                hyperkafka.cluster.etcd.endpoints={etcd.endpoint}
-                hyperkafka.replication.listen=127.0.0.1:{rports[i]}
-                broker.session.timeout.ms={SESSION_MS}
-                hyperkafka.quorum.partitions.enable=true
-                """))  # fmt: skip
-            brokers.append(harness.new_broker(workdir / f"broker-{i + 1}", port=ports[i],
-                                              extra=("--config", str(props))))  # fmt: skip
-        b1, b2, b3 = brokers
-        b1.start()
-        _wait("broker 1 is controller", lambda: _brokers_listed(b1) == [1])
-        b2.start()
-        b3.start()
-        _wait("three brokers", lambda: _brokers_listed(b1) == [1, 2, 3])
-
+    with quorum_cluster(workdir, SESSION_MS) as cluster:
+        brokers, rports = cluster.brokers, cluster.rports
+        _, b2, b3 = brokers
         # 1. replication factor 3: replicas 1,2,3, a multisig manifest on the writer
-        assert _py(CREATE, b2.bootstrap, TOPIC) == "[1, 2, 3]"
+        assert py(CREATE, b2.bootstrap, TOPIC) == "[1, 2, 3]"
         writer = next(b for b in brokers if (b.data_dir / f"{TOPIC}-0" / "manifest").exists())
         from storage.hypercore import Manifest
 
@@ -191,19 +132,19 @@ def test_quorum_signed_partition(workdir: Path) -> None:
 
         # 2. acks=all, then read back (the first sends may find the replicas still
         # opening their copies: asked again until acknowledged)
-        _wait(
+        wait(
             "a first acks=all",
-            lambda: json.loads(_py(PRODUCE, writer.bootstrap, TOPIC, "0", "1")) == ["NONE"],
+            lambda: json.loads(py(PRODUCE, writer.bootstrap, TOPIC, "0", "1")) == ["NONE"],
         )
-        assert json.loads(_py(PRODUCE, writer.bootstrap, TOPIC, "1", "50")) == ["NONE"] * 49
-        got = json.loads(_py(CONSUME, b3.bootstrap if writer is not b3 else b2.bootstrap, TOPIC))
+        assert json.loads(py(PRODUCE, writer.bootstrap, TOPIC, "1", "50")) == ["NONE"] * 49
+        got = json.loads(py(CONSUME, b3.bootstrap if writer is not b3 else b2.bootstrap, TOPIC))
         want = [f"record-{i:05d}" for i in range(50)]
         if got["values"] != want:  # a mirror a moment behind: read the writer
-            got = json.loads(_py(CONSUME, writer.bootstrap, TOPIC))
+            got = json.loads(py(CONSUME, writer.bootstrap, TOPIC))
         assert got["values"] == want and got["end"] == 50, got
 
         # 3. the stock npm hypercore replicates and verifies it from the writer
-        blocks = json.loads(_py(BLOCKS, writer.bootstrap, TOPIC))
+        blocks = json.loads(py(BLOCKS, writer.bootstrap, TOPIC))
         rport = rports[brokers.index(writer)]
         if node_ok:
             assert node is not None
@@ -217,13 +158,13 @@ def test_quorum_signed_partition(workdir: Path) -> None:
         # 4. one replica down: 2 of 3 still sign; two down: refused, nothing more served
         others = [b for b in brokers if b is not writer]
         others[1].kill()
-        _wait("a replica left", lambda: len(_brokers_listed(writer)) == 2)
-        assert json.loads(_py(PRODUCE, writer.bootstrap, TOPIC, "50", "60")) == ["NONE"] * 10
+        wait("a replica left", lambda: len(brokers_listed(writer)) == 2)
+        assert json.loads(py(PRODUCE, writer.bootstrap, TOPIC, "50", "60")) == ["NONE"] * 10
         others[0].kill()
-        _wait("both replicas left", lambda: len(_brokers_listed(writer)) == 1)
-        refused = json.loads(_py(PRODUCE, writer.bootstrap, TOPIC, "60", "63"))
+        wait("both replicas left", lambda: len(brokers_listed(writer)) == 1)
+        refused = json.loads(py(PRODUCE, writer.bootstrap, TOPIC, "60", "63"))
         assert refused == ["NotEnoughReplicasError"] * 3, refused
-        after = json.loads(_py(BLOCKS, writer.bootstrap, TOPIC))
+        after = json.loads(py(BLOCKS, writer.bootstrap, TOPIC))
         assert after["hw"] == 60, after
         assert writer.stop() == 0
 
@@ -234,8 +175,3 @@ def test_quorum_signed_partition(workdir: Path) -> None:
                                capture_output=True, text=True, timeout=120, cwd=ROOT,
                                env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
             assert v.returncode == 0, v.stdout[-2000:] + v.stderr[-2000:]
-    finally:
-        for b in brokers:
-            if b.proc is not None:
-                b.kill()
-        etcd.stop()

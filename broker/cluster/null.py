@@ -88,6 +88,12 @@ class NullCluster:
     def placed_replicas(self, topic: str, index: int) -> list[int] | None:
         return None
 
+    def placed_leader(self, topic: str, index: int) -> int | None:
+        return None
+
+    def placed_epoch(self, topic: str, index: int) -> int:
+        return 0
+
     async def unplace(self, name: str) -> bool | None:
         return True
 

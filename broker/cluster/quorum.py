@@ -178,6 +178,21 @@ def placed_replicas(cluster: Cluster, topic: str, index: int) -> list[int] | Non
     return list(placement.replicas[index])
 
 
+def placed_leader(cluster: Cluster, topic: str, index: int) -> int | None:
+    """The leader a failover recorded for partition `index` of quorum-signed `topic`
+    (broker/cluster/failover.py), None while none did (its writer leads it)."""
+    placement = cluster.membership.placements.get(topic)
+    if placement is None or not 0 <= index < len(placement.replicas):
+        return None
+    return placement.leader_of(index) if placement.epoch_of(index) > 0 else None
+
+
+def placed_epoch(cluster: Cluster, topic: str, index: int) -> int:
+    """The leader epoch placement records for a partition (0: none recorded)."""
+    placement = cluster.membership.placements.get(topic)
+    return placement.epoch_of(index) if placement is not None else 0
+
+
 def is_quorum_signed(manifest: Manifest | None, public_key: bytes) -> bool:
     """Whether an archive with this manifest is quorum-signed (not a default single
     signer's manifest)."""

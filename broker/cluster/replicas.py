@@ -318,6 +318,12 @@ class Cluster:
     def placed_replicas(self, topic: str, index: int) -> list[int] | None:
         return quorum.placed_replicas(self, topic, index)
 
+    def placed_leader(self, topic: str, index: int) -> int | None:
+        return quorum.placed_leader(self, topic, index)
+
+    def placed_epoch(self, topic: str, index: int) -> int:
+        return quorum.placed_epoch(self, topic, index)
+
     async def unplace(self, name: str) -> bool | None:
         return await self.membership.unplace(name)
 

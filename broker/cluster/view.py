@@ -93,6 +93,15 @@ class ClusterView(Protocol):
         broker holds it)."""
         ...
 
+    def placed_leader(self, topic: str, index: int) -> int | None:
+        """The leader a failover recorded for a quorum-signed partition (None: none
+        did; its writer leads it)."""
+        ...
+
+    def placed_epoch(self, topic: str, index: int) -> int:
+        """The leader epoch a failover recorded for a partition (0: none)."""
+        ...
+
     async def unplace(self, name: str) -> bool | None:
         """Drop topic `name`'s placement, fenced by the controller epoch (None: fenced)."""
         ...

@@ -87,6 +87,15 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
     placed = cluster.placed_replicas(topic.name, p.index)
     replicas = placed if placed is not None else cluster.replicas(writer)
     offline += [i for i in replicas if not cluster.alive(i)]
+    lead = cluster.placed_leader(topic.name, p.index)
+    if lead is not None:
+        # a failover recorded this partition's leader (broker/takeover.py): it leads, and
+        # knows its ISR; elsewhere its live signers are reported in sync (each of them
+        # signs its heads, or the partition takes no writes)
+        if lead == me:
+            return me, replicas, [i for i in cluster.isr(p.log.key) if i in replicas], offline
+        live = [i for i in replicas if cluster.alive(i)]
+        return (lead if cluster.alive(lead) else NO_LEADER), replicas, live, offline
     if writer == me:
         return me, replicas, [i for i in cluster.isr(p.log.key) if i in replicas], offline
     # Written elsewhere: the ISR as its writer last told us (it alone can know it), less
@@ -94,6 +103,13 @@ def _replicas(node: Node, topic: Topic, p: Partition) -> tuple[int, list[int], l
     reported = cluster.remote_isr.get((topic.name, p.index), [writer])
     leader, isr = cluster.leadership(writer, [i for i in reported if i in replicas])
     return leader, replicas, isr, offline
+
+
+def _leader_epoch(node: Node, topic: Topic, p: Partition) -> int:
+    """The leader epoch Metadata reports: the copy's fork, or the epoch a failover
+    recorded when this copy has not seen that fork yet (clients ignore a Metadata whose
+    epoch is older than one they know). 0 for every partition no failover moved."""
+    return max(leader_epoch(p.log), node.cluster.placed_epoch(topic.name, p.index))
 
 
 def _sharded_partitions(cluster: ClusterView, name: str, count: int) -> list[dict[str, Any]]:
@@ -132,7 +148,7 @@ def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
             "error_code": errors.LEADER_NOT_AVAILABLE if leader == NO_LEADER else errors.NONE,
             "partition_index": p.index,
             "leader_id": leader,
-            "leader_epoch": leader_epoch(p.log),
+            "leader_epoch": _leader_epoch(node, topic, p),
             "replica_nodes": replicas,
             "isr_nodes": isr,
             "offline_replicas": offline,

@@ -102,7 +102,14 @@ def _produce_one(ctx: RequestContext, topic: Topic, index: int, data: Any, acks:
         return _PartitionResult(errors.UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
     partition = topic.partitions[index]
     cluster = ctx.node.cluster
-    if not topic.mirrored:  # quorum-signed: its signers alive, or nothing is written
+    if topic.mirrored and not partition.led:  # another partition of it failed over here
+        return _PartitionResult(errors.NOT_LEADER_OR_FOLLOWER,
+                                f"Partition {topic.name}-{index} is a read-only mirror; produce to its leader")
+    lead = cluster.placed_leader(topic.name, index)
+    if lead is not None and lead != cluster.me:  # a failover moved its leader away
+        return _PartitionResult(errors.NOT_LEADER_OR_FOLLOWER,
+                                f"Broker {lead} leads partition {topic.name}-{index} since a failover")
+    if not topic.mirrored or partition.led:  # quorum-signed: its signers alive, or nothing is written
         why = cluster.produce_refusal(topic.name, index, partition.log,
                                       topic.min_insync_replicas if acks == -1 else 0)
         if why is not None:
