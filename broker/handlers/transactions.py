@@ -66,26 +66,35 @@ def _ms(value: Any) -> int:
 
 
 def find_transaction_coordinator(ctx: RequestContext, key: str) -> dict[str, Any]:
-    """FindCoordinator's answer for one transactional id (key type 1)."""
+    """FindCoordinator's answer for one transactional id (key type 1): the broker that
+    coordinates its partition of __transaction_state (`coordinator_node`), whichever
+    broker is asked; COORDINATOR_NOT_AVAILABLE (retriable) while none is named or the
+    named one is not alive."""
     node = ctx.node
     where = coordinator_node(node, key)
-    if where is None:
+    address: tuple[str, int] | None = None
+    if where == node.config.node_id:
+        # this broker's address on the listener the request came in on, as Metadata
+        address = (
+            ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
+        )
+    elif where is not None and node.cluster.alive(where):
+        b = node.cluster.brokers.get(where)
+        address = None if b is None else (b.host, b.port)
+    if where is None or address is None:
         return {
             "key": key,
             "node_id": -1,
             "host": "",
             "port": -1,
             "error_code": errors.COORDINATOR_NOT_AVAILABLE,
-            "error_message": "Transactions are not served in cluster mode yet",
+            "error_message": "The transaction coordinator is not available right now",
         }
-    host, port = (
-        ctx.session.listener.advertised if ctx.session is not None else node.config.advertised
-    )
     return {
         "key": key,
         "node_id": where,
-        "host": host,
-        "port": port,
+        "host": address[0],
+        "port": address[1],
         "error_code": errors.NONE,
         "error_message": None,
     }

@@ -764,7 +764,7 @@ async def test_a_cluster_broker_coordinates_no_transaction_yet() -> None:
     node = SimpleNamespace(
         config=SimpleNamespace(static={}, node_id=3), topics={},
         # an etcd view: no coordinator of __transaction_state is placed there
-        cluster=SimpleNamespace(coordinator=lambda _topic, _partition: None),
+        cluster=SimpleNamespace(shard_count=lambda _topic: 0, coordinator=lambda _topic, _partition: None),
     )
     coordinator = TxnCoordinator(node)  # type: ignore[arg-type]
     with pytest.raises(CoordinatorError) as info:
@@ -859,3 +859,71 @@ async def test_idle_transactional_ids_expire_with_a_tombstone(broker_config: Bro
         c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
         assert await states(c) == {"busy": "Ongoing", "done": "Empty"}
         nursery.cancel_scope.cancel()
+
+
+def _sharded_node(me: int, owner_of: dict[int, int], partitions: int = 50) -> Any:
+    """A node whose cluster has `partitions` partitions of __transaction_state placed,
+    partition p coordinated by owner_of.get(p, 2); brokers 1-3 alive."""
+    from types import SimpleNamespace
+
+    brokers = {i: SimpleNamespace(host=f"b{i}", port=9090 + i) for i in (1, 2, 3)}
+    cluster = SimpleNamespace(
+        shard_count=lambda topic: partitions if topic == "__transaction_state" else 0,
+        coordinator=lambda topic, p: owner_of.get(p, 2) if topic == "__transaction_state" else None,
+        alive=lambda i: i in brokers,
+        brokers=brokers,
+    )
+    return SimpleNamespace(
+        config=SimpleNamespace(static={}, node_id=me, advertised=(f"b{me}", 9090 + me)),
+        topics={},
+        cluster=cluster,
+    )
+
+
+def _ids_off_partition_zero() -> tuple[str, str, int, int]:
+    """Two transactional ids on different, non-zero partitions of 50, with their partitions."""
+    from broker.cluster.shards import partition_for
+
+    ids = [f"txn-{i}" for i in range(100)]
+    mine = next(t for t in ids if partition_for(t, 50) != 0)
+    other = next(
+        t for t in ids if partition_for(t, 50) not in (0, partition_for(mine, 50))
+    )
+    return mine, other, partition_for(mine, 50), partition_for(other, 50)
+
+
+async def test_a_transactional_id_is_coordinated_by_its_transaction_state_partition() -> None:
+    # As Kafka's TransactionStateManager: abs(hashCode) % transaction.state.log.num.partitions
+    # names the partition, and the broker coordinating that partition serves the id; the
+    # others answer NOT_COORDINATOR and FindCoordinator names the right broker from anywhere.
+    from broker.handlers.transactions import find_transaction_coordinator
+    from broker.transactions.coordinator import (
+        NOT_COORDINATOR,
+        CoordinatorError,
+        TxnCoordinator,
+        coordinator_node,
+    )
+
+    mine, other, p_mine, p_other = _ids_off_partition_zero()
+    owners = {0: 1, p_mine: 3, p_other: 2}
+    node = _sharded_node(3, owners)
+    assert coordinator_node(node, mine) == 3
+    assert coordinator_node(node, other) == 2
+
+    coordinator = TxnCoordinator(node)
+    with pytest.raises(CoordinatorError) as info:
+        await coordinator.init_producer_id(other, 60000)
+    assert info.value.code == NOT_COORDINATOR and not node.topics
+
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(node=node, session=None)
+    here = find_transaction_coordinator(ctx, mine)  # type: ignore[arg-type]
+    assert (here["error_code"], here["node_id"], here["host"], here["port"]) == (0, 3, "b3", 9093)
+    there = find_transaction_coordinator(ctx, other)  # type: ignore[arg-type]
+    assert (there["error_code"], there["node_id"], there["host"], there["port"]) == (0, 2, "b2", 9092)
+
+    # the named coordinator is dead: retriable, no address
+    node.cluster.alive = lambda i: i != 2
+    gone = find_transaction_coordinator(ctx, other)  # type: ignore[arg-type]
+    assert (gone["error_code"], gone["node_id"]) == (15, -1)  # COORDINATOR_NOT_AVAILABLE

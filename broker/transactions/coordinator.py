@@ -30,9 +30,10 @@ at a partition changes nothing); Ongoing ones time out by their start time and t
 and are aborted, so a transaction is never half visible after a crash.
 
 Where the coordinator lives: `coordinator_node` (one function) names the broker that
-coordinates a transactional id; single-node, this one. Cluster mode is not supported yet
-(markers go to partitions other brokers write): FindCoordinator says
-COORDINATOR_NOT_AVAILABLE there.
+coordinates a transactional id: the coordinator of its partition of `__transaction_state`
+as the cluster names it (single-node, this one). A cluster places no partition of
+`__transaction_state` yet (markers to partitions other brokers write are not sent):
+FindCoordinator says COORDINATOR_NOT_AVAILABLE there.
 
 Wall-clock times (`self.wall`) are replaceable for tests; timers use trio's clock only
 for sleeping.
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from broker.cluster.shards import partition_for
 from broker.groups.offsets import read_records
 from broker.transactions.records import (
     KEY_OFFSETS,
@@ -128,11 +130,18 @@ class Txn:
 
 def coordinator_node(node: Node, transactional_id: str) -> int | None:
     """The broker that coordinates `transactional_id` (None: none can now). The one place
-    that decides it, so a cluster can later spread ids by their `__transaction_state`
-    partition as groups are."""
-    # (a cluster places no coordinator of __transaction_state yet: None there; alone,
-    # this broker coordinates every partition)
-    return node.cluster.coordinator(TXN_TOPIC, 0)
+    that decides it: as Kafka's TransactionStateManager, the id's partition of
+    `__transaction_state` (``abs(hashCode) % partitions``, broker/cluster/shards.py) and
+    the broker the cluster names for that partition, as groups are sharded by
+    `__consumer_offsets`. Alone (`shard_count` None) this broker coordinates every
+    partition; a cluster with no partition of `__transaction_state` placed (0) names
+    nobody."""
+    count = node.cluster.shard_count(TXN_TOPIC)
+    if count is None:
+        return node.cluster.coordinator(TXN_TOPIC, 0)
+    if count < 1:
+        return None
+    return node.cluster.coordinator(TXN_TOPIC, partition_for(transactional_id, count))
 
 
 def wall_ms() -> int:
@@ -303,7 +312,7 @@ class TxnCoordinator:
     def _check(self, tid: str) -> None:
         _check_id(tid)
         if coordinator_node(self.node, tid) != self.node.config.node_id:
-            # (cluster mode, for now: FindCoordinator names no broker for transactions)
+            # (another broker's partition of __transaction_state, or none placed)
             raise CoordinatorError(
                 NOT_COORDINATOR, "This broker does not coordinate this transactional id"
             )
