@@ -416,18 +416,8 @@ class ConsumerGroup:
             member.server_assignor = hb.server_assignor
             changed = True
         if changed:
-            self.records.append(
-                (
-                    rec.key(rec.MEMBER_METADATA, self.group_id, member.member_id),
-                    rec.member_metadata(member.metadata()),
-                )
-            )
-        metadata = self._topic_metadata(lookup, names)
-        if changed or metadata != self.topic_metadata:
-            self.topic_metadata = metadata
-            self._bump_group_epoch()
-        if self.group_epoch > self.assignment_epoch:
-            self._compute_target()
+            self._write_metadata(member)
+        self._follow_subscriptions(changed, lookup, names)
         before = member.assigned
         self._reconcile(now, member, hb.owned)
         member.session_deadline = now + self.settings.session_timeout_ms
@@ -548,12 +538,7 @@ class ConsumerGroup:
                     rec.target_member(self.target[member_id]),
                 )
             )
-        self.records.append(
-            (
-                rec.key(rec.MEMBER_METADATA, self.group_id, member_id),
-                rec.member_metadata(old.metadata()),
-            )
-        )
+        self._write_metadata(old)
         self._write_current(old)
         return old, False
 
@@ -733,6 +718,26 @@ class ConsumerGroup:
             for p in ps:
                 self.partition_owners[(t, p)] = member.member_id
 
+    def _write_metadata(self, member: ConsumerMember) -> None:
+        self.records.append(
+            (
+                rec.key(rec.MEMBER_METADATA, self.group_id, member.member_id),
+                rec.member_metadata(member.metadata()),
+            )
+        )
+
+    def _follow_subscriptions(
+        self, changed: bool, lookup: TopicLookup, names: Callable[[], Iterable[str]]
+    ) -> None:
+        """A member's subscription `changed`, or the subscribed topics did: a new group
+        epoch, and a new target assignment for it."""
+        metadata = self._topic_metadata(lookup, names)
+        if changed or metadata != self.topic_metadata:
+            self.topic_metadata = metadata
+            self._bump_group_epoch()
+        if self.group_epoch > self.assignment_epoch:
+            self._compute_target()
+
     def _write_current(self, member: ConsumerMember) -> None:
         self.records.append(
             (
@@ -848,18 +853,8 @@ class ConsumerGroup:
         topics = tuple(sorted(set(sub.topics)))
         changed = is_new or topics != member.subscribed_topic_names
         member.subscribed_topic_names = topics
-        self.records.append(
-            (
-                rec.key(rec.MEMBER_METADATA, self.group_id, member.member_id),
-                rec.member_metadata(member.metadata()),
-            )
-        )
-        metadata = self._topic_metadata(lookup, names)
-        if changed or metadata != self.topic_metadata:
-            self.topic_metadata = metadata
-            self._bump_group_epoch()
-        if self.group_epoch > self.assignment_epoch:
-            self._compute_target()
+        self._write_metadata(member)
+        self._follow_subscriptions(changed, lookup, names)
         owned: Assignment = {}
         for topic, parts in sub.owned.items():
             if topic in self.topic_metadata:
