@@ -33,7 +33,7 @@ from typing import Protocol
 import trio
 
 from broker.cluster.membership import Membership
-from broker.cluster.signing import MAX_REASON, MessageError
+from broker.cluster.signing import MAX_REASON, MessageError, read_reason, read_sized
 from storage.errors import StorageError
 from storage.follower import FollowerLog
 from storage.hypercore import Manifest
@@ -103,14 +103,8 @@ class VoteAnswer:
         try:
             r = Reader(data)
             archive, epoch, fork, length = r.fixed(32), r.uint(), r.uint(), r.uint()
-            n = r.uint()
-            if n not in (0, 32):
-                raise MessageError("a tree hash is 32 bytes")
-            th = r.fixed(n)
-            m = r.uint()
-            if m > MAX_REASON:
-                raise MessageError("refusal reason too long")
-            reason = r.fixed(m).decode(errors="replace")
+            th = read_sized(r, 32, "a tree hash")
+            reason = read_reason(r)
             if r.remaining():
                 raise MessageError("trailing bytes after a vote")
         except DecodeError as exc:

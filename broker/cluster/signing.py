@@ -83,6 +83,23 @@ class MessageError(Exception):
     """A proposal or answer that does not decode (the channel is then closed)."""
 
 
+def read_sized(r: Reader, size: int, what: str) -> bytes:
+    """A length-prefixed field that is either empty or exactly `size` bytes (a signature,
+    a tree hash): MessageError naming `what` otherwise."""
+    n = r.uint()
+    if n not in (0, size):
+        raise MessageError(f"{what} is {size} bytes")
+    return r.fixed(n)
+
+
+def read_reason(r: Reader) -> str:
+    """A refusal's reason: length-prefixed UTF-8 of at most MAX_REASON bytes."""
+    m = r.uint()
+    if m > MAX_REASON:
+        raise MessageError("refusal reason too long")
+    return r.fixed(m).decode(errors="replace")
+
+
 @dataclass(frozen=True)
 class Proposal:
     """Sign (`fork`, `length`, `tree_hash`) of archive `archive` (its key); `blocks` are
@@ -157,14 +174,8 @@ class Answer:
             r = Reader(data)
             archive = r.fixed(32)
             fork, length, held, signer = r.uint(), r.uint(), r.uint(), r.uint() - 1
-            n = r.uint()
-            if n not in (0, 64):
-                raise MessageError("a signature is 64 bytes")
-            sig = r.fixed(n)
-            m = r.uint()
-            if m > MAX_REASON:
-                raise MessageError("refusal reason too long")
-            reason = r.fixed(m).decode(errors="replace")
+            sig = read_sized(r, 64, "a signature")
+            reason = read_reason(r)
             if r.remaining():
                 raise MessageError("trailing bytes after an answer")
         except DecodeError as exc:
