@@ -30,6 +30,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -234,12 +235,13 @@ def app_id() -> str:
     return f"wc-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.matrix("streams exactly-once: app kill -9", client="java-streams")
-def test_exact_counts_across_a_kill_of_the_streams_app(
-    workdir: Path, classpath: str, app_id: str
+def exact_counts_across(
+    fault: Callable[[Broker, WordCount], None], seed: int, workdir: Path, classpath: str, app_id: str
 ) -> None:
-    rng = random.Random(1)
+    """3000 words counted in part, `fault` mid-run (a transaction open, words left to
+    count), 1000 more words: every word's counts are exactly 1..n of its acknowledged
+    sends (`wait_exact_counts`)."""
+    rng = random.Random(seed)
     with configured_broker(workdir / "broker", BROKER_PROPERTIES) as broker:
         create_topics(broker, app_id)
         acked = produce(broker, app_id, 3000, rng)
@@ -247,12 +249,30 @@ def test_exact_counts_across_a_kill_of_the_streams_app(
         try:
             app.start()
             app.wait_processed(800)
-            app.kill()  # mid-run: words left to count, a transaction open
+            fault(broker, app)
             acked += produce(broker, app_id, 1000, rng)
-            app.start()
             wait_exact_counts(broker, app, app_id, acked)
         finally:
             app.stop()
+
+
+def kill_app(broker: Broker, app: WordCount) -> None:
+    app.kill()  # SIGKILL: its open transaction is aborted when the new instance fences it
+    app.start()
+
+
+def kill_broker(broker: Broker, app: WordCount) -> None:
+    broker.kill()  # SIGKILL; the app keeps running and retries
+    time.sleep(1)
+    broker.start()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.matrix("streams exactly-once: app kill -9", client="java-streams")
+def test_exact_counts_across_a_kill_of_the_streams_app(
+    workdir: Path, classpath: str, app_id: str
+) -> None:
+    exact_counts_across(kill_app, 1, workdir, classpath, app_id)
 
 
 @pytest.mark.timeout(150)
@@ -260,21 +280,7 @@ def test_exact_counts_across_a_kill_of_the_streams_app(
 def test_exact_counts_across_a_kill_of_the_broker(
     workdir: Path, classpath: str, app_id: str
 ) -> None:
-    rng = random.Random(2)
-    with configured_broker(workdir / "broker", BROKER_PROPERTIES) as broker:
-        create_topics(broker, app_id)
-        acked = produce(broker, app_id, 3000, rng)
-        app = WordCount(classpath, broker, app_id, workdir / "state", workdir / "app")
-        try:
-            app.start()
-            app.wait_processed(800)
-            broker.kill()  # SIGKILL, mid-run
-            time.sleep(1)
-            broker.start()
-            acked += produce(broker, app_id, 1000, rng)
-            wait_exact_counts(broker, app, app_id, acked)
-        finally:
-            app.stop()
+    exact_counts_across(kill_broker, 2, workdir, classpath, app_id)
 
 
 @pytest.mark.timeout(180)
