@@ -26,7 +26,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from compat_tests.harness import ROOT, Broker, configured_broker
+from compat_tests.harness import ROOT, Broker, configured_broker, verified
 from compat_tests.java_tools import LOG4J_CONFIG, java_binary, require_java
 
 PARTITIONS = 3
@@ -319,28 +318,5 @@ def test_state_restored_from_the_compacted_changelog(
             wait_exact_counts(broker, app, app_id, acked)
         finally:
             app.stop()
-        out = _verify(broker, changelog)
+        out = verified(broker.data_dir, "--topic", changelog)
         assert "compacted away" in out, out
-
-
-def _verify(broker: Broker, topic: str) -> str:
-    assert broker.data_dir is not None
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "verify",
-            "--data-dir",
-            str(broker.data_dir),
-            "--topic",
-            topic,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout + r.stderr
