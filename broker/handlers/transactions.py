@@ -18,6 +18,7 @@ import datetime
 from typing import Any
 
 from broker.api import Reply, RequestContext, api
+from broker.groups.records import PendingOffset
 from broker.handlers import errors
 from broker.security.authz import Operation
 from broker.security.session import (
@@ -28,14 +29,14 @@ from broker.security.session import (
 )
 from broker.shape import field_of
 from broker.transactions.coordinator import (
-    OFFSETS_PARTITION,
+    OFFSETS_TOPIC,
     OPERATION_NOT_ATTEMPTED,
     PRODUCER_FENCED,
     CoordinatorError,
     TxnCoordinator,
     coordinator_node,
 )
-from broker.transactions.records import Status, TxnOffset
+from broker.transactions.records import Status
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 GROUP_AUTHORIZATION_FAILED = 30
@@ -171,8 +172,13 @@ async def add_offsets_to_txn(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
     try:
+        # As Kafka: the group's partition of __consumer_offsets joins the transaction; its
+        # marker goes to the group's coordinator, which holds the pending offsets.
         await _coordinator(ctx).add_partitions(
-            req.transactional_id, req.producer_id, req.producer_epoch, [OFFSETS_PARTITION]
+            req.transactional_id,
+            req.producer_id,
+            req.producer_epoch,
+            [(OFFSETS_TOPIC, ctx.node.groups.shard_of(req.group_id))],
         )
     except CoordinatorError as exc:
         return {"throttle_time": 0, "error_code": _fenced(ctx, exc.code, 2)}
@@ -213,8 +219,7 @@ async def txn_offset_commit(ctx: RequestContext, req: Any) -> Reply:
             return answer(lambda _t, _p: code)
     denied = {t.name for t in req.topics if not authorize(ctx, Operation.READ, t.name)}
     offsets = [
-        TxnOffset(
-            req.group_id,
+        PendingOffset(
             t.name,
             p.partition_index,
             p.committed_offset,
@@ -226,13 +231,25 @@ async def txn_offset_commit(ctx: RequestContext, req: Any) -> Reply:
         for p in t.partitions
         if ctx.node.partition(t.name, p.partition_index) is not None
     ]
-    try:
-        _coordinator(ctx).txn_offsets(
-            req.transactional_id, req.group_id, req.producer_id, req.producer_epoch, offsets
+    # Sent to the group's coordinator (Kafka's clients find it by the group id): it keeps
+    # the offsets pending until the transaction's marker. The transaction is checked
+    # where this broker also coordinates the transactional id (else, as Kafka before
+    # KIP-890 part 2, the producer's epoch alone is checked, by the group coordinator).
+    code = groups.refusal(req.group_id)
+    if code == errors.NONE and coordinator_node(ctx.node, req.transactional_id) == ctx.node.config.node_id:
+        try:
+            _coordinator(ctx).verify_offsets(
+                req.transactional_id,
+                req.producer_id,
+                req.producer_epoch,
+                (OFFSETS_TOPIC, groups.shard_of(req.group_id)),
+            )
+        except CoordinatorError as exc:
+            code = exc.code
+    if code == errors.NONE and offsets:
+        code = await groups.txn_offset_commit(
+            req.group_id, req.producer_id, req.producer_epoch, offsets
         )
-        code = errors.NONE
-    except CoordinatorError as exc:
-        code = exc.code
 
     def code_of(topic: str, p: Any) -> int:
         if topic in denied:
@@ -261,10 +278,13 @@ async def end_txn(ctx: RequestContext, req: Any) -> Reply:
 async def describe_transactions(ctx: RequestContext, req: Any) -> Reply:
     states = []
     for tid in req.transactional_ids:
-        txn = _coordinator(ctx).describe(tid)
+        refused = _coordinator(ctx).describe_refusal(tid)
+        txn = _coordinator(ctx).describe(tid) if refused == errors.NONE else None
         if txn is None or not authorize_idempotent_write(ctx):
             code = (
-                TRANSACTIONAL_ID_NOT_FOUND if txn is None else TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                (refused or TRANSACTIONAL_ID_NOT_FOUND)
+                if txn is None
+                else TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             )
             states.append(
                 {
