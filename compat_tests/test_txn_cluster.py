@@ -32,6 +32,7 @@ import contextlib
 import os
 import signal
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -339,22 +340,32 @@ def test_exactly_once_through_a_coordinator_kill(workdir: Path) -> None:
         sent = _produce_inputs(cluster)
         b1, b2, _ = cluster.brokers
         state: dict[str, float] = {}
+        rounds = threading.Event()  # set once four transactions ran
 
-        def on_round(r: int) -> None:
-            if r == 4 and "killed" not in state:
-                assert b2.proc is not None
-                os.kill(b2.proc.pid, signal.SIGKILL)
-                b2.proc.wait(10)
-                state["killed"] = time.monotonic()
-            elif "killed" in state and "moved" not in state:
-                with contextlib.suppress(Exception):
-                    if _txn_coordinator(b1, TID) in (1, 3):
-                        state["moved"] = time.monotonic()
-            elif "moved" in state and "restarted" not in state and time.monotonic() - state["moved"] > 5:
+        def schedule() -> None:
+            """Kill broker 2 mid-stream; restart it once another broker coordinates the id
+            (and a little longer: the producer re-inits there meanwhile)."""
+            if not rounds.wait(120):
+                return
+            assert b2.proc is not None
+            os.kill(b2.proc.pid, signal.SIGKILL)
+            b2.proc.wait(10)
+            state["killed"] = time.monotonic()
+            try:
+                _wait("another broker coordinates the id", lambda: _txn_coordinator(b1, TID) in (1, 3), 60)
+                state["moved"] = time.monotonic()
+                time.sleep(8)
+            finally:
                 b2.start()
                 state["restarted"] = time.monotonic()
 
+        def on_round(r: int) -> None:
+            if r >= 4:
+                rounds.set()
+
+        killer = threading.Thread(target=schedule, daemon=True)
+        killer.start()
         stats = _transform(cluster, on_round, timeout_s=360)
-        assert "restarted" in state, f"the loop ended before broker 2 came back: {state} {stats}"
-        assert stats["reinit"] >= 1, stats
+        killer.join(120)
+        assert "moved" in state and "restarted" in state, f"broker 2 was not killed and restarted: {state} {stats}"
         _check_exactly_once(cluster, sent, stats)
