@@ -203,8 +203,10 @@ def _rewind(c: Any) -> None:
 
 
 def _transform(cluster: TxnCluster, on_round: Callable[[int], None] = lambda _r: None,
-               timeout_s: float = float(os.environ.get("HK_TXN_CLUSTER_S", "240"))) -> dict[str, int]:
-    """The exactly-once loop until every input is committed; counts of what happened."""
+               timeout_s: float = float(os.environ.get("HK_TXN_CLUSTER_S", "240")),
+               commit_times: list[float] | None = None) -> dict[str, int]:
+    """The exactly-once loop until every input is committed; counts of what happened
+    (and the monotonic time of each commit into `commit_times`)."""
     c = ck.Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": GROUP, "auto.offset.reset": "earliest",
                      "enable.auto.commit": False, "isolation.level": "read_committed"})
     c.subscribe(INPUTS)
@@ -237,6 +239,8 @@ def _transform(cluster: TxnCluster, on_round: Callable[[int], None] = lambda _r:
                 p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 60)
                 _commit(p)
                 stats["committed"] += 1
+                if commit_times is not None:
+                    commit_times.append(time.monotonic())
             except ck.KafkaException as exc:
                 stats["failed"] += 1
                 err = exc.args[0]
@@ -335,7 +339,7 @@ def test_exactly_once_across_three_brokers(workdir: Path) -> None:
 
 @pytest.mark.timeout(540)
 @pytest.mark.matrix("transactions in a 3-broker cluster: exactly-once through a kill -9 of the transaction coordinator", client="confluent")
-def test_exactly_once_through_a_coordinator_kill(workdir: Path) -> None:
+def test_exactly_once_through_a_coordinator_kill(workdir: Path, request: pytest.FixtureRequest) -> None:
     with txn_cluster(workdir) as cluster:
         sent = _produce_inputs(cluster)
         b1, b2, _ = cluster.brokers
@@ -365,7 +369,17 @@ def test_exactly_once_through_a_coordinator_kill(workdir: Path) -> None:
 
         killer = threading.Thread(target=schedule, daemon=True)
         killer.start()
-        stats = _transform(cluster, on_round, timeout_s=360)
+        commits: list[float] = []
+        stats = _transform(cluster, on_round, timeout_s=360, commit_times=commits)
         killer.join(120)
         assert "moved" in state and "restarted" in state, f"broker 2 was not killed and restarted: {state} {stats}"
+        after = [t for t in commits if t > state["killed"]]
+        assert after, f"no transaction committed after the kill: {stats}"
+        # (figures for the report: the id's new coordinator named, and the first commit)
+        request.node.user_properties.extend([
+            ("coordinator_named_after_kill_s", round(state["moved"] - state["killed"], 2)),
+            ("first_commit_after_kill_s", round(after[0] - state["killed"], 2)),
+        ])
+        print(f"kill -> new coordinator named {state['moved'] - state['killed']:.2f}s, "
+              f"-> first commit {after[0] - state['killed']:.2f}s; {stats}")
         _check_exactly_once(cluster, sent, stats)

@@ -31,6 +31,15 @@ partition's previous holder, `broker.groups.offsets.adopt`, by log order, never 
 claims them in etcd, a new revision; loads; their groups' requests answer
 COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s those moved elsewhere.
 
+Transactional offsets (Kafka's design): TxnOffsetCommit, sent to the group's coordinator,
+keeps a producer's offsets pending, durable in the archive (`PendingKey` records,
+broker/groups/records.py; adopted on a takeover like any other key) and not visible; the
+transaction coordinator's marker for the group's partition of ``__consumer_offsets``
+(WriteTxnMarkers, or a direct call when it is this broker) commits them, written as
+OffsetCommitValues in the same batch as the pending record's tombstone, or drops them
+(`complete_transaction`). Meanwhile OffsetFetch with require_stable answers
+UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`).
+
 KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
 are appended in the order it produced them, and a heartbeat is answered once the records
 it caused are stored, as a commit is; records a timer produced (a member fenced) are

@@ -5,7 +5,13 @@ DescribeTransactions, ListTransactions, WriteTxnMarkers (`kafka-transactions abo
 FindCoordinator for a transactional id.
 
 Thin: translate the kio request into calls on `node.transactions`
-(broker/transactions/coordinator.py) and its outcome into a description. Rights: a
+(broker/transactions/coordinator.py) and its outcome into a description. TxnOffsetCommit
+is served by the group's coordinator (`node.groups.txn_offset_commit`), as in Kafka; the
+transaction is checked where this broker also coordinates the transactional id.
+WriteTxnMarkers also serves the transaction coordinators of other brokers (their markers
+into the partitions this broker leads, and into the partitions of __consumer_offsets whose
+groups it coordinates); DescribeTransactions answers NOT_COORDINATOR /
+COORDINATOR_LOAD_IN_PROGRESS for an id another broker coordinates / one being loaded. Rights: a
 transactional id needs no ACL of its own yet (there is no TransactionalId resource in the
 authorizer): the operations that write need IDEMPOTENT_WRITE's test (a principal that may
 write somewhere), AddOffsetsToTxn and TxnOffsetCommit READ on the group, and
@@ -353,9 +359,10 @@ CLUSTER_ACTION_BIT = 1 << 9  # Kafka's AclOperation.CLUSTER_ACTION
 
 @api(27, "WriteTxnMarkers", (1, 1))
 async def write_txn_markers(ctx: RequestContext, req: Any) -> Reply:
-    """Kafka's coordinators send this to partition leaders; here the coordinator writes its
-    own markers, and this serves `kafka-transactions abort` (Admin.abortTransaction: an ABORT
-    marker for a hanging transaction found by `find-hanging`). CLUSTER_ACTION on the
+    """Kafka's coordinators send this to partition leaders, and so do ours in a cluster
+    (broker/transactions/coordinator.py `_send_markers`; alone the coordinator writes its
+    own markers); it also serves `kafka-transactions abort` (Admin.abortTransaction: an
+    ABORT marker for a hanging transaction found by `find-hanging`). CLUSTER_ACTION on the
     cluster is needed, as in Kafka (a super user, or a node without an authorizer)."""
     allowed = bool(cluster_operations(ctx) & CLUSTER_ACTION_BIT)
     markers = []

@@ -34,7 +34,7 @@ from broker.transactions.coordinator import (
     TXN_TOPIC,
     CoordinatorError,
 )
-from broker.transactions.records import Status
+from broker.transactions.records import MarkerType, Status
 from compat_tests.etcd import EtcdServer
 
 HOLDER = 7  # the previous coordinator (its archive: another node's, standing in for our copy)
@@ -264,7 +264,57 @@ async def test_the_controller_places_transaction_state_with_no_holder(etcd: Etcd
             for m in ms:
                 m.legacy_holder = 1  # (as if ``groups/coordinator`` named broker 1)
                 nursery.start_soon(lambda m=m: place_shards(m, TXN_TOPIC, 4, legacy=False))
-            await _until(lambda: all(len(m.shards.get(TXN_TOPIC, {})) == 4 for m in ms))
-            assert {s.owner for s in ms[0].shards[TXN_TOPIC].values()} == {1, 2}
+            # (placed on broker 1 alone if it is controller before broker 2 registers; then
+            # half move to broker 2, their preferred)
+            await _until(lambda: all(
+                len(m.shards.get(TXN_TOPIC, {})) == 4 and {s.owner for s in m.shards[TXN_TOPIC].values()} == {1, 2}
+                for m in ms))
             assert {s.holder for s in ms[0].shards[TXN_TOPIC].values()} == {None}
             nursery.cancel_scope.cancel()
+
+
+async def test_a_leader_verifies_transactional_batches_with_the_coordinator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KIP-890 part 1 where another broker coordinates the transactional id: it is asked
+    (a forwarded DescribeTransactions) once per producer, epoch and partition, and the
+    answer holds until that partition's marker."""
+    from types import SimpleNamespace
+
+    from broker import forwarding
+    from broker.node import TopicError
+
+    asked: list[str] = []
+    answer: dict[str, Any] = {"fail": False}
+
+    async def forward_to(_cluster: Any, broker: int, key: int, version: int, schema: str, body: Any) -> Any:
+        assert (broker, key, schema) == (2, 65, "describe_transactions")
+        asked.append(body["transactional_ids"][0])
+        if answer["fail"]:
+            raise TopicError(5, "broker 2 did not answer")
+        topics = [SimpleNamespace(topic="t", partitions=[0])]
+        return SimpleNamespace(transaction_states=[SimpleNamespace(
+            error_code=0, transaction_state="Ongoing", producer_id=5, producer_epoch=1, topics=topics)])
+
+    monkeypatch.setattr(forwarding, "forward_to", forward_to)
+    async with running(_config(tmp_path / "data"), Clock()) as node:
+        node.create_topic("t", 2)
+        _shard_cluster(node, owner=2, holder=None)  # another broker coordinates every id
+        c = node.transactions
+        assert c.check_produce(5, 1, "t", 0) is not None  # nothing verified yet
+        assert await c.verify_produce("x", [("t", 0, 5, 1), ("t", 1, 5, 1)]) == {
+            ("t", 1): (48, "t-1 is not part of an ongoing transaction of producer 5")}
+        assert c.check_produce(5, 1, "t", 0) is None
+        assert (await c.verify_produce("x", [("t", 0, 5, 0)]))[("t", 0)][0] == 47  # an older epoch
+        assert (await c.verify_produce("x", [("t", 0, 6, 1)]))[("t", 0)][0] == 49  # not its producer
+        asked.clear()
+        assert await c.verify_produce("x", [("t", 0, 5, 1)]) == {}  # cached: not asked again
+        assert asked == []
+        # the partition's marker ends the transaction there: asked again next time
+        t0 = node.partition("t", 0)
+        assert t0 is not None
+        c._admit_marker(t0, MarkerType.COMMIT, 5, 1, T0)
+        assert c.check_produce(5, 1, "t", 0) is not None
+        answer["fail"] = True
+        assert (await c.verify_produce("x", [("t", 0, 5, 1)]))[("t", 0)][0] == 19  # NOT_ENOUGH_REPLICAS: retriable
+        assert asked == ["x"]

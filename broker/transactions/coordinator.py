@@ -1041,8 +1041,12 @@ class TxnCoordinator:
         until that partition's marker (`_admit_marker`, `write_markers`). The refusals,
         by partition (`check_produce` accepts the rest)."""
         me = self.node.config.node_id
-        if self.sharded is None or coordinator_node(self.node, tid) == me:
+        unverified = (NOT_ENOUGH_REPLICAS, "The transaction coordinator cannot verify the transaction now")
+        if self.sharded is None:
             return {}
+        if coordinator_node(self.node, tid) == me:
+            # checked here by `check_produce`, once loaded (retriable meanwhile)
+            return {} if self.refusal(tid) == NONE else {(t, i): unverified for t, i, _, _ in batches}
         need = [(t, i, pid, ep) for t, i, pid, ep in batches if self._verified.get((pid, t, i)) != ep]
         if not need:
             return {}
@@ -1050,7 +1054,6 @@ class TxnCoordinator:
         from broker.node import TopicError
 
         where = coordinator_node(self.node, tid)
-        unverified = (NOT_ENOUGH_REPLICAS, "The transaction coordinator cannot verify the transaction now")
         if where is None:
             return {(t, i): unverified for t, i, _, _ in need}
         try:
