@@ -7,7 +7,7 @@ FindCoordinator for a transactional id.
 Thin: translate the kio request into calls on `node.transactions`
 (broker/transactions/coordinator.py) and its outcome into a description. TxnOffsetCommit
 is served by the group's coordinator (`node.groups.txn_offset_commit`), as in Kafka; the
-transaction is checked where this broker also coordinates the transactional id.
+transaction is checked first (here, or asked of the transaction's coordinator).
 WriteTxnMarkers also serves the transaction coordinators of other brokers (their markers
 into the partitions this broker leads, and into the partitions of __consumer_offsets whose
 groups it coordinates); DescribeTransactions answers NOT_COORDINATOR /
@@ -238,20 +238,27 @@ async def txn_offset_commit(ctx: RequestContext, req: Any) -> Reply:
         if ctx.node.partition(t.name, p.partition_index) is not None
     ]
     # Sent to the group's coordinator (Kafka's clients find it by the group id): it keeps
-    # the offsets pending until the transaction's marker. The transaction is checked
-    # where this broker also coordinates the transactional id (else, as Kafka before
-    # KIP-890 part 2, the producer's epoch alone is checked, by the group coordinator).
+    # the offsets pending until the transaction's marker. First the transaction is checked
+    # to hold the group's partition of __consumer_offsets: here when this broker also
+    # coordinates the transactional id, else by asking its coordinator, as a partition
+    # leader checks a transactional batch (KIP-890's verification).
     code = groups.refusal(req.group_id)
+    offsets_partition = (OFFSETS_TOPIC, groups.shard_of(req.group_id))
     if code == errors.NONE and coordinator_node(ctx.node, req.transactional_id) == ctx.node.config.node_id:
         try:
             _coordinator(ctx).verify_offsets(
-                req.transactional_id,
-                req.producer_id,
-                req.producer_epoch,
-                (OFFSETS_TOPIC, groups.shard_of(req.group_id)),
+                req.transactional_id, req.producer_id, req.producer_epoch, offsets_partition
             )
         except CoordinatorError as exc:
             code = exc.code
+    elif code == errors.NONE:
+        refused = await _coordinator(ctx).verify_produce(
+            req.transactional_id, [(*offsets_partition, req.producer_id, req.producer_epoch)]
+        )
+        if offsets_partition in refused:
+            code = refused[offsets_partition][0]
+            if code == errors.NOT_ENOUGH_REPLICAS:  # (not an answer TxnOffsetCommit has)
+                code = errors.COORDINATOR_NOT_AVAILABLE
     if code == errors.NONE and offsets:
         code = await groups.txn_offset_commit(
             req.group_id, req.producer_id, req.producer_epoch, offsets

@@ -63,9 +63,10 @@ Producer ids: a new producer id comes from this broker's own range (`Node.alloca
 brokers with no etcd allocation; a transactional id keeps its producer id when it moves
 to another coordinator (the id is in its adopted state).
 
-Partition leaders that do not coordinate the producer's transactional id accept its
-transactional batches without asking the coordinator (KIP-890 part 1's verification is
-done only where the coordinator is local, `check_produce`).
+KIP-890 part 1 where another broker coordinates the producer's transactional id: a
+partition leader asks the coordinator before it accepts a transactional batch, and a
+group coordinator before it keeps transactional offsets (`verify_produce`, cached per
+producer id, epoch and partition until that partition's marker).
 
 Wall-clock times (`self.wall`) are replaceable for tests; timers use trio's clock only
 for sleeping.
@@ -785,7 +786,9 @@ class TxnCoordinator:
         prepared = txn.status
         commit = prepared is Status.PREPARE_COMMIT
         assert commit or prepared is Status.PREPARE_ABORT
-        await self._send_markers(txn.producer_id, txn.producer_epoch, commit, list(txn.partitions))
+        await self._send_markers(
+            txn.producer_id, txn.producer_epoch, commit, list(txn.partitions), txn.transactional_id
+        )
         if commit and txn.offsets:
             by_group: dict[str, list[tuple[str, int, int, int, str]]] = {}
             for o in txn.offsets.values():
@@ -813,7 +816,12 @@ class TxnCoordinator:
         await self._transition(txn, finish, extra)
 
     async def _send_markers(
-        self, producer_id: int, epoch: int, commit: bool, partitions: Sequence[tuple[str, int]]
+        self,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        partitions: Sequence[tuple[str, int]],
+        tid: str | None = None,
     ) -> None:
         """Kafka's TransactionMarkerChannelManager: a marker into every partition of the
         transaction, each acknowledged by its current leader (this broker for those it
@@ -821,13 +829,17 @@ class TxnCoordinator:
         with backoff through leader moves, NOT_LEADER and NOT_COORDINATOR answers and
         unreachable brokers until every one acknowledged or `state_write_timeout_ms`
         ran out (CoordinatorError; `run` tries again later). A partition whose topic was
-        deleted is dropped."""
+        deleted is dropped. Before each round, the coordinator checks that it still
+        serves `tid` (its lease, its view of etcd): markers carry no coordinator epoch
+        here, so one that lost the id (a pause past its lease) must send no more."""
         marker = MarkerType.COMMIT if commit else MarkerType.ABORT
         left = dict.fromkeys(partitions)
         backoff = MARKER_BACKOFF_MIN_S
         last_error = ""
         with trio.move_on_after(self.settings.state_write_timeout_ms / 1000):
             while left:
+                if tid is not None and (code := self.refusal(tid)) != NONE:
+                    raise CoordinatorError(code, f"no longer the coordinator of {tid}: its markers stop")
                 remote: dict[int, list[tuple[str, int]]] = {}
                 local: list[tuple[tuple[str, int], Partition, int]] = []
                 groups: list[tuple[str, int]] = []
@@ -858,6 +870,7 @@ class TxnCoordinator:
                     except Exception as exc:
                         last_error = f"{key[0]}-{key[1]}: marker not durable: {exc}"
                 for key in groups:
+                    self._verified.pop((producer_id, *key), None)
                     code = await self.node.groups.complete_transaction(producer_id, epoch, commit, key[1])
                     if code == NONE:
                         del left[key]
@@ -977,6 +990,7 @@ class TxnCoordinator:
         now = self.wall()
         for topic, index in partitions:
             if topic == OFFSETS_TOPIC:
+                self._verified.pop((producer_id, topic, index), None)
                 codes[(topic, index)] = await self.node.groups.complete_transaction(
                     producer_id, producer_epoch, commit, index
                 )
