@@ -212,7 +212,7 @@ def _transform(cluster: TxnCluster, on_round: Callable[[int], None] = lambda _r:
                      "enable.auto.commit": False, "isolation.level": "read_committed"})
     c.subscribe(INPUTS)
     p = _new_producer(cluster)
-    stats = {"committed": 0, "aborted": 0, "failed": 0, "reinit": 0}
+    stats = {"committed": 0, "aborted": 0, "failed": 0, "reinit": 0, "commit_ms_total": 0, "commit_ms_max": 0}
     errors: list[str] = []  # the first distinct ones, for the failure message
     deadline = time.monotonic() + timeout_s
     rounds = 0
@@ -238,8 +238,11 @@ def _transform(cluster: TxnCluster, on_round: Callable[[int], None] = lambda _r:
                     _rewind(c)
                     continue
                 p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 60)
+                started = time.monotonic()
                 _commit(p)
                 stats["committed"] += 1
+                stats["commit_ms_max"] = max(stats["commit_ms_max"], round((time.monotonic() - started) * 1000))
+                stats["commit_ms_total"] += round((time.monotonic() - started) * 1000)
                 if commit_times is not None:
                     commit_times.append(time.monotonic())
             except ck.KafkaException as exc:
@@ -335,6 +338,8 @@ def test_exactly_once_across_three_brokers(workdir: Path) -> None:
         sent = _produce_inputs(cluster)
         stats = _transform(cluster)
         assert stats["committed"] >= 3 and stats["aborted"] >= 1, stats
+        print(f"commit_transaction: {stats['commit_ms_total'] / stats['committed']:.0f} ms on average, "
+              f"{stats['commit_ms_max']} ms at most; {stats}")
         _check_exactly_once(cluster, sent, stats)
 
 
