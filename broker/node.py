@@ -61,7 +61,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("hyperkafka.node")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+TXN_TOPIC = "__transaction_state"
+# Written by their coordinators alone, one archive per broker (never placed, produced to
+# or deleted): the group offsets and the transaction states.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_TOPIC})
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000

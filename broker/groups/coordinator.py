@@ -31,6 +31,15 @@ partition's previous holder, `broker.groups.offsets.adopt`, by log order, never 
 claims them in etcd, a new revision; loads; their groups' requests answer
 COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s those moved elsewhere.
 
+Transactional offsets (Kafka's design): TxnOffsetCommit, sent to the group's coordinator,
+keeps a producer's offsets pending, durable in the archive (`PendingKey` records,
+broker/groups/records.py; adopted on a takeover like any other key) and not visible; the
+transaction coordinator's marker for the group's partition of ``__consumer_offsets``
+(WriteTxnMarkers, or a direct call when it is this broker) commits them, written as
+OffsetCommitValues in the same batch as the pending record's tombstone, or drops them
+(`complete_transaction`). Meanwhile OffsetFetch with require_stable answers
+UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`).
+
 KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
 are appended in the order it produced them, and a heartbeat is answered once the records
 it caused are stored, as a commit is; records a timer produced (a member fenced) are
@@ -70,12 +79,16 @@ from broker.groups.records import (
     GroupValue,
     MemberValue,
     OffsetValue,
+    PendingOffset,
+    PendingValue,
     RecordFormatError,
     decode_key,
     group_key,
     group_value,
     offset_key,
     offset_value,
+    pending_key,
+    pending_value,
 )
 from broker.groups.state import (
     CONSUMER_PROTOCOL,
@@ -170,6 +183,12 @@ class GroupCoordinator:
         # Alone, every group is served from the start.
         self.shards: dict[int, int] = {}
         self.takeovers = 0
+        # Transactional offsets (TxnOffsetCommit) awaiting their transaction's marker:
+        # group -> producer id -> them, as the archive holds them (`PendingKey` records).
+        self.pending: dict[str, dict[int, PendingValue]] = {}
+        # The newest epoch a marker of each producer id came with: an older TxnOffsetCommit
+        # arriving late would leave offsets pending that no marker will ever end.
+        self._marker_epochs: dict[int, int] = {}
 
     # ------------------------------------------------------------------ driver
 
@@ -228,10 +247,14 @@ class GroupCoordinator:
         __consumer_offsets (the client asks FindCoordinator again),
         COORDINATOR_LOAD_IN_PROGRESS while this broker takes the partition over (both
         retriable)."""
+        return self.partition_refusal(self.shard_of(group_id))
+
+    def partition_refusal(self, p: int) -> int:
+        """`refusal` for every group of partition `p` of __consumer_offsets (also what a
+        transaction marker for that partition is answered)."""
         cluster = self.sharded
         if cluster is None:
             return codes.NONE
-        p = self.shard_of(group_id)
         record = cluster.membership.shards.get(OFFSETS_TOPIC, {}).get(p)
         if record is None or record.owner != cluster.me or not cluster.membership.lease_valid():
             if p in self.shards:
@@ -285,6 +308,8 @@ class GroupCoordinator:
         gone = set(self.shards) if partitions is None else set(partitions)
         for p in gone:
             self.shards.pop(p, None)
+        for g in [g for g in self.pending if partitions is None or self.shard_of(g) in gone]:
+            del self.pending[g]
         self.groups.unload([g for g in self.groups.groups if partitions is None or self.shard_of(g) in gone])
         self._dispatch()
         if gone:
@@ -452,6 +477,9 @@ class GroupCoordinator:
             consumer = ConsumerGroup(group_id, self.groups.consumer_settings, self.groups.records)
             consumer.load(now, records, self._topic, self._topic_names)
             group.consumer, group.protocol_type = consumer, CONSUMER_PROTOCOL
+        for (group_id, producer_id), pending in replayed.pending.items():
+            if partitions is None or self.shard_of(group_id) in partitions:
+                self.pending.setdefault(group_id, {})[producer_id] = pending
         for (group_id, topic, partition), (v, record_offset) in replayed.offsets.items():
             if partitions is not None and self.shard_of(group_id) not in partitions:
                 continue
@@ -670,6 +698,102 @@ class GroupCoordinator:
             current = group.offsets.get((t, p))
             if current is None or current.record_offset < base + i:
                 group.offsets[(t, p)] = CommittedOffset(o, e, m, now_wall, base + i, None)
+        return codes.NONE
+
+    # ------------------------------------------------------------------ transactional offsets
+
+    def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The (topic, partition)s of `group_id` with transactional offsets awaiting their
+        transaction's marker: OffsetFetch with require_stable answers
+        UNSTABLE_OFFSET_COMMIT for them, as Kafka's OffsetMetadataManager does."""
+        return {(o.topic, o.partition) for v in self.pending.get(group_id, {}).values() for o in v.offsets}
+
+    async def txn_offset_commit(self, group_id: str, producer_id: int, producer_epoch: int,
+                                offsets: Sequence[PendingOffset]) -> int:
+        """TxnOffsetCommit, at the group's coordinator (the caller checked the member and
+        the transaction): the offsets are kept pending, durable in the archive (one
+        `PendingKey` record per group and producer, merged with what this transaction
+        committed before), until the transaction coordinator's marker for the group's
+        partition of __consumer_offsets commits or drops them (`complete_transaction`).
+        The error code."""
+        error = self.refusal(group_id)
+        if error != codes.NONE:
+            return error
+        by_pid = self.pending.get(group_id, {})
+        current = by_pid.get(producer_id)
+        if producer_epoch < self._marker_epochs.get(producer_id, -1) or (
+            current is not None and producer_epoch < current.producer_epoch
+        ):
+            return codes.INVALID_PRODUCER_EPOCH
+        merged = {} if current is None or current.producer_epoch != producer_epoch else {
+            (o.topic, o.partition): o for o in current.offsets
+        }
+        merged.update(((o.topic, o.partition), o) for o in offsets)
+        value = PendingValue(producer_epoch, tuple(merged.values()))
+        fence = self._fence([group_id])
+        try:
+            _, last = self._append_replicated([(pending_key(group_id, producer_id), pending_value(value))], self.wall())
+        except Exception as exc:
+            log.error("cannot append transactional offsets of group %s: %s", group_id, exc)
+            return codes.COORDINATOR_NOT_AVAILABLE
+        # In memory at once, in log order: the next TxnOffsetCommit of this transaction
+        # merges with this one even while it is in flight (the archive's last word wins
+        # at a replay, and it is the newer record).
+        self.pending.setdefault(group_id, {})[producer_id] = value
+        return await self._wait_stored(last, fence)
+
+    async def complete_transaction(self, producer_id: int, producer_epoch: int, commit: bool, partition: int) -> int:
+        """A transaction marker (WriteTxnMarkers) for `partition` of __consumer_offsets:
+        the pending offsets of `producer_id` in the groups of that partition are committed
+        (written as OffsetCommitValues, their pending record tombstoned in the same batch)
+        or dropped (tombstoned), and visible once stored as a commit is. Pending offsets
+        of a newer epoch than the marker's are a later transaction's: kept. A marker that
+        finds nothing (a retry) succeeds. The error code."""
+        error = self.partition_refusal(partition)
+        if error != codes.NONE:
+            return error
+        if producer_epoch > self._marker_epochs.get(producer_id, -1):
+            self._marker_epochs[producer_id] = producer_epoch
+        ending = {
+            g: v
+            for g, by_pid in self.pending.items()
+            if (v := by_pid.get(producer_id)) is not None
+            and v.producer_epoch <= producer_epoch
+            and self.shard_of(g) == partition
+        }
+        if not ending:
+            return codes.NONE
+        now_wall = self.wall()
+        records: list[tuple[bytes, bytes | None]] = []
+        written: list[tuple[str, PendingOffset, int]] = []  # (group, offset, index in the batch)
+        for g, v in ending.items():
+            if commit:
+                for o in v.offsets:
+                    written.append((g, o, len(records)))
+                    records.append((offset_key(g, o.topic, o.partition),
+                                    offset_value(OffsetValue(o.offset, o.leader_epoch, o.metadata, now_wall, None))))
+            records.append((pending_key(g, producer_id), None))
+        fence = self._fence(ending)
+        try:
+            base, last = self._append_replicated(records, now_wall)
+        except Exception as exc:
+            log.error("cannot append the transaction marker of producer %d: %s", producer_id, exc)
+            return codes.COORDINATOR_NOT_AVAILABLE
+        error = await self._wait_stored(last, fence)
+        if error != codes.NONE:
+            return error
+        for g, v in ending.items():
+            by_pid = self.pending.get(g, {})
+            if by_pid.get(producer_id) is v:
+                del by_pid[producer_id]
+                if not by_pid:
+                    del self.pending[g]
+        for g, o, i in written:
+            group = self.groups.get_or_create(g)
+            current = group.offsets.get((o.topic, o.partition))
+            if current is None or current.record_offset < base + i:
+                group.offsets[(o.topic, o.partition)] = CommittedOffset(
+                    o.offset, o.leader_epoch, o.metadata, now_wall, base + i, None)
         return codes.NONE
 
     def fetch_offsets(self, group_id: str, wanted: Sequence[tuple[str, Sequence[int]]] | None) -> dict[str, dict[int, CommittedOffset | None]]:

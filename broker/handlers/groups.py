@@ -299,7 +299,11 @@ def _fetched_topics(ctx: RequestContext, group_id: str, topics: Any, require_sta
     # require_stable (v7+, sent by read_committed consumers): a partition with a
     # transactional offset commit still pending answers UNSTABLE_OFFSET_COMMIT (the client
     # retries until the transaction is complete), as Kafka's OffsetMetadataManager does.
-    unstable = ctx.node.transactions.pending_offsets(group_id) if require_stable else set()
+    unstable = (
+        ctx.node.groups.pending_offsets(group_id) | ctx.node.transactions.pending_offsets(group_id)
+        if require_stable
+        else set()
+    )
     if topics is None:
         wanted, denied = None, []
     else:
