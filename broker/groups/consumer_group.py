@@ -61,6 +61,7 @@ STALE_MEMBER_EPOCH = 113
 INVALID_REGULAR_EXPRESSION = 128
 MAX_REGEX_CHARS = 1000
 LEAVE_EPOCH = -1
+CONSUMER_PROTOCOL_TYPE = "consumer"  # the classic protocol type of Kafka's consumers
 STATIC_LEAVE_EPOCH = -2
 
 Records = list[tuple[bytes, bytes | None]]
@@ -820,6 +821,24 @@ class ConsumerGroup:
         )
         return group
 
+    def classic_protocols_refusal(
+        self, member_id: str, protocol_type: str, protocols: list[tuple[str, bytes]]
+    ) -> int:
+        """What a classic JoinGroup is refused with before anything else is looked at
+        (throwIfConsumerGroupIsFull, then ConsumerGroup.supportsClassicProtocols): the
+        group is full and `member_id` is not in it; the protocol type is not "consumer";
+        or none of its protocols is supported by every classic member (with none, any
+        named protocol goes). NONE when it may go on."""
+        if len(self.members) >= self.settings.max_size and member_id not in self.members:
+            return codes.GROUP_MAX_SIZE_REACHED
+        names = {name for name, _ in protocols}
+        if protocol_type != CONSUMER_PROTOCOL_TYPE or not names:
+            return codes.INCONSISTENT_GROUP_PROTOCOL
+        classic = [m.classic[1] for m in self.members.values() if m.classic is not None]
+        if not any(all(any(n == name for n, _ in ps) for ps in classic) for name in names):
+            return codes.INCONSISTENT_GROUP_PROTOCOL
+        return codes.NONE
+
     def classic_join(
         self,
         now: int,
@@ -834,16 +853,17 @@ class ConsumerGroup:
         lookup: TopicLookup,
         names: Callable[[], Iterable[str]],
     ) -> tuple[int, str, int, str]:
-        """JoinGroup of a classic member (classicGroupJoinToConsumerGroup): its subscription and owned partitions come from the
+        """JoinGroup of a classic member (classicGroupJoinToConsumerGroup), after
+        `classic_protocols_refusal`: its subscription and owned partitions come from the
         join metadata, and it is reconciled toward its target at once. `is_new`: the
         request named no member id (`member_id` is the one made for it). A static member
         (`instance_id`) joining anew replaces the member holding its instance id, which
         keeps its partitions and target under the new id and epoch: no rebalance (Kafka
         does not wait for a classic instance id to be released); rejoining with a known
         id, the instance id must still be its own (else UNKNOWN_MEMBER_ID, or
-        FENCED_INSTANCE_ID when another member holds it). (error, member id, generation = its member epoch, protocol name)."""
-        if not protocols:
-            return codes.INCONSISTENT_GROUP_PROTOCOL, member_id, -1, ""
+        FENCED_INSTANCE_ID when another member holds it). An embedded subscription that
+        cannot be read is UNKNOWN_SERVER_ERROR, as Kafka's IllegalStateException, and
+        changes nothing. (error, member id, generation = its member epoch, protocol name)."""
         try:
             sub: cp.Subscription | None = cp.decode_subscription(protocols[0][1])
         except ValueError:
@@ -871,7 +891,7 @@ class ConsumerGroup:
         if member is not None and member.classic is None:
             return codes.UNKNOWN_MEMBER_ID, member_id, -1, ""  # a consumer-protocol member's id
         if sub is None:
-            return codes.INCONSISTENT_GROUP_PROTOCOL, member_id, -1, ""
+            return codes.UNKNOWN_SERVER_ERROR, member_id, -1, ""
         name = protocols[0][0]
         changed = False
         if replaced is not None:
@@ -949,14 +969,32 @@ class ConsumerGroup:
         return member
 
     def classic_sync(
-        self, now: int, member_id: str, instance_id: str | None, generation: int
+        self,
+        now: int,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
     ) -> tuple[int, bytes]:
-        """SyncGroup of a classic member: the server-side assignment it reconciled to, as
-        a ConsumerProtocolAssignment."""
+        """SyncGroup of a classic member (classicGroupSyncToConsumerGroup): the
+        server-side assignment it reconciled to, as a ConsumerProtocolAssignment. The
+        protocol type and name, when the request has them, must be "consumer" and the
+        one its join was answered with (INCONSISTENT_GROUP_PROTOCOL); a member behind the
+        group epoch, unless it is revoking, must rejoin first (REBALANCE_IN_PROGRESS)."""
         member = self._classic_member(member_id, instance_id, generation)
         if isinstance(member, int):
             return member, b""
         assert member.classic is not None
+        if protocol_type is not None and protocol_type != CONSUMER_PROTOCOL_TYPE:
+            return codes.INCONSISTENT_GROUP_PROTOCOL, b""
+        if protocol_name is not None and protocol_name != member.classic[1][0][0]:
+            return codes.INCONSISTENT_GROUP_PROTOCOL, b""
+        if (
+            self.group_epoch > member.member_epoch
+            and member.state is not MemberState.UNREVOKED_PARTITIONS
+        ):
+            return codes.REBALANCE_IN_PROGRESS, b""
         member.session_deadline = now + member.classic[0]
         by_id = {tid: name for name, (tid, _) in self.topic_metadata.items()}
         named = {by_id[t]: ps for t, ps in member.assigned.items() if t in by_id}

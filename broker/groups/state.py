@@ -866,14 +866,19 @@ class Groups:
             group = self.get_or_create(group_id)
         if group.consumer is not None:
             if group.consumer.members:
-                # A classic member in a consumer group (KIP-848's mixed group).
-                if protocol_type != CONSUMER_PROTOCOL or lookup is None:
-                    return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, member_id)
+                # A classic member in a consumer group (KIP-848's mixed group), checked in
+                # Kafka's order: group full, protocols, MEMBER_ID_REQUIRED (dynamic
+                # members only), then the member. Kafka answers its errors with no
+                # member id.
+                consumer = group.consumer
                 if unknown:
                     member_id = _member_id(group_instance_id if group_instance_id is not None else client_id, self._new_id())
-                    if group_instance_id is None and require_known_member_id:
-                        return JoinResult(codes.MEMBER_ID_REQUIRED, member_id)
-                joined, member_id, epoch, name = group.consumer.classic_join(
+                refused = consumer.classic_protocols_refusal(member_id, protocol_type, protocols)
+                if refused != codes.NONE or lookup is None:
+                    return JoinResult(refused or codes.INCONSISTENT_GROUP_PROTOCOL, UNKNOWN_MEMBER)
+                if unknown and group_instance_id is None and require_known_member_id:
+                    return JoinResult(codes.MEMBER_ID_REQUIRED, member_id)
+                joined, member_id, epoch, name = consumer.classic_join(
                     now, member_id, group_instance_id, unknown, protocols, session_timeout_ms, rebalance_timeout_ms,
                     client_id, client_host, lookup, names,
                 )
@@ -1047,9 +1052,9 @@ class Groups:
             return SyncResult(codes.INVALID_GROUP_ID)
         group = self.groups.get(group_id)
         if group is not None and group.consumer is not None:
-            if protocol_type is not None and protocol_type != CONSUMER_PROTOCOL:
-                return SyncResult(codes.INCONSISTENT_GROUP_PROTOCOL)
-            synced, assignment = group.consumer.classic_sync(now, member_id, group_instance_id, generation_id)
+            synced, assignment = group.consumer.classic_sync(
+                now, member_id, group_instance_id, generation_id, protocol_type, protocol_name
+            )
             cm = group.consumer.members.get(member_id)
             name = cm.classic[1][0][0] if synced == codes.NONE and cm is not None and cm.classic else None
             return SyncResult(synced, assignment, CONSUMER_PROTOCOL if name else None, name)

@@ -1,9 +1,11 @@
 """Classic members inside a consumer group (KIP-848's mixed group) as Kafka 4's
 GroupMetadataManager serves them: static members (group.instance.id) that restart, are
-fenced by a newer incarnation and leave by instance id."""
+fenced by a newer incarnation and leave by instance id; and the protocol check a classic
+JoinGroup passes."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from broker.groups import consumer_protocol as cp
 from broker.server import run
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_consumer_group_handlers import hb_body, owned_of
-from broker.tests.test_groups_handlers import create, join_body
+from broker.tests.test_groups_handlers import create, join_body, subscription
 
 
 @pytest.fixture
@@ -191,3 +193,42 @@ async def test_a_static_classic_group_is_upgraded_and_downgraded_with_its_instan
         assert rejoin.error_code == 0 and rejoin.members[0].group_instance_id == "s1"
         assert (await join(c, "up", j.member_id, "s1")).error_code == codes.FENCED_INSTANCE_ID
         nursery.cancel_scope.cancel()
+
+
+def meta_v(version: int, *topics: str) -> bytes:
+    """A ConsumerProtocolSubscription of `version` (v0 is the handlers' helper)."""
+    body = subscription(*topics)[2:]
+    return struct.pack(">h", version) + body + (struct.pack(">i", 0) if version >= 1 else b"")
+
+
+async def test_a_classic_join_must_share_a_protocol_with_the_classic_members(broker: Broker) -> None:
+    c = await broker.connect()
+    await create(c, "t", 2)
+    assert (await c.call("consumer_group_heartbeat", 1, hb_body("pm", "c1", 0))).error_code == 0
+    # Kafka's ConsumerGroup.supportsClassicProtocols: the protocol type must be "consumer"
+    # and, with no classic member yet, any named protocol goes.
+    assert (await join(c, "pm", instance="a", protocol_type="connect")).error_code == codes.INCONSISTENT_GROUP_PROTOCOL
+    assert (await join(c, "pm", instance="a", protocols=[])).error_code == codes.INCONSISTENT_GROUP_PROTOCOL
+    a = await join(c, "pm", instance="a", protocols=[{"name": "range", "metadata": meta_v(1, "t")}])
+    assert a.error_code == 0 and a.protocol_name == "range"
+    # Now a protocol must be one every classic member supports.
+    rr = [{"name": "roundrobin", "metadata": meta_v(1, "t")}]
+    refused = await join(c, "pm", instance="b", protocols=rr)
+    assert refused.error_code == codes.INCONSISTENT_GROUP_PROTOCOL
+    # The check comes before MEMBER_ID_REQUIRED, as in Kafka.
+    assert (await join(c, "pm", protocols=rr)).error_code == codes.INCONSISTENT_GROUP_PROTOCOL
+    both = [*rr, {"name": "range", "metadata": meta_v(1, "t")}]
+    b = await join(c, "pm", instance="b", protocols=both)
+    assert b.error_code == 0 and b.protocol_name == "roundrobin"  # its first choice is named
+    # SyncGroup names the protocol its join was answered with (throwIfClassicProtocolUnmatched),
+    # and a member behind the group epoch rejoins first (throwIfRebalanceInProgress).
+    assert (await sync(c, "pm", b.generation_id, b.member_id, "b")).error_code == codes.INCONSISTENT_GROUP_PROTOCOL
+    assert b.generation_id > a.generation_id
+    assert (await sync(c, "pm", a.generation_id, a.member_id, "a")).error_code == codes.REBALANCE_IN_PROGRESS
+    # An embedded subscription that cannot be read: Kafka's deserializeSubscription throws
+    # IllegalStateException, answered UNKNOWN_SERVER_ERROR, and nothing changes.
+    bad = await join(c, "pm", instance="c", protocols=[{"name": "range", "metadata": b"\x00\x01\x00"}])
+    assert bad.error_code == codes.UNKNOWN_SERVER_ERROR
+    assert {m.instance_id for m in (await describe(c, "pm")).members} == {None, "a", "b"}
+    # A member rejoining with a protocol that is no longer shared is refused too.
+    assert (await join(c, "pm", a.member_id, "a", protocols=rr)).error_code == codes.INCONSISTENT_GROUP_PROTOCOL
