@@ -1,7 +1,7 @@
 """Classic members inside a consumer group (KIP-848's mixed group) as Kafka 4's
 GroupMetadataManager serves them: static members (group.instance.id) that restart, are
-fenced by a newer incarnation and leave by instance id; and the protocol check a classic
-JoinGroup passes."""
+fenced by a newer incarnation and leave by instance id; the protocol check a classic
+JoinGroup passes; and answers that wait until the records they caused are stored."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ from typing import Any
 import pytest
 import trio
 
+from broker.compose import open_node, run_node
 from broker.config import BrokerConfig
 from broker.groups import codes
 from broker.groups import consumer_protocol as cp
+from broker.groups.consumer_group import Heartbeat
+from broker.groups.coordinator import Waiter
+from broker.groups.state import JoinResult, SyncResult
 from broker.server import run
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_consumer_group_handlers import hb_body, owned_of
@@ -232,3 +236,63 @@ async def test_a_classic_join_must_share_a_protocol_with_the_classic_members(bro
     assert {m.instance_id for m in (await describe(c, "pm")).members} == {None, "a", "b"}
     # A member rejoining with a protocol that is no longer shared is refused too.
     assert (await join(c, "pm", a.member_id, "a", protocols=rr)).error_code == codes.INCONSISTENT_GROUP_PROTOCOL
+
+
+# ------------------------------------------------------------------ answers after storing
+
+
+async def test_classic_answers_in_a_mixed_group_wait_until_their_records_are_stored(tmp_path: Path) -> None:
+    config = BrokerConfig(data_dir=tmp_path / "data", listen_port=0)
+    config.static.update({"group.initial.rebalance.delay.ms": "0", "group.min.session.timeout.ms": "100"})
+    node = open_node(config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_node, node)
+        node.create_topic("t", 2)
+        node.create_topic("u", 1)
+        c = node.groups
+        with trio.fail_after(10):
+            first = await c.consumer_heartbeat(
+                Heartbeat("wg", "c1", 0, rebalance_timeout_ms=30_000, subscribed_topic_names=("u",), owned={})
+            )
+        assert first.error == 0
+        real_wait = c.archive.wait_durable
+        gate = trio.Event()
+        waited: list[int] = []
+
+        async def gated(last_offset: int) -> None:
+            waited.append(last_offset)
+            await gate.wait()
+            await real_wait(last_offset)
+
+        c.archive.wait_durable = gated  # type: ignore[method-assign]  # the archive is slow
+        joined = c.join("wg", "", "s", "consumer", [("range", meta_v(1, "t"))], session_timeout_ms=10_000, rebalance_timeout_ms=10_000)
+        assert isinstance(joined, Waiter), "a classic join into a consumer group must wait for its records"
+        # Sync and heartbeat cause no records here, but the join's must be stored before
+        # they are answered (Kafka answers once the log is committed up to its end).
+        consumer = c.consumer_group("wg")
+        assert consumer is not None
+        member_id = consumer.static_members["s"]
+        synced = c.sync("wg", 2, member_id, "s", {})
+        beat = c.heartbeat("wg", 2, member_id, "s")
+        assert isinstance(synced, Waiter) and isinstance(beat, Waiter)
+        with trio.move_on_after(0.3):
+            await joined.wait()
+        assert (joined.result, synced.result, beat.result) == (None, None, None) and waited
+        gate.set()
+        with trio.fail_after(10):
+            result: JoinResult = await joined.wait()
+            s: SyncResult = await synced.wait()
+            assert await beat.wait() == codes.NONE
+        assert (result.error, result.member_id, result.generation_id) == (0, member_id, 2)
+        assert s.error == 0 and parts_of(s.assignment) == {0, 1}
+        gate = trio.Event()
+        left = c.leave("wg", [("", "s")])
+        assert isinstance(left, Waiter)
+        with trio.move_on_after(0.3):
+            await left.wait()
+        assert left.result is None, "a leave answered before its tombstones were stored"
+        gate.set()
+        with trio.fail_after(10):
+            assert await left.wait() == (codes.NONE, [codes.NONE])
+        nursery.cancel_scope.cancel()
+    node.close()
