@@ -609,6 +609,9 @@ class GroupCoordinator:
             waiter.set(refused(codes.COORDINATOR_NOT_AVAILABLE))
             return waiter
         self._dispatch()
+        if last is not None:
+            # And what the dispatch appended after them (a downgrade's classic record).
+            last = max(last, self.archive.partition.log.log_end_offset - 1)
 
         async def stored() -> None:
             error = await (self._wait_stored(last, fence) if last is not None else self._wait_caught_up())

@@ -737,12 +737,15 @@ class Groups:
             self._maybe_downgrade(now, group, epoch)
         return result
 
-    def _maybe_downgrade(self, now: int, group: Group, epoch: int) -> None:
+    def _maybe_downgrade(self, now: int, group: Group, epoch: int, *, replaced: bool = False) -> None:
         """Kafka's validateOnlineDowngrade + convertToClassicGroup: when the last member of
         the consumer protocol left (or was fenced) and classic members remain, the group
         becomes a classic group of those members at generation `epoch` (the group epoch
         before that member went, which the reconciled classic members hold), keeping their
-        partitions, and rebalances: they rejoin and their leader assigns again."""
+        partitions, and rebalances: they rejoin and their leader assigns again. When a
+        classic JoinGroup `replaced` it (its instance id: validateOnlineDowngradeWith-
+        ReplacedMemberId), the classic group is stable at once, each member with its
+        target partitions: nobody rebalances."""
         consumer = group.consumer
         if (
             consumer is None
@@ -764,7 +767,8 @@ class Groups:
         for cm in consumer.members.values():
             assert cm.classic is not None
             session_ms, protocols = cm.classic
-            named = {by_id[t]: ps for t, ps in cm.assigned.items() if t in by_id}
+            partitions = consumer.target.get(cm.member_id, cm.assigned) if replaced else cm.assigned
+            named = {by_id[t]: ps for t, ps in partitions.items() if t in by_id}
             member = Member(
                 cm.member_id, cm.instance_id, cm.client_id, cm.client_host, cm.rebalance_timeout_ms, session_ms,
                 CONSUMER_PROTOCOL, list(protocols), encode_assignment(named),
@@ -775,7 +779,8 @@ class Groups:
         group.state = State.STABLE
         log.info("group %s: consumer group of epoch %d downgraded to a classic group (%d members)", group.group_id, epoch, len(group.members))
         self.effects.append(StoreGroup(group.group_id, group.generation_id, None))
-        group.prepare_rebalance(now)
+        if not replaced:
+            group.prepare_rebalance(now)
 
     def _upgrade(self, now: int, group: Group, lookup: TopicLookup, names: Callable[[], Iterable[str]]) -> bool:
         """Kafka's validateOnlineUpgrade + convertToConsumerGroup: a stable classic group of
@@ -878,12 +883,17 @@ class Groups:
                     return JoinResult(refused or codes.INCONSISTENT_GROUP_PROTOCOL, UNKNOWN_MEMBER)
                 if unknown and group_instance_id is None and require_known_member_id:
                     return JoinResult(codes.MEMBER_ID_REQUIRED, member_id)
+                holder = consumer.members.get(consumer.static_members.get(group_instance_id or "", ""))
+                replacing = unknown and holder is not None and holder.classic is None
                 joined, member_id, epoch, name = consumer.classic_join(
                     now, member_id, group_instance_id, unknown, protocols, session_timeout_ms, rebalance_timeout_ms,
                     client_id, client_host, lookup, names,
                 )
                 if joined != codes.NONE:
                     return JoinResult(joined, UNKNOWN_MEMBER)
+                if replacing:
+                    # It took the place of a consumer-protocol member: maybe the last one.
+                    self._maybe_downgrade(now, group, consumer.group_epoch, replaced=True)
                 # No leader: every classic member syncs as a follower and gets the
                 # server-side assignment.
                 return JoinResult(codes.NONE, member_id, epoch, CONSUMER_PROTOCOL, name, "", (), False)

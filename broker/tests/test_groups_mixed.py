@@ -296,3 +296,37 @@ async def test_classic_answers_in_a_mixed_group_wait_until_their_records_are_sto
             assert await left.wait() == (codes.NONE, [codes.NONE])
         nursery.cancel_scope.cancel()
     node.close()
+
+
+async def test_a_classic_member_replacing_the_last_consumer_protocol_member_downgrades_the_group(
+    broker: Broker,
+) -> None:
+    """Kafka's validateOnlineDowngradeWithReplacedMemberId: when a classic JoinGroup takes
+    the instance id of the last member of the consumer protocol, the group becomes a
+    classic group at once, stable, each member keeping its target partitions (the new
+    one those of the member it replaced): nobody rebalances."""
+    c = await broker.connect()
+    await create(c, "t", 4)
+    r = await c.call("consumer_group_heartbeat", 1, {**hb_body("dg", "c1", 0), "instance_id": "i1"})
+    assert (r.error_code, r.member_epoch) == (0, 1)
+    j = await join(c, "dg", instance="k")
+    gen = j.generation_id
+    r2 = await c.call("consumer_group_heartbeat", 1, {**hb_body("dg", "c1", 1, owned=owned_of(r)), "instance_id": "i1"})
+    r3 = await c.call("consumer_group_heartbeat", 1, {**hb_body("dg", "c1", 1, owned=owned_of(r2)), "instance_id": "i1"})
+    assert r3.member_epoch == gen
+    kept = owned_of(r2)
+    theirs = {p for t in kept for p in t["partitions"]}
+    assert (await join(c, "dg", j.member_id, "k")).generation_id == gen
+    mine = parts_of((await sync(c, "dg", gen, j.member_id, "k")).assignment)
+    assert mine | theirs == {0, 1, 2, 3} and len(mine) == 2
+    # The consumer-protocol instance comes back as a classic consumer.
+    back = await join(c, "dg", instance="i1")
+    assert (back.error_code, back.generation_id) == (0, gen)
+    listed = await c.call("list_groups", 5, {"states_filter": [], "types_filter": []})
+    assert [(g.group_type, g.group_state) for g in listed.groups if g.group_id == "dg"] == [("classic", "Stable")]
+    assert parts_of((await sync(c, "dg", gen, back.member_id, "i1")).assignment) == theirs
+    assert parts_of((await sync(c, "dg", gen, j.member_id, "k")).assignment) == mine
+    assert await heartbeat(c, "dg", gen, j.member_id, "k") == 0
+    assert await heartbeat(c, "dg", gen, back.member_id, "i1") == 0
+    beat = await c.call("consumer_group_heartbeat", 1, {**hb_body("dg", "c1", gen, owned=kept), "instance_id": "i1"})
+    assert beat.error_code == codes.GROUP_ID_NOT_FOUND  # a classic group now
