@@ -765,7 +765,8 @@ class ConsumerGroup:
         """Kafka's convertToConsumerGroup: a stable classic group of the consumer protocol
         as a consumer group whose group and assignment epochs are its generation, each
         member keeping the partitions its assignment named as its target and current
-        assignment, and a static member its instance id. ValueError when a member's embedded protocol cannot be read."""
+        assignment, and a static member its instance id. ValueError when a member's
+        embedded protocol cannot be read."""
         group = cls(group_id, settings, records)
         group.group_epoch = group.assignment_epoch = generation
         staged = []
