@@ -1004,18 +1004,34 @@ class ConsumerGroup:
     def classic_heartbeat(
         self, now: int, member_id: str, instance_id: str | None, generation: int
     ) -> int:
-        """Heartbeat of a classic member: REBALANCE_IN_PROGRESS while it has not reached
-        the current target assignment (it rejoins to be reconciled)."""
+        """Heartbeat of a classic member (classicGroupHeartbeatToConsumerGroup):
+        REBALANCE_IN_PROGRESS when it must rejoin to be reconciled: it is behind the
+        group epoch, it has partitions to revoke, or the partitions it waited for are
+        free now (while another member still holds one, it waits: NONE)."""
         member = self._classic_member(member_id, instance_id, generation)
         if isinstance(member, int):
             return member
         assert member.classic is not None
         member.session_deadline = now + member.classic[0]
-        if self.group_epoch > self.assignment_epoch:
-            self._compute_target()
-        if member.member_epoch != self.assignment_epoch or member.state is not MemberState.STABLE:
+        if (
+            member.member_epoch < self.group_epoch
+            or member.state is MemberState.UNREVOKED_PARTITIONS
+            or (
+                member.state is MemberState.UNRELEASED_PARTITIONS
+                and not self._waiting_on_unreleased(member)
+            )
+        ):
             return codes.REBALANCE_IN_PROGRESS
         return codes.NONE
+
+    def _waiting_on_unreleased(self, member: ConsumerMember) -> bool:
+        """ConsumerGroup.waitingOnUnreleasedPartition: a partition of its target that it
+        does not have is still held by another member."""
+        for t, ps in self.target.get(member.member_id, {}).items():
+            mine = member.assigned.get(t, frozenset())
+            if any(p not in mine and (t, p) in self.partition_owners for p in ps):
+                return True
+        return False
 
     def classic_leave(self, member_id: str, instance_id: str | None) -> int:
         """One member of a LeaveGroup (classicGroupLeaveToConsumerGroup): by member id, or
