@@ -42,7 +42,10 @@ UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`).
 
 KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
 are appended in the order it produced them, and a heartbeat is answered once the records
-it caused are stored, as a commit is; records a timer produced (a member fenced) are
+it caused are stored, as a commit is; so are the JoinGroup, SyncGroup, Heartbeat and
+LeaveGroup of a consumer group's classic members (`_answer_when_stored`: those that wrote
+nothing once everything appended before them is durable, as Kafka answers a coordinator
+write once the log is committed up to it); records a timer produced (a member fenced) are
 appended by `_dispatch` with nobody waiting. `_install` rebuilds consumer groups from
 `Replayed.consumer_groups`.
 
@@ -577,28 +580,93 @@ class GroupCoordinator:
 
     def join(self, group_id: str, member_id: str, group_instance_id: str | None, protocol_type: str,
              protocols: list[tuple[str, bytes]], **kw: Any) -> JoinResult | Waiter:
+        mixed = self._mixed(group_id)
         waiter = Waiter()
         result = self.groups.join(self.now(), group_id, member_id, group_instance_id, protocol_type, protocols, waiter,
                                   lookup=self._topic, names=self._topic_names, **kw)
+        if mixed and result is not None:
+            return self._answer_when_stored(group_id, result, lambda error: JoinResult(error, ""))
         self._dispatch()
         return waiter if result is None else result
 
     def sync(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
              assignments: Mapping[str, bytes], **kw: Any) -> SyncResult | Waiter:
+        mixed = self._mixed(group_id)
         waiter = Waiter()
         result = self.groups.sync(self.now(), group_id, generation_id, member_id, group_instance_id, assignments, waiter, **kw)
+        if mixed and result is not None:
+            return self._answer_when_stored(group_id, result, SyncResult)
         self._dispatch()
         return waiter if result is None else result
 
-    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> int:
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> int | Waiter:
+        mixed = self._mixed(group_id)
         error = self.groups.heartbeat(self.now(), group_id, generation_id, member_id, group_instance_id)
+        if mixed:
+            return self._answer_when_stored(group_id, error, lambda refused: refused)
         self._dispatch()
         return error
 
-    def leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> tuple[int, list[int]]:
+    def leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> tuple[int, list[int]] | Waiter:
+        mixed = self._mixed(group_id)
         result = self.groups.leave(self.now(), group_id, members)
+        if mixed:
+            return self._answer_when_stored(group_id, result, lambda error: (error, []))
         self._dispatch()
         return result
+
+    def _mixed(self, group_id: str) -> bool:
+        """Whether the classic requests of `group_id` are served by its consumer group
+        (KIP-848's mixed group), whose answers wait for what they wrote."""
+        group = self.groups.get(group_id)
+        return group is not None and group.consumer is not None
+
+    def _answer_when_stored(self, group_id: str, answer: Any, refused: Callable[[int], Any]) -> Waiter:
+        """The answer to a classic member of a consumer group, given once the records its
+        request caused, and everything appended before them, are stored (Kafka answers
+        a coordinator's write once the log is committed up to it, whether it wrote
+        records or not), so a crash after the answer loses nothing the member was told;
+        else `refused(error)` with Kafka's mapping (a timeout is COORDINATOR_NOT_AVAILABLE)."""
+        fence = self._fence([group_id])
+        waiter = Waiter()
+        try:
+            last = self._flush_records()
+        except Exception as exc:
+            log.error("cannot store consumer group %s: %s", group_id, exc)
+            self._dispatch()
+            waiter.set(refused(codes.COORDINATOR_NOT_AVAILABLE))
+            return waiter
+        self._dispatch()
+        if last is not None:
+            # And what the dispatch appended after them (a downgrade's classic record).
+            last = max(last, self.archive.partition.log.log_end_offset - 1)
+
+        async def stored() -> None:
+            error = await (self._wait_stored(last, fence) if last is not None else self._wait_caught_up())
+            if error == codes.REQUEST_TIMED_OUT:
+                error = codes.COORDINATOR_NOT_AVAILABLE
+            waiter.set(answer if error == codes.NONE else refused(error))
+
+        if self._nursery is None:
+            raise RuntimeError("the group coordinator is not running (start GroupCoordinator.run)")
+        self._nursery.start_soon(stored)
+        return waiter
+
+    async def _wait_caught_up(self) -> int:
+        """Wait until everything appended to the archive so far is durable: NONE,
+        REQUEST_TIMED_OUT, or COORDINATOR_NOT_AVAILABLE when the archive failed."""
+        plog = self.archive.partition.log
+        end = plog.log_end_offset - 1
+        if end < plog.log_start_offset:
+            return codes.NONE
+        with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
+            try:
+                await self.archive.wait_durable(end)
+            except Exception as exc:
+                log.error("%s not durable: %s", OFFSETS_TOPIC, exc)
+                return codes.COORDINATOR_NOT_AVAILABLE
+            return codes.NONE
+        return codes.REQUEST_TIMED_OUT
 
     def describe(self, group_id: str) -> GroupSummary:
         group = self.groups.get(group_id)
