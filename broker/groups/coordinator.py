@@ -77,7 +77,14 @@ from broker.cluster.etcd import EtcdError
 from broker.cluster.shards import partition_for, place_shards
 from broker.groups import codes, consumer_records
 from broker.groups.consumer_group import ConsumerGroup, ConsumerSettings, Heartbeat, HeartbeatResult
-from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, adopt, last_words
+from broker.groups.offsets import (
+    OFFSETS_TOPIC,
+    OffsetsArchive,
+    Replayed,
+    adopt,
+    decode_any_key,
+    last_words,
+)
 from broker.groups.records import (
     GroupValue,
     MemberValue,
@@ -320,7 +327,9 @@ class GroupCoordinator:
 
     def _in_shards(self, raw_key: bytes, partitions: Mapping[int, object]) -> bool:
         try:
-            return self.shard_of(decode_key(raw_key).group_id) in partitions
+            # every key of the archive: offsets, group metadata, pending transactional
+            # offsets and the KIP-848 consumer group records
+            return self.shard_of(decode_any_key(raw_key).group_id) in partitions
         except RecordFormatError:
             return False
 
