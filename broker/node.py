@@ -50,7 +50,7 @@ from broker.transactions.coordinator import TxnCoordinator
 from broker.transactions.partition import PartitionTxns, rebuild_txns
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
 from storage.compaction import CompactionPolicy
-from storage.errors import RecoveryFailed, StorageError, TopicExists
+from storage.errors import NotQuorumSigned, RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget
 from storage.hypercore import Manifest
 
@@ -101,6 +101,7 @@ NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
 NOT_ENOUGH_REPLICAS = 19
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
 POLICY_VIOLATION = 44
 INVALID_REQUEST = 42
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
@@ -153,8 +154,9 @@ class Partition:
     # again), so its waiter is answered at once from `_ended` instead of waiting on a
     # log that no longer holds it (or, worse, for other batches to reach its offsets).
     generation: int = 0
-    # generation -> (high watermark when it ended, the Kafka error, why); the last few
-    _ended: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    # generation -> (high watermark when it ended, the Kafka error, why, the log end
+    # then, the error of a batch written below it); the last few
+    _ended: dict[int, tuple[int, int, str, int, int]] = field(default_factory=dict)
 
     @property
     def high_watermark(self) -> int:
@@ -180,10 +182,15 @@ class Partition:
         self.queued.append((batch, base))
         return base, self._end - 1
 
-    def end_generation(self, code: int, reason: str) -> None:
+    def end_generation(self, code: int, reason: str, written_code: int | None = None) -> None:
         """The partition went offline: batches admitted so far and not yet published are
-        lost (answered `code`), and waiters are woken to learn it."""
-        self._ended[self.generation] = (self.log.high_watermark, code, reason)
+        answered `code` (those the log holds unsigned, `written_code` if given: a
+        quorum-signed log keeps its unsigned tail for its next head), and waiters are
+        woken to learn it."""
+        log_end = self.log.log_end_offset
+        self._ended[self.generation] = (
+            self.log.high_watermark, code, reason, log_end, code if written_code is None else written_code
+        )
         if len(self._ended) > ENDED_GENERATIONS:
             del self._ended[min(self._ended)]
         self.generation += 1
@@ -194,10 +201,12 @@ class Partition:
         """Whether a published head covers `last_offset` (admitted in `generation`; None:
         the current one); raises TopicError when it never will."""
         if generation is not None and generation != self.generation:
-            hw, code, reason = self._ended.get(
-                generation, (0, self.failed_code, self.failed or "the partition went offline"))
+            hw, code, reason, log_end, written = self._ended.get(
+                generation, (0, self.failed_code, self.failed or "the partition went offline", 0, 0))
             if last_offset < hw:
                 return True
+            if last_offset < log_end:
+                code = written
             raise TopicError(code, f"The batch was not committed: {reason}")
         if self.failed:
             raise TopicError(self.failed_code, self.failed)
@@ -903,13 +912,18 @@ class Node:
                 if error is not None:
                     if job is not None:
                         p.log.abandon(job)
-                    # too few replicas signed: reopened later, which cuts the unsigned tail
-                    # (its batches' producers get NOT_ENOUGH_REPLICAS, retriable, as Kafka
-                    # answers acks=all when the ISR cannot take a write)
+                    # Too few replicas signed: the log keeps its unsigned tail (written, not
+                    # poisoned) and the partition is offline until a quorum of its replicas
+                    # is alive again (`retry_offline`), when the same leader asks for the
+                    # same head again, on the same fork. Its batches' producers are told
+                    # NOT_ENOUGH_REPLICAS_AFTER_APPEND (retriable: written, not yet
+                    # acknowledged, as Kafka's), produces meanwhile NOT_ENOUGH_REPLICAS.
                     short = _quorum_short(error)
+                    kept = short and p.log.writable
                     self.fail_partition(p, f"commit failed: {error}",
                                         retry=_disk_full(error) or short,
-                                        code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR)
+                                        code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR,
+                                        ended_code=NOT_ENOUGH_REPLICAS_AFTER_APPEND if kept else None)
                 elif job is not None and not p.failed:
                     p.log.publish(job)
                     self.cluster.published(p.log.key, signed_blocks(p.log))
@@ -924,18 +938,19 @@ class Node:
         self._data_changed = trio.Event()
 
     def fail_partition(self, p: Partition, reason: str, *, retry: bool = False,
-                       code: int = KAFKA_STORAGE_ERROR) -> None:
+                       code: int = KAFKA_STORAGE_ERROR, ended_code: int | None = None) -> None:
         """Take a partition offline: its produces get `code` (KAFKA_STORAGE_ERROR, or
         NOT_ENOUGH_REPLICAS when too few replicas signed), the broker lives.
         `retry`: the disk was full, `retry_offline` reopens it once it has room. Any other
         disk error (EIO) keeps it offline until a restart, as Kafka's offline log dir:
         after a failed write-back the page cache no longer tells what is on the disk
         (fsyncgate), and a reopen would sign what it reads there. Waiters of batches not
-        published yet are answered `code` now (`Partition.end_generation`)."""
+        published yet are answered `code` now, those its log holds `ended_code` if given
+        (`Partition.end_generation`)."""
         p.failed = reason
         p.failed_code = code
         p.retry = retry
-        p.end_generation(code, reason)
+        p.end_generation(code, reason, ended_code)
         if retry:
             self._offline[id(p)] = p
         until = " until the broker restarts"
@@ -957,10 +972,22 @@ class Node:
         back = 0
         for p in list(self._offline.values()):
             topic = p.topic
-            if not (p.failed and p.retry) or topic.mirrored or self.topics.get(topic.name) is not topic:
-                del self._offline[id(p)]  # back, no longer retried, or deleted
+            if (
+                not (p.failed and p.retry)
+                or (topic.mirrored and not p.led)
+                or self.topics.get(topic.name) is not topic
+                or topic.partitions[p.index] is not p
+            ):
+                del self._offline[id(p)]  # back, no longer retried, deleted or replaced
                 continue
             if trio.current_time() < p.retry_at:
+                continue
+            if p.failed_code == NOT_ENOUGH_REPLICAS and p.log.writable:
+                if self._resume_signing(p):
+                    back += 1
+                continue
+            if p.led:  # an elected leader's log is its mirror's copy: not reopened here
+                del self._offline[id(p)]
                 continue
             async with p.lock:
                 if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
@@ -997,6 +1024,26 @@ class Node:
         if back:
             self.notify_data()
         return back
+
+    def _resume_signing(self, p: Partition) -> bool:
+        """A quorum-signed partition whose head no quorum signed (its log kept the unsigned
+        tail, not poisoned) takes produces again once a quorum of its replicas is alive
+        (etcd's leases: `produce_refusal`), the same leader on the same fork: its next
+        commit round asks for a head over the whole tail again. Whether it came back."""
+        if self.cluster.produce_refusal(p.topic.name, p.index, p.log, 0) is not None:
+            return False
+        # batches admitted after the failed round's were dropped unwritten (their offsets
+        # are given again): the producer and transaction state is the log's again
+        p.producers = ProducerStates()
+        p.producers.rebuild(producer_headers(p.log))
+        p.txns = rebuild_txns(p.log)
+        p.failed, p.retry, p.retry_delay = None, False, 0.0
+        del self._offline[id(p)]
+        self.mark_dirty(p)
+        log.info("partition %s-%d: its replicas can sign again; committing its unsigned tail",
+                 p.topic.name, p.index)
+        p.notify()
+        return True
 
     async def retention_loop(self) -> None:
         while True:
@@ -1105,9 +1152,10 @@ _RETRIABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
 
 
 def _quorum_short(exc: BaseException | None) -> bool:
-    """Whether a commit failed because too few replicas signed its head."""
+    """Whether a commit failed because too few replicas signed its head (or its signing
+    is not set up: nobody asked them)."""
     while exc is not None:
-        if isinstance(exc, NotEnoughSigners):
+        if isinstance(exc, (NotEnoughSigners, NotQuorumSigned)):
             return True
         exc = exc.__cause__
     return False

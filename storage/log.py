@@ -24,6 +24,7 @@ types.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import struct
@@ -42,6 +43,7 @@ from storage.errors import (
     ArchiveDamaged,
     BlockRemoved,
     CorruptBatch,
+    NotQuorumSigned,
     OffsetOutOfRange,
     StorageError,
 )
@@ -759,11 +761,19 @@ class PartitionLog:
         return head
 
     def abandon(self, job: CommitJob) -> None:
-        """Forget a job whose run() raised (the log is poisoned then anyway)."""
+        """Forget a job whose run() raised. The log is poisoned then, except when only the
+        quorum signature was missing (`job.unsigned`): its blocks, index entries and tree
+        nodes are written, the head slot is not, so the log stays writable with an
+        unsigned tail and the next job asks for the same head (same tree, same length,
+        same fork: a replica that signed it late signs it again)."""
         if job is self._job:
             self._job = None
             if job.sync is not None:
                 self._sync = job.sync  # joined at close
+            if job.unsigned:
+                self._head_seq = job.seq - 1  # that slot was never written
+                if job.sync_head:
+                    self._disk_clean = True  # (the head that clears the clean flag is still due)
 
     def commit(self, *, force_sync: bool = False) -> Head | None:
         """prepare_commit + run + publish in a row (tests, shutdown, recovery); fsyncs
@@ -1213,7 +1223,10 @@ class PartitionLog:
         try:
             if self.damage is None and self._poisoned is None and self._job is None:
                 self._ensure_open()  # a parked log writes its clean head too
-                self.commit(force_sync=True)
+                # a quorum-signed tail no quorum signed (nobody to ask at shutdown) stays
+                # durable past the clean head below; the next open cuts it
+                with contextlib.suppress(NotQuorumSigned):
+                    self.commit(force_sync=True)
                 if self._head is not None:
                     for seg in self._segments:
                         self.fs.fsync(seg.log_fd)

@@ -117,7 +117,7 @@ def q(tmp_path: Path) -> Iterator[QuorumNode]:
     setup.close()
 
 
-async def test_a_batch_whose_head_cannot_be_signed_is_answered_and_a_retry_succeeds(
+async def test_a_head_no_quorum_signed_is_answered_and_asked_again_once_the_replicas_are_back(
     q: QuorumNode,
 ) -> None:
     d = await q.send([b"a"], 0)
@@ -129,24 +129,63 @@ async def test_a_batch_whose_head_cannot_be_signed_is_answered_and_a_retry_succe
     with trio.fail_after(10):
         await q.node.commit_round()
     assert q.p.failed is not None and q.p.failed_code == errors.NOT_ENOUGH_REPLICAS
-    # replicas back, the partition reopened (its unsigned tail cut) before the producer
-    # looked at its answer: the answer comes now, not after the request timeout, and
-    # says the batch was not written (retriable), not that it waits for a log that no
-    # longer holds it
-    q.net.dead = set()
-    q.p.retry_at = 0.0
-    assert await q.node.retry_offline() == 1
-    q.wire()
-    assert q.p.failed is None and q.p.log.log_end_offset == 1
+    # its producer is answered at once, not after the request timeout: written, not
+    # acknowledged (retriable); produces meanwhile are refused before the append
     with trio.fail_after(5):
-        code, _ = await answer(d)
-    assert code == errors.NOT_ENOUGH_REPLICAS
-    # the idempotent producer's retry of the same batch is written, once
+        assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    assert (await answer(await q.send([b"x"], 2)))[0] == errors.NOT_ENOUGH_REPLICAS
+    # the log kept "b", unsigned, and is not poisoned
+    assert q.p.log.writable and q.p.log.log_end_offset == 2 and q.p.high_watermark == 1
+    # while the cluster says the quorum is not alive, the partition stays offline
+    q.p.retry_at = 0.0
+    real = q.node.cluster.produce_refusal
+    q.node.cluster.produce_refusal = lambda *_a: "replicas dead"  # type: ignore[method-assign]
+    assert await q.node.retry_offline() == 0 and q.p.failed is not None
+    q.node.cluster.produce_refusal = real  # type: ignore[method-assign]
+    # replicas back: the same leader, the same log, the same fork, no election
+    q.net.dead = set()
+    log_before = q.p.log
+    assert await q.node.retry_offline() == 1
+    assert q.p.failed is None and q.p.log is log_before and q.p.log.fork == 0
+    # the idempotent producer's retry of "b" is a duplicate of offset 1, acknowledged by
+    # the head the next round has signed over the kept tail; the next batch follows it
     d = await q.send([b"b"], 1)
     with trio.fail_after(10):
         await q.node.commit_round()
         assert await answer(d) == (errors.NONE, 1)
-    assert q.p.high_watermark == 2
+    d = await q.send([b"c"], 2)
+    with trio.fail_after(10):
+        await q.node.commit_round()
+        assert await answer(d) == (errors.NONE, 2)
+    head = q.p.log.head
+    assert head is not None and (head.fork, head.length) == (0, 3) and q.p.high_watermark == 3
+    assert all(r.length == 3 for r in q.replicas.values())
+
+
+async def test_an_elected_leader_whose_head_no_quorum_signed_takes_its_partition_back(
+    q: QuorumNode,
+) -> None:
+    """A partition a failover made this broker lead (a led partition of a topic it
+    mirrors, broker/takeover.py): a failed quorum commit once left it offline until the
+    next failover; it comes back as the original writer's does."""
+    q.p.topic.mirrored = True
+    q.p.led = True
+    d = await q.send([b"a"], 0)
+    await q.node.commit_round()
+    assert await answer(d) == (errors.NONE, 0)
+    q.net.dead = {2, 3}
+    d = await q.send([b"b"], 1)
+    with trio.fail_after(10):
+        await q.node.commit_round()
+        assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    q.net.dead = {3}  # one replica back: with the leader, a quorum
+    q.p.retry_at = 0.0
+    assert await q.node.retry_offline() == 1 and q.p.failed is None
+    d = await q.send([b"c"], 2)
+    with trio.fail_after(10):
+        await q.node.commit_round()
+        assert await answer(d) == (errors.NONE, 2)
+    assert q.p.log.fork == 0 and q.p.high_watermark == 3 and q.replicas[2].length == 3
 
 
 async def test_produces_to_a_partition_that_went_offline_get_not_enough_replicas(
@@ -154,12 +193,13 @@ async def test_produces_to_a_partition_that_went_offline_get_not_enough_replicas
 ) -> None:
     q.net.dead = {2, 3}
     first = await q.send([b"a"], 0)
-    second = await q.send([b"b"], 1)  # admitted, waiting for the round after
+    second = await q.send([b"b"], 1)
     with trio.fail_after(10):
         await q.node.commit_round()
         await q.node.commit_round()
-        assert (await answer(first))[0] == errors.NOT_ENOUGH_REPLICAS
-        assert (await answer(second))[0] == errors.NOT_ENOUGH_REPLICAS
+        # written (the log keeps them for its next head), not acknowledged
+        assert (await answer(first))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        assert (await answer(second))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
     later = await q.send([b"c"], 2)  # refused before the append while offline
     assert (await answer(later))[0] == errors.NOT_ENOUGH_REPLICAS
     assert q.p.queued == []
