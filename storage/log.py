@@ -238,6 +238,9 @@ class PartitionLog:
         # that flag before publishing, or a power loss would hide that we signed anything.
         self._disk_clean = False
         self._cut_unsigned = False  # `open(cut_unsigned=True)`
+        # blocks of a quorum-signed writer's unsigned tail its recovery cut: some replica
+        # may have signed them, so the next head must be on a new fork (`next_fork`)
+        self.cut_at_open = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -532,6 +535,8 @@ class PartitionLog:
             raise CorruptBatch("batch length does not match its size")
         if delta < 0:
             raise CorruptBatch("negative lastOffsetDelta")
+        if self.cut_at_open:
+            self._fork_after_cut()
         base = self.log_end_offset
         _BATCH_WRITE.pack_into(batch, 0, base, batch_length, leader_epoch)
         return self._store(batch, size, base, delta, max_ts)
@@ -639,6 +644,8 @@ class PartitionLog:
         self._ensure_open()
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
+        if self.cut_at_open:
+            self._fork_after_cut()
         synced = self._reap_sync(wait=force_sync or not background)
         now = time.monotonic() * 1000
         new = self._next_leaf != self._published_length or (
@@ -919,17 +926,43 @@ class PartitionLog:
         self.check_writable()
         self.drop_unsigned_tail(length)  # raises (nothing changed) for a length out of range
         self.sync_unsigned_tail()
-        # the leader epochs (storage/epochs.py): the old ones end where the kept blocks
-        # end, the new one starts there (the first leader's, 0, at the log start)
+        self._begin_fork(epoch)
+        self.keypair = keypair
+        self.replica = False
+        self._pending_leaves = None  # the writer's commit hashes its pending blocks
+
+    def _begin_fork(self, fork: int) -> None:
+        """Move to fork (= leader epoch) `fork` at the log end: the leader epochs
+        (storage/epochs.py) before it end where the kept blocks end, `fork` starts there
+        (the first leader's, the current fork, at the log start when none is recorded)."""
         epochs = EpochCache(self.fs, self.path)
         epochs.truncate_from_end(self.log_end_offset)
         if not epochs.entries and self.log_end_offset > self.log_start_offset:
             epochs.assign(self._fork, self.log_start_offset)
-        epochs.assign(epoch, self.log_end_offset)
-        self.keypair = keypair
-        self.replica = False
-        self._pending_leaves = None  # the writer's commit hashes its pending blocks
-        self._fork = epoch
+        epochs.assign(fork, self.log_end_offset)
+        self._fork = fork
+
+    def _fork_after_cut(self) -> None:
+        """Before the first append or commit of a quorum-signed writer whose open cut an
+        unsigned tail (`cut_at_open`), once it leads (`quorum_sign` set): `next_fork`."""
+        if self.quorum_sign is not None and not self.replica and self._job is None:
+            cut, fork = self.cut_at_open, self.next_fork()
+            log.warning("%s: %d unsigned block(s) cut at open: its next head is on fork %d",
+                        self.path, cut, fork)
+
+    def next_fork(self) -> int:
+        """Move to the next fork at the log end: what a quorum-signed writer whose open cut
+        an unsigned tail does before it appends or commits again as leader, so that its
+        next head (the kept blocks and what is appended after them) never disagrees
+        within a fork with a head a replica signed over the cut blocks (a signature that
+        came after the leader gave up, or just before it crashed: the replica's signing
+        rule refuses every later head of that fork otherwise). Hypercore's truncate, as a
+        failover's takeover does. Returns the new fork."""
+        if self._job is not None:
+            raise StorageError(f"{self.path}: a commit job is in flight")
+        self._begin_fork(self._fork + 1)
+        self.cut_at_open = 0
+        return self._fork
 
     def prepare_signed(
         self, length: int, fork: int, signature: bytes, tree_hash: bytes

@@ -29,12 +29,14 @@ from broker.config import BrokerConfig
 from broker.handlers import errors
 from broker.handlers.produce import produce
 from broker.node import Node, Partition, ms_now
+from broker.protocol import records
 from broker.protocol.codec import decode_response
 from broker.quorum_link import Queued, serve_proposals
 from broker.shape import shape
 from broker.tests.conftest import request_class
 from broker.tests.test_quorum_signing import KPS, LEADER, Net
 from storage.batch import build_batch
+from storage.epochs import EpochCache
 from storage.follower import FollowerLog
 from storage.hypercore import Frontier
 from storage.quorum import partition_manifest
@@ -186,6 +188,68 @@ async def test_an_elected_leader_whose_head_no_quorum_signed_takes_its_partition
         await q.node.commit_round()
         assert await answer(d) == (errors.NONE, 2)
     assert q.p.log.fork == 0 and q.p.high_watermark == 3 and q.replicas[2].length == 3
+
+
+class LateNet(Net):
+    """`Net` whose `late` replicas sign a proposal but whose answer never reaches the
+    leader: a signature that came after the leader gave up on the head."""
+
+    def __init__(self, signers: dict[int, ReplicaSigner]) -> None:
+        super().__init__(signers)
+        self.late: set[int] = set()
+
+    async def propose(self, node_id: int, proposal: Proposal) -> Answer:
+        if node_id in self.late:
+            a = await trio.to_thread.run_sync(self.signers[node_id].handle, self.sender, proposal)
+            assert a.signed, a.reason
+            await trio.sleep_forever()
+        return await super().propose(node_id, proposal)
+
+
+async def test_a_leader_that_cut_a_tail_replicas_signed_late_writes_on_a_new_fork(
+    tmp_path: Path,
+) -> None:
+    """Both replicas signed the head over "b" after the leader gave up on it; the leader
+    restarts, its open cuts "b" (no head of its covers it), and "c" takes its place at
+    the same length. On the same fork both replicas would refuse that head for good
+    (it disagrees with the one they signed); the leader's next head is on a new fork."""
+    q = QuorumNode(tmp_path)
+    try:
+        q.net = q.asm.peers = LateNet(q.net.signers)
+        d = await q.send([b"a"], 0)
+        await q.node.commit_round()
+        assert await answer(d) == (errors.NONE, 0)
+        q.net.late = {2, 3}
+        d = await q.send([b"b"], 1)
+        with trio.fail_after(10):
+            await q.node.commit_round()
+            assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        assert all(r.length == 2 for r in q.replicas.values())  # they hold and signed "b"
+        q.net.late = set()
+        # the leader restarts (its unsigned tail durable past its last head)
+        q.p.log.quorum_sign = None
+        q.node.close()
+        q.node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+        q.p = q.node.topics["q"].partitions[0]
+        assert q.p.log.log_end_offset == 1 and q.p.log.cut_at_open == 1
+        q.wire()
+        d = await q.send([b"c"], 1)  # (the producer's retry of "b" may differ: "c")
+        with trio.fail_after(10):
+            await q.node.commit_round()
+            assert await answer(d) == (errors.NONE, 1)
+        head = q.p.log.head
+        assert head is not None and (head.fork, head.length) == (1, 2)
+        assert q.p.log.fork == 1 and q.p.log.cut_at_open == 0
+        assert await _fetched_values(q) == [b"a", b"c"]
+        # the leader epochs: fork 1 starts at offset 1 (OffsetForLeaderEpoch, Fetch)
+        assert [(e.epoch, e.start_offset) for e in EpochCache(q.p.log.fs, q.p.log.path).entries] == [(0, 0), (1, 1)]
+    finally:
+        q.close()
+
+
+async def _fetched_values(q: QuorumNode) -> list[bytes | None]:
+    data = q.p.log.read_bytes(0, 1 << 20)
+    return [r.value for b in records.split_batches(data) for r in records.decode_records(b)]
 
 
 async def test_produces_to_a_partition_that_went_offline_get_not_enough_replicas(
