@@ -32,6 +32,7 @@ import re
 import struct
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +149,11 @@ class Partition:
     # writer (leader) of (broker/takeover.py): it takes produces, the rest of the topic not.
     led: bool = False
     _end: int = 0  # the offset after the last admitted batch, while queued or writing
+    # Bytes admitted and not yet covered by a published head, with (last offset, size)
+    # of each such batch, oldest first: what `wait_room` bounds on a quorum-signed
+    # partition, whose heads come as fast as its replicas sign them.
+    unsigned_bytes: int = 0
+    _unsigned: deque[tuple[int, int]] = field(default_factory=deque)
     # Bumped each time the partition goes offline (`Node.fail_partition`). A batch is
     # admitted in a generation; once that generation ended, what was not published by
     # then never will be (the reopen cuts the unsigned tail, and its offsets are given
@@ -180,7 +186,36 @@ class Partition:
         base = self._end
         self._end = base + last_offset_delta + 1
         self.queued.append((batch, base))
+        self._unsigned.append((self._end - 1, len(batch)))
+        self.unsigned_bytes += len(batch)
         return base, self._end - 1
+
+    def settle_unsigned(self) -> None:
+        """Forget the batches a published head covers now, and those no longer held
+        (dropped unwritten when a generation ended, cut by a reopen): their offsets are
+        given again."""
+        hw = self.log.high_watermark
+        end = self._end if (self.queued or self.writing) else self.log.log_end_offset
+        q = self._unsigned
+        while q and q[0][0] < hw:
+            self.unsigned_bytes -= q.popleft()[1]
+        while q and q[-1][0] >= end:
+            self.unsigned_bytes -= q.pop()[1]
+
+    def over_budget(self, max_unsigned: int) -> bool:
+        """Whether a produce must wait before this partition admits more (`wait_room`):
+        a quorum-signed partition holding `max_unsigned` bytes or more that no published
+        head covers yet."""
+        return self.unsigned_bytes >= max_unsigned and self.log.quorum_sign is not None
+
+    async def wait_room(self, max_unsigned: int) -> None:
+        """Back-pressure on unsigned data (a quorum-signed partition whose replicas sign
+        slower than producers write): wait until fewer than `max_unsigned` bytes admitted
+        here wait for a head, or the partition fails (the caller's admission then says
+        why). The connection's reader waits in it, so it reads nothing more meanwhile, as
+        Kafka mutes a channel: memory stays bounded and no admitted batch is dropped."""
+        while self.over_budget(max_unsigned) and not self.failed:
+            await self._changed.wait()
 
     def end_generation(self, code: int, reason: str, written_code: int | None = None) -> None:
         """The partition went offline: batches admitted so far and not yet published are
@@ -195,6 +230,7 @@ class Partition:
             del self._ended[min(self._ended)]
         self.generation += 1
         self.queued.clear()  # admitted, not yet taken by a round: never written now
+        self.settle_unsigned()
         self.notify()
 
     def durable(self, last_offset: int, generation: int | None = None) -> bool:
@@ -926,6 +962,7 @@ class Node:
                                         ended_code=NOT_ENOUGH_REPLICAS_AFTER_APPEND if kept else None)
                 elif job is not None and not p.failed:
                     p.log.publish(job)
+                    p.settle_unsigned()
                     self.cluster.published(p.log.key, signed_blocks(p.log))
         finally:
             for plog in pinned:
@@ -1016,6 +1053,7 @@ class Node:
                 p.producers.rebuild(producer_headers(new))
                 p.txns = rebuild_txns(new)
                 p.failed, p.retry, p.retry_delay = None, False, 0.0
+                p.settle_unsigned()
                 del self._offline[id(p)]
                 back += 1
                 log.info("partition %s-%d is back online", topic.name, p.index)

@@ -8,6 +8,7 @@ ReplicaSigner over the in-process transport of test_quorum_signing.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,16 +83,20 @@ class QuorumNode:
     async def send(self, values: list[bytes], seq: int, timeout_ms: int = 30_000) -> Deferred:
         """A Produce (v9, acks=all) of one idempotent batch (producer 7, epoch 0); its
         answer is the Deferred's to give."""
+        d = await self.produce(values, seq, -1, timeout_ms)
+        assert isinstance(d, Deferred)
+        return d
+
+    async def produce(self, values: list[bytes], seq: int, acks: int, timeout_ms: int = 30_000) -> Any:
+        """The produce handler's reply to a Produce (v9) of one idempotent batch."""
         ctx = RequestContext(self.node, 0, 9, seq + 1, "test", "test")
         batch = build_batch(values, timestamp_ms=ms_now(), producer_id=7, producer_epoch=0,
                             base_sequence=seq)  # fmt: skip
         req = shape(request_class("produce", 9), {
-            "transactional_id": None, "acks": -1, "timeout": timeout_ms,
+            "transactional_id": None, "acks": acks, "timeout": timeout_ms,
             "topic_data": [{"name": "q", "partition_data": [{"index": 0, "records": batch}]}],
         })  # fmt: skip
-        d = await produce(ctx, req)
-        assert isinstance(d, Deferred)
-        return d
+        return await produce(ctx, req)
 
     def close(self) -> None:
         self.net.dead = set()
@@ -248,7 +253,7 @@ async def test_a_leader_that_cut_a_tail_replicas_signed_late_writes_on_a_new_for
 
 
 async def _fetched_values(q: QuorumNode) -> list[bytes | None]:
-    data = q.p.log.read_bytes(0, 1 << 20)
+    data = q.p.log.read_bytes(0, 1 << 26)
     return [r.value for b in records.split_batches(data) for r in records.decode_records(b)]
 
 
@@ -372,3 +377,65 @@ async def test_a_proposal_waits_for_the_replicas_accept_job_instead_of_refusing(
         nursery.cancel_scope.cancel()
     assert sent[0].signed, sent[0].reason
     # (the leader's own commit of block 1 happens at the fixture's close)
+
+
+# ----------------------------------------------------------------- back-pressure
+
+
+def _unsigned_in_memory(q: QuorumNode) -> int:
+    """Bytes of batches admitted and held in memory (request frames) until a round
+    writes them."""
+    return sum(len(b) for b, _ in q.p.queued)
+
+
+def _unsigned_on_disk(q: QuorumNode) -> int:
+    lg = q.p.log
+    return sum(len(lg.block(i)) for i in range(lg.published_length, lg.length))
+
+
+@pytest.mark.parametrize("acks", [0, -1])
+async def test_produces_wait_for_a_slow_replica_instead_of_piling_up_unsigned_bytes(
+    tmp_path: Path, acks: int
+) -> None:
+    """One replica away, the other slow to sign (0.3 s a proposal): a producer that sends
+    without waiting for answers (acks=0, or acks=all with its answers read later) is
+    held at the produce once its partition holds hyperkafka.quorum.unsigned.max.bytes
+    (1 MiB here) that no head covers, instead of the leader taking all of it into
+    memory; every batch is written, in order, and every acks=all answer is a success."""
+    q = QuorumNode(tmp_path)
+    budget, size, count = 1 << 20, 200_000, 30  # 6 MB sent, 1 MiB allowed unsigned
+    try:
+        q.node.config = dataclasses.replace(q.node.config, quorum_unsigned_max_bytes=budget)
+        q.net = q.asm.peers = FullNet(q.net.signers)
+        q.asm.timeout_s = 30.0  # the machine is shared: the window is not what is tested
+        q.net.dead = {3}
+        q.net.delay[2] = 0.3
+        most = {"memory": 0, "unsigned": 0}
+        replies: list[Any] = []
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(q.node.commit_loop)
+
+                async def watch() -> None:
+                    while True:
+                        most["memory"] = max(most["memory"], _unsigned_in_memory(q))
+                        most["unsigned"] = max(most["unsigned"], _unsigned_in_memory(q) + _unsigned_on_disk(q))
+                        await trio.sleep(0.005)
+
+                nursery.start_soon(watch)
+                for i in range(count):
+                    replies.append(await q.produce([bytes([65 + i % 26]) * size], i, acks))
+                while q.p.high_watermark < count:
+                    await q.p.wait_durable(count - 1)
+                nursery.cancel_scope.cancel()
+            if acks == -1:
+                assert [await answer(d) for d in replies] == [(errors.NONE, i) for i in range(count)]
+        # at most the budget and one batch was ever waiting for a signature
+        assert most["unsigned"] <= budget + size + 1024, most
+        assert q.p.unsigned_bytes == 0 and q.p.failed is None
+        values = await _fetched_values(q)
+        assert values == [bytes([65 + i % 26]) * size for i in range(count)]
+        print(f"acks={acks}: at most {most['unsigned']} bytes unsigned, {most['memory']} in memory; "
+              f"{count * size} sent")
+    finally:
+        q.close()
