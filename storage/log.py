@@ -179,6 +179,7 @@ class PartitionLog:
         self.key = archive_key(keypair.public_key)
         # a quorum-signed archive's manifest (its `manifest` file); None: single signer
         self.manifest: Manifest | None = None
+        self._quorum_signed = False  # a manifest of several signers (`_use_manifest`)
         # how a quorum-signed archive gets a head signed: (tree hash, length, fork) ->
         # the assembled quorum signature (called from the commit job's thread, may block
         # while the replicas sign; raises when they do not). None: commits refuse to sign.
@@ -401,6 +402,7 @@ class PartitionLog:
         if manifest is not None:
             self.manifest = manifest
             self.key = manifest.hash()
+            self._quorum_signed = manifest != Manifest.default(self.public_key)
 
     @property
     def head_signer(self) -> HeadSigner:
@@ -520,8 +522,10 @@ class PartitionLog:
         if self._poisoned is not None:
             raise StorageError(f"log failed earlier and must be reopened: {self._poisoned}")
 
-    def append(self, batch: bytearray, *, leader_epoch: int = 0) -> tuple[int, int]:
-        """Assign offsets to `batch` (written into it in place) and append it.
+    def append(self, batch: bytearray, *, leader_epoch: int | None = None) -> tuple[int, int]:
+        """Assign offsets to `batch` (written into it in place) and append it, stamped with
+        `leader_epoch` (None: the archive's own, its fork for a quorum-signed archive,
+        whose leader epoch the fork is (storage/epochs.py), else 0).
         Returns (base_offset, last_offset). Invisible to readers until a head covers it."""
         if self._closed or self.damage is not None or self._poisoned is not None:
             self.check_writable()
@@ -537,6 +541,8 @@ class PartitionLog:
             raise CorruptBatch("negative lastOffsetDelta")
         if self.cut_at_open:
             self._fork_after_cut()
+        if leader_epoch is None:
+            leader_epoch = self._fork if self._quorum_signed else 0
         base = self.log_end_offset
         _BATCH_WRITE.pack_into(batch, 0, base, batch_length, leader_epoch)
         return self._store(batch, size, base, delta, max_ts)

@@ -246,8 +246,13 @@ async def test_a_leader_that_cut_a_tail_replicas_signed_late_writes_on_a_new_for
         assert head is not None and (head.fork, head.length) == (1, 2)
         assert q.p.log.fork == 1 and q.p.log.cut_at_open == 0
         assert await _fetched_values(q) == [b"a", b"c"]
-        # the leader epochs: fork 1 starts at offset 1 (OffsetForLeaderEpoch, Fetch)
+        # the leader epochs: fork 1 starts at offset 1 (OffsetForLeaderEpoch, Fetch), and
+        # each batch is stamped with the epoch it was written in (a consumer checks its
+        # position with the epoch of the last batch it read: KIP-320)
         assert [(e.epoch, e.start_offset) for e in EpochCache(q.p.log.fs, q.p.log.path).entries] == [(0, 0), (1, 1)]
+        stamped = [records.parse_batch_header(b).partition_leader_epoch
+                   for b in records.split_batches(q.p.log.read_bytes(0, 1 << 20))]
+        assert stamped == [0, 1]
     finally:
         q.close()
 
