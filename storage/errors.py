@@ -62,6 +62,12 @@ class NotQuorumSigned(StorageError):
     again by the next commit, on the same fork (docs/clusters.md)."""
 
 
+class LogClosed(StorageError):
+    """A read of a log that was closed or discarded: its partition was replaced (a
+    replica reopened on a new fork, a topic deleted) and a request still held the old
+    object. The successor, if any, serves it."""
+
+
 class BlockRemoved(KeyError):
     """`PartitionLog.block` of a block the log's cleaner removed (FORMAT.md section 4a):
     its leaf is in the tree, its bytes are not held here. A KeyError, as any block not held."""

@@ -43,6 +43,7 @@ from storage.errors import (
     ArchiveDamaged,
     BlockRemoved,
     CorruptBatch,
+    LogClosed,
     NotQuorumSigned,
     OffsetOutOfRange,
     StorageError,
@@ -1060,6 +1061,8 @@ class PartitionLog:
         """Whole batches starting with the one containing `offset`, up to max_bytes (at
         least one batch), never past the high watermark, within one segment; with `end`
         (a batch boundary: the last stable offset), none starting at or past it."""
+        if self._closed:  # its segments are gone: never an IndexError from a stale reference
+            raise LogClosed(f"{self.path}: the log is closed")
         hwm = self.high_watermark
         if self._bad_offset is not None:
             hwm = min(hwm, self._bad_offset)
