@@ -35,7 +35,7 @@ from broker.cluster import signed_blocks
 from broker.handlers import errors
 from broker.handlers.transactions import init_transactional
 from broker.idempotence import Verdict, last_sequence
-from broker.node import Partition, Topic, TopicError, ms_now
+from broker.node import Node, Partition, Topic, TopicError, ms_now
 from broker.protocol import records
 from broker.protocol.compression import recompress_batch
 from broker.protocol.errors import ProtocolError, RecordBatchError
@@ -257,6 +257,22 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     return result
 
 
+async def _room_for_unsigned(node: Node, topic: Topic, index: int) -> None:
+    """Back-pressure on a quorum-signed partition whose replicas sign slower than its
+    producers write (docs/clusters.md): past ``hyperkafka.quorum.unsigned.max.bytes``
+    admitted and not yet signed, wait (this connection's reads with it) for its next
+    head. The rounds owed by this reader go to the commit loop first: they are what
+    frees the room."""
+    if not 0 <= index < len(topic.partitions):
+        return
+    partition = topic.partitions[index]
+    budget = node.config.quorum_unsigned_max_bytes
+    if partition.over_budget(budget):
+        if node.round_owed:
+            node.wake_commit()
+        await partition.wait_room(budget)
+
+
 @api(0, "Produce", (0, 11), accepted_min=3)
 async def produce(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
@@ -299,6 +315,7 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
             for p in t.partition_data:
                 if (t.name, p.index) in results:  # refused by the transaction coordinator
                     continue
+                await _room_for_unsigned(node, topic, p.index)
                 r = results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records, acks)
                 stats.produce_requests += 1
                 if r.error != errors.NONE:
