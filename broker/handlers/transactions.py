@@ -377,7 +377,7 @@ async def write_txn_markers(ctx: RequestContext, req: Any) -> Reply:
         wanted = [(t.name, int(i)) for t in m.topics for i in t.partition_indexes]
         if allowed:
             codes = await _coordinator(ctx).write_markers(
-                m.producer_id, m.producer_epoch, m.transaction_result, wanted
+                m.producer_id, m.producer_epoch, m.transaction_result, wanted, m.coordinator_epoch
             )
         else:
             codes = dict.fromkeys(wanted, errors.CLUSTER_AUTHORIZATION_FAILED)

@@ -239,14 +239,14 @@ async def test_pending_transactional_offsets_live_in_the_group_coordinators_arch
         g = node.groups
         assert g.pending_offsets("g") == {("t", 0), ("t", 1)}
         # a marker for another partition of __consumer_offsets changes nothing here
-        assert await g.complete_transaction(9, 0, True, (p + 1) % 50) == codes.NONE
+        assert await g.complete_transaction(9, 0, True, (p + 1) % 50, 0) == codes.NONE
         assert g.pending_offsets("g") == {("t", 0), ("t", 1)}
-        assert await g.complete_transaction(9, 0, True, p) == codes.NONE
+        assert await g.complete_transaction(9, 0, True, p, 0) == codes.NONE
         assert g.pending_offsets("g") == set()
         assert fetched(g, "g") == {("t", 0): 5, ("t", 1): 6}
         # the next transaction aborts: dropped; a late commit of an older epoch is refused
         assert await g.txn_offset_commit("g", 9, 1, [PendingOffset("t", 0, 50, -1, "")]) == codes.NONE
-        assert await g.complete_transaction(9, 1, False, p) == codes.NONE
+        assert await g.complete_transaction(9, 1, False, p, 0) == codes.NONE
         assert await g.txn_offset_commit("g", 9, 0, [PendingOffset("t", 0, 70, -1, "")]) == codes.INVALID_PRODUCER_EPOCH
         assert g.pending_offsets("g") == set()
         assert fetched(g, "g") == {("t", 0): 5, ("t", 1): 6}
