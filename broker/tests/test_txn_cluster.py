@@ -13,6 +13,7 @@ The whole thing with real brokers and librdkafka: compat_tests/test_txn_cluster.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,26 @@ from broker.transactions.coordinator import (
     TXN_TOPIC,
     CoordinatorError,
 )
-from broker.transactions.records import MarkerType, Status
+from broker.protocol.records import iter_records
+from broker.transactions.records import (
+    ATTR_CONTROL,
+    MarkerType,
+    Status,
+    marker_coordinator_epoch,
+    marker_type,
+)
 from compat_tests.etcd import EtcdServer
+
+def _marker_epochs(p: Any) -> list[int]:
+    """The coordinator epochs of the control records in partition `p`, in log order."""
+    out = []
+    for header in p.log.batch_headers(p.log.log_start_offset):
+        if struct.unpack_from(">h", header, 21)[0] & ATTR_CONTROL:
+            for rec in iter_records(p.log.read_bytes(struct.unpack_from(">q", header, 0)[0], 1)):
+                if marker_type(rec.key) is not None:
+                    out.append(marker_coordinator_epoch(rec.value))
+    return out
+
 
 HOLDER = 7  # the previous coordinator (its archive: another node's, standing in for our copy)
 
@@ -194,33 +213,35 @@ async def test_markers_are_retried_until_every_leader_acknowledged(tmp_path: Pat
         fake = _shard_cluster(node, owner=node.config.node_id, holder=None)
         fake.writers.update({"far": 2, "gone": None})
         coordinator = node.transactions
+        coordinator.shards[0] = 5  # serving the one partition of __transaction_state, claimed at 5
         calls: list[list[tuple[str, int]]] = []
 
-        async def markers_to(broker: int, pid: int, epoch: int, commit: bool,
-                             keys: Sequence[tuple[str, int]]) -> tuple[list[tuple[str, int]], str]:
-            assert broker == 2
+        async def markers_to(broker: int, pid: int, epoch: int, commit: bool, keys: Sequence[tuple[str, int]],
+                             coordinator_epoch: int) -> tuple[list[tuple[str, int]], str, list[tuple[str, int]]]:
+            assert broker == 2 and coordinator_epoch == 5  # the claim's revision
             calls.append(list(keys))
             if len(calls) < 3:  # the leader moving: NOT_LEADER_OR_FOLLOWER twice
-                return [], "far-0: error 6 from broker 2"
-            return list(keys), ""
+                return [], "far-0: error 6 from broker 2", []
+            return list(keys), "", []
 
         coordinator._markers_to = markers_to  # type: ignore[method-assign]
         with trio.fail_after(10):
-            await coordinator._send_markers(42, 0, True, [("here", 0), ("far", 0), ("gone", 3)])
+            await coordinator._send_markers(42, 0, True, [("here", 0), ("far", 0), ("gone", 3)], "x")
         assert calls == [[("far", 0)]] * 3  # the deleted topic's marker dropped, never sent
         here = node.partition("here", 0)
         assert here is not None and here.log.log_end_offset == 1
+        assert _marker_epochs(here) == [5]  # the local marker carries the coordinator epoch too
         # A leader that never answers: the completion fails in time, for `run` to retry.
         coordinator.settings.state_write_timeout_ms = 300
         calls.clear()
 
-        async def never(*_args: Any) -> tuple[list[tuple[str, int]], str]:
+        async def never(*_args: Any) -> tuple[list[tuple[str, int]], str, list[tuple[str, int]]]:
             calls.append([])
-            return [], "broker 2 is not alive"
+            return [], "broker 2 is not alive", []
 
         coordinator._markers_to = never  # type: ignore[method-assign]
         with trio.fail_after(10), pytest.raises(CoordinatorError) as info:
-            await coordinator._send_markers(42, 0, True, [("far", 0)])
+            await coordinator._send_markers(42, 0, True, [("far", 0)], "x")
         assert info.value.code == REQUEST_TIMED_OUT and len(calls) >= 2
 
 
@@ -313,7 +334,7 @@ async def test_a_leader_verifies_transactional_batches_with_the_coordinator(
         # the partition's marker ends the transaction there: asked again next time
         t0 = node.partition("t", 0)
         assert t0 is not None
-        c._admit_marker(t0, MarkerType.COMMIT, 5, 1, T0)
+        c._admit_marker(t0, MarkerType.COMMIT, 5, 1, 0, T0)
         assert c.check_produce(5, 1, "t", 0) is not None
         answer["fail"] = True
         assert (await c.verify_produce("x", [("t", 0, 5, 1)]))[("t", 0)][0] == 19  # NOT_ENOUGH_REPLICAS: retriable
