@@ -933,3 +933,76 @@ async def test_a_transactional_id_is_coordinated_by_its_transaction_state_partit
     node.cluster.alive = lambda i: i != 2
     gone = find_transaction_coordinator(ctx, other)  # type: ignore[arg-type]
     assert (gone["error_code"], gone["node_id"]) == (15, -1)  # COORDINATOR_NOT_AVAILABLE
+
+
+TRANSACTION_COORDINATOR_FENCED = 52
+
+
+async def test_a_stale_coordinators_marker_is_refused_across_a_restart(
+    broker_config: BrokerConfig,
+) -> None:
+    """Markers carry their coordinator's epoch (Kafka's EndTransactionMarker): once a
+    coordinator of epoch 5 wrote a marker for the producer at a partition, a marker of
+    epoch 3 (a coordinator that lost the transactional id and woke late) is refused
+    TRANSACTION_COORDINATOR_FENCED and changes nothing, at a data partition and at the
+    group's partition of __consumer_offsets; it would otherwise close the producer's next
+    transaction there. The epoch is rebuilt from the archives after a restart."""
+    from broker.cluster.shards import partition_for
+
+    gp = partition_for("sg", 50)  # the group's partition of __consumer_offsets
+
+    async def markers(c: RawClient, pid: int, commit: bool, coordinator_epoch: int) -> list[int]:
+        r = await c.call("write_txn_markers", 1, {"markers": [{
+            "producer_id": pid, "producer_epoch": 0, "transaction_result": commit,
+            "coordinator_epoch": coordinator_epoch,
+            "topics": [{"name": "s", "partition_indexes": [0]},
+                       {"name": "__consumer_offsets", "partition_indexes": [gp]}]}]})  # fmt: skip
+        return [p.error_code for t in r.markers[0].topics for p in t.partitions]
+
+    async def committed(c: RawClient) -> int:
+        f = await c.call("offset_fetch", 5, {"group_id": "sg", "topics": [{"name": "s", "partition_indexes": [0]}]})
+        return int(f.topics[0].partitions[0].committed_offset)
+
+    async def producer_coordinator_epoch(c: RawClient, pid: int) -> int:
+        r = await c.call("describe_producers", 0, {"topics": [{"name": "s", "partition_indexes": [0]}]})
+        (state,) = [p for p in r.topics[0].partitions[0].active_producers if p.producer_id == pid]
+        return int(state.coordinator_epoch)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "s")
+        pid = (await init(c)).producer_id
+        assert await add(c, pid, 0, "s") == 0
+        r = await c.call("add_offsets_to_txn", 3,
+                         {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "sg"})  # fmt: skip
+        assert r.error_code == 0
+        assert (await produce(c, "s", txn_batch(pid, 0, 0, b"a"))).error_code == 0
+        assert await txn_commit(c, pid, "sg", "s", 1) == 0
+        # The current coordinator (epoch 5) commits the first transaction.
+        assert await markers(c, pid, True, 5) == [0, 0]
+        assert (await list_latest(c, "s", 1), await committed(c)) == (2, 1)
+        assert await producer_coordinator_epoch(c, pid) == 5
+        # The producer's next transaction (same epoch) at both partitions.
+        assert (await produce(c, "s", txn_batch(pid, 0, 1, b"b"))).error_code == 0
+        assert await txn_commit(c, pid, "sg", "s", 3) == 0
+        # The stale coordinator's marker for the first transaction arrives late: refused.
+        assert await markers(c, pid, True, 3) == [TRANSACTION_COORDINATOR_FENCED] * 2
+        assert await list_latest(c, "s", 0) == 3  # nothing written
+        assert (await list_latest(c, "s", 1), await committed(c)) == (2, 1)  # still open, pending
+        nursery.cancel_scope.cancel()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        assert await producer_coordinator_epoch(c, pid) == 5  # from the control record
+        assert await markers(c, pid, True, 3) == [TRANSACTION_COORDINATOR_FENCED] * 2
+        assert (await list_latest(c, "s", 0), await list_latest(c, "s", 1), await committed(c)) == (3, 2, 1)
+        # The single broker's own coordinator (epoch 0) is fenced there too: its EndTxn is
+        # decided, but its markers write nothing.
+        assert await end(c, pid, 0, True) == 0
+        assert (await list_latest(c, "s", 0), await list_latest(c, "s", 1), await committed(c)) == (3, 2, 1)
+        # A newer coordinator's marker is taken: the second transaction ends.
+        assert await markers(c, pid, True, 6) == [0, 0]
+        assert (await list_latest(c, "s", 0), await list_latest(c, "s", 1), await committed(c)) == (4, 4, 3)
+        nursery.cancel_scope.cancel()
