@@ -26,16 +26,17 @@ from broker.cluster.shards import Shard, place_shards
 from broker.config import BrokerConfig
 from broker.groups import codes
 from broker.groups.records import PendingOffset
+from broker.protocol.records import iter_records
 from broker.tests.test_groups_maintenance import T0, Clock, eventually, fetched, running
 from broker.tests.test_membership import _members, _until
 from broker.transactions.coordinator import (
     COORDINATOR_LOAD_IN_PROGRESS,
     NOT_COORDINATOR,
     REQUEST_TIMED_OUT,
+    TRANSACTION_COORDINATOR_FENCED,
     TXN_TOPIC,
     CoordinatorError,
 )
-from broker.protocol.records import iter_records
 from broker.transactions.records import (
     ATTR_CONTROL,
     MarkerType,
@@ -44,6 +45,7 @@ from broker.transactions.records import (
     marker_type,
 )
 from compat_tests.etcd import EtcdServer
+
 
 def _marker_epochs(p: Any) -> list[int]:
     """The coordinator epochs of the control records in partition `p`, in log order."""
@@ -243,6 +245,49 @@ async def test_markers_are_retried_until_every_leader_acknowledged(tmp_path: Pat
         with trio.fail_after(10), pytest.raises(CoordinatorError) as info:
             await coordinator._send_markers(42, 0, True, [("far", 0)], "x")
         assert info.value.code == REQUEST_TIMED_OUT and len(calls) >= 2
+
+
+async def test_a_fenced_coordinator_stops_completing(tmp_path: Path) -> None:
+    """A partition refuses our marker with TRANSACTION_COORDINATOR_FENCED (a coordinator
+    of a newer epoch wrote one for this producer there): the coordinator stops sending
+    markers at once, as Kafka's TransactionMarkerChannelManager, gives up the partition
+    of __transaction_state it held at that epoch, and writes nothing more."""
+    clock = Clock()
+    config = _config(tmp_path / "data")
+    async with running(config, clock) as node:
+        node.transactions.wall = clock
+        node.create_topic("here", 1)
+        fake = _shard_cluster(node, owner=node.config.node_id, holder=None)
+        fake.writers["far"] = 2
+        coordinator = node.transactions
+        coordinator.shards[0] = 5
+        calls: list[int] = []
+
+        async def markers_to(broker: int, pid: int, epoch: int, commit: bool, keys: Sequence[tuple[str, int]],
+                             coordinator_epoch: int) -> tuple[list[tuple[str, int]], str, list[tuple[str, int]]]:
+            calls.append(coordinator_epoch)
+            return [], "", list(keys)  # the leader took a newer coordinator's marker
+
+        coordinator._markers_to = markers_to  # type: ignore[method-assign]
+        with trio.fail_after(10), pytest.raises(CoordinatorError) as info:
+            await coordinator._send_markers(42, 0, True, [("far", 0)], "x")
+        assert info.value.code == TRANSACTION_COORDINATOR_FENCED
+        assert calls == [5]  # not retried
+        assert coordinator.shards == {}  # given up
+        # A local partition: a transaction prepared here, whose partition took a marker of
+        # coordinator epoch 9 for the producer meanwhile.
+        coordinator.shards[0] = 5
+        pid, _ = await coordinator.init_producer_id("x", 60_000)
+        await coordinator.add_partitions("x", pid, 0, [("here", 0)])
+        assert await coordinator.write_markers(pid, 0, False, [("here", 0)], 9) == {("here", 0): codes.NONE}
+        here = node.partition("here", 0)
+        assert here is not None and _marker_epochs(here) == [9]
+        assert await coordinator.write_markers(pid, 0, True, [("here", 0)], 5) == {
+            ("here", 0): TRANSACTION_COORDINATOR_FENCED}
+        await coordinator.end_txn("x", pid, 0, True)  # decided; its markers are refused
+        assert coordinator.shards == {} and "x" not in coordinator.txns
+        await trio.sleep(0.3)  # sweeps run meanwhile (every 50 ms): nothing is retried
+        assert _marker_epochs(here) == [9] and here.log.log_end_offset == 1
 
 
 async def test_pending_transactional_offsets_live_in_the_group_coordinators_archive(tmp_path: Path) -> None:
