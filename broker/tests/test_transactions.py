@@ -37,6 +37,7 @@ from broker.transactions.records import (
     decode_value,
     encode_offsets,
     encode_value,
+    marker_coordinator_epoch,
     marker_type,
     offsets_key,
     state_key,
@@ -87,6 +88,53 @@ def test_partition_index_lso_and_aborted() -> None:
     assert t.aborted_in(11, 20) == []  # the aborted transaction ended before
     t.forget_below(11)
     assert t.aborted_in(0, 12) == []
+
+
+def test_the_coordinator_epoch_of_markers_is_kept_per_producer_and_rebuilt() -> None:
+    """Each marker's control record carries its coordinator's epoch; the partition keeps
+    the newest per producer id (an equal one is the same coordinator's retry), and a
+    rebuild from the stored batches finds it again."""
+    batch = control_batch(MarkerType.COMMIT, 9, 2, 41, 1000)
+    [rec] = list(batches.iter_records(batch))
+    assert marker_coordinator_epoch(rec.value) == 41 and marker_coordinator_epoch(None) == -1
+    t = PartitionTxns()
+    assert not t.coordinator_fenced(9, 0)  # no marker yet: any epoch (an admin's 0 too)
+    t.on_data(9, 0)
+    t.on_marker(9, MarkerType.COMMIT, 1, 41)
+    assert t.coordinator_fenced(9, 40) and not t.coordinator_fenced(9, 41)
+    assert not t.coordinator_fenced(8, 0)  # per producer id
+    stored_batches = {0: txn_batch(9, 2, 0, b"x"), 1: bytes(control_batch(MarkerType.COMMIT, 9, 2, 41, 1000))}
+    headers = []
+    for offset, b in stored_batches.items():
+        raw = bytearray(b[:61])
+        struct.pack_into(">q", raw, 0, offset)
+        headers.append(bytes(raw))
+
+    def marker_at(offset: int) -> tuple[MarkerType, int] | None:
+        [r] = list(batches.iter_records(stored_batches[offset]))
+        kind = marker_type(r.key)
+        return None if kind is None else (kind, marker_coordinator_epoch(r.value))
+
+    rebuilt = PartitionTxns()
+    rebuilt.rebuild(headers, marker_at)
+    assert rebuilt.coordinator_epochs == {9: 41} and rebuilt.ongoing == {}
+
+
+def test_marker_epoch_records_of_the_offsets_archive() -> None:
+    """The group coordinator's record of a marker's coordinator epoch (key version 101):
+    round trip, replayed as the last word, tombstone drops it."""
+    from broker.groups.offsets import Replayed, decode_any_key
+    from broker.groups.records import MarkerKey, decode_marker_value, marker_key, marker_value
+
+    key = decode_any_key(marker_key(7, 1 << 40))
+    assert key == MarkerKey(7, 1 << 40)
+    assert decode_marker_value(marker_value(12, 3)) == (12, 3)
+    r = Replayed()
+    r.apply(0, key, marker_value(5, 0))
+    r.apply(1, key, marker_value(12, 0))
+    assert r.marker_epochs == {(7, 1 << 40): 12}
+    r.apply(2, key, None)
+    assert r.marker_epochs == {}
 
 
 # ------------------------------------------------------------------ over the wire
