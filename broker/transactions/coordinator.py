@@ -24,7 +24,10 @@ Theory of operation (Kafka's TransactionCoordinator and TransactionStateManager)
   NOT_LEADER answers until each acknowledged; for a group's partition of
   ``__consumer_offsets`` the marker goes to that group's coordinator, which commits or
   drops the pending offsets (`GroupCoordinator.complete_transaction`). A partition whose
-  topic was deleted takes no marker (dropped, as Kafka does). Only then CompleteCommit
+  topic was deleted takes no marker (dropped, as Kafka does). Every marker carries this
+  coordinator's epoch (`coordinator_epoch`), and a partition refuses one older than the
+  producer's last (TRANSACTION_COORDINATOR_FENCED): the fenced coordinator stops
+  (`_fenced`). Only then CompleteCommit
   / CompleteAbort. A completion that fails (markers not all acknowledged in
   `state_write_timeout_ms`) is retried by `run`.
 - A transaction Ongoing for longer than its timeout is aborted by `run` (every
