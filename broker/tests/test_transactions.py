@@ -135,6 +135,11 @@ def test_marker_epoch_records_of_the_offsets_archive() -> None:
     assert r.marker_epochs == {(7, 1 << 40): 12}
     r.apply(2, key, None)
     assert r.marker_epochs == {}
+    # A takeover adopts it with its partition of __consumer_offsets (not by a group).
+    from broker.groups.coordinator import GroupCoordinator
+
+    in_shards: Any = GroupCoordinator._in_shards
+    assert in_shards(None, marker_key(7, 1), {7: 0}) and not in_shards(None, marker_key(7, 1), {8: 0})
 
 
 # ------------------------------------------------------------------ over the wire
