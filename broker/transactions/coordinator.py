@@ -1049,7 +1049,9 @@ class TxnCoordinator:
         """WriteTxnMarkers (`kafka-transactions abort`, Kafka's Admin.abortTransaction): a
         marker written into each partition as Kafka's broker writes one its coordinator
         sends, which closes a transaction there that no coordinator will (a hanging one);
-        where the producer has no open transaction the answer is success and nothing is written.
+        where the producer has no open transaction the answer is success and nothing is
+        written, unless the coordinator epoch is newer than the producer's there (then a
+        marker that closes nothing records it, as Kafka's).
         Also what a transaction coordinator on another broker sends (`_send_markers`) for
         the partitions this broker leads, and for a partition of __consumer_offsets whose
         groups it coordinates (their pending transactional offsets are committed or
