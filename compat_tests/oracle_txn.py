@@ -261,8 +261,9 @@ def run(s: Session, c: RawClient) -> None:
     _record(s, c, "txn-produce-fenced", "produce", 9, _txn_produce(late))
     assert int(again["producer_epoch"]) == epoch + 1 or int(again["error_code"]) != 0
     # WriteTxnMarkers (kafka-transactions abort): an ABORT marker for a producer with no
-    # transaction here (Kafka writes a marker that closes nothing, we none: both answer
-    # success), and an unknown topic. Last: it may move
+    # transaction here (Kafka writes a marker that closes nothing, and so do we the first
+    # time a coordinator epoch of the producer is seen there: both answer success), and
+    # an unknown topic. Last: it may move
     # the log end offset.
     _record(s, c, "txn-write-markers", "write_txn_markers", 1, {"markers": [{
         "producer_id": 424242, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": 0,

@@ -38,7 +38,11 @@ transaction coordinator's marker for the group's partition of ``__consumer_offse
 (WriteTxnMarkers, or a direct call when it is this broker) commits them, written as
 OffsetCommitValues in the same batch as the pending record's tombstone, or drops them
 (`complete_transaction`). Meanwhile OffsetFetch with require_stable answers
-UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`).
+UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`). Each marker carries its transaction
+coordinator's epoch; the newest per partition and producer id is kept (a `MarkerKey`
+record, written when it grows: replayed and adopted like any key), and a marker of an
+older one (a coordinator that lost the transactional id meanwhile) is refused
+TRANSACTION_COORDINATOR_FENCED, changing nothing, as Kafka's partition leaders do.
 
 KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
 are appended in the order it produced them, and a heartbeat is answered once the records
@@ -87,6 +91,7 @@ from broker.groups.offsets import (
 )
 from broker.groups.records import (
     GroupValue,
+    MarkerKey,
     MemberValue,
     OffsetValue,
     PendingOffset,
@@ -95,6 +100,8 @@ from broker.groups.records import (
     decode_key,
     group_key,
     group_value,
+    marker_key,
+    marker_value,
     offset_key,
     offset_value,
     pending_key,
@@ -199,6 +206,9 @@ class GroupCoordinator:
         # The newest epoch a marker of each producer id came with: an older TxnOffsetCommit
         # arriving late would leave offsets pending that no marker will ever end.
         self._marker_epochs: dict[int, int] = {}
+        # (partition of __consumer_offsets, producer id) -> the coordinator epoch of the
+        # newest transaction marker taken for it (`MarkerKey` records in the archive).
+        self.coordinator_epochs: dict[tuple[int, int], int] = {}
 
     # ------------------------------------------------------------------ driver
 
@@ -320,6 +330,8 @@ class GroupCoordinator:
             self.shards.pop(p, None)
         for g in [g for g in self.pending if partitions is None or self.shard_of(g) in gone]:
             del self.pending[g]
+        for k in [k for k in self.coordinator_epochs if partitions is None or k[0] in gone]:
+            del self.coordinator_epochs[k]
         self.groups.unload([g for g in self.groups.groups if partitions is None or self.shard_of(g) in gone])
         self._dispatch()
         if gone:
@@ -328,8 +340,12 @@ class GroupCoordinator:
     def _in_shards(self, raw_key: bytes, partitions: Mapping[int, object]) -> bool:
         try:
             # every key of the archive: offsets, group metadata, pending transactional
-            # offsets and the KIP-848 consumer group records
-            return self.shard_of(decode_any_key(raw_key).group_id) in partitions
+            # offsets, the KIP-848 consumer group records, and the markers' coordinator
+            # epochs (by partition)
+            key = decode_any_key(raw_key)
+            if isinstance(key, MarkerKey):
+                return key.partition in partitions
+            return self.shard_of(key.group_id) in partitions
         except RecordFormatError:
             return False
 
@@ -492,6 +508,9 @@ class GroupCoordinator:
         for (group_id, producer_id), pending in replayed.pending.items():
             if partitions is None or self.shard_of(group_id) in partitions:
                 self.pending.setdefault(group_id, {})[producer_id] = pending
+        for (p, producer_id), coordinator_epoch in replayed.marker_epochs.items():
+            if partitions is None or p in partitions:
+                self.coordinator_epochs[(p, producer_id)] = coordinator_epoch
         for (group_id, topic, partition), (v, record_offset) in replayed.offsets.items():
             if partitions is not None and self.shard_of(group_id) not in partitions:
                 continue
@@ -819,16 +838,26 @@ class GroupCoordinator:
         self.pending.setdefault(group_id, {})[producer_id] = value
         return await self._wait_stored(last, fence)
 
-    async def complete_transaction(self, producer_id: int, producer_epoch: int, commit: bool, partition: int) -> int:
+    async def complete_transaction(
+        self, producer_id: int, producer_epoch: int, commit: bool, partition: int, coordinator_epoch: int
+    ) -> int:
         """A transaction marker (WriteTxnMarkers) for `partition` of __consumer_offsets:
         the pending offsets of `producer_id` in the groups of that partition are committed
         (written as OffsetCommitValues, their pending record tombstoned in the same batch)
         or dropped (tombstoned), and visible once stored as a commit is. Pending offsets
-        of a newer epoch than the marker's are a later transaction's: kept. A marker that
-        finds nothing (a retry) succeeds. The error code."""
+        of a newer epoch than the marker's are a later transaction's: kept. A marker whose
+        `coordinator_epoch` is older than the last one taken for this producer and
+        partition is refused TRANSACTION_COORDINATOR_FENCED and changes nothing; a newer
+        one is recorded (`MarkerKey`) with whatever the marker writes. A marker that finds
+        nothing (a retry) succeeds. The error code."""
         error = self.partition_refusal(partition)
         if error != codes.NONE:
             return error
+        known = self.coordinator_epochs.get((partition, producer_id), -1)
+        if coordinator_epoch < known:
+            log.warning("transaction marker of producer %d for %s-%d refused: coordinator epoch %d, %d known",
+                        producer_id, OFFSETS_TOPIC, partition, coordinator_epoch, known)
+            return codes.TRANSACTION_COORDINATOR_FENCED
         if producer_epoch > self._marker_epochs.get(producer_id, -1):
             self._marker_epochs[producer_id] = producer_epoch
         ending = {
@@ -838,10 +867,13 @@ class GroupCoordinator:
             and v.producer_epoch <= producer_epoch
             and self.shard_of(g) == partition
         }
-        if not ending:
+        newer = coordinator_epoch > known
+        if not ending and not newer:
             return codes.NONE
         now_wall = self.wall()
         records: list[tuple[bytes, bytes | None]] = []
+        if newer:
+            records.append((marker_key(partition, producer_id), marker_value(coordinator_epoch, producer_epoch)))
         written: list[tuple[str, PendingOffset, int]] = []  # (group, offset, index in the batch)
         for g, v in ending.items():
             if commit:
@@ -851,11 +883,18 @@ class GroupCoordinator:
                                     offset_value(OffsetValue(o.offset, o.leader_epoch, o.metadata, now_wall, None))))
             records.append((pending_key(g, producer_id), None))
         fence = self._fence(ending)
+        if fence is not None and self.sharded is not None:
+            revision = self.shards.get(partition)
+            fence = None if revision is None else {**fence, partition: revision}
         try:
             base, last = self._append_replicated(records, now_wall)
         except Exception as exc:
             log.error("cannot append the transaction marker of producer %d: %s", producer_id, exc)
             return codes.COORDINATOR_NOT_AVAILABLE
+        if newer:  # at once, in log order: a stale marker meanwhile is refused
+            self.coordinator_epochs[(partition, producer_id)] = max(
+                coordinator_epoch, self.coordinator_epochs.get((partition, producer_id), -1)
+            )
         error = await self._wait_stored(last, fence)
         if error != codes.NONE:
             return error
@@ -921,7 +960,9 @@ class GroupCoordinator:
         groups = set()
         for raw_key, _ in tombstones:
             with contextlib.suppress(RecordFormatError):
-                groups.add(decode_key(raw_key).group_id)
+                key = decode_key(raw_key)
+                if not isinstance(key, MarkerKey):  # (only offset keys are given)
+                    groups.add(key.group_id)
         fence = self._fence(groups)
         try:
             _, last = self.archive.append(tombstones, self.wall())

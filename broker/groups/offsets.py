@@ -65,6 +65,7 @@ from broker.groups.consumer_records import ConsumerGroupKey
 from broker.groups.records import (
     GroupKey,
     GroupValue,
+    MarkerKey,
     OffsetKey,
     OffsetValue,
     PendingKey,
@@ -73,6 +74,7 @@ from broker.groups.records import (
     build_batch,
     decode_group_value,
     decode_key,
+    decode_marker_value,
     decode_offset_value,
     decode_pending_value,
 )
@@ -105,7 +107,7 @@ class Word(NamedTuple):
     value: bytes | None
 
 
-def decode_any_key(raw_key: bytes) -> OffsetKey | GroupKey | PendingKey | ConsumerGroupKey:
+def decode_any_key(raw_key: bytes) -> OffsetKey | GroupKey | PendingKey | MarkerKey | ConsumerGroupKey:
     """A key of the archive: classic (offsets, group metadata) or KIP-848 consumer group."""
     if len(raw_key) >= 2 and int.from_bytes(raw_key[:2], "big") in consumer_records.TYPES:
         return consumer_records.decode_key(raw_key)
@@ -195,12 +197,19 @@ class Replayed:
     consumer_groups: dict[str, dict[tuple[int, str], bytes]] = field(default_factory=dict)
     # transactional offsets awaiting their transaction's marker: (group, producer id) -> them
     pending: dict[tuple[str, int], PendingValue] = field(default_factory=dict)
+    # (partition of __consumer_offsets, producer id) -> coordinator epoch of its last marker
+    marker_epochs: dict[tuple[int, int], int] = field(default_factory=dict)
     records: int = 0
     skipped: int = 0
 
-    def apply(self, record_offset: int, key: OffsetKey | GroupKey | PendingKey | ConsumerGroupKey,
+    def apply(self, record_offset: int, key: OffsetKey | GroupKey | PendingKey | MarkerKey | ConsumerGroupKey,
               value: bytes | None) -> None:
-        if isinstance(key, PendingKey):
+        if isinstance(key, MarkerKey):
+            if value is None:
+                self.marker_epochs.pop((key.partition, key.producer_id), None)
+            else:
+                self.marker_epochs[(key.partition, key.producer_id)] = decode_marker_value(value)[0]
+        elif isinstance(key, PendingKey):
             if value is None:
                 self.pending.pop((key.group_id, key.producer_id), None)
             else:

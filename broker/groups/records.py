@@ -6,7 +6,11 @@ transactional offsets of one producer in one group (`PendingKey`: group, produce
 its value `PendingValue`: producer epoch and the offsets), which Kafka keeps as
 transactional OffsetCommit records awaiting their marker; here they are one record,
 replaced whole, tombstoned when the transaction's marker commits (the offsets are then
-written as OffsetCommitValues in the same batch) or aborts them. Values: OffsetCommitValue v0-v3 (we write v3: offset,
+written as OffsetCommitValues in the same batch) or aborts them; and 101 = the coordinator
+epoch of the last transaction marker of one producer for one partition of
+__consumer_offsets (`MarkerKey`: partition, producer id; value: int16 version 0, int32
+coordinator epoch, int16 producer epoch), which Kafka keeps in the producer state of that
+partition (a marker with an older coordinator epoch is refused). Values: OffsetCommitValue v0-v3 (we write v3: offset,
 leader epoch, metadata, commit timestamp; v1, with its expire timestamp, for a commit that
 carried a retention time, as Kafka does) and GroupMetadataValue v0-v3 (we write v3:
 protocol type, generation, protocol, leader, state timestamp, members with instance id,
@@ -51,6 +55,17 @@ class PendingKey:
 
 
 PENDING_KEY_VERSION = 100
+
+
+@dataclass(frozen=True)
+class MarkerKey:
+    partition: int  # of __consumer_offsets
+    producer_id: int
+
+
+MARKER_KEY_VERSION = 101
+_MARKER_KEY = struct.Struct(">hiq")
+_MARKER_VALUE = struct.Struct(">hih")
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,24 @@ def group_key(group_id: str) -> bytes:
 
 def pending_key(group_id: str, producer_id: int) -> bytes:
     return struct.pack(">h", PENDING_KEY_VERSION) + _str(group_id) + struct.pack(">q", producer_id)
+
+
+def marker_key(partition: int, producer_id: int) -> bytes:
+    return _MARKER_KEY.pack(MARKER_KEY_VERSION, partition, producer_id)
+
+
+def marker_value(coordinator_epoch: int, producer_epoch: int) -> bytes:
+    return _MARKER_VALUE.pack(0, coordinator_epoch, producer_epoch)
+
+
+def decode_marker_value(data: bytes) -> tuple[int, int]:
+    """(coordinator epoch, producer epoch) of a `MarkerKey` record."""
+    if len(data) < _MARKER_VALUE.size:
+        raise RecordFormatError("marker epoch value too short")
+    version, coordinator_epoch, producer_epoch = _MARKER_VALUE.unpack_from(data)
+    if version != 0:
+        raise RecordFormatError(f"unknown marker epoch version {version}")
+    return coordinator_epoch, producer_epoch
 
 
 def pending_value(value: PendingValue) -> bytes:
@@ -233,7 +266,7 @@ _I64 = struct.Struct(">q")
 _OFFSET_V3_HEAD = struct.Struct(">hqih")  # version, offset, leader epoch, metadata length
 
 
-def decode_key(data: bytes) -> OffsetKey | GroupKey | PendingKey:
+def decode_key(data: bytes) -> OffsetKey | GroupKey | PendingKey | MarkerKey:
     """A key of the archive. Replay decodes every record, so the exact-length layouts we
     write are read with a few struct calls; anything else takes `_decode_key_checked`."""
     n = len(data)
@@ -252,7 +285,7 @@ def decode_key(data: bytes) -> OffsetKey | GroupKey | PendingKey:
     return _decode_key_checked(data)
 
 
-def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey | PendingKey:
+def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey | PendingKey | MarkerKey:
     try:
         r = _Reader(data)
         version = r.i(">h")
@@ -265,6 +298,11 @@ def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey | PendingKey:
             if r.pos != len(data):
                 raise RecordFormatError("trailing bytes after a pending offsets key")
             return key
+        if version == MARKER_KEY_VERSION:
+            if len(data) != _MARKER_KEY.size:
+                raise RecordFormatError("a marker epoch key of the wrong length")
+            _, partition, producer_id = _MARKER_KEY.unpack(data)
+            return MarkerKey(partition, producer_id)
     except UnicodeDecodeError as exc:
         raise RecordFormatError(str(exc)) from None
     raise RecordFormatError(f"unknown key version {version}")

@@ -280,7 +280,9 @@ async def describe_producers(ctx: RequestContext, req: Any) -> Reply:
                         "producer_epoch": e.epoch,
                         "last_sequence": e.last_seq,
                         "last_timestamp": e.last_timestamp,
-                        "coordinator_epoch": -1,
+                        # of its last marker here (-1: none); `kafka-transactions
+                        # abort --start-offset` sends it back with its marker
+                        "coordinator_epoch": topic.partitions[i].txns.coordinator_epochs.get(pid, -1),
                         # the first offset of its open transaction here (-1: none)
                         "current_txn_start_offset": topic.partitions[i].txns.ongoing.get(pid, -1),
                     }

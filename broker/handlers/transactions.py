@@ -370,14 +370,16 @@ async def write_txn_markers(ctx: RequestContext, req: Any) -> Reply:
     (broker/transactions/coordinator.py `_send_markers`; alone the coordinator writes its
     own markers); it also serves `kafka-transactions abort` (Admin.abortTransaction: an
     ABORT marker for a hanging transaction found by `find-hanging`). CLUSTER_ACTION on the
-    cluster is needed, as in Kafka (a super user, or a node without an authorizer)."""
+    cluster is needed, as in Kafka (a super user, or a node without an authorizer). Each
+    marker's coordinator_epoch is checked against the producer's last one at the
+    partition (TRANSACTION_COORDINATOR_FENCED when older: `TxnCoordinator.write_markers`)."""
     allowed = bool(cluster_operations(ctx) & CLUSTER_ACTION_BIT)
     markers = []
     for m in req.markers:
         wanted = [(t.name, int(i)) for t in m.topics for i in t.partition_indexes]
         if allowed:
             codes = await _coordinator(ctx).write_markers(
-                m.producer_id, m.producer_epoch, m.transaction_result, wanted
+                m.producer_id, m.producer_epoch, m.transaction_result, wanted, m.coordinator_epoch
             )
         else:
             codes = dict.fromkeys(wanted, errors.CLUSTER_AUTHORIZATION_FAILED)

@@ -37,6 +37,7 @@ from broker.transactions.records import (
     decode_value,
     encode_offsets,
     encode_value,
+    marker_coordinator_epoch,
     marker_type,
     offsets_key,
     state_key,
@@ -87,6 +88,58 @@ def test_partition_index_lso_and_aborted() -> None:
     assert t.aborted_in(11, 20) == []  # the aborted transaction ended before
     t.forget_below(11)
     assert t.aborted_in(0, 12) == []
+
+
+def test_the_coordinator_epoch_of_markers_is_kept_per_producer_and_rebuilt() -> None:
+    """Each marker's control record carries its coordinator's epoch; the partition keeps
+    the newest per producer id (an equal one is the same coordinator's retry), and a
+    rebuild from the stored batches finds it again."""
+    batch = control_batch(MarkerType.COMMIT, 9, 2, 41, 1000)
+    [rec] = list(batches.iter_records(batch))
+    assert marker_coordinator_epoch(rec.value) == 41 and marker_coordinator_epoch(None) == -1
+    t = PartitionTxns()
+    assert not t.coordinator_fenced(9, 0)  # no marker yet: any epoch (an admin's 0 too)
+    t.on_data(9, 0)
+    t.on_marker(9, MarkerType.COMMIT, 1, 41)
+    assert t.coordinator_fenced(9, 40) and not t.coordinator_fenced(9, 41)
+    assert not t.coordinator_fenced(8, 0)  # per producer id
+    stored_batches = {0: txn_batch(9, 2, 0, b"x"), 1: bytes(control_batch(MarkerType.COMMIT, 9, 2, 41, 1000))}
+    headers = []
+    for offset, b in stored_batches.items():
+        raw = bytearray(b[:61])
+        struct.pack_into(">q", raw, 0, offset)
+        headers.append(bytes(raw))
+
+    def marker_at(offset: int) -> tuple[MarkerType, int] | None:
+        [r] = list(batches.iter_records(stored_batches[offset]))
+        kind = marker_type(r.key)
+        return None if kind is None else (kind, marker_coordinator_epoch(r.value))
+
+    rebuilt = PartitionTxns()
+    rebuilt.rebuild(headers, marker_at)
+    assert rebuilt.coordinator_epochs == {9: 41} and rebuilt.ongoing == {}
+
+
+def test_marker_epoch_records_of_the_offsets_archive() -> None:
+    """The group coordinator's record of a marker's coordinator epoch (key version 101):
+    round trip, replayed as the last word, tombstone drops it."""
+    from broker.groups.offsets import Replayed, decode_any_key
+    from broker.groups.records import MarkerKey, decode_marker_value, marker_key, marker_value
+
+    key = decode_any_key(marker_key(7, 1 << 40))
+    assert key == MarkerKey(7, 1 << 40)
+    assert decode_marker_value(marker_value(12, 3)) == (12, 3)
+    r = Replayed()
+    r.apply(0, key, marker_value(5, 0))
+    r.apply(1, key, marker_value(12, 0))
+    assert r.marker_epochs == {(7, 1 << 40): 12}
+    r.apply(2, key, None)
+    assert r.marker_epochs == {}
+    # A takeover adopts it with its partition of __consumer_offsets (not by a group).
+    from broker.groups.coordinator import GroupCoordinator
+
+    in_shards: Any = GroupCoordinator._in_shards
+    assert in_shards(None, marker_key(7, 1), {7: 0}) and not in_shards(None, marker_key(7, 1), {8: 0})
 
 
 # ------------------------------------------------------------------ over the wire
@@ -933,3 +986,76 @@ async def test_a_transactional_id_is_coordinated_by_its_transaction_state_partit
     node.cluster.alive = lambda i: i != 2
     gone = find_transaction_coordinator(ctx, other)  # type: ignore[arg-type]
     assert (gone["error_code"], gone["node_id"]) == (15, -1)  # COORDINATOR_NOT_AVAILABLE
+
+
+TRANSACTION_COORDINATOR_FENCED = 52
+
+
+async def test_a_stale_coordinators_marker_is_refused_across_a_restart(
+    broker_config: BrokerConfig,
+) -> None:
+    """Markers carry their coordinator's epoch (Kafka's EndTransactionMarker): once a
+    coordinator of epoch 5 wrote a marker for the producer at a partition, a marker of
+    epoch 3 (a coordinator that lost the transactional id and woke late) is refused
+    TRANSACTION_COORDINATOR_FENCED and changes nothing, at a data partition and at the
+    group's partition of __consumer_offsets; it would otherwise close the producer's next
+    transaction there. The epoch is rebuilt from the archives after a restart."""
+    from broker.cluster.shards import partition_for
+
+    gp = partition_for("sg", 50)  # the group's partition of __consumer_offsets
+
+    async def markers(c: RawClient, pid: int, commit: bool, coordinator_epoch: int) -> list[int]:
+        r = await c.call("write_txn_markers", 1, {"markers": [{
+            "producer_id": pid, "producer_epoch": 0, "transaction_result": commit,
+            "coordinator_epoch": coordinator_epoch,
+            "topics": [{"name": "s", "partition_indexes": [0]},
+                       {"name": "__consumer_offsets", "partition_indexes": [gp]}]}]})  # fmt: skip
+        return [p.error_code for t in r.markers[0].topics for p in t.partitions]
+
+    async def committed(c: RawClient) -> int:
+        f = await c.call("offset_fetch", 5, {"group_id": "sg", "topics": [{"name": "s", "partition_indexes": [0]}]})
+        return int(f.topics[0].partitions[0].committed_offset)
+
+    async def producer_coordinator_epoch(c: RawClient, pid: int) -> int:
+        r = await c.call("describe_producers", 0, {"topics": [{"name": "s", "partition_indexes": [0]}]})
+        (state,) = [p for p in r.topics[0].partitions[0].active_producers if p.producer_id == pid]
+        return int(state.coordinator_epoch)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        await create(c, "s")
+        pid = (await init(c)).producer_id
+        assert await add(c, pid, 0, "s") == 0
+        r = await c.call("add_offsets_to_txn", 3,
+                         {"transactional_id": "tid", "producer_id": pid, "producer_epoch": 0, "group_id": "sg"})  # fmt: skip
+        assert r.error_code == 0
+        assert (await produce(c, "s", txn_batch(pid, 0, 0, b"a"))).error_code == 0
+        assert await txn_commit(c, pid, "sg", "s", 1) == 0
+        # The current coordinator (epoch 5) commits the first transaction.
+        assert await markers(c, pid, True, 5) == [0, 0]
+        assert (await list_latest(c, "s", 1), await committed(c)) == (2, 1)
+        assert await producer_coordinator_epoch(c, pid) == 5
+        # The producer's next transaction (same epoch) at both partitions.
+        assert (await produce(c, "s", txn_batch(pid, 0, 1, b"b"))).error_code == 0
+        assert await txn_commit(c, pid, "sg", "s", 3) == 0
+        # The stale coordinator's marker for the first transaction arrives late: refused.
+        assert await markers(c, pid, True, 3) == [TRANSACTION_COORDINATOR_FENCED] * 2
+        assert await list_latest(c, "s", 0) == 3  # nothing written
+        assert (await list_latest(c, "s", 1), await committed(c)) == (2, 1)  # still open, pending
+        nursery.cancel_scope.cancel()
+    broker_config.listen_port = 0
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(run, broker_config)
+        c = await Broker(broker_config, listeners[0].socket.getsockname()[1]).connect()
+        assert await producer_coordinator_epoch(c, pid) == 5  # from the control record
+        assert await markers(c, pid, True, 3) == [TRANSACTION_COORDINATOR_FENCED] * 2
+        assert (await list_latest(c, "s", 0), await list_latest(c, "s", 1), await committed(c)) == (3, 2, 1)
+        # The single broker's own coordinator (epoch 0) is fenced there too: its EndTxn is
+        # decided, but its markers write nothing.
+        assert await end(c, pid, 0, True) == 0
+        assert (await list_latest(c, "s", 0), await list_latest(c, "s", 1), await committed(c)) == (3, 2, 1)
+        # A newer coordinator's marker is taken: the second transaction ends.
+        assert await markers(c, pid, True, 6) == [0, 0]
+        assert (await list_latest(c, "s", 0), await list_latest(c, "s", 1), await committed(c)) == (4, 4, 3)
+        nursery.cancel_scope.cancel()

@@ -13,6 +13,7 @@ The whole thing with real brokers and librdkafka: compat_tests/test_txn_cluster.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,17 +26,37 @@ from broker.cluster.shards import Shard, place_shards
 from broker.config import BrokerConfig
 from broker.groups import codes
 from broker.groups.records import PendingOffset
+from broker.protocol.records import iter_records
 from broker.tests.test_groups_maintenance import T0, Clock, eventually, fetched, running
 from broker.tests.test_membership import _members, _until
 from broker.transactions.coordinator import (
     COORDINATOR_LOAD_IN_PROGRESS,
     NOT_COORDINATOR,
     REQUEST_TIMED_OUT,
+    TRANSACTION_COORDINATOR_FENCED,
     TXN_TOPIC,
     CoordinatorError,
 )
-from broker.transactions.records import MarkerType, Status
+from broker.transactions.records import (
+    ATTR_CONTROL,
+    MarkerType,
+    Status,
+    marker_coordinator_epoch,
+    marker_type,
+)
 from compat_tests.etcd import EtcdServer
+
+
+def _marker_epochs(p: Any) -> list[int]:
+    """The coordinator epochs of the control records in partition `p`, in log order."""
+    out = []
+    for header in p.log.batch_headers(p.log.log_start_offset):
+        if struct.unpack_from(">h", header, 21)[0] & ATTR_CONTROL:
+            for rec in iter_records(p.log.read_bytes(struct.unpack_from(">q", header, 0)[0], 1)):
+                if marker_type(rec.key) is not None:
+                    out.append(marker_coordinator_epoch(rec.value))
+    return out
+
 
 HOLDER = 7  # the previous coordinator (its archive: another node's, standing in for our copy)
 
@@ -194,34 +215,79 @@ async def test_markers_are_retried_until_every_leader_acknowledged(tmp_path: Pat
         fake = _shard_cluster(node, owner=node.config.node_id, holder=None)
         fake.writers.update({"far": 2, "gone": None})
         coordinator = node.transactions
+        coordinator.shards[0] = 5  # serving the one partition of __transaction_state, claimed at 5
         calls: list[list[tuple[str, int]]] = []
 
-        async def markers_to(broker: int, pid: int, epoch: int, commit: bool,
-                             keys: Sequence[tuple[str, int]]) -> tuple[list[tuple[str, int]], str]:
-            assert broker == 2
+        async def markers_to(broker: int, pid: int, epoch: int, commit: bool, keys: Sequence[tuple[str, int]],
+                             coordinator_epoch: int) -> tuple[list[tuple[str, int]], str, list[tuple[str, int]]]:
+            assert broker == 2 and coordinator_epoch == 5  # the claim's revision
             calls.append(list(keys))
             if len(calls) < 3:  # the leader moving: NOT_LEADER_OR_FOLLOWER twice
-                return [], "far-0: error 6 from broker 2"
-            return list(keys), ""
+                return [], "far-0: error 6 from broker 2", []
+            return list(keys), "", []
 
         coordinator._markers_to = markers_to  # type: ignore[method-assign]
         with trio.fail_after(10):
-            await coordinator._send_markers(42, 0, True, [("here", 0), ("far", 0), ("gone", 3)])
+            await coordinator._send_markers(42, 0, True, [("here", 0), ("far", 0), ("gone", 3)], "x")
         assert calls == [[("far", 0)]] * 3  # the deleted topic's marker dropped, never sent
         here = node.partition("here", 0)
         assert here is not None and here.log.log_end_offset == 1
+        assert _marker_epochs(here) == [5]  # the local marker carries the coordinator epoch too
         # A leader that never answers: the completion fails in time, for `run` to retry.
         coordinator.settings.state_write_timeout_ms = 300
         calls.clear()
 
-        async def never(*_args: Any) -> tuple[list[tuple[str, int]], str]:
+        async def never(*_args: Any) -> tuple[list[tuple[str, int]], str, list[tuple[str, int]]]:
             calls.append([])
-            return [], "broker 2 is not alive"
+            return [], "broker 2 is not alive", []
 
         coordinator._markers_to = never  # type: ignore[method-assign]
         with trio.fail_after(10), pytest.raises(CoordinatorError) as info:
-            await coordinator._send_markers(42, 0, True, [("far", 0)])
+            await coordinator._send_markers(42, 0, True, [("far", 0)], "x")
         assert info.value.code == REQUEST_TIMED_OUT and len(calls) >= 2
+
+
+async def test_a_fenced_coordinator_stops_completing(tmp_path: Path) -> None:
+    """A partition refuses our marker with TRANSACTION_COORDINATOR_FENCED (a coordinator
+    of a newer epoch wrote one for this producer there): the coordinator stops sending
+    markers at once, as Kafka's TransactionMarkerChannelManager, gives up the partition
+    of __transaction_state it held at that epoch, and writes nothing more."""
+    clock = Clock()
+    config = _config(tmp_path / "data")
+    async with running(config, clock) as node:
+        node.transactions.wall = clock
+        node.create_topic("here", 1)
+        fake = _shard_cluster(node, owner=node.config.node_id, holder=None)
+        fake.writers["far"] = 2
+        coordinator = node.transactions
+        coordinator.shards[0] = 5
+        calls: list[int] = []
+
+        async def markers_to(broker: int, pid: int, epoch: int, commit: bool, keys: Sequence[tuple[str, int]],
+                             coordinator_epoch: int) -> tuple[list[tuple[str, int]], str, list[tuple[str, int]]]:
+            calls.append(coordinator_epoch)
+            return [], "", list(keys)  # the leader took a newer coordinator's marker
+
+        coordinator._markers_to = markers_to  # type: ignore[method-assign]
+        with trio.fail_after(10), pytest.raises(CoordinatorError) as info:
+            await coordinator._send_markers(42, 0, True, [("far", 0)], "x")
+        assert info.value.code == TRANSACTION_COORDINATOR_FENCED
+        assert calls == [5]  # not retried
+        assert coordinator.shards == {}  # given up
+        # A local partition: a transaction prepared here, whose partition took a marker of
+        # coordinator epoch 9 for the producer meanwhile.
+        coordinator.shards[0] = 5
+        pid, _ = await coordinator.init_producer_id("x", 60_000)
+        await coordinator.add_partitions("x", pid, 0, [("here", 0)])
+        assert await coordinator.write_markers(pid, 0, False, [("here", 0)], 9) == {("here", 0): codes.NONE}
+        here = node.partition("here", 0)
+        assert here is not None and _marker_epochs(here) == [9]
+        assert await coordinator.write_markers(pid, 0, True, [("here", 0)], 5) == {
+            ("here", 0): TRANSACTION_COORDINATOR_FENCED}
+        await coordinator.end_txn("x", pid, 0, True)  # decided; its markers are refused
+        assert coordinator.shards == {} and "x" not in coordinator.txns
+        await trio.sleep(0.3)  # sweeps run meanwhile (every 50 ms): nothing is retried
+        assert _marker_epochs(here) == [9] and here.log.log_end_offset == 1
 
 
 async def test_pending_transactional_offsets_live_in_the_group_coordinators_archive(tmp_path: Path) -> None:
@@ -239,14 +305,14 @@ async def test_pending_transactional_offsets_live_in_the_group_coordinators_arch
         g = node.groups
         assert g.pending_offsets("g") == {("t", 0), ("t", 1)}
         # a marker for another partition of __consumer_offsets changes nothing here
-        assert await g.complete_transaction(9, 0, True, (p + 1) % 50) == codes.NONE
+        assert await g.complete_transaction(9, 0, True, (p + 1) % 50, 0) == codes.NONE
         assert g.pending_offsets("g") == {("t", 0), ("t", 1)}
-        assert await g.complete_transaction(9, 0, True, p) == codes.NONE
+        assert await g.complete_transaction(9, 0, True, p, 0) == codes.NONE
         assert g.pending_offsets("g") == set()
         assert fetched(g, "g") == {("t", 0): 5, ("t", 1): 6}
         # the next transaction aborts: dropped; a late commit of an older epoch is refused
         assert await g.txn_offset_commit("g", 9, 1, [PendingOffset("t", 0, 50, -1, "")]) == codes.NONE
-        assert await g.complete_transaction(9, 1, False, p) == codes.NONE
+        assert await g.complete_transaction(9, 1, False, p, 0) == codes.NONE
         assert await g.txn_offset_commit("g", 9, 0, [PendingOffset("t", 0, 70, -1, "")]) == codes.INVALID_PRODUCER_EPOCH
         assert g.pending_offsets("g") == set()
         assert fetched(g, "g") == {("t", 0): 5, ("t", 1): 6}
@@ -313,7 +379,7 @@ async def test_a_leader_verifies_transactional_batches_with_the_coordinator(
         # the partition's marker ends the transaction there: asked again next time
         t0 = node.partition("t", 0)
         assert t0 is not None
-        c._admit_marker(t0, MarkerType.COMMIT, 5, 1, T0)
+        c._admit_marker(t0, MarkerType.COMMIT, 5, 1, 0, T0)
         assert c.check_produce(5, 1, "t", 0) is not None
         answer["fail"] = True
         assert (await c.verify_produce("x", [("t", 0, 5, 1)]))[("t", 0)][0] == 19  # NOT_ENOUGH_REPLICAS: retriable

@@ -12,7 +12,15 @@ consumers read below it. A marker is admitted before a head covers it, so a clos
 transaction keeps the LSO down (`_closing`) until the high watermark passes its marker;
 an abort is listed at once (a fetch only ever sees it with the range it covers).
 
-Rebuilt on open from the batch headers in the log (markers are read for their type),
+Coordinator epochs (Kafka's ProducerStateEntry.coordinatorEpoch): each marker carries the
+epoch of the transaction coordinator that sent it (in its control record's value), and
+the partition keeps, per producer id, the newest one it wrote. A marker with an older
+coordinator epoch comes from a coordinator that lost the transactional id since (a
+paused one): `coordinator_fenced` says so, and the marker is refused
+(TRANSACTION_COORDINATOR_FENCED) before anything is written, as Kafka's leaders do.
+
+Rebuilt on open from the batch headers in the log (markers are read for their type and
+coordinator epoch),
 as the idempotence state is, so it survives a restart without a snapshot. A mirror's copy
 has no admissions: `last_stable_offset` takes in the batches it verified since (`follow`). Pure: no trio,
 no I/O except the `rebuild` reader given.
@@ -29,7 +37,13 @@ from typing import TYPE_CHECKING
 
 from broker.protocol.errors import RecordBatchError
 from broker.protocol.records import iter_records
-from broker.transactions.records import ATTR_CONTROL, ATTR_TRANSACTIONAL, MarkerType, marker_type
+from broker.transactions.records import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    MarkerType,
+    marker_coordinator_epoch,
+    marker_type,
+)
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -53,12 +67,24 @@ class PartitionTxns:
         self._aborted: list[Aborted] = []  # by marker offset
         self._aborted_last: list[int] = []
         self._followed = 0  # a mirror's copy: batches below this were taken in (`follow`)
+        # producer id -> the newest coordinator epoch of its markers here (none: -1)
+        self.coordinator_epochs: dict[int, int] = {}
 
     def on_data(self, producer_id: int, base_offset: int) -> None:
         """A transactional data batch was admitted at `base_offset`."""
         self.ongoing.setdefault(producer_id, base_offset)
 
-    def on_marker(self, producer_id: int, marker: MarkerType, marker_offset: int) -> None:
+    def coordinator_fenced(self, producer_id: int, coordinator_epoch: int) -> bool:
+        """Whether a marker of `producer_id` from a coordinator at `coordinator_epoch` is
+        a stale coordinator's: a newer coordinator's marker for it was written here
+        (Kafka's checkCoordinatorEpoch; an equal epoch is the same coordinator's retry)."""
+        return self.coordinator_epochs.get(producer_id, -1) > coordinator_epoch
+
+    def on_marker(
+        self, producer_id: int, marker: MarkerType, marker_offset: int, coordinator_epoch: int = -1
+    ) -> None:
+        if coordinator_epoch > self.coordinator_epochs.get(producer_id, -1):
+            self.coordinator_epochs[producer_id] = coordinator_epoch
         first = self.ongoing.pop(producer_id, None)
         if first is None:
             return  # nothing of this transaction here (or retried marker): nothing to close
@@ -101,10 +127,11 @@ class PartitionTxns:
             del self._aborted_last[:i]
 
     def rebuild(
-        self, headers: Iterable[bytes], marker_at: Callable[[int], MarkerType | None]
+        self, headers: Iterable[bytes], marker_at: Callable[[int], tuple[MarkerType, int] | None]
     ) -> None:
         """Replay the raw 61-byte headers of the stored batches, oldest first;
-        `marker_at(offset)` reads the type of the control batch at that offset."""
+        `marker_at(offset)` reads the type and coordinator epoch of the control batch at
+        that offset."""
         for header in headers:
             attributes = struct.unpack_from(">h", header, 21)[0]
             if not attributes & ATTR_TRANSACTIONAL:
@@ -112,20 +139,21 @@ class PartitionTxns:
             base_offset = struct.unpack_from(">q", header, 0)[0]
             producer_id = struct.unpack_from(">q", header, 43)[0]
             if attributes & ATTR_CONTROL:
-                marker = marker_at(base_offset)
-                if marker is not None:
-                    self.on_marker(producer_id, marker, base_offset)
+                read = marker_at(base_offset)
+                if read is not None:
+                    self.on_marker(producer_id, read[0], base_offset, read[1])
             else:
                 self.on_data(producer_id, base_offset)
         self._closing.clear()  # every marker replayed is stored and under a signed head
 
 
-def _marker_reader(plog: PartitionLog) -> Callable[[int], MarkerType | None]:
-    def marker_at(offset: int) -> MarkerType | None:
+def _marker_reader(plog: PartitionLog) -> Callable[[int], tuple[MarkerType, int] | None]:
+    def marker_at(offset: int) -> tuple[MarkerType, int] | None:
         try:
             batch = plog.read_bytes(offset, 1)
             for rec in iter_records(batch):
-                return marker_type(rec.key)
+                kind = marker_type(rec.key)
+                return None if kind is None else (kind, marker_coordinator_epoch(rec.value))
         except (StorageError, RecordBatchError, OSError) as exc:
             log.warning("no marker readable at offset %d: %s", offset, exc)
         return None

@@ -22,7 +22,10 @@ and it is deleted (a tombstone) in the batch that completes the transaction.
 A control batch (a transaction marker) is a v2 batch with the transactional (bit 4) and
 control (bit 5) attributes, the producer's id and epoch, no sequence, and one record:
 key = int16 version 0, int16 type (0 ABORT, 1 COMMIT); value = int16 version 0, int32
-coordinator epoch. Only the broker writes one (the produce handler refuses them).
+coordinator epoch (Kafka's EndTransactionMarker: the epoch of the transaction
+coordinator that sent it, which the partition keeps per producer id to refuse an older
+coordinator's marker; `marker_coordinator_epoch`). Only the broker writes one (the
+produce handler refuses them).
 """
 
 from __future__ import annotations
@@ -243,3 +246,12 @@ def marker_type(key: bytes | None) -> MarkerType | None:
     if version != 0 or kind not in (0, 1):
         return None
     return MarkerType(kind)
+
+
+def marker_coordinator_epoch(value: bytes | None) -> int:
+    """The coordinator epoch of a control record from its value (-1: none readable, as
+    Kafka's producer state has before any marker)."""
+    if value is None or len(value) < 6:
+        return -1
+    version, epoch = struct.unpack_from(">hi", value)
+    return epoch if version >= 0 else -1
