@@ -253,9 +253,13 @@ class GroupCoordinator:
 
     def shard_of(self, group_id: str) -> int:
         """The partition of __consumer_offsets group `group_id` maps to (cluster mode:
-        how many partitions etcd records; before any, the configured count)."""
-        count = self.node.cluster.shard_count(OFFSETS_TOPIC) or self.settings.offsets_topic_num_partitions
-        return partition_for(group_id, count)
+        how many partitions etcd records; before any, the configured count). Alone it is
+        0: the broker's one offsets archive, the one partition its Metadata lists (a
+        transaction names it in DescribeTransactions and its markers go there)."""
+        count = self.node.cluster.shard_count(OFFSETS_TOPIC)
+        if count is None:
+            return 0
+        return partition_for(group_id, count or self.settings.offsets_topic_num_partitions)
 
     def coordinator_of(self, group_id: str) -> int | None:
         """Cluster mode: the broker etcd names coordinator of `group_id` (None: none yet)."""

@@ -470,6 +470,12 @@ async def test_txn_offsets_visible_only_on_commit(broker: Broker) -> None:
         return int(f.topics[0].partitions[0].committed_offset)
 
     assert await offsets(5) == -1  # pending: not visible
+    # Alone, __consumer_offsets is one partition (Metadata lists partition 0): the
+    # transaction names that one, whatever partition the group would hash to among 50.
+    d = await c.call("describe_transactions", 0, {"transactional_ids": ["tid"]})
+    assert {(t.topic, tuple(t.partitions)) for t in d.transaction_states[0].topics} == {
+        ("__consumer_offsets", (0,))
+    }
     assert await end(c, pid, 0, False) == 0
     f = await c.call(
         "offset_fetch", 5, {"group_id": "g", "topics": [{"name": "src", "partition_indexes": [0]}]}
@@ -1000,9 +1006,8 @@ async def test_a_stale_coordinators_marker_is_refused_across_a_restart(
     TRANSACTION_COORDINATOR_FENCED and changes nothing, at a data partition and at the
     group's partition of __consumer_offsets; it would otherwise close the producer's next
     transaction there. The epoch is rebuilt from the archives after a restart."""
-    from broker.cluster.shards import partition_for
 
-    gp = partition_for("sg", 50)  # the group's partition of __consumer_offsets
+    gp = 0  # the group's partition of __consumer_offsets (alone, its one partition)
 
     async def markers(c: RawClient, pid: int, commit: bool, coordinator_epoch: int) -> list[int]:
         r = await c.call("write_txn_markers", 1, {"markers": [{
