@@ -276,6 +276,30 @@ def test_checker_acked_in_final_fork() -> None:
     assert any("offset 1" in v for v in checker.acked_in_final_fork(sends, moved))
 
 
+def test_archives_reads_every_copy_and_catches_a_bad_one(tmp_path: Path) -> None:
+    """`archives.read_copies` on a real quorum-signed copy (a mirror's: its blocks and
+    heads replicated from a 2-of-3 source): its head, one leaf per block, the records
+    under it; with one stored byte changed, the copy no longer verifies."""
+    from compat_tests.jepsen.archives import read_copies
+    from storage.tests.test_quorum_archive import _mirror, _source
+
+    copy = tmp_path / "n1" / "__mirrors" / "ab" / "t-0"
+    copy.parent.mkdir(parents=True)
+    _mirror(copy, _source(6)).close()
+    [c] = read_copies({1: tmp_path / "n1"}, "t", 1)
+    assert (c["broker"], c["partition"], c["fork"], c["length"], c["ok"]) == (1, 0, 0, 6, True)
+    assert len(c["leaves"]) == 6 and len(set(c["leaves"])) == 6
+    assert c["records"] == {2 * i + j: f"{'vw'[j]}{i}" for i in range(6) for j in (0, 1)}
+    assert checker.quorum_heads_agree([c, {**c, "broker": 2}]) == []
+    log = next(copy.glob("*.log"))
+    data = bytearray(log.read_bytes())
+    data[-1] ^= 1
+    log.write_bytes(bytes(data))
+    [bad] = read_copies({1: tmp_path / "n1"}, "t", 1)
+    assert not bad["ok"] and bad["why"]
+    assert checker.quorum_heads_agree([bad])
+
+
 # --- the network ---------------------------------------------------------------------------
 
 
