@@ -258,6 +258,21 @@ def test_checker_quorum_heads_agree() -> None:
     assert checker.quorum_heads_agree([*same, _copy(1, 2, "xyz", part=1)]) == []
 
 
+def test_checker_copies_follow_final_fork() -> None:
+    copies = [_copy(1, 3, "abc"), _copy(2, 3, "ab"), _copy(3, 3, "abcd")]
+    assert checker.copies_follow_final_fork(copies, [1, 2, 3], [0]) == []
+    # broker 2 (a deposed leader) still on its own fork
+    stale = [copies[0], _copy(2, 2, "abx"), copies[2]]
+    assert checker.copies_follow_final_fork(stale, [1, 2, 3], [0]) == [
+        "broker 2's copy of partition 0 is on fork 2, not the final fork 3"
+    ]
+    # broker 3 holds none, or none that verifies; partition 1 nowhere
+    unverified = {**copies[2], "ok": False}
+    assert len(checker.copies_follow_final_fork(copies[:2], [1, 2, 3], [0])) == 1
+    assert len(checker.copies_follow_final_fork([*copies[:2], unverified], [1, 2, 3], [0])) == 1
+    assert len(checker.copies_follow_final_fork(copies, [1, 2, 3], [0, 1])) == 3
+
+
 def test_checker_acked_in_final_fork() -> None:
     sends = [_send("a-0", 0, 0, 0, 1), _send("a-1", 0, 1, 1, 2), _send("a-2", 0, None, 2, 3)]
     sends.append(_send("a-3", 0, None, 3, 4, ok=False))

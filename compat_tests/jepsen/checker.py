@@ -38,6 +38,8 @@ Quorum-signed partitions (the copies each broker holds, compat_tests/jepsen/arch
   signers), and of any two copies of a partition whose heads are of one fork, the
   shorter one's leaves are a prefix of the longer one's (two quorum-signed heads that
   disagree within a fork are equivocation).
+* `copies_follow_final_fork`: after the heal every broker holds a copy of every
+  partition, on its final fork (a deposed leader follows the new fork).
 * `acked_in_final_fork`: every acknowledged send lies, at its offset, under a
   quorum-signed head of the partition's final fork (the highest fork any copy's head
   has).
@@ -325,6 +327,30 @@ def quorum_heads_agree(copies: Iterable[Event]) -> list[str]:
                     f"partition {part} fork {a['fork']}: broker {short['broker']}'s head "
                     f"(length {n}) is not a prefix of broker {long['broker']}'s "
                     f"(length {long['length']}): they part at block {first}"
+                )
+    return out
+
+
+def copies_follow_final_fork(
+    copies: Iterable[Event], brokers: Iterable[int], partitions: Iterable[int]
+) -> list[str]:
+    """After the heal every broker holds a copy of every partition, on its final fork (a
+    deposed leader, resumed or restarted, follows the new leader's fork and does not go
+    on writing its own; a copy may lag in length, not in fork)."""
+    good = [c for c in copies if c["ok"]]
+    final: dict[int, int] = {}
+    for c in good:
+        final[c["partition"]] = max(final.get(c["partition"], -1), c["fork"])
+    out = []
+    for part in partitions:
+        for b in brokers:
+            held = [c for c in good if c["partition"] == part and c["broker"] == b]
+            if not held:
+                out.append(f"broker {b} holds no verified copy of partition {part}")
+            elif all(c["fork"] != final[part] for c in held):
+                out.append(
+                    f"broker {b}'s copy of partition {part} is on fork "
+                    f"{max(c['fork'] for c in held)}, not the final fork {final[part]}"
                 )
     return out
 

@@ -436,6 +436,9 @@ def evaluate(workdir: Path) -> Report:
     if "copies" in state:
         copies = state["copies"]
         violations["quorum-signed heads agree within a fork"] = checker.quorum_heads_agree(copies)
+        violations["every broker's copy follows the final fork"] = checker.copies_follow_final_fork(
+            copies, range(1, len(final["views"]) + 1), range(PARTITIONS)
+        )
         violations["acknowledged records under a quorum head of the final fork"] = (
             checker.acked_in_final_fork(sends, copies)
         )
