@@ -173,6 +173,17 @@ class CommitJob:
                 sig = self.remote_signature
             elif (
                 self.sign
+                and fr.length == 0
+                and lg.manifest is not None
+                and lg.manifest != Manifest.default(lg.public_key)
+            ):
+                # The empty tree of a quorum-signed archive (a failover's new fork of one
+                # nothing was written to): no head of length 0 is ever verified
+                # (check_head), and replicas refuse to sign one, there being nothing to
+                # vouch for.
+                sig = b""
+            elif (
+                self.sign
                 and lg.manifest is not None
                 and lg.manifest != Manifest.default(lg.public_key)
             ):
@@ -180,14 +191,8 @@ class CommitJob:
                 # nothing short of a verifying quorum signature is ever stored as a head
                 if lg.quorum_sign is None:
                     raise StorageError(f"{lg.path}: a quorum-signed archive is not signed alone")
-                if fr.length == 0:
-                    # The empty tree (a failover's new fork of an archive nothing was
-                    # written to): no head of length 0 is ever verified (check_head), and
-                    # replicas refuse to sign one, there being nothing to vouch for.
-                    sig = b""
-                else:
-                    sig = lg.quorum_sign(fr.tree_hash(), fr.length, self.fork)
-                if fr.length and not verify_manifest_head(
+                sig = lg.quorum_sign(fr.tree_hash(), fr.length, self.fork)
+                if not verify_manifest_head(
                     lg.manifest, lg.key, fr.tree_hash(), fr.length, self.fork, sig
                 ):
                     raise StorageError(
