@@ -15,7 +15,8 @@
   those partitions must verify, agree with every other within a fork, and hold every
   acknowledged record under a quorum-signed head of the final fork, and the producers
   must write again within the session timeout plus run.FAILOVER_MARGIN_S of each fault.
-  Light (CI): one fault of each kind; long: random ones, behind HK_JEPSEN_LONG too.
+  Light (CI): one fault of each kind; long: random ones, those aimed at leaders and the
+  others (controller, coordinator, majority/minority), behind HK_JEPSEN_LONG too.
 
 Each run prints its unavailability table and verdicts, and leaves histories, logs and
 report.json in its work directory (printed). Network namespaces need root and `ip`
@@ -43,6 +44,7 @@ from compat_tests.jepsen import checker
 from compat_tests.jepsen.cluster import JepsenCluster
 from compat_tests.jepsen.net import Network, in_namespace, leftovers
 from compat_tests.jepsen.run import (
+    FAULTS,
     LEADER_FAULTS,
     LIGHT_SCHEDULE,
     QUORUM_LIGHT_SCHEDULE,
@@ -515,7 +517,7 @@ def test_jepsen_quorum_long(sigterm_is_interrupt: None, capsys: pytest.CaptureFi
     workdir = harness.tmp_workdir("hk-jepsen-q-long-")
     report = run(
         workdir,
-        long_schedule(seconds, 12.0, 10.0, seed, LEADER_FAULTS),
+        long_schedule(seconds, 12.0, 10.0, seed, {**FAULTS, **LEADER_FAULTS}),
         hold=12.0,
         recover=10.0,
         session_ms=SESSION_MS,
