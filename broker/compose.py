@@ -63,7 +63,7 @@ def open_node(config: BrokerConfig) -> Node:
             node.quorum = quorum_role(node, cluster)
     node.fd_budget = budget
     node.groups = GroupCoordinator(node)  # replays __consumer_offsets (creates it once)
-    node.transactions = TxnCoordinator(node)  # replays __transaction_state (made at first use)
+    node.transactions = TxnCoordinator(node)  # replays __transaction_state (alone: made at first use)
     return node
 
 

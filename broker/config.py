@@ -245,6 +245,10 @@ class BrokerConfig:
     # until failover exists: with it on, a partition takes writes only while a quorum of
     # its replicas signs, and its leader still never moves.
     quorum_partitions: bool = False
+    # hyperkafka.quorum.unsigned.max.bytes: how many bytes a quorum-signed partition's
+    # leader admits that no quorum-signed head covers yet before a produce to it waits
+    # (the connection's reads with it) for its replicas to sign (Node.wait_room).
+    quorum_unsigned_max_bytes: int = 64 * 1024 * 1024
     # Broker-level topic defaults (log.retention.ms, message.max.bytes, ...) by broker name.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     # Every name set in the properties file, for DescribeConfigs on the broker resource.
@@ -338,6 +342,9 @@ class BrokerConfig:
                            "How the leader picks a replica for a consumer to fetch from (KIP-392)."))
             values.append(("hyperkafka.quorum.partitions.enable", str(self.quorum_partitions).lower(),
                            ConfigType.BOOLEAN, "New topics get archives signed by a quorum of their replicas."))
+            values.append(("hyperkafka.quorum.unsigned.max.bytes", str(self.quorum_unsigned_max_bytes),
+                           ConfigType.LONG, "Bytes a quorum-signed partition takes before its replicas "
+                           "signed them; past it a produce waits (its connection is not read meanwhile)."))
         for d in TOPIC_CONFIGS.values():
             if d.broker_synonym:
                 value, _ = self.topic_default(d)
@@ -498,6 +505,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                     raise ConfigError("replica.lag.time.max.ms must be positive")
             elif key == "hyperkafka.quorum.partitions.enable":
                 changes["quorum_partitions"] = _BOOL[value.lower()]
+            elif key == "hyperkafka.quorum.unsigned.max.bytes":
+                changes["quorum_unsigned_max_bytes"] = _at_least(key, value, 1)
             elif key == "broker.session.timeout.ms":
                 changes["session_timeout_ms"] = int(value)
                 if int(value) <= 0:

@@ -80,7 +80,7 @@ _INTER_BROKER = "brokers copy each other's archives over the Hypercore protocol 
 _THREADS = "the broker is one Trio event loop, with no thread pools to size"
 _SOCKET_BUFFERS = "the kernel's socket buffer sizes are used"
 _INTERNAL = "__consumer_offsets is one signed archive per broker; share groups do not exist here yet"
-_TXN_STATE = "__transaction_state is one signed archive (one partition) on the broker that coordinates transactions"
+_TXN_STATE = "__transaction_state is one signed archive per broker, copied by every other broker; its partitions (transaction.state.log.num.partitions) only shard the coordinators"
 _LEADERS = "a partition's archive has one writer: there is no leadership to move"
 
 KAFKA_ONLY: Mapping[str, str] = {
@@ -116,7 +116,6 @@ KAFKA_ONLY: Mapping[str, str] = {
     "offsets.topic.segment.bytes": _INTERNAL,
     "transaction.state.log.replication.factor": _TXN_STATE,
     "transaction.state.log.min.isr": _TXN_STATE,
-    "transaction.state.log.num.partitions": _TXN_STATE,
     "share.coordinator.state.topic.replication.factor": _INTERNAL,
     "share.coordinator.state.topic.min.isr": _INTERNAL,
     "share.coordinator.state.topic.num.partitions": _INTERNAL,

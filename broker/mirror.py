@@ -40,10 +40,11 @@ knows that broker's id (the leader of what it mirrors), connects
 with this node's key as its Noise static key (the writer counts our `range` messages as
 this broker's progress), tells `Node.cluster` the peer's key and rack once discovered,
 and `poll_leader_isr` keeps the ISR the peer reports for what it writes (and the
-controller it names). The peer's ``__consumer_offsets`` archive, which is no Kafka topic
-here, is followed too, into ``<node key hex>/__consumer_offsets-0`` (it cannot clash with
-our own, at the top of the data dir), and handed to `Cluster.offsets_copies` for the
-coordinator that takes over from it (broker/groups/coordinator.py).
+controller it names). The peer's ``__consumer_offsets`` and ``__transaction_state``
+archives, which are no Kafka topics here, are followed too, into ``<node key
+hex>/<topic>-0`` (they cannot clash with our own, at the top of the data dir), and handed
+to `Cluster.copies` for the coordinator that takes a partition over from that peer
+(broker/groups/coordinator.py, broker/transactions/coordinator.py).
 
 May import trio, `broker.node`, `broker.config`, `broker.protocol` (client side, for
 discovery), `broker.shape`, `broker.replication_server` and `storage`.
@@ -66,8 +67,8 @@ from typing import Any
 import trio
 
 from broker.cluster import Cluster, PeerCopy, signed_blocks
+from broker.cluster.replicas import COPIED_TOPICS
 from broker.config import ClusterBroker, ConfigError, parse_host_port
-from broker.groups.offsets import OFFSETS_TOPIC
 from broker.node import Node, Topic
 from broker.protocol.codec import decode_response, encode_request
 from broker.protocol.errors import ProtocolError
@@ -546,10 +547,11 @@ class NodeMirror:
         self._scopes: dict[str, set[trio.CancelScope]] = {}  # per topic: its follow tasks
         self._link: ConnectionDriver | None = None  # the live connection to the writer
         self._catalog_changed = trio.Event()
-        # Cluster mode: our copy of the peer's offsets archive (its __consumer_offsets),
-        # for the coordinator that takes over from it; never a Kafka topic here.
-        self.offsets_copy: PeerCopy | None = None
-        self._offsets_follower: FollowerLog | None = None  # the sink of offsets_copy.log
+        # Cluster mode: our copies of the peer's archives of the internal topics
+        # (COPIED_TOPICS: its __consumer_offsets, its __transaction_state), by topic, for
+        # the coordinator that takes a partition over from it; never Kafka topics here.
+        self.copies: dict[str, PeerCopy] = {}
+        self._copy_followers: dict[str, FollowerLog] = {}  # the sinks of the copies' logs
 
     # -- persistence of the trusted key ---------------------------------------
 
@@ -585,7 +587,7 @@ class NodeMirror:
             self.catalog = FollowerLog.open_replica(os.path.join(self.dir, CATALOG_DIR), self.node_key)
         self._replay_catalog()
         for name, rec in sorted(self.topics.items()):
-            if name in self.attached or (name == OFFSETS_TOPIC and self.offsets_copy is not None):
+            if name in self.attached or name in self.copies:
                 continue
             keys: list[HeadSigner] = []
             for p in range(rec.partitions):
@@ -602,8 +604,8 @@ class NodeMirror:
                     keys.append(f.read())
             if not keys:
                 continue
-            if name == OFFSETS_TOPIC:
-                self._open_offsets_copy(rec, keys[0])
+            if name in COPIED_TOPICS:
+                self._open_copy(rec, keys[0])
             elif len(keys) < rec.partitions:
                 # The writer grew the topic before we learned the new archives' keys:
                 # serve the partitions we hold; `_follow_changes` adds the rest.
@@ -731,35 +733,34 @@ class NodeMirror:
             for p, lg in enumerate(more, start=len(logs)):
                 self._spawn.start_soon(self._follow_partition, link, topic, p, lg)
 
-    def _open_offsets_copy(self, rec: TopicRecord, public_key: HeadSigner) -> None:
-        """Cluster mode: open our copy of the peer's offsets archive (under this mirror's
-        directory, so it cannot clash with our own ``__consumer_offsets``), hand it to
-        `Cluster.offsets_copies` and follow it like any archive."""
+    def _open_copy(self, rec: TopicRecord, public_key: HeadSigner) -> None:
+        """Cluster mode: open our copy of the peer's archive of internal topic `rec`
+        (under this mirror's directory, so it cannot clash with our own), hand it to
+        `Cluster.copies` and follow it like any archive."""
         cluster = self.cluster
-        if cluster is None or self.broker_id is None or rec.partitions != 1:
+        if cluster is None or self.broker_id is None or rec.partitions != 1 or rec.name in self.copies:
             return
         if head_manifest(public_key).hash() != rec.archive_keys[0]:
             raise VerificationFailed(f"{rec.name}-0: signer key does not match the catalog's archive key")
         lg = FollowerLog.open_replica(self._partition_dir(rec.name, 0), public_key,
                                       config=self.node.config.log_config(rec.configs))
-        self.offsets_copy = PeerCopy(lg.log)
-        self._offsets_follower = lg
-        cluster.offsets_copies[self.broker_id] = self.offsets_copy
+        copy = self.copies[rec.name] = PeerCopy(lg.log)
+        self._copy_followers[rec.name] = lg
+        cluster.copies[rec.name][self.broker_id] = copy
         cluster.copy_changed()
-        log.info("following the offsets archive of broker %d", self.broker_id)
+        log.info("following the %s archive of broker %d", rec.name, self.broker_id)
         if self._spawn is not None and self._link is not None:
-            self._spawn.start_soon(self._follow_offsets, self._link)
+            self._spawn.start_soon(self._follow_copy, self._link, rec.name)
 
-    async def _follow_offsets(self, link: ConnectionDriver) -> None:
-        copy, cluster, lg = self.offsets_copy, self.cluster, self._offsets_follower
+    async def _follow_copy(self, link: ConnectionDriver, name: str) -> None:
+        copy, cluster, lg = self.copies.get(name), self.cluster, self._copy_followers.get(name)
         assert copy is not None and cluster is not None and lg is not None
 
         def channel(ch: ReplicationChannel | None) -> None:
             copy.channel = ch
             cluster.copy_changed()
 
-        await follow_forever(link, lg, cluster.copy_changed, f"{OFFSETS_TOPIC} of broker {self.broker_id}",
-                             channel)
+        await follow_forever(link, lg, cluster.copy_changed, f"{name} of broker {self.broker_id}", channel)
 
     # -- following ---------------------------------------------------------------
 
@@ -833,8 +834,8 @@ class NodeMirror:
                         topic = self.node.topics[rec.name]
                         for p, lg in enumerate(logs):
                             nursery.start_soon(self._follow_partition, link, topic, p, lg)
-                    if self.offsets_copy is not None:
-                        nursery.start_soon(self._follow_offsets, link)
+                    for name in self.copies:
+                        nursery.start_soon(self._follow_copy, link, name)
                     nursery.start_soon(self._sync_topics_loop, link)
                     await self._follow_catalog(link)
                     nursery.cancel_scope.cancel()
@@ -870,12 +871,12 @@ class NodeMirror:
             self._catalog_changed = trio.Event()
             self._replay_catalog()
             for name, rec in sorted(self.topics.items()):
-                if (name == OFFSETS_TOPIC and self.broker_id is not None and self.offsets_copy is None
+                if (name in COPIED_TOPICS and self.broker_id is not None and name not in self.copies
                         and rec.partitions == 1):
                     try:
-                        self._open_offsets_copy(rec, await learn_public_key(link, rec.archive_keys[0]))
+                        self._open_copy(rec, await learn_public_key(link, rec.archive_keys[0]))
                     except (trio.TooSlowError, ReplicationError, VerificationFailed) as exc:
-                        log.info("mirror of %s: its offsets archive not followed yet: %s", self.target.address, exc)
+                        log.info("mirror of %s: its %s archive not followed yet: %s", self.target.address, name, exc)
                         self._catalog_changed.set()
                         await trio.sleep(BACKOFF_MAX_S / 5)
                 if name in self.skipped or name.startswith("__"):
@@ -927,11 +928,11 @@ class NodeMirror:
         return entry[1] if entry is not None else lg
 
     def close(self) -> None:
-        if self.offsets_copy is not None:
+        for name, copy in self.copies.items():
             if self.broker_id is not None and self.cluster is not None:
-                self.cluster.offsets_copies.pop(self.broker_id, None)
+                self.cluster.copies[name].pop(self.broker_id, None)
             with contextlib.suppress(Exception):
-                self.offsets_copy.log.close()
+                copy.log.close()
         for _, logs in self.attached.values():
             for lg in logs:
                 with contextlib.suppress(Exception):

@@ -32,6 +32,7 @@ import re
 import struct
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ from broker.transactions.coordinator import TxnCoordinator
 from broker.transactions.partition import PartitionTxns, rebuild_txns
 from storage import CommitJob, FsyncPolicy, PartitionLog, Store, TopicRecord, hash_jobs
 from storage.compaction import CompactionPolicy
-from storage.errors import RecoveryFailed, StorageError, TopicExists
+from storage.errors import NotQuorumSigned, RecoveryFailed, StorageError, TopicExists
 from storage.handles import FdBudget
 from storage.hypercore import Manifest
 
@@ -61,7 +62,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("hyperkafka.node")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+TXN_TOPIC = "__transaction_state"
+# Written by their coordinators alone, one archive per broker (never placed, produced to
+# or deleted): the group offsets and the transaction states.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_TOPIC})
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
@@ -101,6 +105,7 @@ NOT_CONTROLLER = 41
 TOPIC_DELETION_DISABLED = 73
 KAFKA_STORAGE_ERROR = 56
 NOT_ENOUGH_REPLICAS = 19
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
 POLICY_VIOLATION = 44
 INVALID_REQUEST = 42
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
@@ -147,14 +152,20 @@ class Partition:
     # writer (leader) of (broker/takeover.py): it takes produces, the rest of the topic not.
     led: bool = False
     _end: int = 0  # the offset after the last admitted batch, while queued or writing
+    # Bytes admitted and not yet covered by a published head, with (last offset, size)
+    # of each such batch, oldest first: what `wait_room` bounds on a quorum-signed
+    # partition, whose heads come as fast as its replicas sign them.
+    unsigned_bytes: int = 0
+    _unsigned: deque[tuple[int, int]] = field(default_factory=deque)
     # Bumped each time the partition goes offline (`Node.fail_partition`). A batch is
     # admitted in a generation; once that generation ended, what was not published by
     # then never will be (the reopen cuts the unsigned tail, and its offsets are given
     # again), so its waiter is answered at once from `_ended` instead of waiting on a
     # log that no longer holds it (or, worse, for other batches to reach its offsets).
     generation: int = 0
-    # generation -> (high watermark when it ended, the Kafka error, why); the last few
-    _ended: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    # generation -> (high watermark when it ended, the Kafka error, why, the log end
+    # then, the error of a batch written below it); the last few
+    _ended: dict[int, tuple[int, int, str, int, int]] = field(default_factory=dict)
 
     @property
     def high_watermark(self) -> int:
@@ -178,26 +189,63 @@ class Partition:
         base = self._end
         self._end = base + last_offset_delta + 1
         self.queued.append((batch, base))
+        self._unsigned.append((self._end - 1, len(batch)))
+        self.unsigned_bytes += len(batch)
         return base, self._end - 1
 
-    def end_generation(self, code: int, reason: str) -> None:
+    def settle_unsigned(self) -> None:
+        """Forget the batches a published head covers now, and those no longer held
+        (dropped unwritten when a generation ended, cut by a reopen): their offsets are
+        given again."""
+        hw = self.log.high_watermark
+        end = self._end if (self.queued or self.writing) else self.log.log_end_offset
+        q = self._unsigned
+        while q and q[0][0] < hw:
+            self.unsigned_bytes -= q.popleft()[1]
+        while q and q[-1][0] >= end:
+            self.unsigned_bytes -= q.pop()[1]
+
+    def over_budget(self, max_unsigned: int) -> bool:
+        """Whether a produce must wait before this partition admits more (`wait_room`):
+        a quorum-signed partition holding `max_unsigned` bytes or more that no published
+        head covers yet."""
+        return self.unsigned_bytes >= max_unsigned and self.log.quorum_sign is not None
+
+    async def wait_room(self, max_unsigned: int) -> None:
+        """Back-pressure on unsigned data (a quorum-signed partition whose replicas sign
+        slower than producers write): wait until fewer than `max_unsigned` bytes admitted
+        here wait for a head, or the partition fails (the caller's admission then says
+        why). The connection's reader waits in it, so it reads nothing more meanwhile, as
+        Kafka mutes a channel: memory stays bounded and no admitted batch is dropped."""
+        while self.over_budget(max_unsigned) and not self.failed:
+            await self._changed.wait()
+
+    def end_generation(self, code: int, reason: str, written_code: int | None = None) -> None:
         """The partition went offline: batches admitted so far and not yet published are
-        lost (answered `code`), and waiters are woken to learn it."""
-        self._ended[self.generation] = (self.log.high_watermark, code, reason)
+        answered `code` (those the log holds unsigned, `written_code` if given: a
+        quorum-signed log keeps its unsigned tail for its next head), and waiters are
+        woken to learn it."""
+        log_end = self.log.log_end_offset
+        self._ended[self.generation] = (
+            self.log.high_watermark, code, reason, log_end, code if written_code is None else written_code
+        )
         if len(self._ended) > ENDED_GENERATIONS:
             del self._ended[min(self._ended)]
         self.generation += 1
         self.queued.clear()  # admitted, not yet taken by a round: never written now
+        self.settle_unsigned()
         self.notify()
 
     def durable(self, last_offset: int, generation: int | None = None) -> bool:
         """Whether a published head covers `last_offset` (admitted in `generation`; None:
         the current one); raises TopicError when it never will."""
         if generation is not None and generation != self.generation:
-            hw, code, reason = self._ended.get(
-                generation, (0, self.failed_code, self.failed or "the partition went offline"))
+            hw, code, reason, log_end, written = self._ended.get(
+                generation, (0, self.failed_code, self.failed or "the partition went offline", 0, 0))
             if last_offset < hw:
                 return True
+            if last_offset < log_end:
+                code = written
             raise TopicError(code, f"The batch was not committed: {reason}")
         if self.failed:
             raise TopicError(self.failed_code, self.failed)
@@ -903,15 +951,21 @@ class Node:
                 if error is not None:
                     if job is not None:
                         p.log.abandon(job)
-                    # too few replicas signed: reopened later, which cuts the unsigned tail
-                    # (its batches' producers get NOT_ENOUGH_REPLICAS, retriable, as Kafka
-                    # answers acks=all when the ISR cannot take a write)
+                    # Too few replicas signed: the log keeps its unsigned tail (written, not
+                    # poisoned) and the partition is offline until a quorum of its replicas
+                    # is alive again (`retry_offline`), when the same leader asks for the
+                    # same head again, on the same fork. Its batches' producers are told
+                    # NOT_ENOUGH_REPLICAS_AFTER_APPEND (retriable: written, not yet
+                    # acknowledged, as Kafka's), produces meanwhile NOT_ENOUGH_REPLICAS.
                     short = _quorum_short(error)
+                    kept = short and p.log.writable
                     self.fail_partition(p, f"commit failed: {error}",
                                         retry=_disk_full(error) or short,
-                                        code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR)
+                                        code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR,
+                                        ended_code=NOT_ENOUGH_REPLICAS_AFTER_APPEND if kept else None)
                 elif job is not None and not p.failed:
                     p.log.publish(job)
+                    p.settle_unsigned()
                     self.cluster.published(p.log.key, signed_blocks(p.log))
         finally:
             for plog in pinned:
@@ -924,18 +978,19 @@ class Node:
         self._data_changed = trio.Event()
 
     def fail_partition(self, p: Partition, reason: str, *, retry: bool = False,
-                       code: int = KAFKA_STORAGE_ERROR) -> None:
+                       code: int = KAFKA_STORAGE_ERROR, ended_code: int | None = None) -> None:
         """Take a partition offline: its produces get `code` (KAFKA_STORAGE_ERROR, or
         NOT_ENOUGH_REPLICAS when too few replicas signed), the broker lives.
         `retry`: the disk was full, `retry_offline` reopens it once it has room. Any other
         disk error (EIO) keeps it offline until a restart, as Kafka's offline log dir:
         after a failed write-back the page cache no longer tells what is on the disk
         (fsyncgate), and a reopen would sign what it reads there. Waiters of batches not
-        published yet are answered `code` now (`Partition.end_generation`)."""
+        published yet are answered `code` now, those its log holds `ended_code` if given
+        (`Partition.end_generation`)."""
         p.failed = reason
         p.failed_code = code
         p.retry = retry
-        p.end_generation(code, reason)
+        p.end_generation(code, reason, ended_code)
         if retry:
             self._offline[id(p)] = p
         until = " until the broker restarts"
@@ -957,10 +1012,22 @@ class Node:
         back = 0
         for p in list(self._offline.values()):
             topic = p.topic
-            if not (p.failed and p.retry) or topic.mirrored or self.topics.get(topic.name) is not topic:
-                del self._offline[id(p)]  # back, no longer retried, or deleted
+            if (
+                not (p.failed and p.retry)
+                or (topic.mirrored and not p.led)
+                or self.topics.get(topic.name) is not topic
+                or topic.partitions[p.index] is not p
+            ):
+                del self._offline[id(p)]  # back, no longer retried, deleted or replaced
                 continue
             if trio.current_time() < p.retry_at:
+                continue
+            if p.failed_code == NOT_ENOUGH_REPLICAS and p.log.writable:
+                if self._resume_signing(p):
+                    back += 1
+                continue
+            if p.led:  # an elected leader's log is its mirror's copy: not reopened here
+                del self._offline[id(p)]
                 continue
             async with p.lock:
                 if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
@@ -989,6 +1056,7 @@ class Node:
                 p.producers.rebuild(producer_headers(new))
                 p.txns = rebuild_txns(new)
                 p.failed, p.retry, p.retry_delay = None, False, 0.0
+                p.settle_unsigned()
                 del self._offline[id(p)]
                 back += 1
                 log.info("partition %s-%d is back online", topic.name, p.index)
@@ -997,6 +1065,26 @@ class Node:
         if back:
             self.notify_data()
         return back
+
+    def _resume_signing(self, p: Partition) -> bool:
+        """A quorum-signed partition whose head no quorum signed (its log kept the unsigned
+        tail, not poisoned) takes produces again once a quorum of its replicas is alive
+        (etcd's leases: `produce_refusal`), the same leader on the same fork: its next
+        commit round asks for a head over the whole tail again. Whether it came back."""
+        if self.cluster.produce_refusal(p.topic.name, p.index, p.log, 0) is not None:
+            return False
+        # batches admitted after the failed round's were dropped unwritten (their offsets
+        # are given again): the producer and transaction state is the log's again
+        p.producers = ProducerStates()
+        p.producers.rebuild(producer_headers(p.log))
+        p.txns = rebuild_txns(p.log)
+        p.failed, p.retry, p.retry_delay = None, False, 0.0
+        del self._offline[id(p)]
+        self.mark_dirty(p)
+        log.info("partition %s-%d: its replicas can sign again; committing its unsigned tail",
+                 p.topic.name, p.index)
+        p.notify()
+        return True
 
     async def retention_loop(self) -> None:
         while True:
@@ -1105,9 +1193,10 @@ _RETRIABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
 
 
 def _quorum_short(exc: BaseException | None) -> bool:
-    """Whether a commit failed because too few replicas signed its head."""
+    """Whether a commit failed because too few replicas signed its head (or its signing
+    is not set up: nobody asked them)."""
     while exc is not None:
-        if isinstance(exc, NotEnoughSigners):
+        if isinstance(exc, (NotEnoughSigners, NotQuorumSigned)):
             return True
         exc = exc.__cause__
     return False

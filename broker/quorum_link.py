@@ -39,7 +39,7 @@ import trio
 from broker.cluster import Cluster
 from broker.cluster.failover import VOTE, VOTE_REQUEST, ReplicaVoter, VoteAnswer, VoteRequest
 from broker.cluster.membership import Placement
-from broker.cluster.quorum import is_quorum_signed, node_key, placed_replicas
+from broker.cluster.quorum import is_quorum_signed, node_key, placed_leader, placed_replicas
 from broker.cluster.signing import (
     ANSWER,
     MAX_PROPOSAL_BYTES,
@@ -516,6 +516,8 @@ class QuorumRole:
         manifest = lg.manifest
         if replicas is None or manifest is None or self.peers is None:
             return
+        if placed_leader(self.cluster, name, index) not in (None, self.node_id):
+            return  # a failover moved it away: this copy steps down (broker/takeover.py)
         asm = QuorumAssembler(
             self.node_id,
             self.keypair,

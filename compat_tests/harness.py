@@ -48,6 +48,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def hyperkafka(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`hyperkafka <args>` (``python -m broker``) of this checkout, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+    )
+
+
+def verified(data_dir: Path | None, *args: str) -> str:
+    """`hyperkafka verify --data-dir <data_dir> [args]`, which must pass: its output."""
+    assert data_dir is not None
+    r = hyperkafka("verify", "--data-dir", str(data_dir), *args)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return r.stdout + r.stderr
+
+
 def api_versions_v0_probe(host: str, port: int, timeout: float = 2.0) -> bool:
     """True when a Kafka broker answers an ApiVersions v0 request on host:port.
 

@@ -6,28 +6,13 @@ listener, and checks every batch against the archive key pinned from the writer
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from compat_tests import harness
-from compat_tests.harness import ROOT, Broker
+from compat_tests.harness import Broker, hyperkafka
 from compat_tests.test_mirrors import _wait_caught_up
-
-
-def _hyperkafka(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "broker", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-    )
 
 
 @pytest.mark.timeout(180)
@@ -52,7 +37,7 @@ def test_audit_through_a_mirror(workdir: Path) -> None:
         mirror.start()
         _wait_caught_up(mirror, "audited", 30)
         assert writer.data_dir is not None
-        keys = _hyperkafka("keys", "--data-dir", str(writer.data_dir))
+        keys = hyperkafka("keys", "--data-dir", str(writer.data_dir))
         assert keys.returncode == 0, keys.stderr
         key = next(
             line.split("\t")[2]
@@ -60,7 +45,7 @@ def test_audit_through_a_mirror(workdir: Path) -> None:
             if line.startswith("audited\t0\t")
         )
         http = f"http://127.0.0.1:{http_port}"
-        ok = _hyperkafka(
+        ok = hyperkafka(
             "audit",
             "--bootstrap",
             mirror.bootstrap,
@@ -76,7 +61,7 @@ def test_audit_through_a_mirror(workdir: Path) -> None:
             f"audited-0: 30 batches, offsets 0..29 match the writer's signed tree (length 30; archive {key}, pinned)"
             in ok.stdout
         )
-        bad = _hyperkafka(
+        bad = hyperkafka(
             "audit",
             "--bootstrap",
             mirror.bootstrap,

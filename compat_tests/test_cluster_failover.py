@@ -15,6 +15,12 @@ by broker 1, and an idempotent acks=all confluent-kafka producer writing it all 
    take proposals from the new leader only), its Metadata names the new leader, the
    producer's requests stuck at it are retried at the new leader, and it steps down:
    its archive, reopened as a replica, follows the new leader to the same records.
+3. SIGKILL of the leader as in 1, then SIGSTOP of the other replica past the session
+   timeout, then SIGCONT: the elected leader's commits find no quorum (its head is
+   refused NOT_ENOUGH_REPLICAS_AFTER_APPEND, the partition goes offline), and once the
+   replica is back the same leader takes the partition back on its own, with no
+   election (no lease of a leader was lost): the producer writes again and every check
+   of 1 holds.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from compat_tests.quorum_cluster import QuorumCluster, brokers_listed, py, quoru
 SESSION_MS = 4000
 TOPIC = "failover"
 GRACE_S = 0.5
+PROPOSAL_TIMEOUT_S = 5.0  # broker/quorum_link.py: a replica's answer to one proposal
 
 CREATE = textwrap.dedent(
     """
@@ -177,7 +184,7 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
         wait("the producer's first 200 acknowledgements", lambda: len(acked()) >= 200, timeout=90)
         assert b1.proc is not None
         lost_at = time.time()
-        if how == "kill":
+        if how.startswith("kill"):
             b1.kill()
         else:
             b1.proc.send_signal(signal.SIGSTOP)
@@ -203,6 +210,23 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
             wait("the old leader names the new one", lambda: _leader(b1) == leaders[0], timeout=30)
         n = len(acked())
         wait("200 more acknowledgements", lambda: len(acked()) >= n + 200, timeout=60)
+        if how == "kill+stall":
+            other = next(b for b in (b2, b3) if b is not new_leader)
+            assert other.proc is not None
+            other.proc.send_signal(signal.SIGSTOP)
+            stalled_at = time.time()
+            try:
+                wait("the replica's lease gone", lambda: brokers_listed(new_leader) == [leaders[0]], timeout=30)
+                time.sleep(PROPOSAL_TIMEOUT_S)  # the leader's commit in flight gives up meanwhile
+            finally:
+                other.proc.send_signal(signal.SIGCONT)
+            wait("the replica back in the cluster", lambda: brokers_listed(new_leader) == [2, 3], timeout=30)
+            n = len(acked())
+            wait("200 acknowledgements after the stall", lambda: len(acked()) >= n + 200, timeout=90)
+            first = min(r["t"] for r in acked()[n:])
+            print(f"stalled replica: the producer writes again {first - stalled_at:.2f} s after "
+                  f"it was stopped; same leader {_leader(other)}")  # fmt: skip
+            assert _leader(other) == leaders[0]  # no election: the same leader
     finally:
         producer.send_signal(signal.SIGTERM)
         try:
@@ -256,3 +280,13 @@ def test_failover_after_sigkill(workdir: Path) -> None:
 def test_failover_after_sigstop(workdir: Path) -> None:
     with quorum_cluster(workdir, SESSION_MS) as cluster:
         _run(cluster, workdir, "stop")
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.matrix(
+    "cluster: quorum-signed partition, its elected leader's only live replica SIGSTOPped past the session timeout",
+    client="confluent",
+)
+def test_elected_leader_takes_back_its_partition_after_a_stalled_replica(workdir: Path) -> None:
+    with quorum_cluster(workdir, SESSION_MS) as cluster:
+        _run(cluster, workdir, "kill+stall")

@@ -14,16 +14,13 @@ Imports the standard library, pytest, the clients and the compat_tests modules.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from compat_tests.harness import ROOT, Broker, configured_broker
+from compat_tests.harness import Broker, configured_broker, verified
 
 KEYS = 20
 UPDATES = 30
@@ -104,30 +101,6 @@ def _read_kafka_python(
         c.close()
 
 
-def _verify(broker: Broker, topic: str) -> str:
-    assert broker.data_dir is not None
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "verify",
-            "--data-dir",
-            str(broker.data_dir),
-            "--topic",
-            topic,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout + r.stderr
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.matrix("compacted-topic", client="confluent+kafka-python")
 def test_compacted_topic_is_cleaned_and_read_by_fresh_consumers(workdir: Path) -> None:
@@ -190,5 +163,5 @@ def test_compacted_topic_is_cleaned_and_read_by_fresh_consumers(workdir: Path) -
         for off, k, v in got:
             assert written[off] == (k, v), off
         assert _read_kafka_python(broker, topic, end) == got
-        out = _verify(broker, topic)
+        out = verified(broker.data_dir, "--topic", topic)
         assert "compacted away" in out, out

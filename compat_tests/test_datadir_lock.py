@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from compat_tests import broker_logs
-from compat_tests.harness import ROOT, api_versions_v0_probe, free_port, new_broker
+from compat_tests.harness import ROOT, api_versions_v0_probe, free_port, hyperkafka, new_broker
 
 
 def _snapshot(d: Path) -> dict[str, tuple[int, int, str]]:
@@ -33,18 +33,6 @@ def _snapshot(d: Path) -> dict[str, tuple[int, int, str]]:
     return out
 
 
-def _hyperkafka(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "broker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
-    )
-
-
 def test_second_broker_on_one_data_dir_is_refused_and_touches_nothing(workdir: Path) -> None:
     first = new_broker(workdir / "a")
     first.start()
@@ -53,7 +41,7 @@ def test_second_broker_on_one_data_dir_is_refused_and_touches_nothing(workdir: P
         before = _snapshot(first.data_dir)
         assert ".lock" in before
         t0 = time.monotonic()
-        second = _hyperkafka("serve", "--data-dir", str(first.data_dir), "--listen", "127.0.0.1:0")
+        second = hyperkafka("serve", "--data-dir", str(first.data_dir), "--listen", "127.0.0.1:0")
         took = time.monotonic() - t0
         assert second.returncode != 0, second.stderr
         lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
@@ -63,7 +51,7 @@ def test_second_broker_on_one_data_dir_is_refused_and_touches_nothing(workdir: P
         assert took < 10, took
         assert _snapshot(first.data_dir) == before
 
-        verify = _hyperkafka("verify", "--data-dir", str(first.data_dir))
+        verify = hyperkafka("verify", "--data-dir", str(first.data_dir))
         assert verify.returncode == 0, verify.stdout + verify.stderr
         assert f"pid {first.proc.pid}" in verify.stderr, verify.stderr
         assert first.alive()
@@ -79,7 +67,7 @@ def test_stale_lock_file_of_a_killed_broker_does_not_block_a_restart(workdir: Pa
     b.proc.wait()
     b.proc = None
     assert (b.data_dir / ".lock").read_text().strip().isdigit()  # left behind
-    verify = _hyperkafka("verify", "--data-dir", str(b.data_dir))
+    verify = hyperkafka("verify", "--data-dir", str(b.data_dir))
     assert "holds" not in verify.stderr, verify.stderr
     try:
         b.start()

@@ -28,7 +28,7 @@ import pytest
 import trio
 
 from broker.tests.conftest import RawClient
-from compat_tests.harness import IN_CI, ROOT, Broker, new_broker
+from compat_tests.harness import IN_CI, ROOT, Broker, hyperkafka, new_broker
 from storage.batch import build_batch, record_values
 
 KAFKA_STORAGE_ERROR = 56
@@ -192,17 +192,6 @@ async def _values(c: RawClient, topic: str) -> list[bytes]:
             pos += size
 
 
-def _verify(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broker", "verify", "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-
-
 def test_a_new_topic_on_a_full_disk_is_refused_at_once_and_leaves_nothing(
     small_disk: Path, workdir: Path
 ) -> None:
@@ -246,7 +235,7 @@ def test_a_new_topic_on_a_full_disk_is_refused_at_once_and_leaves_nothing(
         b.start()
         assert set(_talk(b, lambda c: _metadata(c, None))) == {"kept", "fresh"}
         assert b.stop() == 0
-        done = _verify(small_disk / "data")
+        done = hyperkafka("verify", "--data-dir", str(small_disk / "data"))
         assert done.returncode == 0, done.stdout + done.stderr
     finally:
         b.kill()
@@ -297,7 +286,7 @@ def test_a_broker_killed_on_a_full_disk_restarts_and_serves_every_acknowledged_r
         values = _talk(b, lambda c: _values(c, "t"))
         assert values[: len(acked)] == acked and values[-1] == b"room again"
         assert b.stop() == 0
-        done = _verify(small_disk / "data")
+        done = hyperkafka("verify", "--data-dir", str(small_disk / "data"))
         assert done.returncode == 0, done.stdout + done.stderr
     finally:
         b.kill()
@@ -355,7 +344,7 @@ def test_a_restart_whose_recovery_cannot_write_serves_what_is_signed(
         values = _talk(b, lambda c: _values(c, "t"))
         assert values == acked + [b"unsigned-%d" % i for i in range(200)] + [b"room again"]
         assert b.stop() == 0
-        done = _verify(data)
+        done = hyperkafka("verify", "--data-dir", str(data))
         assert done.returncode == 0, done.stdout + done.stderr
     finally:
         b.kill()

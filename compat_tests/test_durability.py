@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import struct
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from compat_tests.harness import ROOT, Broker
+from compat_tests.harness import ROOT, Broker, hyperkafka
 
 PRODUCER = textwrap.dedent(
     """
@@ -67,13 +66,6 @@ def _run(code: str, *args: str, timeout: float = 120) -> None:
     subprocess.run([sys.executable, "-c", code, *args], check=True, timeout=timeout, cwd=ROOT)
 
 
-def _hyperkafka(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
-    )
-
-
 def _consume(b: Broker, topic: str, workdir: Path) -> list[tuple[int, str]]:
     out = workdir / f"consumed-{uuid.uuid4().hex[:6]}.json"
     _run(CONSUMER, b.bootstrap, topic, str(out))
@@ -108,7 +100,7 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_record(fresh_broker: Broker
     assert values == sorted(values), "records out of order"
 
     assert b.stop() == 0
-    verified = _hyperkafka("verify", "--data-dir", str(b.data_dir), "--topic", topic)
+    verified = hyperkafka("verify", "--data-dir", str(b.data_dir), "--topic", topic)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
@@ -145,7 +137,7 @@ def test_record_rewritten_with_valid_crc_is_caught_and_never_served(fresh_broker
     struct.pack_into(">I", segment, pos + 17, crc32c.crc32c(bytes(segment[pos + 21 : pos + size])))
     segment_path.write_bytes(bytes(segment))
 
-    verified = _hyperkafka("verify", "--data-dir", str(b.data_dir), "--topic", topic)
+    verified = hyperkafka("verify", "--data-dir", str(b.data_dir), "--topic", topic)
     assert verified.returncode != 0, verified.stdout
     assert f"{topic} 0 {victim}" in verified.stdout, verified.stdout
 

@@ -6,6 +6,9 @@ with SIGKILL (the broker fences it after group.consumer.session.timeout.ms, 6 s 
 the last one ends up with every partition. Every record produced is read by a live
 member, and the commits the members made record by record end at the log end.
 
+A static classic member (group.instance.id; kafka-python, confluent-kafka) of a mixed
+group restarts into its partitions without moving the consumer-protocol member's.
+
 Clients: confluent-kafka (librdkafka >= 2.12 serves the protocol as generally
 available), the Java consumer (kafka-clients 4.x, compat_tests/java) and franz-go (kgo's
 consumer with the new protocol, compat_tests/go). Members are the same workers as the
@@ -19,7 +22,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -84,7 +87,13 @@ def kip848_broker(workdir: Path) -> Iterator[Broker]:
 
 @contextmanager
 def member(
-    client: str, broker: Broker, topic: str, group: str, workdir: Path, name: str
+    client: str,
+    broker: Broker,
+    topic: str,
+    group: str,
+    workdir: Path,
+    name: str,
+    extra: Sequence[str] = (),
 ) -> Iterator[tuple[Member, Path]]:
     """One member with its own stop file (so one can leave while the others stay)."""
     stop = workdir / f"{name}.stop"
@@ -93,7 +102,7 @@ def member(
         broker,
         topic,
         group,
-        ["--stop-file", str(stop), "--delay-ms", "40", "--timeout", str(WORKER_TIMEOUT_S)],
+        ["--stop-file", str(stop), "--delay-ms", "40", "--timeout", str(WORKER_TIMEOUT_S), *extra],
     )
     out = workdir / f"{name}.jsonl"
     with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
@@ -356,3 +365,61 @@ def test_a_live_classic_group_takes_a_consumer_protocol_member_and_gives_it_back
         values = [r["v"] for m in (old, new) for r in m.records()]
     assert sorted(values) == sorted(first | second | third), "a record was read twice or missed"
     assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 40)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.matrix("group-kip848")
+@pytest.mark.parametrize("classic", ["kafka-python", "confluent"])
+def test_a_static_classic_member_restarts_in_a_mixed_group_without_a_rebalance(
+    kip848_broker: Broker, workdir: Path, classic: str
+) -> None:
+    """A static classic member (group.instance.id) of a consumer group that also has a
+    consumer-protocol member is restarted: the old process closes without a LeaveGroup
+    (static), a new one joins with the same instance id and, as in Kafka 4, gets the same
+    partitions back at once while the other member's assignment does not move. Every
+    record is read once and the commits end at the log end."""
+    _require(classic)
+    _require("confluent")
+    b = kip848_broker
+    tag = uuid.uuid4().hex[:8]
+    topic, group = f"k848s-{tag}", f"g848s-{tag}"
+    static = ["--instance-id", f"static-{tag}", "--session-ms", "20000"]
+    create_topic(b, topic, PARTITIONS)
+    with ExitStack() as stack:
+        other, other_stop = stack.enter_context(
+            member(KIP848_CLIENTS["confluent"], b, topic, group, workdir, "consumer")
+        )
+        wait_for("the consumer-protocol member to own the topic", lambda: owned(other) == list(range(PARTITIONS)), 90, [other])
+        first_run, first_stop = stack.enter_context(member(classic, b, topic, group, workdir, "static-1", static))
+
+        def split(m: Member) -> bool:
+            a, c = owned(m), owned(other)
+            return bool(a) and bool(c) and sorted(a + c) == list(range(PARTITIONS))
+
+        wait_for("the static member to share the topic", lambda: split(first_run), 90, [first_run, other])
+        assert _group_type(b, group).endswith("consumer")
+        first = produce(b, topic, 40, f"{tag}-a")
+        wait_for("the first batch", lambda: first <= {r["v"] for m in (first_run, other) for r in m.records()}, 60, [first_run, other])
+        time.sleep(1)  # nothing more arrives, every commit is made
+        mine, theirs, moves = owned(first_run), owned(other), len(other.assignments())
+        first_stop.touch()
+        first_run.proc.wait(30)
+        assert first_run.proc.returncode == 0, first_run.stderr()
+        restarted_at = time.time()
+        second_run, second_stop = stack.enter_context(member(classic, b, topic, group, workdir, "static-2", static))
+        wait_for("the restarted member to get its partitions back", lambda: owned(second_run) == mine, 60, [second_run, other])
+        print(f"\nstatic {classic} member back on partitions {mine} in {time.time() - restarted_at:.2f}s")
+        second = produce(b, topic, 40, f"{tag}-b")
+        wait_for("the second batch", lambda: second <= {r["v"] for m in (second_run, other) for r in m.records()}, 60, [second_run, other])
+        time.sleep(1)
+        assert owned(second_run) == mine and len(second_run.assignments()) == 1, second_run.assignments()
+        assert owned(other) == theirs and len(other.assignments()) == moves, (
+            f"the other member was rebalanced: {other.assignments()}"
+        )
+        for m, stop in ((second_run, second_stop), (other, other_stop)):
+            stop.touch()
+            m.proc.wait(30)
+            assert m.proc.returncode == 0, m.stderr()
+        values = [r["v"] for m in (first_run, second_run, other) for r in m.records()]
+    assert sorted(values) == sorted(first | second), "a record was read twice or missed"
+    assert committed(b, group) == dict.fromkeys(range(PARTITIONS), 20)

@@ -13,9 +13,6 @@ Imports the standard library, pytest, the clients and the compat_tests modules.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from compat_tests import harness
-from compat_tests.harness import ROOT, Broker, configured_broker
+from compat_tests.harness import Broker, configured_broker, verified
 from compat_tests.test_compaction import _produce, _read_confluent, _read_kafka_python
 
 KEYS = 20
@@ -83,7 +80,7 @@ def test_a_new_mirror_of_a_compacted_topic_serves_the_writers_view(workdir: Path
             assert len(got) < len(written) // 4
             assert _read_kafka_python(mirror, topic, end) == got
             mirror.stop()
-            out = _verify_all(mirror)
+            out = verified(mirror.data_dir)
             line = next(x for x in out.splitlines() if x.startswith("ok mirror:") and f"/{topic} 0 " in x)
             assert "compacted away" in line, out
         finally:
@@ -91,11 +88,3 @@ def test_a_new_mirror_of_a_compacted_topic_serves_the_writers_view(workdir: Path
                 mirror.kill()
 
 
-def _verify_all(broker: Broker) -> str:
-    """`hyperkafka verify` of the whole data dir (its mirrors included): must pass."""
-    assert broker.data_dir is not None
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "broker", "verify", "--data-dir", str(broker.data_dir)],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout + r.stderr

@@ -22,7 +22,6 @@ AlterConfigs and CreatePartitions made on the writer.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from compat_tests import harness
-from compat_tests.harness import ROOT, Broker
+from compat_tests.harness import ROOT, Broker, hyperkafka
 
 N_RECORDS = 100_000
 
@@ -102,12 +101,6 @@ def _py(code: str, *args: str, timeout: float = 120) -> str:
     return out.stdout
 
 
-def _hyperkafka(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True,
-                          timeout=60, env=env, cwd=ROOT)
-
-
 def _expected() -> list[tuple[str, str]]:
     return [(f"k{i % 97}", f"value-{i:08d}") for i in range(N_RECORDS)]
 
@@ -171,7 +164,7 @@ def test_writer_and_two_mirrors(workdir: Path) -> None:
     try:
         writer.start()
         assert writer.data_dir is not None
-        keys = _hyperkafka("keys", "--data-dir", str(writer.data_dir))
+        keys = hyperkafka("keys", "--data-dir", str(writer.data_dir))
         assert keys.returncode == 0, keys.stderr
         node_key = keys.stdout.split("\n")[0].split("\t")[1]
         a = harness.new_broker(workdir / "mirror-a", extra=("--mirror", writer.bootstrap))
@@ -262,7 +255,7 @@ def test_writer_and_two_mirrors(workdir: Path) -> None:
         step("wrong key refused")
         for m in (a, b):
             assert m.stop() == 0
-            verified = _hyperkafka("verify", "--data-dir", str(m.data_dir))
+            verified = hyperkafka("verify", "--data-dir", str(m.data_dir))
             assert verified.returncode == 0, verified.stdout + verified.stderr
             assert f"ok mirror:{node_key[:16]}/{topic} 0" in verified.stdout, verified.stdout
     finally:
@@ -332,7 +325,7 @@ def test_a_longer_fork_of_the_writer_freezes_the_mirror(workdir: Path) -> None:
         assert text.count("EQUIVOCATION") == 1, mirror.log_tail()
         assert _high_watermark(mirror, topic) == 5  # serves what it verified, nothing forged
         assert mirror.stop() == 0
-        verified = _hyperkafka("verify", "--data-dir", str(mirror.data_dir))
+        verified = hyperkafka("verify", "--data-dir", str(mirror.data_dir))
         assert verified.returncode != 0, verified.stdout
         bad = [line for line in verified.stdout.splitlines() if line.startswith("BAD")]
         assert bad and f"/{topic} 0" in bad[0] and "equivocation" in bad[0] and "evidence" in bad[0], \

@@ -26,15 +26,15 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from compat_tests.harness import ROOT, Broker, configured_broker
+from compat_tests.harness import ROOT, Broker, configured_broker, verified
 from compat_tests.java_tools import LOG4J_CONFIG, java_binary, require_java
 
 PARTITIONS = 3
@@ -234,12 +234,13 @@ def app_id() -> str:
     return f"wc-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.matrix("streams exactly-once: app kill -9", client="java-streams")
-def test_exact_counts_across_a_kill_of_the_streams_app(
-    workdir: Path, classpath: str, app_id: str
+def exact_counts_across(
+    fault: Callable[[Broker, WordCount], None], seed: int, workdir: Path, classpath: str, app_id: str
 ) -> None:
-    rng = random.Random(1)
+    """3000 words counted in part, `fault` mid-run (a transaction open, words left to
+    count), 1000 more words: every word's counts are exactly 1..n of its acknowledged
+    sends (`wait_exact_counts`)."""
+    rng = random.Random(seed)
     with configured_broker(workdir / "broker", BROKER_PROPERTIES) as broker:
         create_topics(broker, app_id)
         acked = produce(broker, app_id, 3000, rng)
@@ -247,12 +248,30 @@ def test_exact_counts_across_a_kill_of_the_streams_app(
         try:
             app.start()
             app.wait_processed(800)
-            app.kill()  # mid-run: words left to count, a transaction open
+            fault(broker, app)
             acked += produce(broker, app_id, 1000, rng)
-            app.start()
             wait_exact_counts(broker, app, app_id, acked)
         finally:
             app.stop()
+
+
+def kill_app(broker: Broker, app: WordCount) -> None:
+    app.kill()  # SIGKILL: its open transaction is aborted when the new instance fences it
+    app.start()
+
+
+def kill_broker(broker: Broker, app: WordCount) -> None:
+    broker.kill()  # SIGKILL; the app keeps running and retries
+    time.sleep(1)
+    broker.start()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.matrix("streams exactly-once: app kill -9", client="java-streams")
+def test_exact_counts_across_a_kill_of_the_streams_app(
+    workdir: Path, classpath: str, app_id: str
+) -> None:
+    exact_counts_across(kill_app, 1, workdir, classpath, app_id)
 
 
 @pytest.mark.timeout(150)
@@ -260,21 +279,7 @@ def test_exact_counts_across_a_kill_of_the_streams_app(
 def test_exact_counts_across_a_kill_of_the_broker(
     workdir: Path, classpath: str, app_id: str
 ) -> None:
-    rng = random.Random(2)
-    with configured_broker(workdir / "broker", BROKER_PROPERTIES) as broker:
-        create_topics(broker, app_id)
-        acked = produce(broker, app_id, 3000, rng)
-        app = WordCount(classpath, broker, app_id, workdir / "state", workdir / "app")
-        try:
-            app.start()
-            app.wait_processed(800)
-            broker.kill()  # SIGKILL, mid-run
-            time.sleep(1)
-            broker.start()
-            acked += produce(broker, app_id, 1000, rng)
-            wait_exact_counts(broker, app, app_id, acked)
-        finally:
-            app.stop()
+    exact_counts_across(kill_broker, 2, workdir, classpath, app_id)
 
 
 @pytest.mark.timeout(180)
@@ -313,28 +318,5 @@ def test_state_restored_from_the_compacted_changelog(
             wait_exact_counts(broker, app, app_id, acked)
         finally:
             app.stop()
-        out = _verify(broker, changelog)
+        out = verified(broker.data_dir, "--topic", changelog)
         assert "compacted away" in out, out
-
-
-def _verify(broker: Broker, topic: str) -> str:
-    assert broker.data_dir is not None
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "verify",
-            "--data-dir",
-            str(broker.data_dir),
-            "--topic",
-            topic,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout + r.stderr

@@ -25,7 +25,7 @@ import crc32c
 
 from storage import format as fmt
 from storage import timing
-from storage.errors import StorageError
+from storage.errors import NotQuorumSigned, StorageError
 from storage.format import ENTRY, ENTRY_SIZE, IDX_HEADER_SIZE, SLOT_SIZE, U32, Head
 from storage.fs import FileSystem
 from storage.hashing import NATIVE_LEAVES, hash_leaves, hash_many
@@ -131,6 +131,7 @@ class CommitJob:
     leaf_hi: int = 0
     done: bool = False
     error: BaseException | None = field(default=None, repr=False)
+    unsigned: bool = False  # `run` failed for want of a quorum signature only
 
     def run(self) -> None:
         lg = self.log
@@ -190,8 +191,13 @@ class CommitJob:
                 # a quorum-signed archive: its replicas sign (PartitionLog.quorum_sign), and
                 # nothing short of a verifying quorum signature is ever stored as a head
                 if lg.quorum_sign is None:
-                    raise StorageError(f"{lg.path}: a quorum-signed archive is not signed alone")
-                sig = lg.quorum_sign(fr.tree_hash(), fr.length, self.fork)
+                    raise NotQuorumSigned(f"{lg.path}: a quorum-signed archive is not signed alone")
+                try:
+                    sig = lg.quorum_sign(fr.tree_hash(), fr.length, self.fork)
+                except Exception as exc:
+                    raise NotQuorumSigned(
+                        f"{lg.path}: no quorum signed length {fr.length} on fork {self.fork}: {exc}"
+                    ) from exc
                 if not verify_manifest_head(
                     lg.manifest, lg.key, fr.tree_hash(), fr.length, self.fork, sig
                 ):
@@ -228,6 +234,12 @@ class CommitJob:
                 fs.fsync(lg._head_fd)
             self.head = head
             self.done = True
+        except NotQuorumSigned as exc:
+            # written and synced up to the head, nothing of the head slot written: the log
+            # stays usable and the next job asks for the same head (`PartitionLog.abandon`)
+            self.error = exc
+            self.unsigned = True
+            raise
         except BaseException as exc:
             # fsyncgate: after a failed fsync the page cache can no longer be trusted.
             self.error = exc

@@ -54,6 +54,20 @@ class RecoveryFailed(ArchiveDamaged):
         self.cause = cause  # the failed write (its errno tells a full disk from EIO)
 
 
+class NotQuorumSigned(StorageError):
+    """A quorum-signed archive's commit job got no quorum signature for its head
+    (`PartitionLog.quorum_sign` raised; the cause is chained). Unlike any other failure
+    of a job, the log is not poisoned: everything up to the head was written (and synced
+    as the policy says) before the signature was asked, so the same head can be asked
+    again by the next commit, on the same fork (docs/clusters.md)."""
+
+
+class LogClosed(StorageError):
+    """A read of a log that was closed or discarded: its partition was replaced (a
+    replica reopened on a new fork, a topic deleted) and a request still held the old
+    object. The successor, if any, serves it."""
+
+
 class BlockRemoved(KeyError):
     """`PartitionLog.block` of a block the log's cleaner removed (FORMAT.md section 4a):
     its leaf is in the tree, its bytes are not held here. A KeyError, as any block not held."""

@@ -24,6 +24,7 @@ types.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import struct
@@ -42,6 +43,8 @@ from storage.errors import (
     ArchiveDamaged,
     BlockRemoved,
     CorruptBatch,
+    LogClosed,
+    NotQuorumSigned,
     OffsetOutOfRange,
     StorageError,
 )
@@ -177,6 +180,7 @@ class PartitionLog:
         self.key = archive_key(keypair.public_key)
         # a quorum-signed archive's manifest (its `manifest` file); None: single signer
         self.manifest: Manifest | None = None
+        self._quorum_signed = False  # a manifest of several signers (`_use_manifest`)
         # how a quorum-signed archive gets a head signed: (tree hash, length, fork) ->
         # the assembled quorum signature (called from the commit job's thread, may block
         # while the replicas sign; raises when they do not). None: commits refuse to sign.
@@ -236,6 +240,9 @@ class PartitionLog:
         # that flag before publishing, or a power loss would hide that we signed anything.
         self._disk_clean = False
         self._cut_unsigned = False  # `open(cut_unsigned=True)`
+        # blocks of a quorum-signed writer's unsigned tail its recovery cut: some replica
+        # may have signed them, so the next head must be on a new fork (`next_fork`)
+        self.cut_at_open = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -396,6 +403,7 @@ class PartitionLog:
         if manifest is not None:
             self.manifest = manifest
             self.key = manifest.hash()
+            self._quorum_signed = manifest != Manifest.default(self.public_key)
 
     @property
     def head_signer(self) -> HeadSigner:
@@ -515,8 +523,10 @@ class PartitionLog:
         if self._poisoned is not None:
             raise StorageError(f"log failed earlier and must be reopened: {self._poisoned}")
 
-    def append(self, batch: bytearray, *, leader_epoch: int = 0) -> tuple[int, int]:
-        """Assign offsets to `batch` (written into it in place) and append it.
+    def append(self, batch: bytearray, *, leader_epoch: int | None = None) -> tuple[int, int]:
+        """Assign offsets to `batch` (written into it in place) and append it, stamped with
+        `leader_epoch` (None: the archive's own, its fork for a quorum-signed archive,
+        whose leader epoch the fork is (storage/epochs.py), else 0).
         Returns (base_offset, last_offset). Invisible to readers until a head covers it."""
         if self._closed or self.damage is not None or self._poisoned is not None:
             self.check_writable()
@@ -530,6 +540,10 @@ class PartitionLog:
             raise CorruptBatch("batch length does not match its size")
         if delta < 0:
             raise CorruptBatch("negative lastOffsetDelta")
+        if self.cut_at_open:
+            self._fork_after_cut()
+        if leader_epoch is None:
+            leader_epoch = self._fork if self._quorum_signed else 0
         base = self.log_end_offset
         _BATCH_WRITE.pack_into(batch, 0, base, batch_length, leader_epoch)
         return self._store(batch, size, base, delta, max_ts)
@@ -637,6 +651,8 @@ class PartitionLog:
         self._ensure_open()
         if self._job is not None:
             raise StorageError("a commit job is already in flight")
+        if self.cut_at_open:
+            self._fork_after_cut()
         synced = self._reap_sync(wait=force_sync or not background)
         now = time.monotonic() * 1000
         new = self._next_leaf != self._published_length or (
@@ -759,11 +775,19 @@ class PartitionLog:
         return head
 
     def abandon(self, job: CommitJob) -> None:
-        """Forget a job whose run() raised (the log is poisoned then anyway)."""
+        """Forget a job whose run() raised. The log is poisoned then, except when only the
+        quorum signature was missing (`job.unsigned`): its blocks, index entries and tree
+        nodes are written, the head slot is not, so the log stays writable with an
+        unsigned tail and the next job asks for the same head (same tree, same length,
+        same fork: a replica that signed it late signs it again)."""
         if job is self._job:
             self._job = None
             if job.sync is not None:
                 self._sync = job.sync  # joined at close
+            if job.unsigned:
+                self._head_seq = job.seq - 1  # that slot was never written
+                if job.sync_head:
+                    self._disk_clean = True  # (the head that clears the clean flag is still due)
 
     def commit(self, *, force_sync: bool = False) -> Head | None:
         """prepare_commit + run + publish in a row (tests, shutdown, recovery); fsyncs
@@ -909,17 +933,43 @@ class PartitionLog:
         self.check_writable()
         self.drop_unsigned_tail(length)  # raises (nothing changed) for a length out of range
         self.sync_unsigned_tail()
-        # the leader epochs (storage/epochs.py): the old ones end where the kept blocks
-        # end, the new one starts there (the first leader's, 0, at the log start)
+        self._begin_fork(epoch)
+        self.keypair = keypair
+        self.replica = False
+        self._pending_leaves = None  # the writer's commit hashes its pending blocks
+
+    def _begin_fork(self, fork: int) -> None:
+        """Move to fork (= leader epoch) `fork` at the log end: the leader epochs
+        (storage/epochs.py) before it end where the kept blocks end, `fork` starts there
+        (the first leader's, the current fork, at the log start when none is recorded)."""
         epochs = EpochCache(self.fs, self.path)
         epochs.truncate_from_end(self.log_end_offset)
         if not epochs.entries and self.log_end_offset > self.log_start_offset:
             epochs.assign(self._fork, self.log_start_offset)
-        epochs.assign(epoch, self.log_end_offset)
-        self.keypair = keypair
-        self.replica = False
-        self._pending_leaves = None  # the writer's commit hashes its pending blocks
-        self._fork = epoch
+        epochs.assign(fork, self.log_end_offset)
+        self._fork = fork
+
+    def _fork_after_cut(self) -> None:
+        """Before the first append or commit of a quorum-signed writer whose open cut an
+        unsigned tail (`cut_at_open`), once it leads (`quorum_sign` set): `next_fork`."""
+        if self.quorum_sign is not None and not self.replica and self._job is None:
+            cut, fork = self.cut_at_open, self.next_fork()
+            log.warning("%s: %d unsigned block(s) cut at open: its next head is on fork %d",
+                        self.path, cut, fork)
+
+    def next_fork(self) -> int:
+        """Move to the next fork at the log end: what a quorum-signed writer whose open cut
+        an unsigned tail does before it appends or commits again as leader, so that its
+        next head (the kept blocks and what is appended after them) never disagrees
+        within a fork with a head a replica signed over the cut blocks (a signature that
+        came after the leader gave up, or just before it crashed: the replica's signing
+        rule refuses every later head of that fork otherwise). Hypercore's truncate, as a
+        failover's takeover does. Returns the new fork."""
+        if self._job is not None:
+            raise StorageError(f"{self.path}: a commit job is in flight")
+        self._begin_fork(self._fork + 1)
+        self.cut_at_open = 0
+        return self._fork
 
     def prepare_signed(
         self, length: int, fork: int, signature: bytes, tree_hash: bytes
@@ -1011,6 +1061,8 @@ class PartitionLog:
         """Whole batches starting with the one containing `offset`, up to max_bytes (at
         least one batch), never past the high watermark, within one segment; with `end`
         (a batch boundary: the last stable offset), none starting at or past it."""
+        if self._closed:  # its segments are gone: never an IndexError from a stale reference
+            raise LogClosed(f"{self.path}: the log is closed")
         hwm = self.high_watermark
         if self._bad_offset is not None:
             hwm = min(hwm, self._bad_offset)
@@ -1213,7 +1265,10 @@ class PartitionLog:
         try:
             if self.damage is None and self._poisoned is None and self._job is None:
                 self._ensure_open()  # a parked log writes its clean head too
-                self.commit(force_sync=True)
+                # a quorum-signed tail no quorum signed (nobody to ask at shutdown) stays
+                # durable past the clean head below; the next open cuts it
+                with contextlib.suppress(NotQuorumSigned):
+                    self.commit(force_sync=True)
                 if self._head is not None:
                     for seg in self._segments:
                         self.fs.fsync(seg.log_fd)

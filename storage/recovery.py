@@ -43,7 +43,7 @@ from storage.format import (
     read_head_slots,
 )
 from storage.hashing import compute_leaf
-from storage.hypercore import Frontier, flat_tree, tree_hash
+from storage.hypercore import Frontier, Manifest, flat_tree, tree_hash
 
 if TYPE_CHECKING:
     from storage.log import PartitionLog
@@ -221,6 +221,10 @@ def recover(lg: PartitionLog) -> None:
     total = expect_leaf
     if lg._cut_unsigned and head is not None and total > signed_len and lg._segments:
         log.warning("%s: cutting %d block(s) never signed", lg.path, total - signed_len)
+        if not lg.replica and lg.manifest is not None and lg.manifest != Manifest.default(lg.public_key):
+            # a quorum-signed writer: replicas may have signed those blocks (a late
+            # signature): its next head must be on a new fork (`PartitionLog.next_fork`)
+            lg.cut_at_open = total - signed_len
         while len(lg._segments) > 1 and lg._segments[-1].first_leaf >= signed_len:
             lg._drop_segment_files(lg._segments.pop())
         seg = lg._segments[-1]

@@ -83,6 +83,11 @@ DEFAULT_REPLICA_LAG_MS = 30_000
 DEFAULT_SESSION_TIMEOUT_MS = 9_000  # Kafka's broker.session.timeout.ms
 NO_LEADER = -1
 CLUSTER_PID_SHIFT = 40  # producer ids of broker N start at N << 40
+# The internal topics whose archive every broker keeps (one each) and every other broker
+# copies, for the coordinator that takes a partition of it over (groups, transactions).
+OFFSETS_TOPIC = "__consumer_offsets"
+TXN_TOPIC = "__transaction_state"
+COPIED_TOPICS = (OFFSETS_TOPIC, TXN_TOPIC)
 WAIT_TICK_MAX_S = 0.5
 
 
@@ -115,8 +120,8 @@ class _Archive:
 
 @dataclass(eq=False)
 class PeerCopy:
-    """This broker's verified copy of a peer's offsets archive (``__consumer_offsets``),
-    followed by broker/mirror.py and read only by a coordinator taking over; `channel` is
+    """This broker's verified copy of a peer's archive of an internal topic
+    (``__consumer_offsets``, ``__transaction_state``), followed by broker/mirror.py and read only by a coordinator taking over; `channel` is
     the live follower channel while there is one (its ``remote_length`` is how long the
     peer says its archive is)."""
 
@@ -163,8 +168,11 @@ class Cluster:
         # (topic, partition) -> isr ids.
         self.remote_isr: dict[tuple[str, int], list[int]] = {}
         self._isr_writer: dict[tuple[str, int], int] = {}  # whose own report each entry is
-        # Our copies of the peers' offsets archives (broker/mirror.py), by broker id.
-        self.offsets_copies: dict[int, PeerCopy] = {}
+        # Our copies of the peers' archives of each internal topic (broker/mirror.py):
+        # topic -> broker id -> copy. ``__consumer_offsets`` (the group coordinators') and
+        # ``__transaction_state`` (the transaction coordinators').
+        self.copies: dict[str, dict[int, PeerCopy]] = {t: {} for t in COPIED_TOPICS}
+        self.offsets_copies = self.copies[OFFSETS_TOPIC]
         self._copies_changed = trio.Event()
         self._named_controller: dict[int, int] = {}  # the controller each peer last named
         self.placing: set[str] = set()  # topics this controller is placing and creating here now
@@ -256,20 +264,21 @@ class Cluster:
         """Set at the next `copy_changed` (take it before looking at the copies)."""
         return self._copies_changed
 
-    def handed_over(self) -> bool:
-        """Whether a coordinator taking partitions of ``__consumer_offsets`` over may load
-        them: our copy of every live peer's offsets archive holds what the peer said it
+    def handed_over(self, topic: str = OFFSETS_TOPIC) -> bool:
+        """Whether a coordinator taking partitions of internal `topic` over may load
+        them: our copy of every live peer's archive of it holds what the peer said it
         has (what a previous coordinator acknowledged, it had replicated to its in-sync
         peers first). A dead peer's copy is what it is: nobody adds to it."""
+        copies = self.copies[topic]
         return all(
-            (c := self.offsets_copies.get(i)) is not None and c.caught_up()
+            (c := copies.get(i)) is not None and c.caught_up()
             for i in self.live_ids()
             if i != self.me
         )
 
-    async def wait_handed_over(self, timeout_s: float) -> bool:
-        """Wait (at most `timeout_s`) until `handed_over`; whether it is."""
-        return await _wait_until(self.handed_over, lambda: self._copies_changed, timeout_s)
+    async def wait_handed_over(self, timeout_s: float, topic: str = OFFSETS_TOPIC) -> bool:
+        """Wait (at most `timeout_s`) until `handed_over(topic)`; whether it is."""
+        return await _wait_until(lambda: self.handed_over(topic), lambda: self._copies_changed, timeout_s)
 
     @property
     def multi_broker(self) -> bool:
@@ -277,8 +286,10 @@ class Cluster:
 
     @property
     def producer_id_base(self) -> int:
-        # Any broker hands out ids and any writer checks them: each broker gets its own
-        # range, so two brokers never give one id to two producers.
+        # Any broker hands out ids (idempotent producers; the transaction coordinator of
+        # each transactional id, wherever it moves) and any writer checks them: each
+        # broker gets its own range, so two brokers never give one id to two producers,
+        # without asking etcd (ids below 2**40 per broker, 2**23 brokers).
         return self.me << CLUSTER_PID_SHIFT
 
     def alive(self, node_id: int, now: float | None = None) -> bool:

@@ -131,11 +131,13 @@ def plan(
     return moves
 
 
-async def place_shards(m: Membership, topic: str, partitions: int) -> None:
+async def place_shards(m: Membership, topic: str, partitions: int, *, legacy: bool = True) -> None:
     """The controller's loop for internal topic `topic` (run on every broker; it acts only
     while this broker is controller): record a coordinator for each of its partitions
     (`partitions` when the topic has none yet; afterwards the count etcd holds), and move
-    those of dead brokers, as `plan` says."""
+    those of dead brokers, as `plan` says. `legacy`: a partition placed for the first
+    time gets `Membership.legacy_holder` as holder (groups of a cluster from before
+    sharding; no such state exists for transactions)."""
     await m.ready.wait()
     while True:
         changed = m.changed
@@ -143,7 +145,7 @@ async def place_shards(m: Membership, topic: str, partitions: int) -> None:
             current = dict(m.shards.get(topic, {}))
             count = max(current) + 1 if current else partitions
             known = sorted(set(m.known) | set(m.members) | {m.me.node_id})
-            moves = plan(current, count, known, m.live_ids(), m.legacy_holder)
+            moves = plan(current, count, known, m.live_ids(), m.legacy_holder if legacy else None)
             if moves:
                 try:
                     ok = await m.place_shards(topic, moves, current)

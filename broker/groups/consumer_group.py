@@ -61,6 +61,7 @@ STALE_MEMBER_EPOCH = 113
 INVALID_REGULAR_EXPRESSION = 128
 MAX_REGEX_CHARS = 1000
 LEAVE_EPOCH = -1
+CONSUMER_PROTOCOL_TYPE = "consumer"  # the classic protocol type of Kafka's consumers
 STATIC_LEAVE_EPOCH = -2
 
 Records = list[tuple[bytes, bytes | None]]
@@ -228,6 +229,7 @@ class ClassicMember:
     protocols: tuple[tuple[str, bytes], ...]
     subscription: bytes  # its metadata for the group's protocol
     assignment: bytes  # what the leader's SyncGroup gave it
+    instance_id: str | None = None  # a static member's group.instance.id
 
 
 @dataclass(frozen=True)
@@ -763,7 +765,8 @@ class ConsumerGroup:
         """Kafka's convertToConsumerGroup: a stable classic group of the consumer protocol
         as a consumer group whose group and assignment epochs are its generation, each
         member keeping the partitions its assignment named as its target and current
-        assignment. ValueError when a member's embedded protocol cannot be read."""
+        assignment, and a static member its instance id. ValueError when a member's
+        embedded protocol cannot be read."""
         group = cls(group_id, settings, records)
         group.group_epoch = group.assignment_epoch = generation
         staged = []
@@ -776,6 +779,7 @@ class ConsumerGroup:
                     assigned[found[0]] = frozenset(p for p in parts if 0 <= p < found[1])
             member = ConsumerMember(
                 c.member_id,
+                instance_id=c.instance_id,
                 client_id=c.client_id,
                 client_host=c.client_host,
                 subscribed_topic_names=tuple(sorted(set(sub.topics))),
@@ -790,6 +794,8 @@ class ConsumerGroup:
         records.append((rec.key(rec.GROUP_METADATA, group_id), rec.group_metadata(generation)))
         for member in staged:
             group.members[member.member_id] = member
+            if member.instance_id is not None:
+                group.static_members[member.instance_id] = member.member_id
             group.target[member.member_id] = member.assigned
             group._hold(member)
             records.append(
@@ -816,10 +822,30 @@ class ConsumerGroup:
         )
         return group
 
+    def classic_protocols_refusal(
+        self, member_id: str, protocol_type: str, protocols: list[tuple[str, bytes]]
+    ) -> int:
+        """What a classic JoinGroup is refused with before anything else is looked at
+        (throwIfConsumerGroupIsFull, then ConsumerGroup.supportsClassicProtocols): the
+        group is full and `member_id` is not in it; the protocol type is not "consumer";
+        or none of its protocols is supported by every classic member (with none, any
+        named protocol goes). NONE when it may go on."""
+        if len(self.members) >= self.settings.max_size and member_id not in self.members:
+            return codes.GROUP_MAX_SIZE_REACHED
+        names = {name for name, _ in protocols}
+        if protocol_type != CONSUMER_PROTOCOL_TYPE or not names:
+            return codes.INCONSISTENT_GROUP_PROTOCOL
+        classic = [m.classic[1] for m in self.members.values() if m.classic is not None]
+        if not any(all(any(n == name for n, _ in ps) for ps in classic) for name in names):
+            return codes.INCONSISTENT_GROUP_PROTOCOL
+        return codes.NONE
+
     def classic_join(
         self,
         now: int,
         member_id: str,
+        instance_id: str | None,
+        is_new: bool,
         protocols: list[tuple[str, bytes]],
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
@@ -828,30 +854,60 @@ class ConsumerGroup:
         lookup: TopicLookup,
         names: Callable[[], Iterable[str]],
     ) -> tuple[int, str, int, str]:
-        """JoinGroup of a classic member (classicGroupJoinToConsumerGroup): its subscription
-        and owned partitions come from the join metadata; it is reconciled toward its
-        target at once. (error, member id, generation = its member epoch, protocol name)."""
-        if not protocols:
-            return codes.INCONSISTENT_GROUP_PROTOCOL, member_id, -1, ""
-        name, embedded = protocols[0]
+        """JoinGroup of a classic member (classicGroupJoinToConsumerGroup), after
+        `classic_protocols_refusal`: its subscription and owned partitions come from the
+        join metadata, and it is reconciled toward its target at once. `is_new`: the
+        request named no member id (`member_id` is the one made for it). A static member
+        (`instance_id`) joining anew replaces the member holding its instance id, which
+        keeps its partitions and target under the new id and epoch: no rebalance (Kafka
+        does not wait for a classic instance id to be released); rejoining with a known
+        id, the instance id must still be its own (else UNKNOWN_MEMBER_ID, or
+        FENCED_INSTANCE_ID when another member holds it). An embedded subscription that
+        cannot be read is UNKNOWN_SERVER_ERROR, as Kafka's IllegalStateException, and
+        changes nothing. (error, member id, generation = its member epoch, protocol name)."""
         try:
-            sub = cp.decode_subscription(embedded)
+            sub: cp.Subscription | None = cp.decode_subscription(protocols[0][1])
         except ValueError:
-            return codes.INCONSISTENT_GROUP_PROTOCOL, member_id, -1, ""
-        member = self.members.get(member_id)
+            sub = None
+        replaced: ConsumerMember | None = None
+        if instance_id is None:
+            member = self.members.get(member_id)
+        else:
+            holder = self.static_members.get(instance_id)
+            if not is_new:
+                if holder is None:
+                    return codes.UNKNOWN_MEMBER_ID, member_id, -1, ""
+                if holder != member_id:
+                    log.info(
+                        "group %s: static member %s with instance id %s is fenced by member %s",
+                        self.group_id,
+                        member_id,
+                        instance_id,
+                        holder,
+                    )
+                    return codes.FENCED_INSTANCE_ID, member_id, -1, ""
+            member = self.members.get(member_id)
+            if is_new and holder is not None:
+                replaced = self.members[holder]
         if member is not None and member.classic is None:
             return codes.UNKNOWN_MEMBER_ID, member_id, -1, ""  # a consumer-protocol member's id
-        is_new = member is None
-        if member is None:
+        if sub is None:
+            return codes.UNKNOWN_SERVER_ERROR, member_id, -1, ""
+        name = protocols[0][0]
+        changed = False
+        if replaced is not None:
+            member = self._replace(replaced, member_id)
+        elif member is None:
             try:
-                member = self._add(ConsumerMember(member_id))
+                member = self._add(ConsumerMember(member_id, instance_id=instance_id))
             except HeartbeatError as exc:
                 return exc.error, member_id, -1, ""
+            changed = True
         member.classic = (session_timeout_ms, tuple(protocols))
         member.rebalance_timeout_ms = rebalance_timeout_ms
         member.client_id, member.client_host = client_id, client_host
         topics = tuple(sorted(set(sub.topics)))
-        changed = is_new or topics != member.subscribed_topic_names
+        changed |= topics != member.subscribed_topic_names
         member.subscribed_topic_names = topics
         self._write_metadata(member)
         self._follow_subscriptions(changed, lookup, names)
@@ -865,7 +921,47 @@ class ConsumerGroup:
         member.session_deadline = now + session_timeout_ms
         return codes.NONE, member.member_id, member.member_epoch, name
 
-    def _classic_member(self, member_id: str, generation: int) -> ConsumerMember | int:
+    def _replace(self, old: ConsumerMember, member_id: str) -> ConsumerMember:
+        """Kafka's replaceMember for a static member back under `member_id`: the old id's
+        records are deleted and the member, its partitions and its target assignment are
+        written again under the new id at epoch 0, which the next reconciliation brings
+        to the assignment epoch with the same partitions."""
+        log.info(
+            "group %s: static member with instance id %s rejoins as %s, replacing %s",
+            self.group_id,
+            old.instance_id,
+            member_id,
+            old.member_id,
+        )
+        self._tombstone_member(old.member_id)
+        del self.members[old.member_id]
+        self._release(old)
+        target = self.target.pop(old.member_id, {})
+        old.member_id = member_id
+        old.member_epoch = old.previous_member_epoch = 0
+        self.members[member_id] = old
+        if old.instance_id is not None:
+            self.static_members[old.instance_id] = member_id
+        self.target[member_id] = target
+        self._hold(old)
+        self._write_metadata(old)
+        self.records.append(
+            (rec.key(rec.TARGET_MEMBER, self.group_id, member_id), rec.target_member(target))
+        )
+        self._write_current(old)
+        return old
+
+    def _classic_member(
+        self, member_id: str, instance_id: str | None, generation: int
+    ) -> ConsumerMember | int:
+        """validateConsumerGroupMember, throwIfMemberDoesNotUseClassicProtocol and
+        throwIfGenerationIdUnmatched: the classic member a request is from, or its error."""
+        if instance_id is not None:
+            holder = self.static_members.get(instance_id)
+            if holder is None:
+                return codes.UNKNOWN_MEMBER_ID
+            if holder != member_id:
+                return codes.FENCED_INSTANCE_ID
         member = self.members.get(member_id)
         if member is None or member.classic is None:
             return codes.UNKNOWN_MEMBER_ID
@@ -873,33 +969,82 @@ class ConsumerGroup:
             return codes.ILLEGAL_GENERATION
         return member
 
-    def classic_sync(self, now: int, member_id: str, generation: int) -> tuple[int, bytes]:
-        """SyncGroup of a classic member: the server-side assignment it reconciled to, as
-        a ConsumerProtocolAssignment."""
-        member = self._classic_member(member_id, generation)
+    def classic_sync(
+        self,
+        now: int,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
+    ) -> tuple[int, bytes]:
+        """SyncGroup of a classic member (classicGroupSyncToConsumerGroup): the
+        server-side assignment it reconciled to, as a ConsumerProtocolAssignment. The
+        protocol type and name, when the request has them, must be "consumer" and the
+        one its join was answered with (INCONSISTENT_GROUP_PROTOCOL); a member behind the
+        group epoch, unless it is revoking, must rejoin first (REBALANCE_IN_PROGRESS)."""
+        member = self._classic_member(member_id, instance_id, generation)
         if isinstance(member, int):
             return member, b""
         assert member.classic is not None
+        if protocol_type is not None and protocol_type != CONSUMER_PROTOCOL_TYPE:
+            return codes.INCONSISTENT_GROUP_PROTOCOL, b""
+        if protocol_name is not None and protocol_name != member.classic[1][0][0]:
+            return codes.INCONSISTENT_GROUP_PROTOCOL, b""
+        if (
+            self.group_epoch > member.member_epoch
+            and member.state is not MemberState.UNREVOKED_PARTITIONS
+        ):
+            return codes.REBALANCE_IN_PROGRESS, b""
         member.session_deadline = now + member.classic[0]
         by_id = {tid: name for name, (tid, _) in self.topic_metadata.items()}
         named = {by_id[t]: ps for t, ps in member.assigned.items() if t in by_id}
         return codes.NONE, cp.encode_assignment(named)
 
-    def classic_heartbeat(self, now: int, member_id: str, generation: int) -> int:
-        """Heartbeat of a classic member: REBALANCE_IN_PROGRESS while it has not reached
-        the current target assignment (it rejoins to be reconciled)."""
-        member = self._classic_member(member_id, generation)
+    def classic_heartbeat(
+        self, now: int, member_id: str, instance_id: str | None, generation: int
+    ) -> int:
+        """Heartbeat of a classic member (classicGroupHeartbeatToConsumerGroup):
+        REBALANCE_IN_PROGRESS when it must rejoin to be reconciled: it is behind the
+        group epoch, it has partitions to revoke, or the partitions it waited for are
+        free now (while another member still holds one, it waits: NONE)."""
+        member = self._classic_member(member_id, instance_id, generation)
         if isinstance(member, int):
             return member
         assert member.classic is not None
         member.session_deadline = now + member.classic[0]
-        if self.group_epoch > self.assignment_epoch:
-            self._compute_target()
-        if member.member_epoch != self.assignment_epoch or member.state is not MemberState.STABLE:
+        if (
+            member.member_epoch < self.group_epoch
+            or member.state is MemberState.UNREVOKED_PARTITIONS
+            or (
+                member.state is MemberState.UNRELEASED_PARTITIONS
+                and not self._waiting_on_unreleased(member)
+            )
+        ):
             return codes.REBALANCE_IN_PROGRESS
         return codes.NONE
 
-    def classic_leave(self, member_id: str) -> int:
+    def _waiting_on_unreleased(self, member: ConsumerMember) -> bool:
+        """ConsumerGroup.waitingOnUnreleasedPartition: a partition of its target that it
+        does not have is still held by another member."""
+        for t, ps in self.target.get(member.member_id, {}).items():
+            mine = member.assigned.get(t, frozenset())
+            if any(p not in mine and (t, p) in self.partition_owners for p in ps):
+                return True
+        return False
+
+    def classic_leave(self, member_id: str, instance_id: str | None) -> int:
+        """One member of a LeaveGroup (classicGroupLeaveToConsumerGroup): by member id, or
+        by instance id, where an empty member id is an administrative removal and any
+        other must be the instance's holder (FENCED_INSTANCE_ID). Only classic members
+        leave this way (else UNKNOWN_MEMBER_ID)."""
+        if instance_id is not None:
+            holder = self.static_members.get(instance_id)
+            if holder is None:
+                return codes.UNKNOWN_MEMBER_ID
+            if member_id and holder != member_id:
+                return codes.FENCED_INSTANCE_ID
+            member_id = holder
         member = self.members.get(member_id)
         if member is None or member.classic is None:
             return codes.UNKNOWN_MEMBER_ID

@@ -31,9 +31,21 @@ partition's previous holder, `broker.groups.offsets.adopt`, by log order, never 
 claims them in etcd, a new revision; loads; their groups' requests answer
 COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s those moved elsewhere.
 
+Transactional offsets (Kafka's design): TxnOffsetCommit, sent to the group's coordinator,
+keeps a producer's offsets pending, durable in the archive (`PendingKey` records,
+broker/groups/records.py; adopted on a takeover like any other key) and not visible; the
+transaction coordinator's marker for the group's partition of ``__consumer_offsets``
+(WriteTxnMarkers, or a direct call when it is this broker) commits them, written as
+OffsetCommitValues in the same batch as the pending record's tombstone, or drops them
+(`complete_transaction`). Meanwhile OffsetFetch with require_stable answers
+UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`).
+
 KIP-848 (`consumer_heartbeat`): the machine's consumer-group records (`Groups.records`)
 are appended in the order it produced them, and a heartbeat is answered once the records
-it caused are stored, as a commit is; records a timer produced (a member fenced) are
+it caused are stored, as a commit is; so are the JoinGroup, SyncGroup, Heartbeat and
+LeaveGroup of a consumer group's classic members (`_answer_when_stored`: those that wrote
+nothing once everything appended before them is durable, as Kafka answers a coordinator
+write once the log is committed up to it); records a timer produced (a member fenced) are
 appended by `_dispatch` with nobody waiting. `_install` rebuilds consumer groups from
 `Replayed.consumer_groups`.
 
@@ -65,17 +77,28 @@ from broker.cluster.etcd import EtcdError
 from broker.cluster.shards import partition_for, place_shards
 from broker.groups import codes, consumer_records
 from broker.groups.consumer_group import ConsumerGroup, ConsumerSettings, Heartbeat, HeartbeatResult
-from broker.groups.offsets import OFFSETS_TOPIC, OffsetsArchive, Replayed, adopt, last_words
+from broker.groups.offsets import (
+    OFFSETS_TOPIC,
+    OffsetsArchive,
+    Replayed,
+    adopt,
+    decode_any_key,
+    last_words,
+)
 from broker.groups.records import (
     GroupValue,
     MemberValue,
     OffsetValue,
+    PendingOffset,
+    PendingValue,
     RecordFormatError,
     decode_key,
     group_key,
     group_value,
     offset_key,
     offset_value,
+    pending_key,
+    pending_value,
 )
 from broker.groups.state import (
     CONSUMER_PROTOCOL,
@@ -170,6 +193,12 @@ class GroupCoordinator:
         # Alone, every group is served from the start.
         self.shards: dict[int, int] = {}
         self.takeovers = 0
+        # Transactional offsets (TxnOffsetCommit) awaiting their transaction's marker:
+        # group -> producer id -> them, as the archive holds them (`PendingKey` records).
+        self.pending: dict[str, dict[int, PendingValue]] = {}
+        # The newest epoch a marker of each producer id came with: an older TxnOffsetCommit
+        # arriving late would leave offsets pending that no marker will ever end.
+        self._marker_epochs: dict[int, int] = {}
 
     # ------------------------------------------------------------------ driver
 
@@ -228,10 +257,14 @@ class GroupCoordinator:
         __consumer_offsets (the client asks FindCoordinator again),
         COORDINATOR_LOAD_IN_PROGRESS while this broker takes the partition over (both
         retriable)."""
+        return self.partition_refusal(self.shard_of(group_id))
+
+    def partition_refusal(self, p: int) -> int:
+        """`refusal` for every group of partition `p` of __consumer_offsets (also what a
+        transaction marker for that partition is answered)."""
         cluster = self.sharded
         if cluster is None:
             return codes.NONE
-        p = self.shard_of(group_id)
         record = cluster.membership.shards.get(OFFSETS_TOPIC, {}).get(p)
         if record is None or record.owner != cluster.me or not cluster.membership.lease_valid():
             if p in self.shards:
@@ -285,6 +318,8 @@ class GroupCoordinator:
         gone = set(self.shards) if partitions is None else set(partitions)
         for p in gone:
             self.shards.pop(p, None)
+        for g in [g for g in self.pending if partitions is None or self.shard_of(g) in gone]:
+            del self.pending[g]
         self.groups.unload([g for g in self.groups.groups if partitions is None or self.shard_of(g) in gone])
         self._dispatch()
         if gone:
@@ -292,7 +327,9 @@ class GroupCoordinator:
 
     def _in_shards(self, raw_key: bytes, partitions: Mapping[int, object]) -> bool:
         try:
-            return self.shard_of(decode_key(raw_key).group_id) in partitions
+            # every key of the archive: offsets, group metadata, pending transactional
+            # offsets and the KIP-848 consumer group records
+            return self.shard_of(decode_any_key(raw_key).group_id) in partitions
         except RecordFormatError:
             return False
 
@@ -452,6 +489,9 @@ class GroupCoordinator:
             consumer = ConsumerGroup(group_id, self.groups.consumer_settings, self.groups.records)
             consumer.load(now, records, self._topic, self._topic_names)
             group.consumer, group.protocol_type = consumer, CONSUMER_PROTOCOL
+        for (group_id, producer_id), pending in replayed.pending.items():
+            if partitions is None or self.shard_of(group_id) in partitions:
+                self.pending.setdefault(group_id, {})[producer_id] = pending
         for (group_id, topic, partition), (v, record_offset) in replayed.offsets.items():
             if partitions is not None and self.shard_of(group_id) not in partitions:
                 continue
@@ -549,28 +589,93 @@ class GroupCoordinator:
 
     def join(self, group_id: str, member_id: str, group_instance_id: str | None, protocol_type: str,
              protocols: list[tuple[str, bytes]], **kw: Any) -> JoinResult | Waiter:
+        mixed = self._mixed(group_id)
         waiter = Waiter()
         result = self.groups.join(self.now(), group_id, member_id, group_instance_id, protocol_type, protocols, waiter,
                                   lookup=self._topic, names=self._topic_names, **kw)
+        if mixed and result is not None:
+            return self._answer_when_stored(group_id, result, lambda error: JoinResult(error, ""))
         self._dispatch()
         return waiter if result is None else result
 
     def sync(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
              assignments: Mapping[str, bytes], **kw: Any) -> SyncResult | Waiter:
+        mixed = self._mixed(group_id)
         waiter = Waiter()
         result = self.groups.sync(self.now(), group_id, generation_id, member_id, group_instance_id, assignments, waiter, **kw)
+        if mixed and result is not None:
+            return self._answer_when_stored(group_id, result, SyncResult)
         self._dispatch()
         return waiter if result is None else result
 
-    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> int:
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> int | Waiter:
+        mixed = self._mixed(group_id)
         error = self.groups.heartbeat(self.now(), group_id, generation_id, member_id, group_instance_id)
+        if mixed:
+            return self._answer_when_stored(group_id, error, lambda refused: refused)
         self._dispatch()
         return error
 
-    def leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> tuple[int, list[int]]:
+    def leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> tuple[int, list[int]] | Waiter:
+        mixed = self._mixed(group_id)
         result = self.groups.leave(self.now(), group_id, members)
+        if mixed:
+            return self._answer_when_stored(group_id, result, lambda error: (error, []))
         self._dispatch()
         return result
+
+    def _mixed(self, group_id: str) -> bool:
+        """Whether the classic requests of `group_id` are served by its consumer group
+        (KIP-848's mixed group), whose answers wait for what they wrote."""
+        group = self.groups.get(group_id)
+        return group is not None and group.consumer is not None
+
+    def _answer_when_stored(self, group_id: str, answer: Any, refused: Callable[[int], Any]) -> Waiter:
+        """The answer to a classic member of a consumer group, given once the records its
+        request caused, and everything appended before them, are stored (Kafka answers
+        a coordinator's write once the log is committed up to it, whether it wrote
+        records or not), so a crash after the answer loses nothing the member was told;
+        else `refused(error)` with Kafka's mapping (a timeout is COORDINATOR_NOT_AVAILABLE)."""
+        fence = self._fence([group_id])
+        waiter = Waiter()
+        try:
+            last = self._flush_records()
+        except Exception as exc:
+            log.error("cannot store consumer group %s: %s", group_id, exc)
+            self._dispatch()
+            waiter.set(refused(codes.COORDINATOR_NOT_AVAILABLE))
+            return waiter
+        self._dispatch()
+        if last is not None:
+            # And what the dispatch appended after them (a downgrade's classic record).
+            last = max(last, self.archive.partition.log.log_end_offset - 1)
+
+        async def stored() -> None:
+            error = await (self._wait_stored(last, fence) if last is not None else self._wait_caught_up())
+            if error == codes.REQUEST_TIMED_OUT:
+                error = codes.COORDINATOR_NOT_AVAILABLE
+            waiter.set(answer if error == codes.NONE else refused(error))
+
+        if self._nursery is None:
+            raise RuntimeError("the group coordinator is not running (start GroupCoordinator.run)")
+        self._nursery.start_soon(stored)
+        return waiter
+
+    async def _wait_caught_up(self) -> int:
+        """Wait until everything appended to the archive so far is durable: NONE,
+        REQUEST_TIMED_OUT, or COORDINATOR_NOT_AVAILABLE when the archive failed."""
+        plog = self.archive.partition.log
+        end = plog.log_end_offset - 1
+        if end < plog.log_start_offset:
+            return codes.NONE
+        with trio.move_on_after(self.settings.offset_commit_timeout_ms / 1000):
+            try:
+                await self.archive.wait_durable(end)
+            except Exception as exc:
+                log.error("%s not durable: %s", OFFSETS_TOPIC, exc)
+                return codes.COORDINATOR_NOT_AVAILABLE
+            return codes.NONE
+        return codes.REQUEST_TIMED_OUT
 
     def describe(self, group_id: str) -> GroupSummary:
         group = self.groups.get(group_id)
@@ -670,6 +775,102 @@ class GroupCoordinator:
             current = group.offsets.get((t, p))
             if current is None or current.record_offset < base + i:
                 group.offsets[(t, p)] = CommittedOffset(o, e, m, now_wall, base + i, None)
+        return codes.NONE
+
+    # ------------------------------------------------------------------ transactional offsets
+
+    def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The (topic, partition)s of `group_id` with transactional offsets awaiting their
+        transaction's marker: OffsetFetch with require_stable answers
+        UNSTABLE_OFFSET_COMMIT for them, as Kafka's OffsetMetadataManager does."""
+        return {(o.topic, o.partition) for v in self.pending.get(group_id, {}).values() for o in v.offsets}
+
+    async def txn_offset_commit(self, group_id: str, producer_id: int, producer_epoch: int,
+                                offsets: Sequence[PendingOffset]) -> int:
+        """TxnOffsetCommit, at the group's coordinator (the caller checked the member and
+        the transaction): the offsets are kept pending, durable in the archive (one
+        `PendingKey` record per group and producer, merged with what this transaction
+        committed before), until the transaction coordinator's marker for the group's
+        partition of __consumer_offsets commits or drops them (`complete_transaction`).
+        The error code."""
+        error = self.refusal(group_id)
+        if error != codes.NONE:
+            return error
+        by_pid = self.pending.get(group_id, {})
+        current = by_pid.get(producer_id)
+        if producer_epoch < self._marker_epochs.get(producer_id, -1) or (
+            current is not None and producer_epoch < current.producer_epoch
+        ):
+            return codes.INVALID_PRODUCER_EPOCH
+        merged = {} if current is None or current.producer_epoch != producer_epoch else {
+            (o.topic, o.partition): o for o in current.offsets
+        }
+        merged.update(((o.topic, o.partition), o) for o in offsets)
+        value = PendingValue(producer_epoch, tuple(merged.values()))
+        fence = self._fence([group_id])
+        try:
+            _, last = self._append_replicated([(pending_key(group_id, producer_id), pending_value(value))], self.wall())
+        except Exception as exc:
+            log.error("cannot append transactional offsets of group %s: %s", group_id, exc)
+            return codes.COORDINATOR_NOT_AVAILABLE
+        # In memory at once, in log order: the next TxnOffsetCommit of this transaction
+        # merges with this one even while it is in flight (the archive's last word wins
+        # at a replay, and it is the newer record).
+        self.pending.setdefault(group_id, {})[producer_id] = value
+        return await self._wait_stored(last, fence)
+
+    async def complete_transaction(self, producer_id: int, producer_epoch: int, commit: bool, partition: int) -> int:
+        """A transaction marker (WriteTxnMarkers) for `partition` of __consumer_offsets:
+        the pending offsets of `producer_id` in the groups of that partition are committed
+        (written as OffsetCommitValues, their pending record tombstoned in the same batch)
+        or dropped (tombstoned), and visible once stored as a commit is. Pending offsets
+        of a newer epoch than the marker's are a later transaction's: kept. A marker that
+        finds nothing (a retry) succeeds. The error code."""
+        error = self.partition_refusal(partition)
+        if error != codes.NONE:
+            return error
+        if producer_epoch > self._marker_epochs.get(producer_id, -1):
+            self._marker_epochs[producer_id] = producer_epoch
+        ending = {
+            g: v
+            for g, by_pid in self.pending.items()
+            if (v := by_pid.get(producer_id)) is not None
+            and v.producer_epoch <= producer_epoch
+            and self.shard_of(g) == partition
+        }
+        if not ending:
+            return codes.NONE
+        now_wall = self.wall()
+        records: list[tuple[bytes, bytes | None]] = []
+        written: list[tuple[str, PendingOffset, int]] = []  # (group, offset, index in the batch)
+        for g, v in ending.items():
+            if commit:
+                for o in v.offsets:
+                    written.append((g, o, len(records)))
+                    records.append((offset_key(g, o.topic, o.partition),
+                                    offset_value(OffsetValue(o.offset, o.leader_epoch, o.metadata, now_wall, None))))
+            records.append((pending_key(g, producer_id), None))
+        fence = self._fence(ending)
+        try:
+            base, last = self._append_replicated(records, now_wall)
+        except Exception as exc:
+            log.error("cannot append the transaction marker of producer %d: %s", producer_id, exc)
+            return codes.COORDINATOR_NOT_AVAILABLE
+        error = await self._wait_stored(last, fence)
+        if error != codes.NONE:
+            return error
+        for g, v in ending.items():
+            by_pid = self.pending.get(g, {})
+            if by_pid.get(producer_id) is v:
+                del by_pid[producer_id]
+                if not by_pid:
+                    del self.pending[g]
+        for g, o, i in written:
+            group = self.groups.get_or_create(g)
+            current = group.offsets.get((o.topic, o.partition))
+            if current is None or current.record_offset < base + i:
+                group.offsets[(o.topic, o.partition)] = CommittedOffset(
+                    o.offset, o.leader_epoch, o.metadata, now_wall, base + i, None)
         return codes.NONE
 
     def fetch_offsets(self, group_id: str, wanted: Sequence[tuple[str, Sequence[int]]] | None) -> dict[str, dict[int, CommittedOffset | None]]:

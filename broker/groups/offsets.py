@@ -67,11 +67,14 @@ from broker.groups.records import (
     GroupValue,
     OffsetKey,
     OffsetValue,
+    PendingKey,
+    PendingValue,
     RecordFormatError,
     build_batch,
     decode_group_value,
     decode_key,
     decode_offset_value,
+    decode_pending_value,
 )
 from broker.protocol import records as batches
 from broker.protocol.errors import RecordBatchError
@@ -102,7 +105,7 @@ class Word(NamedTuple):
     value: bytes | None
 
 
-def decode_any_key(raw_key: bytes) -> OffsetKey | GroupKey | ConsumerGroupKey:
+def decode_any_key(raw_key: bytes) -> OffsetKey | GroupKey | PendingKey | ConsumerGroupKey:
     """A key of the archive: classic (offsets, group metadata) or KIP-848 consumer group."""
     if len(raw_key) >= 2 and int.from_bytes(raw_key[:2], "big") in consumer_records.TYPES:
         return consumer_records.decode_key(raw_key)
@@ -190,11 +193,19 @@ class Replayed:
     groups: dict[str, GroupValue] = field(default_factory=dict)
     # KIP-848 consumer groups: group id -> (record type, member id) -> value
     consumer_groups: dict[str, dict[tuple[int, str], bytes]] = field(default_factory=dict)
+    # transactional offsets awaiting their transaction's marker: (group, producer id) -> them
+    pending: dict[tuple[str, int], PendingValue] = field(default_factory=dict)
     records: int = 0
     skipped: int = 0
 
-    def apply(self, record_offset: int, key: OffsetKey | GroupKey | ConsumerGroupKey, value: bytes | None) -> None:
-        if isinstance(key, ConsumerGroupKey):
+    def apply(self, record_offset: int, key: OffsetKey | GroupKey | PendingKey | ConsumerGroupKey,
+              value: bytes | None) -> None:
+        if isinstance(key, PendingKey):
+            if value is None:
+                self.pending.pop((key.group_id, key.producer_id), None)
+            else:
+                self.pending[(key.group_id, key.producer_id)] = decode_pending_value(value)
+        elif isinstance(key, ConsumerGroupKey):
             records = self.consumer_groups.setdefault(key.group_id, {})
             if value is None:
                 records.pop((key.record_type, key.member_id), None)

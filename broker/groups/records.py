@@ -1,7 +1,12 @@
 """The records of the offsets archive, in Kafka's own `__consumer_offsets` formats.
 
 Keys (a version prefix, int16): 0/1 = OffsetCommitKey (group, topic, partition),
-2 = GroupMetadataKey (group). Values: OffsetCommitValue v0-v3 (we write v3: offset,
+2 = GroupMetadataKey (group), and one of hyperkafka's own, 100 = the pending
+transactional offsets of one producer in one group (`PendingKey`: group, producer id;
+its value `PendingValue`: producer epoch and the offsets), which Kafka keeps as
+transactional OffsetCommit records awaiting their marker; here they are one record,
+replaced whole, tombstoned when the transaction's marker commits (the offsets are then
+written as OffsetCommitValues in the same batch) or aborts them. Values: OffsetCommitValue v0-v3 (we write v3: offset,
 leader epoch, metadata, commit timestamp; v1, with its expire timestamp, for a commit that
 carried a retention time, as Kafka does) and GroupMetadataValue v0-v3 (we write v3:
 protocol type, generation, protocol, leader, state timestamp, members with instance id,
@@ -37,6 +42,30 @@ class OffsetKey:
 @dataclass(frozen=True)
 class GroupKey:
     group_id: str
+
+
+@dataclass(frozen=True)
+class PendingKey:
+    group_id: str
+    producer_id: int
+
+
+PENDING_KEY_VERSION = 100
+
+
+@dataclass(frozen=True)
+class PendingOffset:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str
+
+
+@dataclass(frozen=True)
+class PendingValue:
+    producer_epoch: int
+    offsets: tuple[PendingOffset, ...]
 
 
 @dataclass(frozen=True)
@@ -94,6 +123,35 @@ def offset_key(group_id: str, topic: str, partition: int) -> bytes:
 
 def group_key(group_id: str) -> bytes:
     return struct.pack(">h", 2) + _str(group_id)
+
+
+def pending_key(group_id: str, producer_id: int) -> bytes:
+    return struct.pack(">h", PENDING_KEY_VERSION) + _str(group_id) + struct.pack(">q", producer_id)
+
+
+def pending_value(value: PendingValue) -> bytes:
+    out = bytearray(struct.pack(">hhi", 0, value.producer_epoch, len(value.offsets)))
+    for o in value.offsets:
+        out += _str(o.topic) + struct.pack(">iqi", o.partition, o.offset, o.leader_epoch) + _str(o.metadata)
+    return bytes(out)
+
+
+def decode_pending_value(data: bytes) -> PendingValue:
+    r = _Reader(data)
+    version, epoch, count = r.take(">hhi")
+    if version != 0:
+        raise RecordFormatError(f"unknown pending offsets version {version}")
+    if count < 0:
+        raise RecordFormatError("negative count")
+    offsets = []
+    try:
+        for _ in range(count):
+            topic = r.req_string()
+            partition, offset, leader_epoch = r.take(">iqi")
+            offsets.append(PendingOffset(topic, partition, offset, leader_epoch, r.req_string()))
+    except UnicodeDecodeError as exc:
+        raise RecordFormatError(str(exc)) from None
+    return PendingValue(epoch, tuple(offsets))
 
 
 def offset_value(value: OffsetValue) -> bytes:
@@ -175,7 +233,7 @@ _I64 = struct.Struct(">q")
 _OFFSET_V3_HEAD = struct.Struct(">hqih")  # version, offset, leader epoch, metadata length
 
 
-def decode_key(data: bytes) -> OffsetKey | GroupKey:
+def decode_key(data: bytes) -> OffsetKey | GroupKey | PendingKey:
     """A key of the archive. Replay decodes every record, so the exact-length layouts we
     write are read with a few struct calls; anything else takes `_decode_key_checked`."""
     n = len(data)
@@ -194,7 +252,7 @@ def decode_key(data: bytes) -> OffsetKey | GroupKey:
     return _decode_key_checked(data)
 
 
-def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey:
+def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey | PendingKey:
     try:
         r = _Reader(data)
         version = r.i(">h")
@@ -202,6 +260,11 @@ def _decode_key_checked(data: bytes) -> OffsetKey | GroupKey:
             return OffsetKey(r.req_string(), r.req_string(), r.i(">i"))
         if version == 2:
             return GroupKey(r.req_string())
+        if version == PENDING_KEY_VERSION:
+            key = PendingKey(r.req_string(), r.i(">q"))
+            if r.pos != len(data):
+                raise RecordFormatError("trailing bytes after a pending offsets key")
+            return key
     except UnicodeDecodeError as exc:
         raise RecordFormatError(str(exc)) from None
     raise RecordFormatError(f"unknown key version {version}")

@@ -737,12 +737,15 @@ class Groups:
             self._maybe_downgrade(now, group, epoch)
         return result
 
-    def _maybe_downgrade(self, now: int, group: Group, epoch: int) -> None:
+    def _maybe_downgrade(self, now: int, group: Group, epoch: int, *, replaced: bool = False) -> None:
         """Kafka's validateOnlineDowngrade + convertToClassicGroup: when the last member of
         the consumer protocol left (or was fenced) and classic members remain, the group
         becomes a classic group of those members at generation `epoch` (the group epoch
         before that member went, which the reconciled classic members hold), keeping their
-        partitions, and rebalances: they rejoin and their leader assigns again."""
+        partitions, and rebalances: they rejoin and their leader assigns again. When a
+        classic JoinGroup `replaced` it (its instance id: validateOnlineDowngradeWith-
+        ReplacedMemberId), the classic group is stable at once, each member with its
+        target partitions: nobody rebalances."""
         consumer = group.consumer
         if (
             consumer is None
@@ -764,9 +767,10 @@ class Groups:
         for cm in consumer.members.values():
             assert cm.classic is not None
             session_ms, protocols = cm.classic
-            named = {by_id[t]: ps for t, ps in cm.assigned.items() if t in by_id}
+            partitions = consumer.target.get(cm.member_id, cm.assigned) if replaced else cm.assigned
+            named = {by_id[t]: ps for t, ps in partitions.items() if t in by_id}
             member = Member(
-                cm.member_id, None, cm.client_id, cm.client_host, cm.rebalance_timeout_ms, session_ms,
+                cm.member_id, cm.instance_id, cm.client_id, cm.client_host, cm.rebalance_timeout_ms, session_ms,
                 CONSUMER_PROTOCOL, list(protocols), encode_assignment(named),
             )
             group._add(member)
@@ -775,7 +779,8 @@ class Groups:
         group.state = State.STABLE
         log.info("group %s: consumer group of epoch %d downgraded to a classic group (%d members)", group.group_id, epoch, len(group.members))
         self.effects.append(StoreGroup(group.group_id, group.generation_id, None))
-        group.prepare_rebalance(now)
+        if not replaced:
+            group.prepare_rebalance(now)
 
     def _upgrade(self, now: int, group: Group, lookup: TopicLookup, names: Callable[[], Iterable[str]]) -> bool:
         """Kafka's validateOnlineUpgrade + convertToConsumerGroup: a stable classic group of
@@ -791,8 +796,6 @@ class Groups:
             why = f"it is {group.state.value}"  # rebalancing: try again once stable
         elif len(group.members) >= s.max_size:
             why = "the joining member would exceed group.consumer.max.size"
-        elif group.static_members:
-            why = "static classic members are not converted here"
         protocol = group.protocol_name or ""
         if why is None:
             try:
@@ -800,7 +803,7 @@ class Groups:
                     now, group.group_id, s, self.records, group.generation_id,
                     [
                         ClassicMember(m.member_id, m.client_id, m.client_host, m.rebalance_timeout_ms, m.session_timeout_ms,
-                                      tuple(m.protocols), m.metadata(protocol), m.assignment)
+                                      tuple(m.protocols), m.metadata(protocol), m.assignment, m.group_instance_id)
                         for m in group.members.values()
                     ],
                     lookup, names,
@@ -868,19 +871,29 @@ class Groups:
             group = self.get_or_create(group_id)
         if group.consumer is not None:
             if group.consumer.members:
-                # A classic member in a consumer group (KIP-848's mixed group). Static
-                # classic members are not served in a consumer group here.
-                if protocol_type != CONSUMER_PROTOCOL or group_instance_id is not None or lookup is None:
-                    return JoinResult(codes.INCONSISTENT_GROUP_PROTOCOL, member_id)
+                # A classic member in a consumer group (KIP-848's mixed group), checked in
+                # Kafka's order: group full, protocols, MEMBER_ID_REQUIRED (dynamic
+                # members only), then the member. Kafka answers its errors with no
+                # member id.
+                consumer = group.consumer
                 if unknown:
-                    member_id = _member_id(client_id, self._new_id())
-                    if require_known_member_id:
-                        return JoinResult(codes.MEMBER_ID_REQUIRED, member_id)
-                joined, member_id, epoch, name = group.consumer.classic_join(
-                    now, member_id, protocols, session_timeout_ms, rebalance_timeout_ms, client_id, client_host, lookup, names
+                    member_id = _member_id(group_instance_id if group_instance_id is not None else client_id, self._new_id())
+                refused = consumer.classic_protocols_refusal(member_id, protocol_type, protocols)
+                if refused != codes.NONE or lookup is None:
+                    return JoinResult(refused or codes.INCONSISTENT_GROUP_PROTOCOL, UNKNOWN_MEMBER)
+                if unknown and group_instance_id is None and require_known_member_id:
+                    return JoinResult(codes.MEMBER_ID_REQUIRED, member_id)
+                holder = consumer.members.get(consumer.static_members.get(group_instance_id or "", ""))
+                replacing = unknown and holder is not None and holder.classic is None
+                joined, member_id, epoch, name = consumer.classic_join(
+                    now, member_id, group_instance_id, unknown, protocols, session_timeout_ms, rebalance_timeout_ms,
+                    client_id, client_host, lookup, names,
                 )
                 if joined != codes.NONE:
-                    return JoinResult(joined, member_id)
+                    return JoinResult(joined, UNKNOWN_MEMBER)
+                if replacing:
+                    # It took the place of a consumer-protocol member: maybe the last one.
+                    self._maybe_downgrade(now, group, consumer.group_epoch, replaced=True)
                 # No leader: every classic member syncs as a follower and gets the
                 # server-side assignment.
                 return JoinResult(codes.NONE, member_id, epoch, CONSUMER_PROTOCOL, name, "", (), False)
@@ -1049,9 +1062,9 @@ class Groups:
             return SyncResult(codes.INVALID_GROUP_ID)
         group = self.groups.get(group_id)
         if group is not None and group.consumer is not None:
-            if protocol_type is not None and protocol_type != CONSUMER_PROTOCOL:
-                return SyncResult(codes.INCONSISTENT_GROUP_PROTOCOL)
-            synced, assignment = group.consumer.classic_sync(now, member_id, generation_id)
+            synced, assignment = group.consumer.classic_sync(
+                now, member_id, group_instance_id, generation_id, protocol_type, protocol_name
+            )
             cm = group.consumer.members.get(member_id)
             name = cm.classic[1][0][0] if synced == codes.NONE and cm is not None and cm.classic else None
             return SyncResult(synced, assignment, CONSUMER_PROTOCOL if name else None, name)
@@ -1110,7 +1123,7 @@ class Groups:
             return codes.INVALID_GROUP_ID
         group = self.groups.get(group_id)
         if group is not None and group.consumer is not None:
-            return group.consumer.classic_heartbeat(now, member_id, generation_id)
+            return group.consumer.classic_heartbeat(now, member_id, group_instance_id, generation_id)
         if group is None:
             return codes.UNKNOWN_MEMBER_ID
         if group.is_(State.DEAD):
@@ -1136,7 +1149,7 @@ class Groups:
             return codes.INVALID_GROUP_ID, []
         group = self.groups.get(group_id)
         if group is not None and group.consumer is not None:
-            return codes.NONE, [group.consumer.classic_leave(member_id) for member_id, _ in leaving]
+            return codes.NONE, [group.consumer.classic_leave(member_id, instance_id) for member_id, instance_id in leaving]
         if group is None:
             return codes.NONE, [codes.UNKNOWN_MEMBER_ID] * len(leaving)
         if group.is_(State.DEAD):

@@ -10,7 +10,14 @@ from typing import Any
 from broker.api import Reply, RequestContext, advertised, api
 from broker.cluster import NO_LEADER, ClusterView
 from broker.handlers import errors
-from broker.node import OFFSETS_TOPIC, Node, Partition, Topic, TopicError, check_topic_name
+from broker.node import (
+    INTERNAL_TOPICS,
+    Node,
+    Partition,
+    Topic,
+    TopicError,
+    check_topic_name,
+)
 from broker.security.authz import OPEN_OPERATIONS, Operation, Resource
 from broker.security.session import authorize, authorized_operations, cluster_operations
 from broker.shape import field_of
@@ -137,8 +144,8 @@ def _sharded_partitions(cluster: ClusterView, name: str, count: int) -> list[dic
 
 def describe_topic(node: Node, topic: Topic) -> dict[str, Any]:
     partitions = []
-    # (alone, the offsets topic is this broker's own archive: not sharded)
-    shards = node.cluster.shard_count(topic.name) if topic.name == OFFSETS_TOPIC else None
+    # (alone, the internal topics are this broker's own archives: not sharded)
+    shards = node.cluster.shard_count(topic.name) if topic.name in INTERNAL_TOPICS else None
     if shards is not None:
         partitions = _sharded_partitions(node.cluster, topic.name, shards)
     for p in [] if shards is not None else topic.partitions:

@@ -60,7 +60,7 @@ from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.sendfile import SENDFILE_MIN_BYTES, FileSlice, release
 from broker.transactions.partition import last_stable_offset
-from storage.errors import CorruptBatch, OffsetOutOfRange, StorageError
+from storage.errors import CorruptBatch, LogClosed, OffsetOutOfRange, StorageError
 
 log = logging.getLogger("hyperkafka.fetch")
 
@@ -187,6 +187,11 @@ def _read_all(node: Node, req: Any, version: int, denied: frozenset[str] = froze
             except CorruptBatch:
                 # The stored batch does not match its signed leaf: never serve it.
                 entry["error_code"] = errors.KAFKA_STORAGE_ERROR
+                continue
+            except LogClosed:
+                # replaced while this request held it (a leader stepping down to follow a
+                # new fork reopens its archive): the client asks Metadata and the successor
+                entry["error_code"] = errors.NOT_LEADER_OR_FOLLOWER
                 continue
             except StorageError as exc:  # its files could not be opened again (storage/handles.py)
                 log.warning("fetch from %s-%d: %s", name, p.partition, exc)

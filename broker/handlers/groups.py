@@ -5,7 +5,9 @@ Thin: translate the kio request of whatever version into calls on `node.groups` 
 `broker.groups.coordinator.GroupCoordinator`) and its answer into a version-agnostic
 description. JoinGroup and SyncGroup that must wait for the rest of the group are answered
 through `Deferred`, so the connection keeps reading (heartbeats, commits) meanwhile; the
-reply still leaves in request order. OffsetCommit/DeleteGroups/OffsetDelete wait for their
+reply still leaves in request order; so are the classic requests of a consumer group's
+classic members (KIP-848's mixed group), answered once what they wrote is stored.
+OffsetCommit/DeleteGroups/OffsetDelete wait for their
 records in the offsets archive to be covered by a signed head (and, in a cluster, to be
 held by the in-sync brokers).
 
@@ -210,8 +212,15 @@ async def heartbeat(ctx: RequestContext, req: Any) -> Reply:
         return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
     if refusal := _refusal(ctx, req.group_id):
         return {"throttle_time": 0, "error_code": refusal}
-    error = _coordinator(ctx).heartbeat(req.group_id, req.generation_id, req.member_id, field_of(req, "group_instance_id"))
-    return {"throttle_time": 0, "error_code": error}
+    answer = _coordinator(ctx).heartbeat(req.group_id, req.generation_id, req.member_id, field_of(req, "group_instance_id"))
+    if isinstance(answer, Waiter):
+        waiter = answer
+
+        async def finish() -> dict[str, Any]:
+            return {"throttle_time": 0, "error_code": await waiter.wait()}
+
+        return Deferred(finish)
+    return {"throttle_time": 0, "error_code": answer}
 
 
 @api(13, "LeaveGroup", (0, 5))
@@ -224,18 +233,30 @@ async def leave_group(ctx: RequestContext, req: Any) -> Reply:
         leaving = [(m.member_id, field_of(m, "group_instance_id")) for m in req.members]
     else:
         leaving = [(req.member_id, None)]
-    top, errors = _coordinator(ctx).leave(req.group_id, leaving)
-    if ctx.api_version < 3:
-        # One member: its outcome is the top-level error (LeaveGroupResponse.getError).
-        return {"throttle_time": 0, "error_code": top if top != codes.NONE or not errors else errors[0]}
-    return {
-        "throttle_time": 0,
-        "error_code": top,
-        "members": [
-            {"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
-            for (member_id, instance_id), error in zip(leaving, errors, strict=False)
-        ],
-    }
+    answer = _coordinator(ctx).leave(req.group_id, leaving)
+    version = ctx.api_version
+
+    def described(top: int, errors: list[int]) -> dict[str, Any]:
+        if version < 3:
+            # One member: its outcome is the top-level error (LeaveGroupResponse.getError).
+            return {"throttle_time": 0, "error_code": top if top != codes.NONE or not errors else errors[0]}
+        return {
+            "throttle_time": 0,
+            "error_code": top,
+            "members": [
+                {"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
+                for (member_id, instance_id), error in zip(leaving, errors, strict=False)
+            ],
+        }
+
+    if isinstance(answer, Waiter):
+        waiter = answer
+
+        async def finish() -> dict[str, Any]:
+            return described(*await waiter.wait())
+
+        return Deferred(finish)
+    return described(*answer)
 
 
 # ------------------------------------------------------------------ offsets
@@ -299,7 +320,11 @@ def _fetched_topics(ctx: RequestContext, group_id: str, topics: Any, require_sta
     # require_stable (v7+, sent by read_committed consumers): a partition with a
     # transactional offset commit still pending answers UNSTABLE_OFFSET_COMMIT (the client
     # retries until the transaction is complete), as Kafka's OffsetMetadataManager does.
-    unstable = ctx.node.transactions.pending_offsets(group_id) if require_stable else set()
+    unstable = (
+        ctx.node.groups.pending_offsets(group_id) | ctx.node.transactions.pending_offsets(group_id)
+        if require_stable
+        else set()
+    )
     if topics is None:
         wanted, denied = None, []
     else:

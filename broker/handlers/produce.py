@@ -24,6 +24,7 @@ NOT_ENOUGH_REPLICAS_AFTER_APPEND when too few replicas held it in the end or in 
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any
 
 import trio
@@ -34,7 +35,7 @@ from broker.cluster import signed_blocks
 from broker.handlers import errors
 from broker.handlers.transactions import init_transactional
 from broker.idempotence import Verdict, last_sequence
-from broker.node import Partition, Topic, TopicError, ms_now
+from broker.node import Node, Partition, Topic, TopicError, ms_now
 from broker.protocol import records
 from broker.protocol.compression import recompress_batch
 from broker.protocol.errors import ProtocolError, RecordBatchError
@@ -74,6 +75,19 @@ def _has_transactional(req: Any) -> bool:
             if data is not None and len(data) > 22 and data[22] & 0x10:  # attributes, low byte
                 return True
     return False
+
+
+def _transactional_batches(req: Any) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, producer id, epoch) of each partition whose batch is a
+    transactional data batch (read from its header; the full checks come later)."""
+    out = []
+    for t in req.topic_data:
+        for p in t.partition_data:
+            data = p.records
+            if data is not None and len(data) >= 61 and data[22] & 0x10 and not data[22] & 0x20:
+                pid, epoch = struct.unpack_from(">qh", data, 43)
+                out.append((t.name, p.index, pid, epoch))
+    return out
 
 
 class CloseConnection(ProtocolError):
@@ -243,6 +257,22 @@ def _admit_checked(ctx: RequestContext, topic: Topic, partition: Partition, data
     return result
 
 
+async def _room_for_unsigned(node: Node, topic: Topic, index: int) -> None:
+    """Back-pressure on a quorum-signed partition whose replicas sign slower than its
+    producers write (docs/clusters.md): past ``hyperkafka.quorum.unsigned.max.bytes``
+    admitted and not yet signed, wait (this connection's reads with it) for its next
+    head. The rounds owed by this reader go to the commit loop first: they are what
+    frees the room."""
+    if not 0 <= index < len(topic.partitions):
+        return
+    partition = topic.partitions[index]
+    budget = node.config.quorum_unsigned_max_bytes
+    if partition.over_budget(budget):
+        if node.round_owed:
+            node.wake_commit()
+        await partition.wait_room(budget)
+
+
 @api(0, "Produce", (0, 11), accepted_min=3)
 async def produce(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
@@ -260,6 +290,13 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
         }
     else:
         results = {}
+        if req.transactional_id is not None:
+            # KIP-890 part 1 where another broker coordinates the transactional id: it is
+            # asked first (broker/transactions/coordinator.py `verify_produce`).
+            unverified = await node.transactions.verify_produce(req.transactional_id, _transactional_batches(req))
+            for (topic_name, index), (code, message) in unverified.items():
+                refusal = results[(topic_name, index)] = _PartitionResult(code, message)
+                refusal.before_log = True
         for t in req.topic_data:
             if not authorize(ctx, Operation.WRITE, t.name) or (t.name not in node.topics and not authorize(ctx, Operation.CREATE, t.name)):
                 for p in t.partition_data:
@@ -276,6 +313,9 @@ async def produce(ctx: RequestContext, req: Any) -> Reply:
                 continue
             stats = topic.stats
             for p in t.partition_data:
+                if (t.name, p.index) in results:  # refused by the transaction coordinator
+                    continue
+                await _room_for_unsigned(node, topic, p.index)
                 r = results[(t.name, p.index)] = _produce_one(ctx, topic, p.index, p.records, acks)
                 stats.produce_requests += 1
                 if r.error != errors.NONE:

@@ -5,7 +5,13 @@ DescribeTransactions, ListTransactions, WriteTxnMarkers (`kafka-transactions abo
 FindCoordinator for a transactional id.
 
 Thin: translate the kio request into calls on `node.transactions`
-(broker/transactions/coordinator.py) and its outcome into a description. Rights: a
+(broker/transactions/coordinator.py) and its outcome into a description. TxnOffsetCommit
+is served by the group's coordinator (`node.groups.txn_offset_commit`), as in Kafka; the
+transaction is checked first (here, or asked of the transaction's coordinator).
+WriteTxnMarkers also serves the transaction coordinators of other brokers (their markers
+into the partitions this broker leads, and into the partitions of __consumer_offsets whose
+groups it coordinates); DescribeTransactions answers NOT_COORDINATOR /
+COORDINATOR_LOAD_IN_PROGRESS for an id another broker coordinates / one being loaded. Rights: a
 transactional id needs no ACL of its own yet (there is no TransactionalId resource in the
 authorizer): the operations that write need IDEMPOTENT_WRITE's test (a principal that may
 write somewhere), AddOffsetsToTxn and TxnOffsetCommit READ on the group, and
@@ -18,6 +24,7 @@ import datetime
 from typing import Any
 
 from broker.api import Reply, RequestContext, api
+from broker.groups.records import PendingOffset
 from broker.handlers import errors
 from broker.security.authz import Operation
 from broker.security.session import (
@@ -28,14 +35,14 @@ from broker.security.session import (
 )
 from broker.shape import field_of
 from broker.transactions.coordinator import (
-    OFFSETS_PARTITION,
+    OFFSETS_TOPIC,
     OPERATION_NOT_ATTEMPTED,
     PRODUCER_FENCED,
     CoordinatorError,
     TxnCoordinator,
     coordinator_node,
 )
-from broker.transactions.records import Status, TxnOffset
+from broker.transactions.records import Status
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 GROUP_AUTHORIZATION_FAILED = 30
@@ -171,8 +178,13 @@ async def add_offsets_to_txn(ctx: RequestContext, req: Any) -> Reply:
     if not authorize_group(ctx, Operation.READ, req.group_id):
         return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
     try:
+        # As Kafka: the group's partition of __consumer_offsets joins the transaction; its
+        # marker goes to the group's coordinator, which holds the pending offsets.
         await _coordinator(ctx).add_partitions(
-            req.transactional_id, req.producer_id, req.producer_epoch, [OFFSETS_PARTITION]
+            req.transactional_id,
+            req.producer_id,
+            req.producer_epoch,
+            [(OFFSETS_TOPIC, ctx.node.groups.shard_of(req.group_id))],
         )
     except CoordinatorError as exc:
         return {"throttle_time": 0, "error_code": _fenced(ctx, exc.code, 2)}
@@ -213,8 +225,7 @@ async def txn_offset_commit(ctx: RequestContext, req: Any) -> Reply:
             return answer(lambda _t, _p: code)
     denied = {t.name for t in req.topics if not authorize(ctx, Operation.READ, t.name)}
     offsets = [
-        TxnOffset(
-            req.group_id,
+        PendingOffset(
             t.name,
             p.partition_index,
             p.committed_offset,
@@ -226,13 +237,32 @@ async def txn_offset_commit(ctx: RequestContext, req: Any) -> Reply:
         for p in t.partitions
         if ctx.node.partition(t.name, p.partition_index) is not None
     ]
-    try:
-        _coordinator(ctx).txn_offsets(
-            req.transactional_id, req.group_id, req.producer_id, req.producer_epoch, offsets
+    # Sent to the group's coordinator (Kafka's clients find it by the group id): it keeps
+    # the offsets pending until the transaction's marker. First the transaction is checked
+    # to hold the group's partition of __consumer_offsets: here when this broker also
+    # coordinates the transactional id, else by asking its coordinator, as a partition
+    # leader checks a transactional batch (KIP-890's verification).
+    code = groups.refusal(req.group_id)
+    offsets_partition = (OFFSETS_TOPIC, groups.shard_of(req.group_id))
+    if code == errors.NONE and coordinator_node(ctx.node, req.transactional_id) == ctx.node.config.node_id:
+        try:
+            _coordinator(ctx).verify_offsets(
+                req.transactional_id, req.producer_id, req.producer_epoch, offsets_partition
+            )
+        except CoordinatorError as exc:
+            code = exc.code
+    elif code == errors.NONE:
+        refused = await _coordinator(ctx).verify_produce(
+            req.transactional_id, [(*offsets_partition, req.producer_id, req.producer_epoch)]
         )
-        code = errors.NONE
-    except CoordinatorError as exc:
-        code = exc.code
+        if offsets_partition in refused:
+            code = refused[offsets_partition][0]
+            if code == errors.NOT_ENOUGH_REPLICAS:  # (not an answer TxnOffsetCommit has)
+                code = errors.COORDINATOR_NOT_AVAILABLE
+    if code == errors.NONE and offsets:
+        code = await groups.txn_offset_commit(
+            req.group_id, req.producer_id, req.producer_epoch, offsets
+        )
 
     def code_of(topic: str, p: Any) -> int:
         if topic in denied:
@@ -261,10 +291,13 @@ async def end_txn(ctx: RequestContext, req: Any) -> Reply:
 async def describe_transactions(ctx: RequestContext, req: Any) -> Reply:
     states = []
     for tid in req.transactional_ids:
-        txn = _coordinator(ctx).describe(tid)
+        refused = _coordinator(ctx).describe_refusal(tid)
+        txn = _coordinator(ctx).describe(tid) if refused == errors.NONE else None
         if txn is None or not authorize_idempotent_write(ctx):
             code = (
-                TRANSACTIONAL_ID_NOT_FOUND if txn is None else TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                (refused or TRANSACTIONAL_ID_NOT_FOUND)
+                if txn is None
+                else TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             )
             states.append(
                 {
@@ -333,9 +366,10 @@ CLUSTER_ACTION_BIT = 1 << 9  # Kafka's AclOperation.CLUSTER_ACTION
 
 @api(27, "WriteTxnMarkers", (1, 1))
 async def write_txn_markers(ctx: RequestContext, req: Any) -> Reply:
-    """Kafka's coordinators send this to partition leaders; here the coordinator writes its
-    own markers, and this serves `kafka-transactions abort` (Admin.abortTransaction: an ABORT
-    marker for a hanging transaction found by `find-hanging`). CLUSTER_ACTION on the
+    """Kafka's coordinators send this to partition leaders, and so do ours in a cluster
+    (broker/transactions/coordinator.py `_send_markers`; alone the coordinator writes its
+    own markers); it also serves `kafka-transactions abort` (Admin.abortTransaction: an
+    ABORT marker for a hanging transaction found by `find-hanging`). CLUSTER_ACTION on the
     cluster is needed, as in Kafka (a super user, or a node without an authorizer)."""
     allowed = bool(cluster_operations(ctx) & CLUSTER_ACTION_BIT)
     markers = []

@@ -22,6 +22,7 @@ from broker.cluster.etcd import Etcd
 from broker.cluster.membership import Member
 from broker.config import BrokerConfig, apply_properties
 from broker.groups import codes
+from broker.groups.consumer_group import Heartbeat
 from broker.groups.coordinator import CommitEntry, Waiter
 from broker.groups.offsets import Word, adopt, last_words, normal_key
 from broker.groups.records import OffsetValue, offset_key, offset_value
@@ -186,6 +187,10 @@ async def test_a_new_coordinator_waits_for_the_handover_then_adopts_the_previous
         clock.now = T0
         await commit(b.groups, "theirs", {("t", 0): 150})
         await commit(b.groups, "both", {("t", 0): 1})  # later than 99 by the log, not by the clock
+        # a KIP-848 consumer group broker 2 coordinates: its records are adopted too
+        hb = await b.groups.consumer_heartbeat(
+            Heartbeat("kip848", "m1", 0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",), owned={}))
+        assert hb.error == 0
         copy = PeerCopy(peer_log, _Channel(peer_log.high_watermark + 1))  # type: ignore[arg-type]
         cluster.offsets_copies[2] = copy
         cluster.copy_changed()
@@ -201,6 +206,8 @@ async def test_a_new_coordinator_waits_for_the_handover_then_adopts_the_previous
         assert a.groups.refusal("both") == codes.NONE and a.groups.takeovers == 1
         assert fetched(a.groups, "theirs") == {("t", 0): 150}
         assert fetched(a.groups, "both") == {("t", 0): 1}
+        adopted = a.groups.consumer_group("kip848")
+        assert adopted is not None and list(adopted.members) == ["m1"]
         kvs, _ = await client.get(SHARD_KEY)
         assert json.loads(kvs[0].value) == {"id": 1, "holder": 1}
         assert a.groups.shards == {0: kvs[0].mod_revision}

@@ -8,6 +8,7 @@ ReplicaSigner over the in-process transport of test_quorum_signing.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +30,14 @@ from broker.config import BrokerConfig
 from broker.handlers import errors
 from broker.handlers.produce import produce
 from broker.node import Node, Partition, ms_now
+from broker.protocol import records
 from broker.protocol.codec import decode_response
 from broker.quorum_link import Queued, serve_proposals
 from broker.shape import shape
 from broker.tests.conftest import request_class
 from broker.tests.test_quorum_signing import KPS, LEADER, Net
 from storage.batch import build_batch
+from storage.epochs import EpochCache
 from storage.follower import FollowerLog
 from storage.hypercore import Frontier
 from storage.quorum import partition_manifest
@@ -80,16 +83,20 @@ class QuorumNode:
     async def send(self, values: list[bytes], seq: int, timeout_ms: int = 30_000) -> Deferred:
         """A Produce (v9, acks=all) of one idempotent batch (producer 7, epoch 0); its
         answer is the Deferred's to give."""
+        d = await self.produce(values, seq, -1, timeout_ms)
+        assert isinstance(d, Deferred)
+        return d
+
+    async def produce(self, values: list[bytes], seq: int, acks: int, timeout_ms: int = 30_000) -> Any:
+        """The produce handler's reply to a Produce (v9) of one idempotent batch."""
         ctx = RequestContext(self.node, 0, 9, seq + 1, "test", "test")
         batch = build_batch(values, timestamp_ms=ms_now(), producer_id=7, producer_epoch=0,
                             base_sequence=seq)  # fmt: skip
         req = shape(request_class("produce", 9), {
-            "transactional_id": None, "acks": -1, "timeout": timeout_ms,
+            "transactional_id": None, "acks": acks, "timeout": timeout_ms,
             "topic_data": [{"name": "q", "partition_data": [{"index": 0, "records": batch}]}],
         })  # fmt: skip
-        d = await produce(ctx, req)
-        assert isinstance(d, Deferred)
-        return d
+        return await produce(ctx, req)
 
     def close(self) -> None:
         self.net.dead = set()
@@ -117,7 +124,7 @@ def q(tmp_path: Path) -> Iterator[QuorumNode]:
     setup.close()
 
 
-async def test_a_batch_whose_head_cannot_be_signed_is_answered_and_a_retry_succeeds(
+async def test_a_head_no_quorum_signed_is_answered_and_asked_again_once_the_replicas_are_back(
     q: QuorumNode,
 ) -> None:
     d = await q.send([b"a"], 0)
@@ -129,24 +136,130 @@ async def test_a_batch_whose_head_cannot_be_signed_is_answered_and_a_retry_succe
     with trio.fail_after(10):
         await q.node.commit_round()
     assert q.p.failed is not None and q.p.failed_code == errors.NOT_ENOUGH_REPLICAS
-    # replicas back, the partition reopened (its unsigned tail cut) before the producer
-    # looked at its answer: the answer comes now, not after the request timeout, and
-    # says the batch was not written (retriable), not that it waits for a log that no
-    # longer holds it
-    q.net.dead = set()
-    q.p.retry_at = 0.0
-    assert await q.node.retry_offline() == 1
-    q.wire()
-    assert q.p.failed is None and q.p.log.log_end_offset == 1
+    # its producer is answered at once, not after the request timeout: written, not
+    # acknowledged (retriable); produces meanwhile are refused before the append
     with trio.fail_after(5):
-        code, _ = await answer(d)
-    assert code == errors.NOT_ENOUGH_REPLICAS
-    # the idempotent producer's retry of the same batch is written, once
+        assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    assert (await answer(await q.send([b"x"], 2)))[0] == errors.NOT_ENOUGH_REPLICAS
+    # the log kept "b", unsigned, and is not poisoned
+    assert q.p.log.writable and q.p.log.log_end_offset == 2 and q.p.high_watermark == 1
+    # while the cluster says the quorum is not alive, the partition stays offline
+    q.p.retry_at = 0.0
+    real = q.node.cluster.produce_refusal
+    q.node.cluster.produce_refusal = lambda *_a: "replicas dead"  # type: ignore[method-assign]
+    assert await q.node.retry_offline() == 0 and q.p.failed is not None
+    q.node.cluster.produce_refusal = real  # type: ignore[method-assign]
+    # replicas back: the same leader, the same log, the same fork, no election
+    q.net.dead = set()
+    log_before = q.p.log
+    assert await q.node.retry_offline() == 1
+    assert q.p.failed is None and q.p.log is log_before and q.p.log.fork == 0
+    # the idempotent producer's retry of "b" is a duplicate of offset 1, acknowledged by
+    # the head the next round has signed over the kept tail; the next batch follows it
     d = await q.send([b"b"], 1)
     with trio.fail_after(10):
         await q.node.commit_round()
         assert await answer(d) == (errors.NONE, 1)
-    assert q.p.high_watermark == 2
+    d = await q.send([b"c"], 2)
+    with trio.fail_after(10):
+        await q.node.commit_round()
+        assert await answer(d) == (errors.NONE, 2)
+    head = q.p.log.head
+    assert head is not None and (head.fork, head.length) == (0, 3) and q.p.high_watermark == 3
+    assert all(r.length == 3 for r in q.replicas.values())
+
+
+async def test_an_elected_leader_whose_head_no_quorum_signed_takes_its_partition_back(
+    q: QuorumNode,
+) -> None:
+    """A partition a failover made this broker lead (a led partition of a topic it
+    mirrors, broker/takeover.py): a failed quorum commit once left it offline until the
+    next failover; it comes back as the original writer's does."""
+    q.p.topic.mirrored = True
+    q.p.led = True
+    d = await q.send([b"a"], 0)
+    await q.node.commit_round()
+    assert await answer(d) == (errors.NONE, 0)
+    q.net.dead = {2, 3}
+    d = await q.send([b"b"], 1)
+    with trio.fail_after(10):
+        await q.node.commit_round()
+        assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    q.net.dead = {3}  # one replica back: with the leader, a quorum
+    q.p.retry_at = 0.0
+    assert await q.node.retry_offline() == 1 and q.p.failed is None
+    d = await q.send([b"c"], 2)
+    with trio.fail_after(10):
+        await q.node.commit_round()
+        assert await answer(d) == (errors.NONE, 2)
+    assert q.p.log.fork == 0 and q.p.high_watermark == 3 and q.replicas[2].length == 3
+
+
+class LateNet(Net):
+    """`Net` whose `late` replicas sign a proposal but whose answer never reaches the
+    leader: a signature that came after the leader gave up on the head."""
+
+    def __init__(self, signers: dict[int, ReplicaSigner]) -> None:
+        super().__init__(signers)
+        self.late: set[int] = set()
+
+    async def propose(self, node_id: int, proposal: Proposal) -> Answer:
+        if node_id in self.late:
+            a = await trio.to_thread.run_sync(self.signers[node_id].handle, self.sender, proposal)
+            assert a.signed, a.reason
+            await trio.sleep_forever()
+        return await super().propose(node_id, proposal)
+
+
+async def test_a_leader_that_cut_a_tail_replicas_signed_late_writes_on_a_new_fork(
+    tmp_path: Path,
+) -> None:
+    """Both replicas signed the head over "b" after the leader gave up on it; the leader
+    restarts, its open cuts "b" (no head of its covers it), and "c" takes its place at
+    the same length. On the same fork both replicas would refuse that head for good
+    (it disagrees with the one they signed); the leader's next head is on a new fork."""
+    q = QuorumNode(tmp_path)
+    try:
+        q.net = q.asm.peers = LateNet(q.net.signers)
+        d = await q.send([b"a"], 0)
+        await q.node.commit_round()
+        assert await answer(d) == (errors.NONE, 0)
+        q.net.late = {2, 3}
+        d = await q.send([b"b"], 1)
+        with trio.fail_after(10):
+            await q.node.commit_round()
+            assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        assert all(r.length == 2 for r in q.replicas.values())  # they hold and signed "b"
+        q.net.late = set()
+        # the leader restarts (its unsigned tail durable past its last head)
+        q.p.log.quorum_sign = None
+        q.node.close()
+        q.node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
+        q.p = q.node.topics["q"].partitions[0]
+        assert q.p.log.log_end_offset == 1 and q.p.log.cut_at_open == 1
+        q.wire()
+        d = await q.send([b"c"], 1)  # (the producer's retry of "b" may differ: "c")
+        with trio.fail_after(10):
+            await q.node.commit_round()
+            assert await answer(d) == (errors.NONE, 1)
+        head = q.p.log.head
+        assert head is not None and (head.fork, head.length) == (1, 2)
+        assert q.p.log.fork == 1 and q.p.log.cut_at_open == 0
+        assert await _fetched_values(q) == [b"a", b"c"]
+        # the leader epochs: fork 1 starts at offset 1 (OffsetForLeaderEpoch, Fetch), and
+        # each batch is stamped with the epoch it was written in (a consumer checks its
+        # position with the epoch of the last batch it read: KIP-320)
+        assert [(e.epoch, e.start_offset) for e in EpochCache(q.p.log.fs, q.p.log.path).entries] == [(0, 0), (1, 1)]
+        stamped = [records.parse_batch_header(b).partition_leader_epoch
+                   for b in records.split_batches(q.p.log.read_bytes(0, 1 << 20))]
+        assert stamped == [0, 1]
+    finally:
+        q.close()
+
+
+async def _fetched_values(q: QuorumNode) -> list[bytes | None]:
+    data = q.p.log.read_bytes(0, 1 << 26)
+    return [r.value for b in records.split_batches(data) for r in records.decode_records(b)]
 
 
 async def test_produces_to_a_partition_that_went_offline_get_not_enough_replicas(
@@ -154,12 +267,13 @@ async def test_produces_to_a_partition_that_went_offline_get_not_enough_replicas
 ) -> None:
     q.net.dead = {2, 3}
     first = await q.send([b"a"], 0)
-    second = await q.send([b"b"], 1)  # admitted, waiting for the round after
+    second = await q.send([b"b"], 1)
     with trio.fail_after(10):
         await q.node.commit_round()
         await q.node.commit_round()
-        assert (await answer(first))[0] == errors.NOT_ENOUGH_REPLICAS
-        assert (await answer(second))[0] == errors.NOT_ENOUGH_REPLICAS
+        # written (the log keeps them for its next head), not acknowledged
+        assert (await answer(first))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        assert (await answer(second))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
     later = await q.send([b"c"], 2)  # refused before the append while offline
     assert (await answer(later))[0] == errors.NOT_ENOUGH_REPLICAS
     assert q.p.queued == []
@@ -268,3 +382,65 @@ async def test_a_proposal_waits_for_the_replicas_accept_job_instead_of_refusing(
         nursery.cancel_scope.cancel()
     assert sent[0].signed, sent[0].reason
     # (the leader's own commit of block 1 happens at the fixture's close)
+
+
+# ----------------------------------------------------------------- back-pressure
+
+
+def _unsigned_in_memory(q: QuorumNode) -> int:
+    """Bytes of batches admitted and held in memory (request frames) until a round
+    writes them."""
+    return sum(len(b) for b, _ in q.p.queued)
+
+
+def _unsigned_on_disk(q: QuorumNode) -> int:
+    lg = q.p.log
+    return sum(len(lg.block(i)) for i in range(lg.published_length, lg.length))
+
+
+@pytest.mark.parametrize("acks", [0, -1])
+async def test_produces_wait_for_a_slow_replica_instead_of_piling_up_unsigned_bytes(
+    tmp_path: Path, acks: int
+) -> None:
+    """One replica away, the other slow to sign (0.3 s a proposal): a producer that sends
+    without waiting for answers (acks=0, or acks=all with its answers read later) is
+    held at the produce once its partition holds hyperkafka.quorum.unsigned.max.bytes
+    (1 MiB here) that no head covers, instead of the leader taking all of it into
+    memory; every batch is written, in order, and every acks=all answer is a success."""
+    q = QuorumNode(tmp_path)
+    budget, size, count = 1 << 20, 200_000, 30  # 6 MB sent, 1 MiB allowed unsigned
+    try:
+        q.node.config = dataclasses.replace(q.node.config, quorum_unsigned_max_bytes=budget)
+        q.net = q.asm.peers = FullNet(q.net.signers)
+        q.asm.timeout_s = 30.0  # the machine is shared: the window is not what is tested
+        q.net.dead = {3}
+        q.net.delay[2] = 0.3
+        most = {"memory": 0, "unsigned": 0}
+        replies: list[Any] = []
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(q.node.commit_loop)
+
+                async def watch() -> None:
+                    while True:
+                        most["memory"] = max(most["memory"], _unsigned_in_memory(q))
+                        most["unsigned"] = max(most["unsigned"], _unsigned_in_memory(q) + _unsigned_on_disk(q))
+                        await trio.sleep(0.005)
+
+                nursery.start_soon(watch)
+                for i in range(count):
+                    replies.append(await q.produce([bytes([65 + i % 26]) * size], i, acks))
+                while q.p.high_watermark < count:
+                    await q.p.wait_durable(count - 1)
+                nursery.cancel_scope.cancel()
+            if acks == -1:
+                assert [await answer(d) for d in replies] == [(errors.NONE, i) for i in range(count)]
+        # at most the budget and one batch was ever waiting for a signature
+        assert most["unsigned"] <= budget + size + 1024, most
+        assert q.p.unsigned_bytes == 0 and q.p.failed is None
+        values = await _fetched_values(q)
+        assert values == [bytes([65 + i % 26]) * size for i in range(count)]
+        print(f"acks={acks}: at most {most['unsigned']} bytes unsigned, {most['memory']} in memory; "
+              f"{count * size} sent")
+    finally:
+        q.close()

@@ -562,11 +562,17 @@ async def test_write_txn_markers_aborts_an_open_transaction(broker: Broker) -> N
 
     assert await markers(-1, [("hang", [0])]) == [("hang", 0, INVALID_PRODUCER_EPOCH)]
     assert await list_latest(c, "hang", 1) == 0  # nothing written
-    assert await markers(0, [("hang", [0, 5]), ("nope", [0]), ("__consumer_offsets", [0])]) == [
+    markers_out = await markers(
+        0, [("hang", [0, 5]), ("nope", [0]), ("__consumer_offsets", [0]), ("__transaction_state", [0])]
+    )
+    assert markers_out == [
         ("hang", 0, 0),
         ("hang", 5, UNKNOWN_TOPIC_OR_PARTITION),
         ("nope", 0, UNKNOWN_TOPIC_OR_PARTITION),
-        ("__consumer_offsets", 0, INVALID_TOPIC_EXCEPTION),
+        # a group's offsets partition takes markers, as Kafka's: nothing of this producer
+        # is pending in its groups, so nothing changes
+        ("__consumer_offsets", 0, 0),
+        ("__transaction_state", 0, INVALID_TOPIC_EXCEPTION),
     ]
     assert await list_latest(c, "hang", 1) == 3  # h1, h2, the ABORT marker
     # Again (a retry whose answer was lost), and for a producer with nothing open: success,

@@ -12,12 +12,21 @@ Theory of operation (Kafka's TransactionCoordinator and TransactionStateManager)
   the latter) in the transaction: state Ongoing, the start time set at the first one.
   Produce accepts a transactional batch only for a partition of an Ongoing transaction of
   that producer id and epoch (KIP-890 part 1's verification: INVALID_TXN_STATE else).
-- TxnOffsetCommit keeps the group's offsets with the transaction, not yet visible.
-- EndTxn writes PrepareCommit (with the pending offsets, `records.py`) or PrepareAbort;
-  once a signed head covers it the outcome is decided and the answer given. Completing
-  follows: a marker (control batch) into every data partition of the transaction, the
-  offsets committed into the group coordinator (a commit) or dropped (an abort), then
-  CompleteCommit / CompleteAbort. A failed completion is retried by `run`.
+- TxnOffsetCommit goes to the group's coordinator, which keeps the offsets pending in its
+  own archive (broker/groups/coordinator.py `txn_offset_commit`), not yet visible; this
+  coordinator only checks that the transaction holds the group's partition of
+  ``__consumer_offsets`` (`verify_offsets`).
+- EndTxn writes PrepareCommit or PrepareAbort; once a signed head covers it the outcome
+  is decided and the answer given. Completing follows, as Kafka's
+  TransactionMarkerChannelManager: a marker into every partition of the transaction,
+  written here into those this broker leads and sent (WriteTxnMarkers v1) to the
+  current leader of every other one, retried with backoff through leader moves and
+  NOT_LEADER answers until each acknowledged; for a group's partition of
+  ``__consumer_offsets`` the marker goes to that group's coordinator, which commits or
+  drops the pending offsets (`GroupCoordinator.complete_transaction`). A partition whose
+  topic was deleted takes no marker (dropped, as Kafka does). Only then CompleteCommit
+  / CompleteAbort. A completion that fails (markers not all acknowledged in
+  `state_write_timeout_ms`) is retried by `run`.
 - A transaction Ongoing for longer than its timeout is aborted by `run` (every
   transaction.abort.timed.out.transaction.cleanup.interval.ms) with a bumped epoch, as
   Kafka does, so its producer is fenced.
@@ -31,9 +40,33 @@ and are aborted, so a transaction is never half visible after a crash.
 
 Where the coordinator lives: `coordinator_node` (one function) names the broker that
 coordinates a transactional id: the coordinator of its partition of `__transaction_state`
-as the cluster names it (single-node, this one). A cluster places no partition of
-`__transaction_state` yet (markers to partitions other brokers write are not sent):
-FindCoordinator says COORDINATOR_NOT_AVAILABLE there.
+as the cluster names it (single-node, this one). Cluster mode follows the groups' model
+(broker/groups/coordinator.py "Cluster mode"): a transactional id maps to a partition of
+``__transaction_state`` (Kafka's hash over ``transaction.state.log.num.partitions``,
+default 50); the controller names each partition's coordinator in etcd
+(`broker.cluster.shards.place_shards`, started here); every broker keeps one
+``__transaction_state`` archive (all the partitions it coordinates write there), created
+at start, that every other broker copies (broker/mirror.py, `Cluster.copies`). A broker
+named coordinator of a partition `take_over`s it: waits until its copies of the live
+peers' archives are caught up, adopts from its copy of the previous holder's archive
+every transactional id of that partition whose last word differs from its own (by log
+order, `broker.groups.offsets.adopt`), writes them into its own archive, claims the
+partition in etcd (a new revision: its epoch) and loads them; their requests answer
+COORDINATOR_LOAD_IN_PROGRESS meanwhile. Loaded, a Prepare* transaction is completed and
+an Ongoing one timed out exactly as after a restart. Every state change is answered only
+once the in-sync peers hold it and a transaction in etcd confirms the partition's record
+still has the revision we claimed (else NOT_COORDINATOR, and the partition is given up):
+a paused or cut-off ex-coordinator acknowledges nothing.
+
+Producer ids: a new producer id comes from this broker's own range (`Node.allocate_producer_id`:
+``broker id << 40`` in a cluster, `Cluster.producer_id_base`), so ids stay unique across
+brokers with no etcd allocation; a transactional id keeps its producer id when it moves
+to another coordinator (the id is in its adopted state).
+
+KIP-890 part 1 where another broker coordinates the producer's transactional id: a
+partition leader asks the coordinator before it accepts a transactional batch, and a
+group coordinator before it keeps transactional offsets (`verify_produce`, cached per
+producer id, epoch and partition until that partition's marker).
 
 Wall-clock times (`self.wall`) are replaceable for tests; timers use trio's clock only
 for sleeping.
@@ -46,12 +79,15 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
-from broker.cluster.shards import partition_for
-from broker.groups.offsets import read_records
+from broker.cluster import Cluster, signed_blocks
+from broker.cluster.etcd import EtcdError
+from broker.cluster.shards import partition_for, place_shards
+from broker.groups.offsets import Word, adopt, read_records
 from broker.transactions.records import (
     KEY_OFFSETS,
     MarkerType,
@@ -73,14 +109,20 @@ from broker.transactions.settings import TxnSettings
 
 if TYPE_CHECKING:
     from broker.node import Node, Partition
+    from storage import PartitionLog
 
 log = logging.getLogger("hyperkafka.transactions")
 
 TXN_TOPIC = "__transaction_state"
 # Time and size retention would drop live transactional ids: never drop segments here.
 TXN_TOPIC_CONFIGS = {"retention.ms": "-1", "retention.bytes": "-1"}
-OFFSETS_PARTITION = ("__consumer_offsets", 0)  # where every group's offsets live (one partition)
+OFFSETS_TOPIC = "__consumer_offsets"  # a group's offsets: its partition of it (AddOffsetsToTxn)
+SHARDS_TICK_S = 0.1  # cluster mode: how often the coordinator looks at its partitions
+TAKEOVER_RETRY_S = 1.0  # after a takeover failed
+MARKER_BACKOFF_MIN_S = 0.05  # markers to other brokers: retried with backoff up to
+MARKER_BACKOFF_MAX_S = 1.0
 MAX_EPOCH = 32767
+ADOPT_BATCH_RECORDS = 1000
 # Kafka's error codes (kafka.common.protocol.Errors); the handlers' errors module is not
 # imported here (it would import every handler, and they import the node).
 NONE = 0
@@ -100,6 +142,8 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 OPERATION_NOT_ATTEMPTED = 55
 INVALID_TOPIC_EXCEPTION = 17
 NOT_LEADER_OR_FOLLOWER = 6
+COORDINATOR_LOAD_IN_PROGRESS = 14
+NOT_ENOUGH_REPLICAS = 19  # what Kafka's produce answers while a verification cannot be made
 
 
 @dataclass
@@ -144,6 +188,19 @@ def coordinator_node(node: Node, transactional_id: str) -> int | None:
     return node.cluster.coordinator(TXN_TOPIC, partition_for(transactional_id, count))
 
 
+def last_words(plog: PartitionLog, name: str = TXN_TOPIC) -> dict[bytes, Word]:
+    """Every key's last word in a __transaction_state archive (ours or a peer's verified
+    copy), tombstones included; records that do not parse are left out."""
+    words: dict[bytes, Word] = {}
+    for _, timestamp, key, value in read_records(plog, name=name):
+        try:
+            decode_key(key)
+        except RecordFormatError:
+            continue
+        words[key] = Word(timestamp, key, value)
+    return words
+
+
 def wall_ms() -> int:
     return math.floor(time.time() * 1000)
 
@@ -152,6 +209,10 @@ class CoordinatorError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class TakeoverNotReady(Exception):
+    """A takeover cannot adopt yet (no copy of the previous holder's archive here)."""
 
 
 def _check_id(tid: str) -> None:
@@ -174,8 +235,23 @@ class TxnCoordinator:
         # `sweep` must never both run it (markers twice, and the later Complete* written
         # over the producer's next transaction).
         self._completing: set[str] = set()
+        # The etcd view whose partitions of __transaction_state this coordinator takes over
+        # and serves (None alone: every transactional id is served from the start).
+        self.sharded: Cluster | None = node.cluster if isinstance(node.cluster, Cluster) else None
+        # Cluster mode: partitions of __transaction_state loaded and served here -> the
+        # revision of their etcd record we claimed them at (every ack is fenced by it).
+        self.shards: dict[int, int] = {}
+        self.takeovers = 0
+        # KIP-890 part 1 where another broker coordinates: (producer id, topic, partition)
+        # -> the epoch the coordinator confirmed an Ongoing transaction holding it for.
+        self._verified: dict[tuple[int, str, int], int] = {}
         if TXN_TOPIC in node.topics:
             self._partition = node.topics[TXN_TOPIC].partitions[0]
+        if self.sharded is not None:
+            # Every broker's archive exists from the start, so that every peer copies it
+            # and a takeover can tell "caught up" from "nothing to copy".
+            self._archive()
+        elif self._partition is not None:
             self._replay()
 
     # ------------------------------------------------------------------ the archive
@@ -187,12 +263,16 @@ class TxnCoordinator:
             self._partition = topic.partitions[0]
         return self._partition
 
-    def _replay(self) -> None:
+    def _replay(self, partitions: set[int] | None = None) -> None:
+        """Load the archive's transactional ids (only those of these partitions of
+        __transaction_state, when given: cluster mode's takeover)."""
         assert self._partition is not None
         offsets: dict[str, tuple[int, int, list[TxnOffset]]] = {}
         for _, _, key, value in read_records(self._partition.log, name=TXN_TOPIC):
             try:
                 kind, tid = decode_key(key)
+                if partitions is not None and self.shard_of(tid) not in partitions:
+                    continue
                 if kind == KEY_OFFSETS:
                     if value is None:
                         offsets.pop(tid, None)
@@ -237,11 +317,17 @@ class TxnCoordinator:
     async def _persist(self, txn: Txn, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:
         """Append the transaction's state (and `extra` records) as one batch and wait until a
         signed head covers it. Raises CoordinatorError on failure."""
-        await self._append([(state_key(txn.transactional_id), encode_value(txn.value())), *extra])
+        await self._append(
+            [(state_key(txn.transactional_id), encode_value(txn.value())), *extra], [txn.transactional_id]
+        )
 
-    async def _append(self, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+    async def _append(self, records: Sequence[tuple[bytes, bytes | None]], tids: Iterable[str] = ()) -> None:
         """Append `records` to the archive as one batch and wait until a signed head covers
-        it. Raises CoordinatorError on failure."""
+        it; in cluster mode also until the in-sync peers hold it (Kafka writes
+        __transaction_state with acks=-1), and then only if etcd confirms that we still
+        coordinate the partitions of `tids` at the revisions we claimed them at (else
+        NOT_COORDINATOR, and they are given up). Raises CoordinatorError on failure."""
+        fence = self._fence(tids)
         partition = self._archive()
         if partition.failed:
             raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, partition.failed)
@@ -261,6 +347,27 @@ class TxnCoordinator:
                 ) from exc
         if scope.cancelled_caught:
             raise CoordinatorError(REQUEST_TIMED_OUT, f"{TXN_TOPIC} write not durable in time")
+        cluster = self.sharded
+        if cluster is None:
+            return
+        plog = partition.log
+        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000) as scope:
+            replicated = await cluster.wait_replicated(
+                plog.key, signed_blocks(plog), partition.topic.min_insync_replicas
+            )
+        if scope.cancelled_caught:
+            raise CoordinatorError(REQUEST_TIMED_OUT, f"{TXN_TOPIC} write not replicated in time")
+        if not replicated:
+            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, f"{TXN_TOPIC}: too few in-sync replicas")
+        try:
+            still = await cluster.check_fence(TXN_TOPIC, fence)
+        except EtcdError as exc:
+            raise CoordinatorError(
+                COORDINATOR_NOT_AVAILABLE, f"cannot check the coordinator's epoch in etcd: {exc}"
+            ) from exc
+        if not still:
+            self.resign([p for p, rev in fence.items() if self.shards.get(p) == rev])
+            raise CoordinatorError(NOT_COORDINATOR, "This broker no longer coordinates this transactional id")
 
     async def _transition(
         self,
@@ -316,6 +423,162 @@ class TxnCoordinator:
             raise CoordinatorError(
                 NOT_COORDINATOR, "This broker does not coordinate this transactional id"
             )
+        code = self.refusal(tid)
+        if code == COORDINATOR_LOAD_IN_PROGRESS:
+            raise CoordinatorError(code, "This broker is loading this transactional id's partition")
+        if code != NONE:
+            raise CoordinatorError(code, "This broker does not coordinate this transactional id")
+
+    # ------------------------------------------------------------------ cluster mode
+
+    def shard_of(self, tid: str) -> int:
+        """The partition of __transaction_state `tid` maps to (cluster mode: how many
+        partitions etcd records; before any, the configured count)."""
+        count = self.node.cluster.shard_count(TXN_TOPIC) or self.settings.num_partitions
+        return partition_for(tid, count)
+
+    def refusal(self, tid: str) -> int:
+        """NONE when this broker serves `tid` now; else NOT_COORDINATOR (another broker's
+        partition, or our lease may be gone) or COORDINATOR_LOAD_IN_PROGRESS (named
+        here, not loaded yet). Alone: always NONE."""
+        cluster = self.sharded
+        if cluster is None:
+            return NONE
+        p = self.shard_of(tid)
+        record = cluster.membership.shards.get(TXN_TOPIC, {}).get(p)
+        if record is None or record.owner != cluster.me or not cluster.membership.lease_valid():
+            if p in self.shards:
+                self.resign([p])
+            return NOT_COORDINATOR
+        if p in self.shards and self.shards[p] != record.revision:
+            self.resign([p])  # moved away and back meanwhile: take it over again first
+        return NONE if p in self.shards else COORDINATOR_LOAD_IN_PROGRESS
+
+    def _fence(self, tids: Iterable[str]) -> dict[int, int]:
+        """Cluster mode: the partitions of these ids -> the revision we serve them at
+        (what `_append` has etcd compare); NOT_COORDINATOR when one is not served here.
+        Alone: {}."""
+        if self.sharded is None:
+            return {}
+        fence: dict[int, int] = {}
+        for tid in tids:
+            p = self.shard_of(tid)
+            revision = self.shards.get(p)
+            if revision is None:
+                raise CoordinatorError(NOT_COORDINATOR, "This broker no longer coordinates this transactional id")
+            fence[p] = revision
+        return fence
+
+    @staticmethod
+    def _named_here(cluster: Cluster) -> dict[int, int]:
+        """Partitions etcd names this broker coordinator of -> their record revision
+        (none while our lease may have expired)."""
+        if not cluster.membership.lease_valid():
+            return {}
+        return {
+            p: s.revision
+            for p, s in cluster.membership.shards.get(TXN_TOPIC, {}).items()
+            if s.owner == cluster.me
+        }
+
+    async def _follow_shards(self, cluster: Cluster) -> None:
+        while True:
+            named = self._named_here(cluster)
+            gone = [p for p, rev in self.shards.items() if named.get(p) != rev]
+            if gone:
+                self.resign(gone)
+            wanted = {p: rev for p, rev in named.items() if p not in self.shards}
+            changed = cluster.membership.changed
+            if wanted:
+                try:
+                    if await self.take_over(cluster, wanted):
+                        continue
+                except (TakeoverNotReady, CoordinatorError, EtcdError) as exc:
+                    log.warning("taking over partitions of %s: %s; again", TXN_TOPIC, exc)
+                    await trio.sleep(TAKEOVER_RETRY_S)
+                    continue
+                except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
+                    log.exception("taking over partitions of %s failed", TXN_TOPIC)
+                    await trio.sleep(TAKEOVER_RETRY_S)
+                    continue
+            with trio.move_on_after(SHARDS_TICK_S):  # the lease also ends by time alone
+                await changed.wait()
+
+    def resign(self, partitions: Iterable[int] | None = None) -> None:
+        """Stop coordinating the transactional ids of these partitions of
+        __transaction_state (all: None): another broker coordinates them now, from the
+        state it adopted from our archive."""
+        gone = set(self.shards) if partitions is None else set(partitions)
+        served = gone & set(self.shards)
+        for p in gone:
+            self.shards.pop(p, None)
+        for tid in [t for t in self.txns if partitions is None or self.shard_of(t) in gone]:
+            self._forget(tid)
+        if served:
+            log.info("no longer the coordinator of %s partitions %s", TXN_TOPIC, sorted(served))
+
+    async def take_over(self, cluster: Cluster, wanted: dict[int, int]) -> bool:
+        """Become the coordinator of partitions `wanted` of __transaction_state (partition
+        -> the revision of the record naming us), as the group coordinator takes over
+        partitions of __consumer_offsets: wait (at most a session timeout) until our
+        copies of the live peers' archives hold what they have; adopt from the copy of
+        each partition's previous holder every key of its transactional ids whose last
+        word differs from ours (`adopt`: log order, no clocks), into our own archive;
+        claim the partitions in etcd (a new revision, their epoch); load them. Whether
+        they were claimed (not: moved again meanwhile, or our lease is gone)."""
+        started = trio.current_time()
+        if not await cluster.wait_handed_over(cluster.session_s, TXN_TOPIC):
+            log.warning("taking over transactions with copies of the peers' archives that may be behind")
+        records = cluster.membership.shards.get(TXN_TOPIC, {})
+        wanted = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
+        if not wanted:
+            return False
+        by_holder: dict[int, set[int]] = {}
+        for p in wanted:
+            holder = records[p].holder
+            if holder is not None and holder != cluster.me:
+                by_holder.setdefault(holder, set()).add(p)
+        adopted: list[Word] = []
+        own = last_words(self._archive().log)
+        for holder, parts in sorted(by_holder.items()):
+            copy = cluster.copies[TXN_TOPIC].get(holder)
+            if copy is None:
+                raise TakeoverNotReady(f"no copy of the {TXN_TOPIC} archive of broker {holder}, the previous coordinator")
+            theirs = {k: w for k, w in last_words(copy.log, f"{TXN_TOPIC} of broker {holder}").items()
+                      if self._key_shard(k) in parts}
+            adopted += adopt({k: w for k, w in own.items() if self._key_shard(k) in parts}, theirs)
+        if adopted:
+            # Durable here is enough to serve them (as the groups' takeover): the peers
+            # copy them from our archive as they copy everything else.
+            await self._append_adopted(adopted)
+        revision = await cluster.membership.claim_shards(TXN_TOPIC, wanted)
+        if revision is None:
+            return False  # fenced: moved again meanwhile (the loop looks again at the next change)
+        self.resign(wanted)  # (nothing of them should be in memory; a replay replaces all)
+        self._replay(set(wanted))
+        self.shards.update(dict.fromkeys(wanted, revision))
+        self.takeovers += 1
+        self._poke.set()  # Prepare* completed, Ongoing timed out: as after a restart
+        log.info("transaction coordinator of %s partitions %s now, revision %d (took over in %.2fs): "
+                 "%d records adopted from brokers %s", TXN_TOPIC, sorted(wanted), revision,
+                 trio.current_time() - started, len(adopted), sorted(by_holder) or "-")
+        return True
+
+    def _key_shard(self, raw_key: bytes) -> int | None:
+        try:
+            return self.shard_of(decode_key(raw_key)[1])
+        except RecordFormatError:
+            return None
+
+    async def _append_adopted(self, words: Sequence[Word]) -> None:
+        partition = self._archive()
+        last = -1
+        for i in range(0, len(words), ADOPT_BATCH_RECORDS):
+            chunk = words[i : i + ADOPT_BATCH_RECORDS]
+            _, last = partition.log.append(build_state_batch([(w.key, w.value) for w in chunk], self.wall()))
+            self.node.mark_dirty(partition)
+        with trio.fail_after(max(self.settings.state_write_timeout_ms / 1000, 1) * 6):
+            await partition.wait_durable(last)
 
     def _new_producer_id(self) -> int:
         try:
@@ -433,26 +696,19 @@ class TxnCoordinator:
         await self._transition(txn, add)
         self._poke.set()
 
-    def txn_offsets(
-        self,
-        tid: str,
-        group: str,
-        producer_id: int,
-        producer_epoch: int,
-        offsets: Sequence[TxnOffset],
-    ) -> None:
-        """TxnOffsetCommit: keep the offsets with the transaction (in memory until EndTxn)."""
+    def verify_offsets(self, tid: str, producer_id: int, producer_epoch: int, partition: tuple[str, int]) -> None:
+        """TxnOffsetCommit, checked here when this broker coordinates `tid`: the producer
+        is current and its ongoing transaction holds the group's partition of
+        __consumer_offsets (AddOffsetsToTxn). CoordinatorError else."""
         self._check(tid)
         txn = self._producer(tid, producer_id, producer_epoch)
         if txn.pending and txn.pending_status is not Status.ONGOING:
             raise CoordinatorError(CONCURRENT_TRANSACTIONS, "The transaction is being completed")
-        if txn.status is not Status.ONGOING or OFFSETS_PARTITION not in txn.partitions:
+        if txn.status is not Status.ONGOING or partition not in txn.partitions:
             raise CoordinatorError(
                 INVALID_TXN_STATE,
                 "The group's offsets were not added to an ongoing transaction (AddOffsetsToTxn)",
             )
-        for o in offsets:
-            txn.offsets[(group, o.topic, o.partition)] = o
 
     async def end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
         self._check(tid)
@@ -530,28 +786,9 @@ class TxnCoordinator:
         prepared = txn.status
         commit = prepared is Status.PREPARE_COMMIT
         assert commit or prepared is Status.PREPARE_ABORT
-        marker = MarkerType.COMMIT if commit else MarkerType.ABORT
-        waits: list[tuple[Partition, int]] = []
-        now = self.wall()
-        for topic, index in txn.partitions:
-            if (topic, index) == OFFSETS_PARTITION:
-                continue
-            p = self.node.partition(topic, index)
-            if p is None:
-                continue  # deleted since: nothing of it to mark
-            if p.failed:
-                raise CoordinatorError(p.failed_code, f"{topic}-{index}: {p.failed}")
-            waits.append((p, self._admit_marker(p, marker, txn.producer_id, txn.producer_epoch, now)))
-        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000) as scope:
-            for p, base in waits:
-                try:
-                    await p.wait_durable(base)
-                except Exception as exc:
-                    raise CoordinatorError(
-                        KAFKA_STORAGE_ERROR, f"marker not durable: {exc}"
-                    ) from exc
-        if scope.cancelled_caught:
-            raise CoordinatorError(REQUEST_TIMED_OUT, "markers not durable in time")
+        await self._send_markers(
+            txn.producer_id, txn.producer_epoch, commit, list(txn.partitions), txn.transactional_id
+        )
         if commit and txn.offsets:
             by_group: dict[str, list[tuple[str, int, int, int, str]]] = {}
             for o in txn.offsets.values():
@@ -578,11 +815,144 @@ class TxnCoordinator:
             return
         await self._transition(txn, finish, extra)
 
+    async def _send_markers(
+        self,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        partitions: Sequence[tuple[str, int]],
+        tid: str | None = None,
+    ) -> None:
+        """Kafka's TransactionMarkerChannelManager: a marker into every partition of the
+        transaction, each acknowledged by its current leader (this broker for those it
+        leads; a group's coordinator for a partition of __consumer_offsets), sent again
+        with backoff through leader moves, NOT_LEADER and NOT_COORDINATOR answers and
+        unreachable brokers until every one acknowledged or `state_write_timeout_ms`
+        ran out (CoordinatorError; `run` tries again later). A partition whose topic was
+        deleted is dropped. Before each round, the coordinator checks that it still
+        serves `tid` (its lease, its view of etcd): markers carry no coordinator epoch
+        here, so one that lost the id (a pause past its lease) must send no more."""
+        marker = MarkerType.COMMIT if commit else MarkerType.ABORT
+        left = dict.fromkeys(partitions)
+        backoff = MARKER_BACKOFF_MIN_S
+        last_error = ""
+        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000):
+            while left:
+                if tid is not None and (code := self.refusal(tid)) != NONE:
+                    raise CoordinatorError(code, f"no longer the coordinator of {tid}: its markers stop")
+                remote: dict[int, list[tuple[str, int]]] = {}
+                local: list[tuple[tuple[str, int], Partition, int]] = []
+                groups: list[tuple[str, int]] = []
+                now = self.wall()
+                for topic, index in list(left):
+                    where = self._marker_destination(topic, index)
+                    if where is None:
+                        log.info("marker of producer %d for %s-%d dropped: the topic is gone", producer_id, topic, index)
+                        del left[(topic, index)]
+                    elif where != self.node.config.node_id:
+                        remote.setdefault(where, []).append((topic, index))
+                    elif topic == OFFSETS_TOPIC:
+                        groups.append((topic, index))
+                    else:
+                        p = self.node.partition(topic, index)
+                        if p is None:  # (placed, not here yet)
+                            last_error = f"{topic}-{index} is not here yet"
+                        elif p.failed:
+                            last_error = f"{topic}-{index}: {p.failed}"
+                        elif p.topic.mirrored and not p.led:
+                            last_error = f"{topic}-{index} is led elsewhere"
+                        else:
+                            local.append(((topic, index), p, self._admit_marker(p, marker, producer_id, epoch, now)))
+                for key, p, base in local:
+                    try:
+                        await p.wait_durable(base)
+                        del left[key]
+                    except Exception as exc:
+                        last_error = f"{key[0]}-{key[1]}: marker not durable: {exc}"
+                for key in groups:
+                    self._verified.pop((producer_id, *key), None)
+                    code = await self.node.groups.complete_transaction(producer_id, epoch, commit, key[1])
+                    if code == NONE:
+                        del left[key]
+                    else:
+                        last_error = f"{key[0]}-{key[1]}: the group coordinator answered {code}"
+                for broker, keys in remote.items():
+                    acked, error = await self._markers_to(broker, producer_id, epoch, commit, keys)
+                    for key in acked:
+                        left.pop(key, None)
+                    if error:
+                        last_error = error
+                if left:
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, MARKER_BACKOFF_MAX_S)
+        if left:
+            raise CoordinatorError(
+                REQUEST_TIMED_OUT,
+                f"markers not acknowledged by {', '.join(f'{t}-{i}' for t, i in left)} in time ({last_error})",
+            )
+
+    def _marker_destination(self, topic: str, index: int) -> int | None:
+        """The broker that takes the marker for `topic`-`index` now: a partition of
+        __consumer_offsets goes to its group coordinator, a data partition to its leader
+        (the writer placement names, or the leader a failover recorded). None: the topic
+        was deleted (placement no longer knows it), or no coordinator is named now
+        (-1: ask again)."""
+        cluster = self.node.cluster
+        if topic == OFFSETS_TOPIC:
+            owner = cluster.coordinator(OFFSETS_TOPIC, index)
+            return -1 if owner is None else owner
+        writer = cluster.placed_writer(topic)
+        if writer is None or (writer == self.node.config.node_id and self.node.partition(topic, index) is None):
+            return None
+        leader = cluster.placed_leader(topic, index)
+        return writer if leader is None else leader
+
+    async def _markers_to(
+        self, broker: int, producer_id: int, epoch: int, commit: bool, keys: Sequence[tuple[str, int]]
+    ) -> tuple[list[tuple[str, int]], str]:
+        """One WriteTxnMarkers v1 to `broker` for `keys`: the partitions it acknowledged,
+        and why the others were not (empty when all were)."""
+        from broker.forwarding import forward_to  # (it imports the node, which imports us)
+        from broker.node import TopicError
+
+        if broker < 0 or not self.node.cluster.alive(broker):
+            return [], f"broker {broker} is not alive"
+        by_topic: dict[str, list[int]] = {}
+        for topic, index in keys:
+            by_topic.setdefault(topic, []).append(index)
+        body = {
+            "markers": [
+                {
+                    "producer_id": producer_id,
+                    "producer_epoch": epoch,
+                    "transaction_result": commit,
+                    "topics": [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()],
+                    "coordinator_epoch": 0,
+                }
+            ]
+        }
+        try:
+            resp = await forward_to(self.node.cluster, broker, 27, 1, "write_txn_markers", body)
+        except TopicError as exc:
+            return [], exc.message
+        acked: list[tuple[str, int]] = []
+        errors: list[str] = []
+        for m in resp.markers:
+            for t in m.topics:
+                for part in t.partitions:
+                    if part.error_code in (NONE,):
+                        acked.append((t.name, part.partition_index))
+                    elif part.error_code == UNKNOWN_TOPIC_OR_PARTITION and self._marker_destination(t.name, part.partition_index) is None:
+                        acked.append((t.name, part.partition_index))  # deleted meanwhile: dropped
+                    else:
+                        errors.append(f"{t.name}-{part.partition_index}: error {part.error_code} from broker {broker}")
+        return acked, "; ".join(errors)
+
     def pending_offsets(self, group: str) -> set[tuple[str, int]]:
-        """The (topic, partition)s of `group` with a transactional offset commit not yet
-        completed (from TxnOffsetCommit until the commit's offsets reach the group, or the
-        abort drops them): OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT
-        for them, as Kafka's OffsetMetadataManager does."""
+        """The (topic, partition)s of `group` with transactional offsets of an archive
+        written before the group coordinator kept them (a PrepareCommit replayed with its
+        offsets record) not yet committed: OffsetFetch with require_stable answers
+        UNSTABLE_OFFSET_COMMIT for them, as for the group coordinator's own."""
         return {
             (topic, partition)
             for txn in self.txns.values()
@@ -593,6 +963,7 @@ class TxnCoordinator:
     def _admit_marker(self, p: Partition, marker: MarkerType, producer_id: int, epoch: int, now: int) -> int:
         """Queue a marker of `producer_id`'s transaction into `p` (closing its open
         transaction there) and fence older epochs; its offset, to await durable."""
+        self._verified.pop((producer_id, p.topic.name, p.index), None)
         base, _ = p.admit(control_batch(marker, producer_id, epoch, 0, now), 0)
         p.txns.on_marker(producer_id, marker, base)
         p.producers.fence(producer_id, epoch)
@@ -606,22 +977,32 @@ class TxnCoordinator:
         marker written into each partition as Kafka's broker writes one its coordinator
         sends, which closes a transaction there that no coordinator will (a hanging one);
         where the producer has no open transaction the answer is success and nothing is written.
-        The error code of each partition: an epoch older than the producer's at the
-        partition is refused INVALID_PRODUCER_EPOCH; the internal topics take no marker
-        from outside (their transactional offsets are the coordinator's)."""
+        Also what a transaction coordinator on another broker sends (`_send_markers`) for
+        the partitions this broker leads, and for a partition of __consumer_offsets whose
+        groups it coordinates (their pending transactional offsets are committed or
+        dropped: `GroupCoordinator.complete_transaction`). The error code of each
+        partition: an epoch older than the producer's at the partition is refused
+        INVALID_PRODUCER_EPOCH; a partition led elsewhere NOT_LEADER_OR_FOLLOWER;
+        __transaction_state takes no marker (INVALID_TOPIC_EXCEPTION)."""
         codes: dict[tuple[str, int], int] = {}
         waits: list[tuple[tuple[str, int], Partition, int]] = []
         marker = MarkerType.COMMIT if commit else MarkerType.ABORT
         now = self.wall()
         for topic, index in partitions:
+            if topic == OFFSETS_TOPIC:
+                self._verified.pop((producer_id, topic, index), None)
+                codes[(topic, index)] = await self.node.groups.complete_transaction(
+                    producer_id, producer_epoch, commit, index
+                )
+                continue
             p = self.node.partition(topic, index)
             if p is None:
                 codes[(topic, index)] = UNKNOWN_TOPIC_OR_PARTITION
                 continue
-            if topic in (TXN_TOPIC, OFFSETS_PARTITION[0]):
+            if topic == TXN_TOPIC:
                 codes[(topic, index)] = INVALID_TOPIC_EXCEPTION
                 continue
-            if p.topic.mirrored:
+            if p.topic.mirrored and not p.led:
                 codes[(topic, index)] = NOT_LEADER_OR_FOLLOWER
                 continue
             if p.failed:
@@ -631,13 +1012,14 @@ class TxnCoordinator:
             if entry is not None and producer_epoch < entry.epoch:
                 codes[(topic, index)] = INVALID_PRODUCER_EPOCH
                 continue
+            self._verified.pop((producer_id, topic, index), None)
             if producer_id not in p.txns.ongoing:
                 # Nothing of this producer's is open here (never was, or a retried marker
                 # already closed it): Kafka would still append a marker that closes nothing;
                 # we sign nothing an outside request asks for that changes nothing.
                 codes[(topic, index)] = NONE
                 continue
-            log.info(
+            log.debug(
                 "WriteTxnMarkers: %s marker of producer %d epoch %d into %s-%d",
                 marker.name, producer_id, producer_epoch, topic, index,
             )
@@ -654,13 +1036,79 @@ class TxnCoordinator:
 
     # ------------------------------------------------------------------ produce checks
 
+    def describe_refusal(self, tid: str) -> int:
+        """DescribeTransactions for `tid` here: NONE where this broker serves it, else
+        NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, as Kafka answers."""
+        if coordinator_node(self.node, tid) != self.node.config.node_id:
+            return NOT_COORDINATOR
+        return self.refusal(tid)
+
+    async def verify_produce(
+        self, tid: str, batches: Sequence[tuple[str, int, int, int]]
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """KIP-890 part 1 at a partition leader that does not coordinate `tid` (cluster
+        mode): the transactional batches ((topic, partition, producer id, epoch) each)
+        are accepted only for partitions the coordinator has in the producer's Ongoing
+        transaction. The coordinator is asked (a DescribeTransactions forwarded to it:
+        the facts Kafka's brokers ask with AddPartitionsToTxn v4 verify_only, a version
+        not served here) once per (producer id, epoch, partition); the answer is cached
+        until that partition's marker (`_admit_marker`, `write_markers`). The refusals,
+        by partition (`check_produce` accepts the rest)."""
+        me = self.node.config.node_id
+        unverified = (NOT_ENOUGH_REPLICAS, "The transaction coordinator cannot verify the transaction now")
+        if self.sharded is None:
+            return {}
+        if coordinator_node(self.node, tid) == me:
+            # checked here by `check_produce`, once loaded (retriable meanwhile)
+            return {} if self.refusal(tid) == NONE else {(t, i): unverified for t, i, _, _ in batches}
+        need = [(t, i, pid, ep) for t, i, pid, ep in batches if self._verified.get((pid, t, i)) != ep]
+        if not need:
+            return {}
+        from broker.forwarding import forward_to  # (it imports the node, which imports us)
+        from broker.node import TopicError
+
+        where = coordinator_node(self.node, tid)
+        if where is None:
+            return {(t, i): unverified for t, i, _, _ in need}
+        try:
+            resp = await forward_to(self.node.cluster, where, 65, 0, "describe_transactions",
+                                    {"transactional_ids": [tid]})
+            (state,) = resp.transaction_states
+        except (TopicError, ValueError):
+            return {(t, i): unverified for t, i, _, _ in need}
+        if state.error_code != NONE:
+            if state.error_code == TRANSACTIONAL_ID_NOT_FOUND:
+                code = (INVALID_PRODUCER_ID_MAPPING, f"No transactional id {tid}")
+                return {(t, i): code for t, i, _, _ in need}
+            return {(t, i): unverified for t, i, _, _ in need}
+        held = {(t.topic, int(i)) for t in state.topics for i in t.partitions}
+        refused: dict[tuple[str, int], tuple[int, str]] = {}
+        for t, i, pid, ep in need:
+            if pid != state.producer_id:
+                refused[(t, i)] = (INVALID_PRODUCER_ID_MAPPING, f"Producer {pid} is not the producer of {tid}")
+            elif ep < state.producer_epoch:
+                refused[(t, i)] = (INVALID_PRODUCER_EPOCH, f"Producer {pid} epoch {ep} is older than {state.producer_epoch}")
+            elif ep != state.producer_epoch or state.transaction_state != Status.ONGOING.kafka_name or (t, i) not in held:
+                refused[(t, i)] = (INVALID_TXN_STATE, f"{t}-{i} is not part of an ongoing transaction of producer {pid}")
+            else:
+                self._verified[(pid, t, i)] = ep
+        return refused
+
     def check_produce(
         self, producer_id: int, producer_epoch: int, topic: str, partition: int
     ) -> tuple[int, str] | None:
         """KIP-890 part 1: a transactional batch only for a partition of an Ongoing
-        transaction of this producer (None: accepted)."""
+        transaction of this producer (None: accepted). Where another broker coordinates
+        the producer's transactional id, what `verify_produce` learnt from it."""
         tid = self.by_pid.get(producer_id)
         txn = None if tid is None else self.txns.get(tid)
+        if txn is None and self.sharded is not None:
+            if self._verified.get((producer_id, topic, partition)) == producer_epoch:
+                return None
+            return (
+                INVALID_TXN_STATE,
+                f"{topic}-{partition} is not part of a verified transaction of producer {producer_id}",
+            )
         if txn is None:
             return (
                 INVALID_PRODUCER_ID_MAPPING,
@@ -704,7 +1152,20 @@ class TxnCoordinator:
         """Complete prepared transactions (after a restart, or a failed completion) and abort
         those past their timeout; wakes every cleanup interval or when poked. Every
         transaction.remove.expired.transaction.cleanup.interval.ms, expires idle ids."""
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            cluster = self.sharded
+            if cluster is not None:
+                nursery.start_soon(
+                    partial(place_shards, legacy=False),
+                    cluster.membership,
+                    TXN_TOPIC,
+                    self.settings.num_partitions,
+                )
+                nursery.start_soon(self._follow_shards, cluster)
+            task_status.started()
+            await self._sweep_forever()
+
+    async def _sweep_forever(self) -> None:
         next_expiry = trio.current_time() + self.settings.expire_check_interval_ms / 1000
         while True:
             await self.sweep()
@@ -744,7 +1205,9 @@ class TxnCoordinator:
         for txn in expired:  # requests meanwhile: CONCURRENT_TRANSACTIONS
             txn.pending, txn.pending_status = True, Status.DEAD
         try:
-            await self._append([(state_key(t.transactional_id), None) for t in expired])
+            await self._append(
+                [(state_key(t.transactional_id), None) for t in expired], [t.transactional_id for t in expired]
+            )
         finally:
             for txn in expired:
                 txn.pending, txn.pending_status = False, None

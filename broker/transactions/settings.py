@@ -19,12 +19,17 @@ class TxnSettings:
     # state tombstoned in __transaction_state (Kafka's default: 7 days).
     id_expiration_ms: int = 604_800_000
     expire_check_interval_ms: int = 3_600_000
+    # Cluster mode: partitions of __transaction_state, each coordinated by one broker
+    # (transactional ids map to them by Kafka's hash). Read once, when the controller
+    # first places them (Kafka's default: 50).
+    num_partitions: int = 50
 
     NAMES: ClassVar[dict[str, str]] = {
         "transaction.max.timeout.ms": "max_timeout_ms",
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "abort_check_interval_ms",
         "transactional.id.expiration.ms": "id_expiration_ms",
         "transaction.remove.expired.transaction.cleanup.interval.ms": "expire_check_interval_ms",
+        "transaction.state.log.num.partitions": "num_partitions",
     }
 
     @classmethod

@@ -10,7 +10,7 @@ stderr; the partition's next owner reads that record again). Prints JSON lines o
     {"ev": "rec", "p": 0, "o": 17, "v": "..."}
     {"ev": "closed", "n": <records>}
 
-It stops (closing the consumer, which leaves the group) when `--stop-file` exists, after
+It stops (closing the consumer, which leaves the group unless it is static) when `--stop-file` exists, after
 `--max-records`, or at `--timeout`. Imports the standard library and the client's package.
 """
 
@@ -64,6 +64,7 @@ def kafka_python(args: argparse.Namespace) -> None:
         session_timeout_ms=args.session_ms,
         heartbeat_interval_ms=args.heartbeat_ms,
         max_poll_records=10,
+        group_instance_id=args.instance_id,
     )
     c.subscribe([args.topic], listener=Listener())
     stop = Stop(args)
@@ -114,6 +115,8 @@ def confluent(args: argparse.Namespace, kip848: bool = False) -> None:
         config["group.protocol"] = "consumer"
     else:
         config.update({"session.timeout.ms": args.session_ms, "heartbeat.interval.ms": args.heartbeat_ms})
+    if args.instance_id is not None:
+        config["group.instance.id"] = args.instance_id
     c = Consumer(config)
     c.subscribe([args.topic], on_assign=on_assign, on_revoke=on_revoke)
     stop = Stop(args)
@@ -197,6 +200,9 @@ def main() -> None:
     p.add_argument("--max-records", type=int)
     p.add_argument("--stop-file")
     p.add_argument("--timeout", type=float, default=120)
+    # A static member (group.instance.id; kafka-python and confluent-kafka only): closing
+    # it sends no LeaveGroup, so a new process with the same id takes its place.
+    p.add_argument("--instance-id")
     args = p.parse_args()
     CLIENTS[args.client](args)
 

@@ -3,41 +3,26 @@
 Owns: `Connection`, the per-connection state machine tying together the secret stream,
 protomux and one ``hypercore/alpha`` channel per archive (id = its discovery key, each
 with its own capability check), as Hypercore replicates any number of cores over one
-stream; `ReplicationChannel`, one archive on it; `ReplicationSession`, a connection
-with exactly one channel (the single-archive API: tools, tests, `trio_driver`'s
-`serve_archive`/`follow_archive`); and the two replicator roles a channel plays:
-
-* serve (`Connection.serve(source)`, or a channel the peer opens that `lookup` finds):
-  announce the signed head (``sync`` + ``range``), answer ``request`` with proofs from
-  `storage.hypercore.proofs.generate_proof` (queued per channel, answered round-robin
-  across channels), answer ``want`` with ``range`` (our archives are always contiguous),
-  re-announce on append, and track how much the peer holds from the
-  ``range``/``bitfield`` messages it sends (`remote_contiguous_length`, Hypercore's
-  ``_remoteContiguousLength``: cluster mode's in-sync replicas and acks=all are built on
-  it, per channel).
-* follow (`Connection.follow(key, sink)`): learn the remote head from ``sync``, fetch it
-  with an ``upgrade`` request (plus the manifest, which must hash to `key`), then fetch
-  blocks with a window of in-flight ``request``s, verify each with
-  `storage.hypercore.proofs.verify_proof` and hand them to the sink in order, each
-  verified head once all blocks under it are delivered. `announce_stored(length)` tells
-  the peer with a ``range`` that we now hold blocks [0, length), as a contiguous
-  Hypercore peer does after storing what it downloaded (``broadcastRange``); the caller
-  announces only what a stored signed head covers.
+stream; `ReplicationChannel`, one archive on it, which plays one of two roles: serving a
+source (`storage.replication.serve.Server`) or following into a sink
+(`storage.replication.follow.Follower`); and `ReplicationSession`, a connection with
+exactly one channel (the single-archive API: tools, tests, `trio_driver`'s
+`serve_archive`/`follow_archive`).
 
 Theory of operation: bytes go in through `receive_data`, bytes to write come out of
 `data_to_send`; nothing here blocks, sleeps or does I/O other than calling the
-source/sink. Which errors close one channel and which the whole connection: see
-`Connection`. Like Hypercore we treat the capability as the proof that the peer knows
-the archive key: the channel id (discovery key) does not reveal it. Not implemented
-(documented gaps): seek requests, reorgs (a newer fork that drops verified blocks; one
-that keeps them is followed with `follow(..., fork=)`), multi-signer
-manifests, sparse peers that lack blocks they announced, pushing unrequested blocks
-(``allowPush``) and extensions (accepted and ignored). Channels of other protomux
-protocols on the same connection (`open_protocol`, `accept`) are handed to a
-`ProtocolHandler` (cluster mode's quorum signing, broker/cluster/signing.py).
+source/sink. The connection decodes protomux frames, checks each channel's capability,
+queues a served channel's requests (answered round-robin across channels, for fairness)
+and hands every other message to the channel's role. Which errors close one channel and
+which the whole connection: see `Connection`. Like Hypercore we treat the capability as
+the proof that the peer knows the archive key: the channel id (discovery key) does not
+reveal it. Channels of other protomux protocols on the same connection (`open_protocol`,
+`accept`) are handed to a `ProtocolHandler` (cluster mode's quorum signing,
+broker/cluster/signing.py); extensions are accepted and ignored.
 
-May import the standard library, PyNaCl, `storage.errors`, `storage.hypercore` and
-`storage.replication.{noise,secretstream,mux,messages,sources,errors}`; never trio.
+May import the standard library, `storage.hypercore` and
+`storage.replication.{noise,secretstream,mux,messages,sources,errors,serve,follow}`;
+never trio.
 """
 
 from __future__ import annotations
@@ -45,40 +30,25 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from hashlib import blake2b
+from dataclasses import dataclass
 
-from storage.errors import BlockRemoved
 from storage.hypercore import (
     REPLICATE_INITIATOR_NS,
     REPLICATE_RESPONDER_NS,
     Frontier,
-    HypercoreError,
-    Manifest,
     Node,
     discovery_key,
-    flat_tree,
 )
-from storage.hypercore.encoding import Reader, encode_uint
 from storage.hypercore.multisig import HeadSigner
-from storage.hypercore.proofs import (
-    BlockRequest,
-    HashRequest,
-    InvalidRequest,
-    Proof,
-    UpgradeRequest,
-    generate_proof,
-    max_missing_nodes,
-    verify_proof,
-)
+from storage.hypercore.proofs import Proof
 from storage.replication import messages as M
 from storage.replication.errors import (
     CapabilityError,
     LocalProtocolError,
     MessageError,
     RemoteProtocolError,
-    VerificationError,
 )
+from storage.replication.follow import DEFAULT_WINDOW, Follower, read_block_data
 from storage.replication.mux import (
     Channel,
     ChannelClosed,
@@ -90,57 +60,10 @@ from storage.replication.mux import (
 )
 from storage.replication.noise import Ed25519KeyPair
 from storage.replication.secretstream import SecretStream
+from storage.replication.serve import Server
 from storage.replication.sources import ArchiveSink, ArchiveSource, SignedHead
 
-# Hypercore gives up on a peer after this many invalid requests (replicator.js).
-MAX_INVALID_REQUESTS = 64
-DEFAULT_WINDOW = 128
-PRUNE_EVERY = 4096  # delivered blocks between prunes of the follower's verified nodes
-
-
-def block_nodes(index: int, length: int) -> int:
-    """How many levels of siblings to ask for with block `index` when blocks are fetched
-    in order: up to its lowest ancestor that is a right child, i.e. ``ctz(index)``
-    levels (0 for every odd block), capped where the tree of `length` has a root.
-
-    Why: the proof of block ``index - 2**h`` (h = ctz(index)) went at least one level
-    higher and so carried that ancestor as a sibling; the follower keeps every node it
-    verified, so the rest of the path would be sent and hashed for nothing. On average
-    this is one node per block instead of log2(length), on the wire, in the server's
-    node reads and in our hashing. Hypercore's own requester does the same thing
-    (``nodes`` = levels up to the first node it has). Should the ancestor not be known
-    when the answer arrives, the follower waits for earlier answers or asks again with
-    the full path."""
-    if index:
-        low = index & -index  # the ancestor at height ctz spans blocks [index, index + low)
-        if index + low <= length:
-            return low.bit_length() - 1  # a whole node: the path to it stays in the tree
-    return max_missing_nodes(2 * index, length)
-
-
-def encode_nodes(nodes: tuple[Node, ...]) -> bytes:
-    """A proof's node list as on the wire (``uint count``, then index, size, hash each)."""
-    return b"".join([encode_uint(len(nodes)),
-                     *(encode_uint(n.index) + encode_uint(n.size) + n.hash for n in nodes)])
-
-
-def _read_block_data(body: bytes | memoryview) -> tuple[int, int, int, memoryview, tuple[Node, ...]] | None:
-    """A ``data`` message that carries a block and nothing else (flags = 1; the catch-up
-    hot path) as (request, fork, index, value, nodes), the value a view into `body` (no
-    copy); None for any other data message, or one that does not decode (the general
-    decoder then reports it)."""
-    try:
-        r = Reader(body)
-        if r.uint() != 1:
-            return None
-        request, fork, index = r.uint(), r.uint(), r.uint()
-        value = r.view(r.uint())
-        n = r.array_length()
-        nodes = tuple(Node(r.uint(), r.uint(), r.fixed(32)) for _ in range(n))
-        r.finish()
-    except HypercoreError:
-        return None
-    return request, fork, index, value, nodes
+Role = Server | Follower  # what a channel does with its archive: serve it, or follow it
 
 
 def capability(initiator: bool, key: bytes, handshake_hash: bytes) -> bytes:
@@ -158,14 +81,6 @@ class Stats:
 
 
 
-class _Role:
-    def on_open(self, s: ReplicationChannel) -> None:
-        raise NotImplementedError
-
-    def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
-        raise NotImplementedError
-
-
 class ReplicationChannel:
     """One archive replicated on a `Connection`: a ``hypercore/alpha`` channel (id = the
     archive's discovery key) and its role, serving a source or following into a sink.
@@ -174,7 +89,7 @@ class ReplicationChannel:
     `closed` once either side closed it, the peer rejected it, or it failed; `error` is
     then the `RemoteProtocolError` that failed it (None for an orderly close)."""
 
-    def __init__(self, conn: Connection, key: bytes, role: _Role) -> None:
+    def __init__(self, conn: Connection, key: bytes, role: Role) -> None:
         if len(key) != 32:
             raise ValueError("archive key must be 32 bytes")
         self.conn = conn
@@ -200,45 +115,45 @@ class ReplicationChannel:
     @property
     def source(self) -> ArchiveSource | None:
         """The archive a serving channel serves."""
-        return self.role.source if isinstance(self.role, _Server) else None
+        return self.role.source if isinstance(self.role, Server) else None
 
     @property
     def public_key(self) -> HeadSigner | None:
         """Follower: the signer's key (or, for a multisig archive, its manifest), once given
         or learned from a verified manifest."""
-        return self.role.public_key if isinstance(self.role, _Follower) else None
+        return self.role.public_key if isinstance(self.role, Follower) else None
 
     @property
     def latest_head(self) -> tuple[int, int, bytes, list[Node]] | None:
         """Follower: the newest head verified so far, (length, fork, signature, roots),
         before its blocks arrive (a mirror compares it with what it stores)."""
-        return self.role.latest_head if isinstance(self.role, _Follower) else None
+        return self.role.latest_head if isinstance(self.role, Follower) else None
 
     @property
     def latest_proof(self) -> Proof | None:
         """Follower: the upgrade proof that gave `latest_head` (evidence, with `probe_at`)."""
-        return self.role.latest_proof if isinstance(self.role, _Follower) else None
+        return self.role.latest_proof if isinstance(self.role, Follower) else None
 
     @property
     def remote_length(self) -> int | None:
         """Follower: the length the peer announced (None before its first sync)."""
-        return self.role.remote_length if isinstance(self.role, _Follower) else None
+        return self.role.remote_length if isinstance(self.role, Follower) else None
 
     @property
     def remote_contiguous_length(self) -> int:
         """Server: how many blocks from the start the peer says it holds (its ``range``
         and ``bitfield`` messages); 0 until it says."""
-        return self.role.remote_contiguous if isinstance(self.role, _Server) else 0
+        return self.role.remote_contiguous if isinstance(self.role, Server) else 0
 
     @property
     def done(self) -> bool:
         """A follower that is not live has everything the peer announced, or the
         channel closed."""
-        return self.closed or (isinstance(self.role, _Follower) and self.role.finished)
+        return self.closed or (isinstance(self.role, Follower) and self.role.finished)
 
     def announce_stored(self, length: int) -> None:
         """Follower: tell the peer we hold blocks [0, length) (a ``range`` message)."""
-        if isinstance(self.role, _Follower):
+        if isinstance(self.role, Follower):
             self.role.stored = max(self.role.stored, length)
             if self.opened:
                 self.role.announce_stored(self)
@@ -246,7 +161,7 @@ class ReplicationChannel:
     def refetch(self, index: int) -> None:
         """Follower: fetch block `index` again (below our verified length) and hand it to
         the sink's `repair_block(index, value)` once verified (a block damaged on disk)."""
-        if isinstance(self.role, _Follower):
+        if isinstance(self.role, Follower):
             self.role.repairs.append(index)
             if self.opened:
                 self.mux.cork()
@@ -257,7 +172,7 @@ class ReplicationChannel:
 
     def notify_append(self) -> None:
         """Server: the source may have a new head; if so, tell the peer."""
-        if isinstance(self.role, _Server) and self.opened:
+        if isinstance(self.role, Server) and self.opened:
             self.role.announce(self)
 
     def close(self) -> None:
@@ -376,12 +291,12 @@ class Connection:
         conflict check, replicator.js ``_checkIfConflict``), so that `latest_proof` shows
         the peer's tree at that length, bound to its signature."""
         return self._add(ReplicationChannel(
-            self, key, _Follower(key, sink, live, have, public_key, window, probe_at=probe_at,
+            self, key, Follower(key, sink, live, have, public_key, window, probe_at=probe_at,
                                 fork=fork)))
 
     def serve(self, source: ArchiveSource) -> ReplicationChannel:
         """Serve `source` on a channel we open (the peer may open it first or later)."""
-        return self._add(ReplicationChannel(self, source.key, _Server(source)))
+        return self._add(ReplicationChannel(self, source.key, Server(source)))
 
     def open_protocol(self, protocol: str, id: bytes | None, handler: ProtocolHandler) -> None:
         """Open a channel of another protocol (`handler` hears it; it is opened once the
@@ -455,7 +370,7 @@ class Connection:
     def notify_append(self) -> None:
         """The sources may have new heads: tell the peer on every serving channel."""
         for ch in list(self.channels.values()):
-            if isinstance(ch.role, _Server):
+            if isinstance(ch.role, Server):
                 try:
                     ch.notify_append()
                 except RemoteProtocolError as e:
@@ -502,8 +417,10 @@ class Connection:
             m = ch.requests.popleft()
             self.queued -= 1
             before = ch.stats.bytes
+            role = ch.role
+            assert isinstance(role, Server)  # only a served channel queues requests
             try:
-                ch.role._on_request(ch, m)  # type: ignore[attr-defined]
+                role.answer(ch, m)
             except RemoteProtocolError as e:
                 self.close_channel(ch, e)
             spent += ch.stats.bytes - before + 16
@@ -621,7 +538,7 @@ class Connection:
             # live channel): refused, not left pending forever; the others carry on
             self.mux.reject(ev.remote_id)
             return
-        ch = ReplicationChannel(self, source.key, _Server(source))
+        ch = ReplicationChannel(self, source.key, Server(source))
         self._live[ch.discovery_key] = ch
         self._open(ch)
 
@@ -629,12 +546,12 @@ class Connection:
         if not 0 <= ev.type < len(M.MessageType):
             return  # protomux ignores message types a channel did not register
         role = ch.role
-        if ev.type == M.MessageType.DATA and isinstance(role, _Follower):
-            block = _read_block_data(ev.payload)
+        if ev.type == M.MessageType.DATA and isinstance(role, Follower):
+            block = read_block_data(ev.payload)
             if block is not None and role.take_block(ch, *block):
                 return
         m = M.decode_message(ev.type, ev.payload)
-        if type(m) is M.Request and isinstance(role, _Server):
+        if type(m) is M.Request and isinstance(role, Server):
             ch.stats.requests += 1
             if not ch.requests:
                 self._ready.append(ch)
@@ -736,7 +653,7 @@ class ReplicationSession(Connection):
         return self._ch.discovery_key if self._ch is not None else discovery_key(bytes(32))
 
     @property
-    def role(self) -> _Role:
+    def role(self) -> Role:
         assert self._ch is not None
         return self._ch.role
 
@@ -807,596 +724,6 @@ class ReplicationSession(Connection):
     def close(self) -> None:
         if self._ch is not None:
             self._ch.close()
-
-# ---------------------------------------------------------------------------- server
-
-
-class _Server(_Role):
-    def __init__(self, source: ArchiveSource | None) -> None:
-        self.source = source
-        self.head = source.head() if source is not None else SignedHead(0, 0, None)
-        self.remote_fork = 0
-        self.remote_length = 0
-        self.announced_remote: tuple[int, int] | None = None
-        self.remote_contiguous = 0  # replicator.js Peer._remoteContiguousLength
-        self._remote_ranges: dict[int, int] = {}  # start -> end of ranges past the prefix
-
-    def _can_upgrade(self) -> bool:
-        # replicator.js _canUpgrade: a peer at length 0 can always take an upgrade.
-        if self.remote_fork != self.head.fork:
-            return False
-        return self.remote_length == 0 or self.remote_length < self.head.length
-
-    def _sync(self, s: ReplicationChannel) -> None:
-        self.announced_remote = (self.remote_fork, self.remote_length)
-        same = self.remote_fork == self.head.fork
-        s.send(M.Sync(
-            fork=self.head.fork,
-            length=self.head.length,
-            remote_length=self.remote_length if same else 0,
-            can_upgrade=self._can_upgrade(),
-            uploading=True,
-            downloading=False,
-            has_manifest=True,
-            allow_push=False,
-        ))
-
-    def on_open(self, s: ReplicationChannel) -> None:
-        assert self.source is not None
-        self.head = self.source.head()
-        self._sync(s)
-        self._held(s, 0)
-
-    def _held(self, s: ReplicationChannel, start: int) -> None:
-        """Tell the peer which blocks from `start` to our head we hold (Hypercore `range`
-        messages): all of them, less the runs our cleaner removed (a `range` with drop),
-        so a stock Hypercore peer never asks for those (storage/FORMAT.md section 10)."""
-        length = self.head.length
-        if length <= start:
-            return
-        s.send(M.Range(start, length - start))
-        removed = getattr(self.source, "removed_runs", None)
-        if removed is not None:
-            for first, n in removed(length):
-                if first + n > start:
-                    s.send(M.Range(max(first, start), first + n - max(first, start), drop=True))
-
-    def announce(self, s: ReplicationChannel) -> None:
-        assert self.source is not None
-        new = self.source.head()
-        if new == self.head:
-            return
-        old, self.head = self.head, new
-        s.mux.cork()
-        self._sync(s)
-        # grown on the same fork: only the new blocks (what the peer knew still holds)
-        self._held(s, old.length if old.fork == new.fork and old.length <= new.length else 0)
-        s.mux.uncork()
-
-    def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
-        if isinstance(m, M.Sync):
-            self.remote_fork, self.remote_length = m.fork, m.length
-            if self.announced_remote != (m.fork, m.length):
-                self._sync(s)  # acknowledge their length so they may ask for an upgrade
-        elif isinstance(m, M.Request):
-            s.stats.requests += 1
-            self._on_request(s, m)
-        elif isinstance(m, M.Want) and not isinstance(m, M.Unwant) and self.head.length:
-            self._held(s, 0)
-        elif isinstance(m, M.Range):
-            self._on_range(m.start, m.length, m.drop)
-        elif isinstance(m, M.Bitfield):
-            self._on_bitfield(m.start, m.bitfield)
-        # cancel/unwant/data/noData/extension need no answer from a server that answers
-        # every request synchronously and downloads nothing.
-
-    def _on_range(self, start: int, length: int, drop: bool) -> None:
-        """What the peer holds, as Hypercore's onrange keeps it: a drop below the
-        contiguous prefix cuts it there; a held range at or touching the prefix extends
-        it (ranges further out are kept until the gap before them is filled)."""
-        end = start + length
-        if drop:
-            if start < self.remote_contiguous:
-                self.remote_contiguous = start
-            self._remote_ranges = {a: b for a, b in self._remote_ranges.items() if b <= start}
-            return
-        if length <= 0:
-            return
-        if start > self.remote_contiguous:
-            if len(self._remote_ranges) < 1024:  # a peer cannot make us keep unbounded state
-                self._remote_ranges[start] = max(end, self._remote_ranges.get(start, 0))
-            return
-        self.remote_contiguous = max(self.remote_contiguous, end)
-        while self._remote_ranges:
-            reach = [a for a in self._remote_ranges if a <= self.remote_contiguous]
-            if not reach:
-                break
-            for a in reach:
-                self.remote_contiguous = max(self.remote_contiguous, self._remote_ranges.pop(a))
-
-    def _on_bitfield(self, start: int, words: tuple[int, ...]) -> None:
-        """A bitfield is the truth for the blocks it covers (replicator.js onbitfield):
-        the contiguous prefix ends at its first unset bit, if that is within it."""
-        if start < self.remote_contiguous:
-            self.remote_contiguous = start
-        if start != self.remote_contiguous:
-            return
-        run = 0
-        for w in words:
-            if w == 0xFFFFFFFF:
-                run += 32
-                continue
-            run += ((~w) & (w + 1)).bit_length() - 1  # trailing ones of w
-            break
-        if run:
-            self._on_range(start, run, False)
-
-    @staticmethod
-    def _invalid(s: ReplicationChannel, m: M.Request) -> None:
-        s.stats.invalid_requests += 1
-        if s.stats.invalid_requests >= MAX_INVALID_REQUESTS:
-            raise RemoteProtocolError("too many invalid requests") from None
-        s.send(M.NoData(m.id, M.NoDataReason.INVALID_REQUEST))
-
-    def _on_request(self, s: ReplicationChannel, m: M.Request) -> None:
-        assert self.source is not None
-        head = self.head
-        manifest = self.source.manifest if m.manifest else None
-        if manifest is not None and m.block is None and m.hash is None and m.upgrade is None:
-            s.send(M.Data(m.id, Proof(head.fork, manifest=manifest)))  # manifest alone
-            return
-        if m.fork != head.fork or m.seek is not None or (
-            m.block is not None and m.block.index >= head.length
-        ):
-            if manifest is not None and m.block is None and m.hash is None and m.upgrade is None:
-                s.send(M.Data(m.id, Proof(head.fork, manifest=manifest)))
-            else:
-                s.send(M.NoData(m.id, M.NoDataReason.NOT_AVAILABLE))
-            return
-
-        source = self.source
-
-        def get(index: int) -> Node:
-            n = source.node(index)
-            if n is None:
-                raise KeyError(index)
-            return n
-
-        try:
-            value = self.source.block(m.block.index) if m.block is not None else None
-        except BlockRemoved:
-            # removed by the cleaner (storage/FORMAT.md 4a): not held, as Hypercore says of
-            # a block it lacks; the leaf stays in the tree (a `hash` request gets it)
-            s.send(M.NoData(m.id, M.NoDataReason.NOT_AVAILABLE))
-            return
-        except (KeyError, IndexError):
-            self._invalid(s, m)
-            return
-        try:
-            proof = generate_proof(
-                get, head.length, head.fork, head.signature,
-                block=m.block, block_value=value, hash=m.hash, upgrade=m.upgrade,
-                manifest=manifest,
-            )
-        except (InvalidRequest, KeyError, IndexError):
-            self._invalid(s, m)
-            return
-        if value is not None:
-            s.stats.blocks += 1
-            s.stats.bytes += len(value)
-        b = proof.block
-        if b is not None and b.value is not None and proof.hash is None and proof.upgrade is None \
-                and proof.manifest is None:
-            # Proof.encode's bytes, in parts: the block is copied once, into the encryption
-            s.send_parts(M.MessageType.DATA, [
-                b"".join((b"\x01", encode_uint(m.id), encode_uint(proof.fork),
-                          encode_uint(b.index), encode_uint(len(b.value)))),
-                b.value,
-                encode_nodes(b.nodes),
-            ])
-            return
-        s.send(M.Data(m.id, proof))
-
-
-# -------------------------------------------------------------------------- follower
-
-
-@dataclass
-class _Pending:
-    id: int
-    block: int | None  # block index, or None for an upgrade request
-    upgrade: bool
-    manifest: bool
-    repair: bool = False  # a block fetched again for sink.repair_block
-    hole: bool = False  # the leaf node (a `hash` request) of a block the peer removed
-
-
-@dataclass
-class _Follower(_Role):
-    key: bytes
-    sink: ArchiveSink
-    live: bool
-    have: Frontier | None
-    public_key: HeadSigner | None
-    window: int
-    trusted: Frontier = field(default_factory=Frontier)
-    fork: int = 0
-    known: dict[int, Node] = field(default_factory=dict)
-    heads: list[tuple[int, int, bytes, list[Node]]] = field(default_factory=list)
-    # None: a block the writer's cleaner removed, its verified leaf (sink.put_removed)
-    buffered: dict[int, tuple[bytes | memoryview | None, Node]] = field(default_factory=dict)
-    inflight: dict[int, _Pending] = field(default_factory=dict)
-    next_id: int = 1
-    next_request: int = 0
-    next_deliver: int = 0
-    remote_length: int | None = None
-    remote_fork: int = 0
-    upgrading: bool = False
-    manifest_requested: bool = False
-    latest_head: tuple[int, int, bytes, list[Node]] | None = None
-    latest_proof: Proof | None = None
-    probe_at: int | None = None  # ask for the peer's tree at this length (see follow)
-    repairs: list[int] = field(default_factory=list)
-    holes: list[int] = field(default_factory=list)  # removed blocks whose leaf to ask for
-    # block answers whose path ends at a node an earlier answer will prove
-    stalled: list[tuple[_Pending, int, memoryview, tuple[Node, ...]]] = field(default_factory=list)
-    stalls: int = 0  # answers that waited for an earlier one (statistics, tests)
-    retries: int = 0  # short answers asked again with the full path
-    pruned_at: int = 0
-    stored: int = 0  # blocks [0, stored) the sink holds under a stored signed head
-    announced: int = 0  # the prefix we told the peer about with a range
-
-    def __post_init__(self) -> None:
-        if self.have is not None:
-            self.stored = self.have.length
-            self.trusted = self.have.copy()
-            self.next_request = self.next_deliver = self.have.length
-            for r in self.have.roots():
-                self.known[r.index] = r
-
-    @property
-    def finished(self) -> bool:
-        return (
-            not self.live
-            and self.remote_length is not None
-            and not self.inflight
-            and not self.stalled
-            and self.trusted.length >= self.remote_length
-            and self.next_deliver == self.trusted.length
-        )
-
-    def _sync(self, s: ReplicationChannel) -> None:
-        s.send(M.Sync(
-            fork=self.fork,
-            length=self.trusted.length,
-            remote_length=self.remote_length or 0,
-            can_upgrade=False,
-            uploading=False,
-            downloading=True,
-            has_manifest=self.public_key is not None,
-            allow_push=False,
-        ))
-
-    def on_open(self, s: ReplicationChannel) -> None:
-        self._sync(s)
-        self.announce_stored(s)  # replicator.js onopen: broadcastRange(0, contiguous)
-
-    def announce_stored(self, s: ReplicationChannel) -> None:
-        if self.stored > self.announced:
-            s.send(M.Range(0, self.stored))  # a fully contiguous peer always sends from 0
-            self.announced = self.stored
-
-    def on_message(self, s: ReplicationChannel, m: M.Message) -> None:
-        if isinstance(m, M.Sync):
-            if m.fork != self.fork:
-                if self.trusted.length:
-                    raise VerificationError(
-                        f"peer is on fork {m.fork}, we verified fork {self.fork}; reorgs unsupported")
-                self.fork = m.fork
-            self.remote_fork, self.remote_length = m.fork, m.length
-        elif isinstance(m, M.Data):
-            self._on_data(s, m)
-        elif isinstance(m, M.NoData):
-            p = self.inflight.get(m.request)
-            if p is not None:
-                if not self._removed(p, m.reason):
-                    raise RemoteProtocolError(
-                        f"peer refused request {m.request} (reason {m.reason}) for data it announced")
-                del self.inflight[m.request]
-        self._pump(s)
-        if self.finished:
-            s.close()
-
-    def _removed(self, p: _Pending, reason: int) -> bool:
-        """A block request the writer answered `not available`: a block its cleaner removed
-        (storage/FORMAT.md 4a). A sink that records such holes (`put_removed`) gets the
-        block's leaf instead, from a `hash` request proven against the signed tree; the
-        upgrade it rode along with is asked for again alone. Any other sink cannot go on."""
-        if (reason != M.NoDataReason.NOT_AVAILABLE or p.block is None or p.manifest or p.repair
-                or p.hole or getattr(self.sink, "put_removed", None) is None):
-            return False
-        if p.upgrade:
-            self.upgrading = False
-        self.holes.append(p.block)
-        self.holes.sort()
-        return True
-
-    def _request(self, s: ReplicationChannel, p: _Pending, req: M.Request) -> None:
-        self.inflight[p.id] = p
-        s.send(req)
-
-    def _pump(self, s: ReplicationChannel) -> None:
-        if self.remote_length is None:
-            return
-        if (self.public_key is None and self.remote_length == 0 and not self.manifest_requested
-                and not self.upgrading):
-            # an empty archive sends no upgrade: ask for the manifest alone, so the sink
-            # learns the signer's key (verified: the manifest hashes to the archive key)
-            self.manifest_requested = True
-            rid = self._id()
-            self._request(s, _Pending(rid, None, False, True), M.Request(rid, self.fork, manifest=True))
-        if (not self.upgrading and self.remote_length > self.trusted.length
-                and self.remote_fork == self.fork):
-            rid = self._id()
-            need_manifest = self.public_key is None
-            self.upgrading = True
-            start = self.trusted.length
-            # The first new block rides along (its path is part of the upgrade proof): a
-            # live head of one block costs one round trip instead of two.
-            first = None
-            if not need_manifest and self.next_request == start and len(self.inflight) < self.window:
-                first = BlockRequest(start, 0)
-                self.next_request = start + 1
-            upgrade_length = self.remote_length - start
-            if self.probe_at and start == 0 and self.probe_at < upgrade_length:
-                # the peer's roots at probe_at, then `additional_nodes` up to its head
-                upgrade_length = self.probe_at
-            self._request(s, _Pending(rid, start if first else None, True, need_manifest), M.Request(
-                rid, self.fork, block=first,
-                upgrade=UpgradeRequest(start, upgrade_length),
-                manifest=need_manifest,
-            ))
-        length = self.trusted.length
-        while self.repairs and self.repairs[0] < min(length, self.next_deliver):
-            i = self.repairs.pop(0)
-            rid = self._id()
-            self._request(s, _Pending(rid, i, False, False, repair=True), M.Request(
-                rid, self.fork, block=BlockRequest(i, max_missing_nodes(2 * i, length))))
-        while self.holes and self.holes[0] < length:
-            i = self.holes.pop(0)
-            rid = self._id()
-            self._request(s, _Pending(rid, i, False, False, hole=True), M.Request(
-                rid, self.fork, hash=HashRequest(2 * i, max_missing_nodes(2 * i, length))))
-        while self.next_request < length and len(self.inflight) < self.window:
-            i = self.next_request
-            self.next_request += 1
-            rid = self._id()
-            self._request(s, _Pending(rid, i, False, False), M.Request(
-                rid, self.fork, block=BlockRequest(i, block_nodes(i, length))))
-
-    def _id(self) -> int:
-        rid = self.next_id
-        self.next_id += 1
-        return rid
-
-    def take_block(self, s: ReplicationChannel, request: int, fork: int, index: int,
-                   value: memoryview, nodes: tuple[Node, ...]) -> bool:
-        """A block-only ``data`` message, decoded without copying the value: verified
-        here when it answers a plain block request (True), else False and it goes
-        through `_on_data` like any other message."""
-        p = self.inflight.get(request)
-        if (p is None or p.block is None or p.upgrade or p.manifest or p.repair or p.hole
-                or self.public_key is None or fork != self.fork):
-            return False
-        del self.inflight[request]
-        self._on_block(s, p, index, value, nodes)
-        self._pump(s)
-        if self.finished:
-            s.close()
-        return True
-
-    def _on_data(self, s: ReplicationChannel, m: M.Data) -> None:
-        p = self.inflight.pop(m.request, None)
-        if p is None:
-            return  # unrequested (push) or cancelled: Hypercore ignores it too
-        proof = m.proof
-        if proof.fork != self.fork:
-            raise VerificationError(f"data for fork {proof.fork}, we are on {self.fork}")
-        if p.hole:
-            self._on_hole(s, p, proof)
-            return
-        if (p.block is not None and not p.upgrade and not p.manifest and not p.repair
-                and proof.upgrade is None and proof.block is not None
-                and proof.manifest is None and proof.hash is None and self.public_key is not None):
-            if proof.block.value is None:
-                raise VerificationError("block proof without a value")
-            self._on_block(s, p, proof.block.index, memoryview(proof.block.value),
-                           proof.block.nodes)
-            return
-        if p.manifest:
-            if proof.manifest is None:
-                raise VerificationError("peer did not send the manifest we asked for")
-            if proof.manifest.hash() != self.key:
-                raise VerificationError("manifest does not hash to the archive key")
-            man = proof.manifest
-            if (
-                man.prologue is not None
-                or man.allow_patch
-                or not 1 <= man.quorum <= len(man.signers)
-            ):
-                raise VerificationError(
-                    "manifests with a prologue, patches or no quorum are unsupported"
-                )
-            single = len(man.signers) == 1 and man == Manifest.default(man.signers[0].public_key)
-            # a default single-signer core keeps its bare key (the path every archive of a
-            # single node takes); any other manifest is checked as a whole (multisig)
-            self.public_key = man.signers[0].public_key if single else man
-        if self.public_key is None:
-            raise VerificationError("no public key to verify against")
-        if p.manifest and not p.upgrade and p.block is None:
-            return  # the manifest alone (the key is all we wanted)
-        if p.upgrade and proof.upgrade is None:
-            raise VerificationError("peer answered an upgrade request without an upgrade")
-        if p.block is not None and (proof.block is None or proof.block.index != p.block):
-            raise VerificationError("peer answered with another block than requested")
-        if not p.upgrade and proof.upgrade is not None:
-            raise VerificationError("unrequested upgrade")
-        try:
-            vp = verify_proof(
-                proof, public_key=self.public_key, key=self.key, fork=self.fork,
-                trusted=self.trusted, trusted_node=self.known.get,
-            )
-        except HypercoreError as e:
-            raise VerificationError(f"bad proof from peer: {e}") from e
-        if p.upgrade:
-            self.upgrading = False
-            head = vp.head
-            assert head is not None and vp.signature is not None
-            self.trusted = head
-            roots = head.roots()
-            # every upgrade node took part in the signed tree hash: verified
-            assert proof.upgrade is not None
-            for n in proof.upgrade.nodes + proof.upgrade.additional_nodes:
-                self.known[n.index] = n
-            for r in roots:
-                self.known[r.index] = r
-            self.heads.append((head.length, self.fork, vp.signature, roots))
-            self.latest_head = (head.length, self.fork, vp.signature, roots)
-            self.latest_proof = proof
-            self._sync(s)  # tell the peer our new length, as Hypercore does after upgrading
-        if p.repair:
-            assert proof.block is not None
-            repair = getattr(self.sink, "repair_block", None)
-            if repair is not None:
-                repair(p.block, proof.block.value or b"")
-            return
-        if p.block is not None:
-            assert proof.block is not None and vp.proven is not None
-            if p.upgrade:
-                self._keep_path(vp.proven, proof.block.nodes)
-            self.buffered[p.block] = (proof.block.value or b"", vp.proven)
-            s.stats.blocks += 1
-            s.stats.bytes += len(proof.block.value or b"")
-        self._deliver()
-        self._unstall(s)
-
-    def _on_hole(self, s: ReplicationChannel, p: _Pending, proof: Proof) -> None:
-        """The leaf node of a block the writer removed, with its path up to a node we
-        trust: verified, it stands for the block (its hash and size fold into the tree)."""
-        assert p.block is not None
-        if (proof.hash is None or proof.hash.index != 2 * p.block or proof.block is not None
-                or proof.upgrade is not None or self.public_key is None):
-            raise VerificationError("peer answered a hash request with another proof")
-        try:
-            vp = verify_proof(
-                proof, public_key=self.public_key, key=self.key, fork=self.fork,
-                trusted=self.trusted, trusted_node=self.known.get,
-            )
-        except HypercoreError as e:
-            raise VerificationError(f"bad proof from peer: {e}") from e
-        leaf = vp.proven
-        if leaf is None or leaf.index != 2 * p.block:
-            raise VerificationError("peer answered with another node than requested")
-        self._keep_path(leaf, proof.hash.nodes[1:])
-        self.buffered[p.block] = (None, leaf)
-        self._deliver()
-        self._unstall(s)
-
-    def _on_block(self, s: ReplicationChannel, p: _Pending, index: int, value: memoryview,
-                  nodes: tuple[Node, ...]) -> None:
-        """A plain block answer (the catch-up hot path): hash the value once, fold the
-        sibling path up to a node already verified, compare, keep the new nodes."""
-        if index != p.block:
-            raise VerificationError("peer answered with another block than requested")
-        ite = 2 * index
-        size = len(value)
-        h = blake2b(b"\x00" + size.to_bytes(8, "little"), digest_size=32)
-        h.update(value)
-        leaf = cur = Node(ite, size, h.digest())
-        path = [cur]
-        for d, sib in enumerate(nodes):
-            step = 2 << d
-            right = (ite >> (d + 1)) & 1
-            if sib.index != (ite - step if right else ite + step) or len(sib.hash) != 32:
-                raise VerificationError(f"bad proof from peer: unexpected node {sib.index}")
-            left_n, right_n = (sib, cur) if right else (cur, sib)
-            total = left_n.size + right_n.size
-            ite = ite - (step >> 1) if right else ite + (step >> 1)
-            cur = Node(ite, total, blake2b(
-                b"\x01" + total.to_bytes(8, "little") + left_n.hash + right_n.hash,
-                digest_size=32).digest())
-            path.append(sib)
-            path.append(cur)
-        known = self.known
-        have = known.get(cur.index)
-        if have is None:
-            if any(q.block is not None and q.block < index for q in self.inflight.values()):
-                self.stalls += 1
-                self.stalled.append((p, index, value, nodes))  # an earlier answer proves its top
-                return
-            # nothing in flight can prove it (e.g. an upgrade moved the roots): full path
-            self.retries += 1
-            rid = self._id()
-            self._request(s, _Pending(rid, index, False, False), M.Request(
-                rid, self.fork,
-                block=BlockRequest(index, max_missing_nodes(2 * index, self.trusted.length))))
-            return
-        if have.hash != cur.hash or have.size != cur.size:
-            raise VerificationError(f"bad proof from peer: checksum mismatch at node {cur.index}")
-        for n in path:
-            known[n.index] = n
-        self.buffered[index] = (value, leaf)
-        s.stats.blocks += 1
-        s.stats.bytes += size
-        self._deliver()
-        self._unstall(s)
-
-    def _unstall(self, s: ReplicationChannel) -> None:
-        """Answers that waited for an earlier one: try them again (that one is in)."""
-        if self.stalled:
-            again, self.stalled = self.stalled, []
-            for q, i, v, ns in again:
-                self._on_block(s, q, i, v, ns)
-
-    def _keep_path(self, leaf: Node, siblings: tuple[Node, ...]) -> None:
-        """Remember a verified block's path (its siblings and the parents they make), as
-        `_on_block` does, so the next blocks' short proofs can end on it."""
-        known = self.known
-        cur = leaf
-        known[cur.index] = cur
-        for sib in siblings:
-            if sib.index != flat_tree.sibling(cur.index):
-                return  # not a plain path: keep what we have
-            left, right = (sib, cur) if sib.index < cur.index else (cur, sib)
-            total = left.size + right.size
-            cur = Node(flat_tree.parent(cur.index), total, blake2b(
-                b"\x01" + total.to_bytes(8, "little") + left.hash + right.hash,
-                digest_size=32).digest())
-            known[sib.index] = sib
-            known[cur.index] = cur
-
-    def _prune(self) -> None:
-        """Forget verified nodes wholly left of every block still to come (they can
-        never be a sibling or an ancestor on a later path); keep the trusted roots."""
-        edge = 2 * self.next_deliver
-        self.known = {i: n for i, n in self.known.items() if flat_tree.right_span(i) >= edge}
-        for r in self.trusted.roots():
-            self.known[r.index] = r
-        self.pruned_at = self.next_deliver
-
-    def _deliver(self) -> None:
-        if self.next_deliver - self.pruned_at >= PRUNE_EVERY:
-            self._prune()
-        while self.next_deliver in self.buffered:
-            value, leaf = self.buffered.pop(self.next_deliver)
-            if value is None:
-                self.sink.put_removed(self.next_deliver, leaf)  # type: ignore[attr-defined]
-            else:
-                self.sink.put_block(self.next_deliver, value, leaf)
-            self.next_deliver += 1
-        while self.heads and self.heads[0][0] <= self.next_deliver:
-            length, fork, sig, roots = self.heads.pop(0)
-            self.sink.put_head(length, fork, sig, roots)
 
 
 __all__ = ["Connection", "MessageError", "ReplicationChannel", "ReplicationSession", "SignedHead",

@@ -11,7 +11,7 @@ import pytest
 from storage_testutil import KEYPAIR, batch_of_size, crc_ok, make_batch, split_batches, tree_hash_of
 
 from storage import FsyncPolicy, LogConfig, PartitionLog
-from storage.errors import CorruptBatch, OffsetOutOfRange, StorageError
+from storage.errors import CorruptBatch, LogClosed, OffsetOutOfRange, StorageError
 from storage.hypercore import archive_key, verify_head
 
 
@@ -39,6 +39,21 @@ def test_append_assigns_offsets_in_place_and_is_invisible_until_commit(tmp_path)
                        2, 0, head.signature)
     assert lg.read_bytes(0, 1 << 20)[: len(b)] == bytes(b)
     lg.close()
+
+
+@pytest.mark.parametrize("end", ["close", "discard"])
+def test_a_read_of_a_closed_log_says_so(tmp_path, end):
+    # A request may still hold a log its partition replaced (a leader stepping down
+    # reopens its archive as a replica): the read is refused with a typed error, not an
+    # IndexError from the emptied segment list.
+    lg = open_log(tmp_path)
+    lg.append(make_batch(3))
+    lg.commit()
+    getattr(lg, end)()
+    with pytest.raises(LogClosed):
+        lg.read(0, 1 << 20)
+    with pytest.raises(LogClosed):
+        lg.read(1, 1 << 20, end=3)
 
 
 def test_append_rejects_bad_framing(tmp_path):

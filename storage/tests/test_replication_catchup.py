@@ -12,7 +12,7 @@ import pytest
 from storage.hypercore import KeyPair
 from storage.hypercore.proofs import max_missing_nodes
 from storage.replication import MemoryArchive, ReplicationSession, VerificationError
-from storage.replication.session import block_nodes
+from storage.replication.follow import block_nodes
 
 KP = KeyPair.from_seed(bytes([5]) * 32)
 
@@ -135,18 +135,18 @@ def test_a_block_proved_only_by_an_earlier_proof_is_still_checked() -> None:
 
 def test_a_short_answer_nothing_can_prove_is_asked_again_with_the_full_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from storage.replication import session as S
+    from storage.replication.follow import Follower
 
-    def forgetful_prune(self: S._Follower) -> None:  # keep only the trusted roots
+    def forgetful_prune(self: Follower) -> None:  # keep only the trusted roots
         self.known = {r.index: r for r in self.trusted.roots()}
 
-    orig_deliver = S._Follower._deliver
+    orig_deliver = Follower._deliver
 
-    def deliver(self: S._Follower) -> None:
+    def deliver(self: Follower) -> None:
         orig_deliver(self)
         forgetful_prune(self)
 
-    monkeypatch.setattr(S._Follower, "_deliver", deliver)
+    monkeypatch.setattr(Follower, "_deliver", deliver)
     src = _archive(40)
     sink = MemoryArchive(KP.public_key)
     client = _follow(src, sink, window=1)

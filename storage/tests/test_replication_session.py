@@ -12,6 +12,7 @@ import trio.testing
 
 from storage.batch import build_batch
 from storage.hypercore import KeyPair, Manifest, sign_head
+from storage.hypercore.proofs import BlockRequest, UpgradeRequest
 from storage.log import FsyncPolicy, PartitionLog
 from storage.replication import (
     CapabilityError,
@@ -23,7 +24,7 @@ from storage.replication import (
     VerificationError,
 )
 from storage.replication import messages as M
-from storage.replication import session as S
+from storage.replication.serve import Server
 from storage.replication.trio_driver import follow_archive, serve_archive
 
 KP = KeyPair.from_seed(bytes([7]) * 32)
@@ -102,9 +103,9 @@ def test_server_answers_bad_requests_with_no_data() -> None:
     got: list[M.Message] = []
     orig = client.role.on_message
     client.role.on_message = lambda s, m: got.append(m)  # type: ignore[method-assign]
-    client.send(M.Request(900, 0, block=S.BlockRequest(50, 0)))  # past the end
-    client.send(M.Request(901, 0, upgrade=S.UpgradeRequest(3, 99)))  # invalid upgrade
-    client.send(M.Request(902, 5, block=S.BlockRequest(1, 0)))  # wrong fork
+    client.send(M.Request(900, 0, block=BlockRequest(50, 0)))  # past the end
+    client.send(M.Request(901, 0, upgrade=UpgradeRequest(3, 99)))  # invalid upgrade
+    client.send(M.Request(902, 5, block=BlockRequest(1, 0)))  # wrong fork
     client.send(M.Want(0, 1 << 21))
     _pump(client, server)
     client.role.on_message = orig  # type: ignore[method-assign]
@@ -187,14 +188,16 @@ def test_follower_only_accepts_requested_block() -> None:
     server = ReplicationSession.serve(src)
     sink = MemoryArchive(KP.public_key)
     client = ReplicationSession.follow(src.key, sink, window=1)
-    orig_on_request = server.role._on_request  # type: ignore[attr-defined]
+    role = server.role
+    assert isinstance(role, Server)
+    orig_answer = role.answer
 
     def swap(s: ReplicationSession, m: M.Request) -> None:
         if m.block is not None:
-            m = dataclasses.replace(m, block=S.BlockRequest((m.block.index + 1) % 4, m.block.nodes))
-        orig_on_request(s, m)
+            m = dataclasses.replace(m, block=BlockRequest((m.block.index + 1) % 4, m.block.nodes))
+        orig_answer(s, m)
 
-    server.role._on_request = swap  # type: ignore[attr-defined]
+    role.answer = swap  # type: ignore[method-assign,assignment]
     with pytest.raises(VerificationError, match="another block"):
         _pump(client, server)
 
@@ -311,8 +314,8 @@ def test_follower_announces_stored_prefix_and_server_tracks_it() -> None:
     assert server2.remote_contiguous_length == 12
 
 
-def _server_role() -> S._Server:
-    return S._Server(_archive(0))
+def _server_role() -> Server:
+    return Server(_archive(0))
 
 
 def test_remote_ranges_as_hypercore_keeps_them() -> None:
