@@ -653,7 +653,7 @@ class NodeMirror:
         attached = self.attached.pop(name, None)
         if attached is None:
             return
-        _, logs = attached
+        logs = [self._held(lg) for lg in attached[1]]  # (before the quorum role forgets them)
         for scope in self._scopes.pop(name, set()):
             scope.cancel()
         self.node.detach_mirrored(name)
@@ -920,6 +920,13 @@ class NodeMirror:
         finally:
             scopes.discard(scope)
 
+    def _held(self, lg: FollowerLog) -> FollowerLog:
+        """The copy held now of the archive `lg` was opened for: a failover that elected
+        this broker and a later one that deposed it reopen it (broker/takeover.py
+        `step_down`), and the quorum role holds the reopened one."""
+        entry = self.node.quorum.followers.get(lg.key) if self.node.quorum is not None else None
+        return entry[1] if entry is not None else lg
+
     def close(self) -> None:
         for name, copy in self.copies.items():
             if self.broker_id is not None and self.cluster is not None:
@@ -929,7 +936,7 @@ class NodeMirror:
         for _, logs in self.attached.values():
             for lg in logs:
                 with contextlib.suppress(Exception):
-                    lg.close()
+                    self._held(lg).close()
         if self.catalog is not None:
             with contextlib.suppress(Exception):
                 self.catalog.close()

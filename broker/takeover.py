@@ -255,7 +255,14 @@ async def step_down(node: Node, role: QuorumRole, name: str, index: int) -> bool
         lg = await trio.to_thread.run_sync(
             lambda: FollowerLog.open_replica(old.path, manifest, config=config)
         )
-        node.store.swap_log(name, index, lg.log)
+        if p.topic.mirrored:
+            # A copy its mirror keeps (a failover had elected this broker, a later one
+            # deposed it): not the store's, which knows only the topics it writes. The
+            # quorum role holds it (`register`), as any mirror's copy.
+            if node.store.handles is not None:
+                lg.attach_handles(node.store.handles)
+        else:
+            node.store.swap_log(name, index, lg.log)
         new = Partition(p.topic, index, lg.log)
         new.producers.rebuild(producer_headers(lg.log))
         new.txns = rebuild_txns(lg.log)

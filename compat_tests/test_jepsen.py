@@ -9,6 +9,14 @@
   split brain of issue 16: docs/jepsen.md has that report.)
 * The long run (`scripts/test --jepsen-long`, i.e. HK_JEPSEN_LONG=1): 3 etcd members,
   random faults for HK_JEPSEN_SECONDS (default 600).
+* The quorum runs (issue 17): the same with quorum-signed partitions on, and faults aimed
+  at the producers' partition leaders (kill -9, SIGSTOP past the session timeout, a
+  silent cut from brokers and etcd); besides the checks above, every broker's copy of
+  those partitions must verify, agree with every other within a fork, and hold every
+  acknowledged record under a quorum-signed head of the final fork, and the producers
+  must write again within the session timeout plus run.FAILOVER_MARGIN_S of each fault.
+  Light (CI): one fault of each kind; long: random ones, those aimed at leaders and the
+  others (controller, coordinator, majority/minority), behind HK_JEPSEN_LONG too.
 
 Each run prints its unavailability table and verdicts, and leaves histories, logs and
 report.json in its work directory (printed). Network namespaces need root and `ip`
@@ -35,7 +43,15 @@ from compat_tests import harness
 from compat_tests.jepsen import checker
 from compat_tests.jepsen.cluster import JepsenCluster
 from compat_tests.jepsen.net import Network, in_namespace, leftovers
-from compat_tests.jepsen.run import LIGHT_SCHEDULE, Report, long_schedule, run
+from compat_tests.jepsen.run import (
+    FAULTS,
+    LEADER_FAULTS,
+    LIGHT_SCHEDULE,
+    QUORUM_LIGHT_SCHEDULE,
+    Report,
+    long_schedule,
+    run,
+)
 
 SESSION_MS = 6000
 HOLD_S = 8.0  # how long the light run holds each fault
@@ -192,6 +208,113 @@ def test_checker_unavailability() -> None:
             "create_topic_gap_s": 20.0,
         }
     ]
+
+
+def test_checker_failover_bound() -> None:
+    faults = [
+        checker.Fault("kill-leader", 10, 20, 30, [0, 2]),
+        checker.Fault("kill", 30, 40, 50),  # not aimed at leaders: not bounded
+    ]
+    # partition 1 (not the victim's) keeps writing; 0 and 2 stop from t=10 to t=19
+    sends = [_send("a", 1, 0, 0, t) for t in range(9, 50)]
+    sends += [_send("b", p, 0, 0, t) for p in (0, 2) for t in (9, 19, 25, 29)]
+    rows = checker.unavailability(faults, sends, [])
+    assert rows[0]["produce_gap_s"] == 9.0 and rows[1]["produce_gap_s"] == 1.0
+    assert checker.failover_bound(rows, faults, 10.0) == []
+    assert len(checker.failover_bound(rows, faults, 8.5)) == 1
+    late = [e for e in sends if e["t1"] != 19]  # partitions 0 and 2 back only at t=25
+    assert checker.failover_bound(checker.unavailability(faults, late, []), faults, 10.0)
+
+
+def _copy(
+    broker: int, fork: int, leaves: str, records: dict[int, str] | None = None, part: int = 0
+) -> dict[str, object]:
+    """A copy whose head covers one block per letter of `leaves` (the block's leaf hash)."""
+    return {
+        "broker": broker,
+        "partition": part,
+        "path": f"n{broker}",
+        "fork": fork,
+        "length": len(leaves),
+        "leaves": list(leaves),
+        "records": records or {},
+        "ok": True,
+        "why": "",
+    }
+
+
+def test_checker_quorum_heads_agree() -> None:
+    same = [_copy(1, 2, "abc"), _copy(2, 2, "abcd"), _copy(3, 2, "ab")]
+    assert checker.quorum_heads_agree(same) == []
+    # another fork may part from the others (an unsigned tail cut by a failover)
+    assert checker.quorum_heads_agree([*same, _copy(1, 1, "abx")]) == []
+    # two heads of one fork that part at block 2
+    split = checker.quorum_heads_agree([*same, _copy(3, 2, "abdd")])
+    assert len(split) == 2 and all("block 2" in v for v in split)
+    # a copy that does not verify against its manifest
+    bad = {**_copy(2, 2, "abcd"), "ok": False, "why": "head is not signed by a quorum"}
+    assert checker.quorum_heads_agree([same[0], bad]) == [
+        "broker 2's copy of partition 0 does not verify: head is not signed by a quorum (n2)"
+    ]
+    # other partitions are compared apart
+    assert checker.quorum_heads_agree([*same, _copy(1, 2, "xyz", part=1)]) == []
+
+
+def test_checker_copies_follow_final_fork() -> None:
+    copies = [_copy(1, 3, "abc"), _copy(2, 3, "ab"), _copy(3, 3, "abcd")]
+    assert checker.copies_follow_final_fork(copies, [1, 2, 3], [0]) == []
+    # broker 2 (a deposed leader) still on its own fork
+    stale = [copies[0], _copy(2, 2, "abx"), copies[2]]
+    assert checker.copies_follow_final_fork(stale, [1, 2, 3], [0]) == [
+        "broker 2's copy of partition 0 is on fork 2, not the final fork 3"
+    ]
+    # broker 3 holds none, or none that verifies; partition 1 nowhere
+    unverified = {**copies[2], "ok": False}
+    assert len(checker.copies_follow_final_fork(copies[:2], [1, 2, 3], [0])) == 1
+    assert len(checker.copies_follow_final_fork([*copies[:2], unverified], [1, 2, 3], [0])) == 1
+    assert len(checker.copies_follow_final_fork(copies, [1, 2, 3], [0, 1])) == 3
+
+
+def test_checker_acked_in_final_fork() -> None:
+    sends = [_send("a-0", 0, 0, 0, 1), _send("a-1", 0, 1, 1, 2), _send("a-2", 0, None, 2, 3)]
+    sends.append(_send("a-3", 0, None, 3, 4, ok=False))
+    kept = {"0": "a-0", "1": "a-1", "2": "a-2"}  # as JSON keeps them
+    assert checker.acked_in_final_fork(sends, [_copy(1, 3, "abc", kept)]) == []
+    # a-1 only under a head of an older fork: lost with it
+    old = [_copy(1, 3, "a", {0: "a-0"}), _copy(2, 2, "abc", kept)]
+    assert len(checker.acked_in_final_fork(sends, old)) == 2  # a-1, and a-2 (no offset)
+    # the union of the final fork's copies counts
+    two = [_copy(1, 3, "ab", {0: "a-0", 1: "a-1"}), _copy(2, 3, "abc", {2: "a-2"})]
+    assert checker.acked_in_final_fork(sends, two) == []
+    # a copy that does not verify holds nothing
+    unverified = {**_copy(1, 3, "abc", kept), "ok": False}
+    assert len(checker.acked_in_final_fork(sends, [unverified])) == 3
+    moved = [_copy(1, 3, "abc", {0: "a-0", 1: "a-2", 2: "a-1"})]
+    assert any("offset 1" in v for v in checker.acked_in_final_fork(sends, moved))
+
+
+def test_archives_reads_every_copy_and_catches_a_bad_one(tmp_path: Path) -> None:
+    """`archives.read_copies` on a real quorum-signed copy (a mirror's: its blocks and
+    heads replicated from a 2-of-3 source): its head, one leaf per block, the records
+    under it; with one stored byte changed, the copy no longer verifies."""
+    from compat_tests.jepsen.archives import read_copies
+    from storage.tests.test_quorum_archive import _mirror, _source
+
+    copy = tmp_path / "n1" / "__mirrors" / "ab" / "t-0"
+    copy.parent.mkdir(parents=True)
+    _mirror(copy, _source(6)).close()
+    [c] = read_copies({1: tmp_path / "n1"}, "t", 1)
+    assert (c["broker"], c["partition"], c["fork"], c["length"], c["ok"]) == (1, 0, 0, 6, True)
+    assert len(c["leaves"]) == 6 and len(set(c["leaves"])) == 6
+    assert c["records"] == {2 * i + j: f"{'vw'[j]}{i}" for i in range(6) for j in (0, 1)}
+    assert checker.quorum_heads_agree([c, {**c, "broker": 2}]) == []
+    log = next(copy.glob("*.log"))
+    data = bytearray(log.read_bytes())
+    data[-1] ^= 1
+    log.write_bytes(bytes(data))
+    [bad] = read_copies({1: tmp_path / "n1"}, "t", 1)
+    assert not bad["ok"] and bad["why"]
+    assert checker.quorum_heads_agree([bad])
 
 
 # --- the network ---------------------------------------------------------------------------
@@ -358,6 +481,52 @@ def test_jepsen_light(sigterm_is_interrupt: None, capsys: pytest.CaptureFixture[
     _print(report, workdir, capsys)
     _assert_held(report)
     assert report.counts["acked sends"] > 0 and report.counts["acked commits"] > 0, report.text()
+
+
+@pytest.mark.timeout(300)
+def test_jepsen_quorum_light(
+    sigterm_is_interrupt: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _need_namespaces()
+    _need_etcd()
+    workdir = harness.tmp_workdir("hk-jepsen-q-")
+    report = run(
+        workdir,
+        QUORUM_LIGHT_SCHEDULE,
+        hold=HOLD_S,
+        recover=RECOVER_S,
+        session_ms=SESSION_MS,
+        log=lambda s: print(s, file=sys.stderr),
+        quorum=True,
+    )
+    _print(report, workdir, capsys)
+    _assert_held(report)
+    assert report.counts["acked sends"] > 0, report.text()
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(
+    os.environ.get("HK_JEPSEN_LONG") != "1", reason="the long run: scripts/test --jepsen-long"
+)
+def test_jepsen_quorum_long(sigterm_is_interrupt: None, capsys: pytest.CaptureFixture[str]) -> None:
+    _need_namespaces()
+    _need_etcd()
+    seconds = float(os.environ.get("HK_JEPSEN_SECONDS", "600"))
+    seed = int(os.environ.get("HK_JEPSEN_SEED", str(int(time.time()))))
+    print(f"\nquorum long run: seed {seed}, {seconds:.0f}s of faults", file=sys.stderr)
+    workdir = harness.tmp_workdir("hk-jepsen-q-long-")
+    report = run(
+        workdir,
+        long_schedule(seconds, 12.0, 10.0, seed, {**FAULTS, **LEADER_FAULTS}),
+        hold=12.0,
+        recover=10.0,
+        session_ms=SESSION_MS,
+        etcd_members=3,
+        log=lambda s: print(s, file=sys.stderr),
+        quorum=True,
+    )
+    _print(report, workdir, capsys)
+    _assert_held(report)
 
 
 @pytest.mark.timeout(3600)

@@ -226,6 +226,12 @@ class ReplicaSigner:
             return refuse("this broker is not one of the archive's signers")
         if self.leader(p.archive) != sender:
             return refuse(f"broker {sender} is not the placed leader of this archive")
+        if not lg.log.replica:
+            # This broker writes it (a failover elected it) while the placement names
+            # another leader already: a later failover deposed it (paused past the
+            # session timeout, say) and it has not stepped down yet. Its copy takes no
+            # proposal until it has (broker/takeover.py `step_down`).
+            return refuse("this broker still writes this archive; it has not stepped down yet")
         if sum(len(b) for b in p.blocks) > self.max_bytes:
             return refuse(f"proposal exceeds the {self.max_bytes}-byte budget")
         try:

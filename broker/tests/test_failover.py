@@ -413,3 +413,25 @@ async def test_a_failover_end_to_end_without_brokers(s: Setup) -> None:
     cache = EpochCache(s.store.fs, s.replicas[2].path)
     assert end_offset_for(1, cache, lg2.high_watermark, 0) == (0, 3)
     lg2.quorum_sign = lambda th, n, f: trio.run(asm2.sign, th, n, f)  # close() commits
+
+
+async def test_a_deposed_leader_not_stepped_down_yet_refuses_proposals(s: Setup) -> None:
+    """Broker 2, elected in epoch 1, writes its copy; a later failover (2 paused past
+    the session timeout) placed broker 3: 3's proposals reach 2 before 2's takeover loop
+    stepped it down. They are refused, an answer like any refusal. Before, the copy took
+    the blocks as a replica would and failed an assertion ("not a replica"), which ended
+    the replication connection carrying every archive's proposals between 3 and 2."""
+    from broker.cluster.signing import Proposal, ReplicaSigner
+    from broker.tests.test_quorum_signing import KPS
+
+    await s.produce(b"a")
+    lg2 = s.replicas[2].log
+    await trio.to_thread.run_sync(lg2.take_over, KPS[1], 1, 1)  # 2 elected in epoch 1
+    signer2 = ReplicaSigner(KPS[1], lambda k: s.replicas[2] if k == s.manifest.hash() else None,
+                            lambda _k: 3)  # the placement names 3 now  # fmt: skip
+    block = bytes(build_batch([b"b"], timestamp_ms=1_700_000_000_001, base_offset=1))
+    p = Proposal(s.manifest.hash(), 2, 2, bytes(32), 1, (block,))
+    a = signer2.handle(3, p)
+    assert a.signature == b"" and "has not stepped down" in a.reason
+    assert s.replicas[2].length == 1  # nothing taken
+    lg2.discard()  # (its close would commit, and only a quorum signs it)

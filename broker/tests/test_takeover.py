@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
+from broker import compose
 from broker.protocol import records
+from broker.takeover import step_down
 from broker.tests.test_cluster import _controller, _create, _free_ports, _metadata, _serve, _until
 from broker.tests.test_server import fetch_body
 from compat_tests.etcd import EtcdServer
@@ -190,4 +193,85 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
             await _until(alone)
             assert (await _produce(clients[lead2], b"v7", 7))[0] == 19  # NOT_ENOUGH_REPLICAS
             assert await _values(clients[lead2]) == [b"v%d" % i for i in range(7)]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_deposed_elected_leader_steps_down_in_place(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader a failover elected (its copy was its mirror's) and a later failover
+    deposed while it ran (a pause past the session timeout, then SIGCONT: the Jepsen
+    quorum run's case) steps down where it runs: `step_down` reopens that copy as a
+    replica, held by the quorum role and served as the partition's log. Before, it asked
+    the store, which knows only the topics it writes, to hold the copy: UnknownTopic, the
+    copy left discarded, and its votes refused ("log is closed"), so no later failover of
+    the partition found a majority."""
+    roles: dict[int, tuple[Any, Any]] = {}
+
+    async def recording(node: Any, cluster: Any, role: Any) -> None:
+        roles[node.config.node_id] = (node, role)
+        await real_failover(node, cluster, role)
+
+    real_failover = compose.run_failover
+    monkeypatch.setattr(compose, "run_failover", recording)
+    ports = _free_ports(3)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            scopes: dict[int, trio.CancelScope] = {}
+
+            async def start(i: int) -> Any:
+                scope = trio.CancelScope()
+                scopes[i] = scope
+                client: list[Any] = []
+
+                async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                    with scope:
+                        async with trio.open_nursery() as inner:
+                            client.append(await _serve(inner, tmp_path, i, ports, etcd.endpoint, session_ms=2000, **ON))
+                            task_status.started()
+                            await trio.sleep_forever()
+
+                await nursery.start(serve)
+                return client[0]
+
+            c1 = await start(1)
+
+            async def elected() -> bool:
+                return await _controller(c1) == 1
+
+            await _until(elected)
+            clients = {1: c1, 2: await start(2), 3: await start(3)}
+
+            async def three() -> bool:
+                return len((await _metadata(c1, "x")).brokers) == 3
+
+            await _until(three)
+            r = await _create(c1, [{"name": "q", "num_partitions": -1, "replication_factor": -1,
+                                    "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]}],
+                                    "configs": []}])
+            assert r.topics[0].error_code == 0
+
+            async def first() -> bool:
+                return (await _produce(c1, b"v0", 0))[0] == 0
+
+            await _until(first)
+            scopes[1].cancel()  # the writer stops: a failover elects 2 or 3 in epoch 1
+
+            async def failed_over() -> bool:
+                p = (await _metadata(clients[2], "q")).topics[0].partitions[0]
+                return p.leader_id in (2, 3) and p.leader_epoch == 1
+
+            await _until(failed_over)
+            lead = int((await _metadata(clients[2], "q")).topics[0].partitions[0].leader_id)
+            assert await _produce(clients[lead], b"v1", 1) == (0, 1)
+            node, role = roles[lead]
+            held = node.partition("q", 0)
+            assert held.led and held.topic.mirrored  # it writes its mirror's copy
+            # What its takeover loop does once the placement names another leader:
+            assert await step_down(node, role, "q", 0)
+            now = node.partition("q", 0)
+            assert now is not held and not now.led and now.log.replica
+            copy = role.followers[now.log.key][1]
+            assert copy.log is now.log and copy.length == 2  # v0 and v1, open and held
+            assert copy.log.block(1)  # readable: not the discarded log
             nursery.cancel_scope.cancel()

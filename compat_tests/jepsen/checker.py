@@ -25,7 +25,24 @@ Owns the checks and the unavailability table. Each check returns a list of viola
 * `recovered`: after the last heal and a recovery time, each kind of client succeeds again.
 * `unavailability`: per fault, the longest stretch without a successful send, without a
   successful commit (real groups) and without a successful CreateTopics (the admin), from
-  the fault's start until the next fault (the last one: until the clients stop).
+  the fault's start until the next fault (the last one: until the clients stop). A fault
+  aimed at partition leaders names the partitions its victim led (`Fault.partitions`):
+  its produce gap counts only sends to those.
+* `failover_bound`: after each fault aimed at partition leaders, the producers write
+  those partitions again within the bound (the session timeout plus a margin): its
+  produce gap is at most that.
+
+Quorum-signed partitions (the copies each broker holds, compat_tests/jepsen/archives.py):
+
+* `quorum_heads_agree`: every copy verifies against its manifest (a quorum of its
+  signers), and of any two copies of a partition whose heads are of one fork, the
+  shorter one's leaves are a prefix of the longer one's (two quorum-signed heads that
+  disagree within a fork are equivocation).
+* `copies_follow_final_fork`: after the heal every broker holds a copy of every
+  partition, on its final fork (a deposed leader follows the new fork).
+* `acked_in_final_fork`: every acknowledged send lies, at its offset, under a
+  quorum-signed head of the partition's final fork (the highest fork any copy's head
+  has).
 
 May import only the standard library.
 """
@@ -226,6 +243,7 @@ class Fault:
     start: float
     healed: float  # when the nemesis undid it
     end: float  # the next fault's start, or the end of the run
+    partitions: list[int] | None = None  # those its victim led, for a fault aimed at leaders
 
 
 def longest_gap(times: Sequence[float], start: float, end: float) -> float:
@@ -241,7 +259,7 @@ def unavailability(
     commits: Iterable[Event],
     creates: Iterable[Event] = (),
 ) -> list[dict[str, Any]]:
-    ok_sends = [e["t1"] for e in sends if e["op"] == "send" and e["ok"]]
+    ok_sends = [(e["t1"], e["partition"]) for e in sends if e["op"] == "send" and e["ok"]]
     ok_commits = [e["t1"] for e in commits if e["op"] == "commit" and e["ok"]]
     ok_creates = [e["t1"] for e in creates if e["op"] == "create" and e["ok"]]
     return [
@@ -249,12 +267,121 @@ def unavailability(
             "fault": f.name,
             "at_t": round(f.start, 1),  # the clock of the histories, to place violations
             "held_s": round(f.healed - f.start, 1),
-            "produce_gap_s": round(longest_gap(ok_sends, f.start, f.end), 1),
+            "produce_gap_s": round(
+                longest_gap(
+                    [t for t, p in ok_sends if f.partitions is None or p in f.partitions],
+                    f.start,
+                    f.end,
+                ),
+                1,
+            ),
             "commit_gap_s": round(longest_gap(ok_commits, f.start, f.end), 1),
             "create_topic_gap_s": round(longest_gap(ok_creates, f.start, f.end), 1),
         }
         for f in faults
     ]
+
+
+def failover_bound(
+    rows: Iterable[Mapping[str, Any]], faults: Sequence[Fault], bound: float
+) -> list[str]:
+    """`rows`: `unavailability(faults, ...)`. A fault aimed at leaders (with `partitions`)
+    whose produce gap exceeds `bound` seconds is a violation."""
+    return [
+        f"{f.name} (at t={f.start:.1f}): no acknowledged send to partitions {f.partitions} "
+        f"for {row['produce_gap_s']} s, more than {bound:.1f} s"
+        for f, row in zip(faults, rows, strict=True)
+        if f.partitions is not None and row["produce_gap_s"] > bound
+    ]
+
+
+def quorum_heads_agree(copies: Iterable[Event]) -> list[str]:
+    """`copies`: every broker's copy of every partition (archives.read_copies): broker,
+    partition, fork, length, leaves (one hash per block under the head), ok, why."""
+    out = []
+    by_part: dict[int, list[Event]] = defaultdict(list)
+    for c in copies:
+        if not c["ok"]:
+            out.append(f"broker {c['broker']}'s copy of partition {c['partition']} does not "
+                       f"verify: {c['why']} ({c['path']})")  # fmt: skip
+            continue
+        by_part[c["partition"]].append(c)
+    for part, held in sorted(by_part.items()):
+        for a, b in itertools.combinations(held, 2):
+            if a["fork"] != b["fork"] or not a["length"] or not b["length"]:
+                continue
+            short, long = (a, b) if a["length"] <= b["length"] else (b, a)
+            n = short["length"]
+            if short["leaves"][:n] != long["leaves"][:n]:
+                first = next(
+                    (
+                        i
+                        for i, (x, y) in enumerate(
+                            zip(short["leaves"], long["leaves"], strict=False)
+                        )
+                        if x != y
+                    ),
+                    min(len(short["leaves"]), len(long["leaves"])),
+                )
+                out.append(
+                    f"partition {part} fork {a['fork']}: broker {short['broker']}'s head "
+                    f"(length {n}) is not a prefix of broker {long['broker']}'s "
+                    f"(length {long['length']}): they part at block {first}"
+                )
+    return out
+
+
+def copies_follow_final_fork(
+    copies: Iterable[Event], brokers: Iterable[int], partitions: Iterable[int]
+) -> list[str]:
+    """After the heal every broker holds a copy of every partition, on its final fork (a
+    deposed leader, resumed or restarted, follows the new leader's fork and does not go
+    on writing its own; a copy may lag in length, not in fork)."""
+    good = [c for c in copies if c["ok"]]
+    final: dict[int, int] = {}
+    for c in good:
+        final[c["partition"]] = max(final.get(c["partition"], -1), c["fork"])
+    out = []
+    for part in partitions:
+        for b in brokers:
+            held = [c for c in good if c["partition"] == part and c["broker"] == b]
+            if not held:
+                out.append(f"broker {b} holds no verified copy of partition {part}")
+            elif all(c["fork"] != final[part] for c in held):
+                out.append(
+                    f"broker {b}'s copy of partition {part} is on fork "
+                    f"{max(c['fork'] for c in held)}, not the final fork {final[part]}"
+                )
+    return out
+
+
+def acked_in_final_fork(sends: Iterable[Event], copies: Iterable[Event]) -> list[str]:
+    """Every acknowledged send is under a quorum-signed head of its partition's final fork
+    (the copies' `records`: offset -> value under the head)."""
+    final: dict[int, int] = {}
+    held: dict[int, dict[int, str]] = defaultdict(dict)
+    good = [c for c in copies if c["ok"] and c["length"]]
+    for c in good:
+        final[c["partition"]] = max(final.get(c["partition"], -1), c["fork"])
+    for c in good:
+        if c["fork"] == final[c["partition"]]:
+            held[c["partition"]].update({int(o): v for o, v in c["records"].items()})
+    out = []
+    for e in sends:
+        if e["op"] != "send" or not e["ok"]:
+            continue
+        records = held.get(e["partition"], {})
+        where = f"partition {e['partition']}'s final fork ({final.get(e['partition'])})"
+        if e["offset"] is None:
+            if e["value"] not in records.values():
+                out.append(f"acknowledged {e['value']!r} (no offset) is under no quorum-signed "
+                           f"head of {where}")  # fmt: skip
+        elif records.get(e["offset"]) != e["value"]:
+            out.append(
+                f"acknowledged {e['value']!r} at offset {e['offset']} (acked at t={e['t1']:.3f}) "
+                f"is {records.get(e['offset'])!r} under the quorum-signed heads of {where}"
+            )
+    return out
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -2,7 +2,9 @@
 
 Owns `JepsenCluster`: it lays out hosts ``n1..nN`` (brokers), ``e1..eM`` (etcd members) and ``c`` (the clients, never cut off from anyone, as Jepsen's control
 node), writes each broker's server.properties (``hyperkafka.cluster.etcd.endpoints``
-names the etcd members, ``broker.session.timeout.ms`` is the brokers' lease TTL), starts,
+names the etcd members, ``broker.session.timeout.ms`` is the brokers' lease TTL; with
+`quorum`, ``hyperkafka.quorum.partitions.enable``: partitions signed by a quorum of their
+replicas), finds who leads a topic's partitions (`leaders`), starts,
 kills (SIGKILL), pauses (SIGSTOP/SIGCONT) and restarts the processes by pid, and on
 `close` stops every process it started and deletes the network.
 
@@ -60,6 +62,7 @@ class JepsenCluster:
     brokers: int = 3
     etcd_members: int = 1
     session_ms: int = 6000
+    quorum: bool = False
     net: Network = field(init=False)
     procs: dict[str, Proc] = field(default_factory=dict)
 
@@ -110,6 +113,8 @@ class JepsenCluster:
             f"http://{self.addr(e)}:{ETCD_CLIENT_PORT}" for e in self.etcd_hosts
         )
         props["hyperkafka.cluster.name"] = "hkj"
+        if self.quorum:
+            props["hyperkafka.quorum.partitions.enable"] = "true"
         path = self.workdir / f"{host}.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
@@ -135,9 +140,12 @@ class JepsenCluster:
             self.net.exec_argv("c", argv), capture_output=True, text=True, timeout=timeout, env=env
         )
 
+    def data_dir(self, host: str) -> Path:
+        return self.workdir / host / "data"
+
     def start_brokers(self) -> None:
         for node_id, host in enumerate(self.broker_hosts, 1):
-            data = self.workdir / host / "data"
+            data = self.data_dir(host)
             data.mkdir(parents=True, exist_ok=True)
             argv = [
                 sys.executable,
@@ -251,6 +259,22 @@ class JepsenCluster:
             if 1 <= node <= self.brokers:
                 return self.broker_hosts[node - 1]
         return None
+
+    def leaders(self, topic: str) -> dict[int, str]:
+        """Partition -> the host most reachable brokers' Metadata names its leader (a
+        partition none names a live leader of is left out)."""
+        votes: dict[int, dict[int, int]] = {}
+        for host in self.broker_hosts:
+            md = self.metadata(host, [topic])
+            if isinstance(md, Metadata):
+                for p, info in md.topics.get(topic, {}).items():
+                    if 1 <= info.leader <= self.brokers:
+                        seen = votes.setdefault(p, {})
+                        seen[info.leader] = seen.get(info.leader, 0) + 1
+        return {
+            p: self.broker_hosts[max(seen, key=lambda n: (seen[n], -n)) - 1]
+            for p, seen in sorted(votes.items())
+        }
 
     def coordinator(self, group: str) -> str | None:
         """The host every reachable broker names coordinator of `group`, if they agree."""

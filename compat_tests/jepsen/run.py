@@ -18,6 +18,14 @@ Owns `run(...)` and the fault schedule. The run, in order:
 `Report.violations` is empty when every check held. Everything the run wrote (histories,
 logs, report.json) stays in the work directory for a post-mortem.
 
+The quorum variant (`quorum=True`, issue 17): partitions signed by a quorum of their
+replicas, and faults aimed at the producers' partition leaders, read from Metadata at
+fault time (LEADER_FAULTS: kill -9 and restart, SIGSTOP past the session timeout and
+SIGCONT, a silent cut from the other brokers and etcd, healed). After the run every
+broker's copy of those partitions is read from its data dir (compat_tests/jepsen/
+archives.py) for the quorum checks, and each leader fault's produce gap is held to the
+session timeout plus FAILOVER_MARGIN_S.
+
 May import the standard library and compat_tests.jepsen.
 """
 
@@ -34,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from compat_tests.jepsen import checker
+from compat_tests.jepsen.archives import read_copies
 from compat_tests.jepsen.cluster import JepsenCluster
 from compat_tests.jepsen.wire import Metadata
 
@@ -158,7 +167,9 @@ class Clients:
 
 # --- the nemesis ---------------------------------------------------------------------------
 
-Step = tuple[str, Callable[[], None], Callable[[], None], float]
+# (description, apply, undo, hold, the partitions of TOPIC its victim led: only for the
+# faults aimed at leaders, whose produce gap checker.failover_bound checks)
+Step = tuple[str, Callable[[], None], Callable[[], None], float, list[int] | None]
 
 
 def _controller(c: JepsenCluster) -> str:
@@ -172,7 +183,7 @@ def fault_kill(c: JepsenCluster, hold: float) -> Step:
         c.restart(victim)
         c.wait_broker(victim, 60)
 
-    return f"kill -9 {victim} (controller)", lambda: c.kill(victim), restart, hold
+    return f"kill -9 {victim} (controller)", lambda: c.kill(victim), restart, hold, None
 
 
 def fault_pause(c: JepsenCluster, hold: float) -> Step:
@@ -185,6 +196,7 @@ def fault_pause(c: JepsenCluster, hold: float) -> Step:
         lambda: c.pause(victim),
         lambda: c.resume(victim),
         hold,
+        None,
     )
 
 
@@ -196,6 +208,7 @@ def fault_isolate_controller(c: JepsenCluster, hold: float) -> Step:
         lambda: c.net.partition([victim], rest),
         c.net.heal,
         hold,
+        None,
     )
 
 
@@ -209,6 +222,65 @@ def fault_majority(c: JepsenCluster, hold: float) -> Step:
         lambda: c.net.partition(majority, minority),
         c.net.heal,
         hold,
+        None,
+    )
+
+
+def _leader(c: JepsenCluster) -> tuple[str, list[int]]:
+    """The broker leading the most partitions of TOPIC now (Metadata), and those
+    partitions. None known (no leader anywhere): the controller, named for all of them,
+    so that the failover bound still measures every partition."""
+    leaders = c.leaders(TOPIC)
+    if not leaders:
+        return _controller(c), list(range(PARTITIONS))
+    hosts = list(leaders.values())
+    victim = max(hosts, key=lambda h: (hosts.count(h), -hosts.index(h)))
+    return victim, [p for p, h in leaders.items() if h == victim]
+
+
+def _past_session(c: JepsenCluster, hold: float) -> float:
+    # Held past the session timeout, so that the leader's lease is gone and a failover
+    # happened before the fault is undone.
+    return max(hold, c.session_ms / 1000 + 3)
+
+
+def fault_kill_leader(c: JepsenCluster, hold: float) -> Step:
+    victim, led = _leader(c)
+
+    def restart() -> None:
+        c.restart(victim)
+        c.wait_broker(victim, 60)
+
+    return (
+        f"kill -9 {victim} (leader of {led})",
+        lambda: c.kill(victim),
+        restart,
+        _past_session(c, hold),
+        led,
+    )
+
+
+def fault_pause_leader(c: JepsenCluster, hold: float) -> Step:
+    victim, led = _leader(c)
+    hold = _past_session(c, hold)
+    return (
+        f"SIGSTOP {victim} (leader of {led}) {hold:.0f}s",
+        lambda: c.pause(victim),
+        lambda: c.resume(victim),
+        hold,
+        led,
+    )
+
+
+def fault_isolate_leader(c: JepsenCluster, hold: float) -> Step:
+    victim, led = _leader(c)
+    rest = [h for h in c.broker_hosts if h != victim] + c.etcd_hosts
+    return (
+        f"partition {{{victim}}} (leader of {led}) | {{{','.join(rest)}}}",
+        lambda: c.net.partition([victim], rest),
+        c.net.heal,
+        _past_session(c, hold),
+        led,
     )
 
 
@@ -218,6 +290,19 @@ FAULTS = {
     "isolate-controller": fault_isolate_controller,
     "majority-minority": fault_majority,
 }
+# Aimed at the leaders of the producers' partitions: the quorum run's faults.
+LEADER_FAULTS = {
+    "kill-leader": fault_kill_leader,
+    "pause-leader": fault_pause_leader,
+    "isolate-leader": fault_isolate_leader,
+}
+# How long after a fault aimed at leaders the producers may go without writing those
+# partitions, past the session timeout (checker.failover_bound): the producers' request
+# timeout (5 s, compat_tests/jepsen/workload.py: a request stuck at a leader cut off from
+# its replicas times out before the client asks again), then 3 s for the vote, the
+# takeover and the client's metadata refresh and retry. Measured: 5.2-8.3 s in the light
+# runs, up to 11.0 s in the long ones, with a session timeout of 6 s.
+FAILOVER_MARGIN_S = 8.0
 
 
 def run(
@@ -228,10 +313,15 @@ def run(
     session_ms: int,
     etcd_members: int = 1,
     log: Callable[[str], None] = print,
+    quorum: bool = False,
 ) -> Report:
-    """One run; `schedule` names faults of FAULTS in order."""
+    """One run; `schedule` names faults of FAULTS and LEADER_FAULTS in order. With
+    `quorum`, partitions are quorum-signed, and after the run every broker's copy of the
+    producers' partitions is read back for the quorum checks."""
     t_begin = time.monotonic()
-    cluster = JepsenCluster(workdir, etcd_members=etcd_members, session_ms=session_ms)
+    cluster = JepsenCluster(
+        workdir, etcd_members=etcd_members, session_ms=session_ms, quorum=quorum
+    )
     clients = Clients(cluster, workdir)
     faults: list[checker.Fault] = []
     try:
@@ -241,7 +331,7 @@ def run(
         clients.start()
         time.sleep(recover)  # a baseline before the first fault
         for name in schedule:
-            desc, apply, undo, held = FAULTS[name](cluster, hold)
+            desc, apply, undo, held, led = {**FAULTS, **LEADER_FAULTS}[name](cluster, hold)
             log(f"fault: {desc}")
             start = time.monotonic()
             apply()
@@ -249,7 +339,7 @@ def run(
                 time.sleep(held)
             finally:
                 undo()
-            faults.append(checker.Fault(desc, start, time.monotonic(), 0.0))
+            faults.append(checker.Fault(desc, start, time.monotonic(), 0.0, led))
             time.sleep(recover)
         # After the last fault, a second recovery time in which every kind of client must
         # succeed again (checker.recovered).
@@ -269,7 +359,12 @@ def run(
         "seconds": time.monotonic() - t_begin,
         "faults": [f.__dict__ for f in faults],
         "final": final,
+        "failover_bound_s": session_ms / 1000 + FAILOVER_MARGIN_S,
     }
+    if quorum:
+        # The brokers stopped (cluster.close): their data dirs are read as they left them.
+        data_dirs = {n: cluster.data_dir(h) for n, h in enumerate(cluster.broker_hosts, 1)}
+        state["copies"] = read_copies(data_dirs, TOPIC, PARTITIONS)
     (workdir / "state.json").write_text(json.dumps(state))
     return evaluate(workdir)
 
@@ -335,6 +430,21 @@ def evaluate(workdir: Path) -> Report:
         ),
         "internal topics agree": checker.topics_agree([], _only(views, INTERNAL)),
     }
+    rows = checker.unavailability(faults, sends, commits, creates)
+    if any(f.partitions is not None for f in faults):
+        bound = state["failover_bound_s"]
+        violations[f"producers write again within {bound:.0f} s of a leader fault"] = (
+            checker.failover_bound(rows, faults, bound)
+        )
+    if "copies" in state:
+        copies = state["copies"]
+        violations["quorum-signed heads agree within a fork"] = checker.quorum_heads_agree(copies)
+        violations["every broker's copy follows the final fork"] = checker.copies_follow_final_fork(
+            copies, range(1, len(final["views"]) + 1), range(PARTITIONS)
+        )
+        violations["acknowledged records under a quorum head of the final fork"] = (
+            checker.acked_in_final_fork(sends, copies)
+        )
     counts = {
         "acked sends": sum(1 for e in sends if e.get("ok")),
         "failed sends": sum(1 for e in sends if e["op"] == "send" and not e["ok"]),
@@ -347,7 +457,7 @@ def evaluate(workdir: Path) -> Report:
         state["seconds"],
         counts,
         violations,
-        checker.unavailability(faults, sends, commits, creates),
+        rows,
         [f.name for f in faults],
     )
     (workdir / "report.json").write_text(json.dumps(report.__dict__, indent=1))
@@ -390,7 +500,12 @@ def _final_state(cluster: JepsenCluster, clients: Clients, settle: float) -> dic
 LIGHT_SCHEDULE = ["kill", "pause", "isolate-controller", "majority-minority"]
 
 
-def long_schedule(seconds: float, hold: float, recover: float, seed: int) -> list[str]:
+QUORUM_LIGHT_SCHEDULE = ["kill-leader", "pause-leader", "isolate-leader"]
+
+
+def long_schedule(
+    seconds: float, hold: float, recover: float, seed: int, faults: Mapping[str, Any] = FAULTS
+) -> list[str]:
     rng = random.Random(seed)
     n = max(1, int(seconds // (hold + recover)))
-    return [rng.choice(list(FAULTS)) for _ in range(n)]
+    return [rng.choice(list(faults)) for _ in range(n)]

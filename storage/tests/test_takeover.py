@@ -227,3 +227,35 @@ def _quorum_as(a: int, b: int):  # type: ignore[no-untyped-def]
         )
 
     return sign
+
+
+def test_an_empty_archive_taken_over_commits_without_asking_its_replicas(tmp_path: Path) -> None:
+    """A failover of a partition nothing was written to yet (an empty topic: common): its
+    new leader's first commit is the empty tree on the new fork. Replicas refuse to sign
+    length 0 (there is nothing to vouch for), and a head of length 0 is never verified,
+    so it needs no signature. Before, the commit asked them anyway: refused, the
+    partition went offline, and the commit was tried again (5 s of waiting each time, in
+    the broker's group commit round, which every partition of that broker waits for)."""
+    replica = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    v = replica.vote(1)
+    assert v.length == 0
+    lg = replica.log
+    lg.take_over(KPS[0], 1, 0)
+
+    def refused(th: bytes, n: int, fork: int) -> bytes:
+        raise StorageError(f"nothing to sign at length {n}")
+
+    lg.quorum_sign = refused
+    lg.commit()  # (a head of the empty tree on fork 1, or none at all)
+    assert lg.fork == 1 and lg.length == 0
+    lg.quorum_sign = _quorum(replica)
+    lg.append(build_batch([b"first"], timestamp_ms=9), leader_epoch=1)
+    head = lg.commit()
+    assert head is not None and (head.fork, head.length) == (1, 1)
+    assert verify_manifest_head(MANIFEST, lg.key, head.tree_hash, 1, 1, head.signature)
+    replica.close()
+    r = verify_partition(str(tmp_path / "r"), MANIFEST)
+    assert r.ok, r
+    again = FollowerLog.open_replica(tmp_path / "r", MANIFEST)
+    assert again.head is not None and (again.head.fork, again.head.length) == (1, 1)
+    again.close()
