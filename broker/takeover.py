@@ -25,9 +25,9 @@ Owns `run_failover`, two loops woken by every change of the etcd view (and a tic
 
 * every broker's (`_follow_moved_loop`): a copy held here of an archive a failover moved
   to another broker follows that leader's heads, on this broker's mirror connection to
-  it, instead of the writer's.
-
-Not here yet (docs/clusters.md): a returning old leader turned into a replica.
+  it, instead of the writer's; and `step_down`: a leader a later failover deposed (back
+  from a pause, a cut or a restart) reopens its archive as a replica, which cuts what no
+  quorum signed, and follows the new leader's fork.
 
 May import trio, `broker.node`, `broker.mirror`, `broker.quorum_link`, `broker.cluster`
 and `storage`.
