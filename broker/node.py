@@ -992,14 +992,15 @@ class Node:
                 for share in handed:
                     share.partition.signing = False
                 handed.clear()
-            kept_locks = {id(s.partition.lock) for s in handed}
-            kept_logs = {id(s.pinned) for s in handed if s.pinned is not None}
+            if handed:  # their task releases them
+                kept = {id(s.partition.lock) for s in handed}
+                locked = [lock for lock in locked if id(lock) not in kept]
+                kept = {id(s.pinned) for s in handed}
+                pinned = [plog for plog in pinned if id(plog) not in kept]
             for plog in pinned:
-                if id(plog) not in kept_logs:
-                    plog.unpin()
+                plog.unpin()
             for lock in locked:
-                if id(lock) not in kept_locks:
-                    lock.release()
+                lock.release()
         for share in work:
             if not share.partition.signing:
                 share.partition.notify()
