@@ -169,6 +169,9 @@ async def test_a_partition_whose_replicas_do_not_sign_holds_no_other_partitions_
                 # no head of A meanwhile: nothing of it is readable or published
                 assert t.a.high_watermark == 0 and _head_length(t.a) == 0
                 assert t.a.signing and t.a.failed is None
+                # what shutdown waits for (broker/server.py): A's signing task ends
+                await t.node.wait_signed()
+                assert not t.a.signing and t.a.failed_code == errors.NOT_ENOUGH_REPLICAS
             # A's quorum failed: its producer gets the error a failed quorum head gives
             assert answers["a"][0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
             assert took["a"] >= SIGN_S
