@@ -14,8 +14,14 @@ assigns offsets and queues the batch, so a connection's reader goes straight on 
 next request. A commit round then takes every partition's queue and, in one worker
 thread, writes the batches (pwrite), hashes them, signs and writes the head (fsync when
 the policy says so); back on the loop it publishes the heads, which acknowledges every
-produce they cover. A round with under INLINE_ROUND_BYTES to write and no fsync due
-runs on the loop: that costs less than the two thread switches. The produces of one
+produce they cover. A quorum-signed partition's head waits for its replicas' signatures
+(up to the signing timeout), so under `commit_loop` a round writes and hashes its batches
+with the others' but leaves the signing and its head to a task of its own (`_sign_alone`),
+which holds that partition (its lock; `Partition.signing`: rounds skip it, so its heads
+stay in order) until the head is published or the partition failed. One partition whose
+replicas do not sign thus never holds the others' acknowledgements, as in Kafka one
+partition's ISR trouble delays no other partition's acks. A round with under
+INLINE_ROUND_BYTES to write and no fsync due runs on the loop: that costs less than the two thread switches. The produces of one
 received chunk are committed by the connection's reader right after the chunk
 (`commit_after_chunk`) when their round is small, else by `commit_loop`. While a round runs, the next requests are admitted and form the
 next round's group, so rounds grow with load instead of ticking.
@@ -80,6 +86,10 @@ COMMIT_TICK_S = 0.5  # below the default fsync interval (LogConfig.flush_interva
 OFFLINE_RETRY_S = 5.0
 OFFLINE_RETRY_MAX_S = 60.0  # the retry of one partition backs off to this while it fails
 ENDED_GENERATIONS = 16  # a partition's last offline spells, kept for their waiters
+# Worker threads for the quorum signatures `_sign_alone` waits for (each blocks its thread
+# while its replicas sign): a limiter of their own, so partitions whose replicas do not
+# answer never take the threads commit rounds need from trio's default limiter.
+QUORUM_SIGNING_THREADS = 64
 
 
 class TopicError(Exception):
@@ -141,13 +151,18 @@ class Partition:
     # Serialises what touches the log's files from more than one task: a commit round
     # (which writes and commits in a worker thread), retention, deletion. Admission does
     # not take it (it only queues, on the loop). Readers do not take it: they never look
-    # past the high watermark, which only `publish` moves, on the loop.
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    # past the high watermark, which only `publish` moves, on the loop. A semaphore, not a
+    # trio.Lock (which only the task that took it may release): a round hands the hold of
+    # a quorum-signed partition over to the task that signs its head (`Node._sign_alone`).
+    lock: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(1, max_value=1))
     _changed: trio.Event = field(default_factory=trio.Event)
     # Admitted batches (bytearray or writable memoryview) not yet written, in admission
     # order, with the base offset each was given; the next commit round writes them.
     queued: list[tuple[Any, int]] = field(default_factory=list)
     writing: bool = False  # a round is writing an earlier queue in a worker thread
+    # A quorum-signed partition's head waits for its replicas in a task of its own
+    # (`Node._sign_alone`), which holds `lock`: commit rounds skip the partition meanwhile.
+    signing: bool = False
     # A quorum-signed partition of a mirrored topic that a failover made this broker the
     # writer (leader) of (broker/takeover.py): it takes produces, the rest of the topic not.
     led: bool = False
@@ -375,6 +390,12 @@ class Node:
         self._dirty: dict[int, Partition] = {}
         self._commit_lock = trio.Lock()
         self._commit_wanted = trio.Event()
+        # commit_loop's nursery while it runs: quorum heads are signed in tasks of their
+        # own there (`_sign_alone`); without it (a round run directly) the round waits.
+        self._signing_tasks: trio.Nursery | None = None
+        self._signing_limiter = trio.CapacityLimiter(QUORUM_SIGNING_THREADS)
+        self._signing_count = 0  # those tasks under way
+        self._signing_idle = trio.Event()
         # Set by a produce's `mark_dirty(wake=False)`: the reader owes `commit_after_chunk`.
         self.round_owed = False
         # Under `always` every round fsyncs in a worker thread: readers leave it to the loop.
@@ -834,11 +855,15 @@ class Node:
         around every wait would cost each round a cancel scope."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._tick_loop)
-            while True:
-                await self._commit_wanted.wait()
-                self._commit_wanted = trio.Event()
-                tick, self._tick_due = self._tick_due, False
-                await self.commit_round(every_partition=tick)
+            self._signing_tasks = nursery
+            try:
+                while True:
+                    await self._commit_wanted.wait()
+                    self._commit_wanted = trio.Event()
+                    tick, self._tick_due = self._tick_due, False
+                    await self.commit_round(every_partition=tick)
+            finally:
+                self._signing_tasks = None
 
     async def _tick_loop(self) -> None:
         while True:
@@ -878,6 +903,9 @@ class Node:
         # The logs a round writes keep their files open (pinned) until it published them,
         # and open partition files are on a budget (storage/handles.py): a round over more
         # partitions than the budget holds runs in slices that fit it.
+        # A partition whose quorum head is still being signed (`_sign_alone`) is left to
+        # that task: it asks for a round when it is done and more was admitted meanwhile.
+        dirty = [p for p in dirty if not p.signing]
         handles = self.store.handles
         step = handles.pin_slice() if handles is not None else max(1, len(dirty))
         for i in range(0, len(dirty), step):
@@ -887,8 +915,12 @@ class Node:
         # Every partition of the round stays locked until its head is published, so
         # retention and deletion never see the files while the worker writes them.
         # Nothing else holds two partition locks, so taking several cannot deadlock.
-        locked: list[trio.Lock] = []
+        # A quorum-signed partition's lock (and pin) goes to its `_sign_alone` task.
+        locked: list[trio.Semaphore] = []
         pinned: list[PartitionLog] = []
+        alone = self._signing_tasks is not None
+        handed: list[_Share] = []
+        done = False
         try:
             work: list[_Share] = []
             for p in dirty:
@@ -918,7 +950,8 @@ class Node:
                     # Written, then prepared, by `_write`: the loop does not touch this
                     # log's write side until the round publishes.
                     p.writing = True
-                    work.append(_Share(p, queued))
+                    work.append(_Share(p, queued, pinned=p.log,
+                                       alone=alone and p.log.quorum_sign is not None))
                     continue
                 try:
                     job = p.log.prepare_commit()
@@ -926,7 +959,7 @@ class Node:
                     self.fail_partition(p, f"cannot commit: {exc}", retry=_disk_full(exc))
                     continue
                 if job is not None:
-                    work.append(_Share(p, [], job))
+                    work.append(_Share(p, [], job, alone=alone and p.log.quorum_sign is not None))
             if not work:
                 return
             if sum(len(b) for share in work for b, _ in share.queued) < INLINE_ROUND_BYTES:
@@ -936,7 +969,8 @@ class Node:
                 _write(work)
                 # (a quorum-signed log's head is signed by its replicas, asked from the
                 # loop while the job waits in a worker thread: never inline)
-                if any(share.job is not None and (share.job_syncs() or share.partition.log.quorum_sign)
+                if any(share.job is not None and not share.alone
+                       and (share.job_syncs() or share.partition.log.quorum_sign)
                        for share in work):
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(_run, work)
@@ -946,36 +980,103 @@ class Node:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(_write_and_run, work)
             for share in work:
-                p, job, error = share.partition, share.job, share.error
-                p.writing = False
-                if error is not None:
-                    if job is not None:
-                        p.log.abandon(job)
-                    # Too few replicas signed: the log keeps its unsigned tail (written, not
-                    # poisoned) and the partition is offline until a quorum of its replicas
-                    # is alive again (`retry_offline`), when the same leader asks for the
-                    # same head again, on the same fork. Its batches' producers are told
-                    # NOT_ENOUGH_REPLICAS_AFTER_APPEND (retriable: written, not yet
-                    # acknowledged, as Kafka's), produces meanwhile NOT_ENOUGH_REPLICAS.
-                    short = _quorum_short(error)
-                    kept = short and p.log.writable
-                    self.fail_partition(p, f"commit failed: {error}",
-                                        retry=_disk_full(error) or short,
-                                        code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR,
-                                        ended_code=NOT_ENOUGH_REPLICAS_AFTER_APPEND if kept else None)
-                elif job is not None and not p.failed:
-                    p.log.publish(job)
-                    p.settle_unsigned()
-                    self.cluster.published(p.log.key, signed_blocks(p.log))
+                if share.alone and share.job is not None and share.error is None:
+                    # written and hashed with the round; signed and published by its task
+                    share.partition.signing = True
+                    handed.append(share)
+                else:
+                    self._finish(share)
+            done = True
         finally:
+            if not done:  # (a bug: the broker stops) nothing is left held
+                for share in handed:
+                    share.partition.signing = False
+                handed.clear()
+            if handed:  # their task releases them
+                kept = {id(s.partition.lock) for s in handed}
+                locked = [lock for lock in locked if id(lock) not in kept]
+                kept = {id(s.pinned) for s in handed}
+                pinned = [plog for plog in pinned if id(plog) not in kept]
             for plog in pinned:
                 plog.unpin()
             for lock in locked:
                 lock.release()
         for share in work:
-            share.partition.notify()
+            if not share.partition.signing:
+                share.partition.notify()
         self._data_changed.set()
         self._data_changed = trio.Event()
+        for share in handed:
+            await self._start_signing(share)
+
+    async def wait_signed(self) -> None:
+        """Wait until no quorum head is being signed in a task of its own (`_sign_alone`):
+        after a round, every head it prepared is then published (or its partition failed)."""
+        while self._signing_count:
+            await self._signing_idle.wait()
+
+    async def _start_signing(self, share: _Share) -> None:
+        """Hand a quorum-signed partition's prepared head to a task of its own in the
+        commit loop's nursery; when that loop just ended (shutdown), sign it here."""
+        self._signing_count += 1
+        tasks = self._signing_tasks
+        if tasks is not None:
+            try:
+                tasks.start_soon(self._sign_alone, share)
+                return
+            except RuntimeError:  # the nursery closed meanwhile
+                pass
+        await self._sign_alone(share)
+
+    async def _sign_alone(self, share: _Share) -> None:
+        """Run one quorum-signed partition's commit job (the round wrote and hashed its
+        batches; its replicas sign here, within the signing timeout), publish its head or
+        take the partition offline (NOT_ENOUGH_REPLICAS, as a round does), then let the
+        partition go: the lock and pin the round handed over, and a round for what was
+        admitted meanwhile. Finishes even if cancelled, as a round does."""
+        p = share.partition
+        share.alone = False
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_run, [share], limiter=self._signing_limiter)
+            self._finish(share)
+        finally:
+            p.signing = False
+            if share.pinned is not None:
+                share.pinned.unpin()
+            p.lock.release()
+            self._signing_count -= 1
+            if not self._signing_count:
+                self._signing_idle.set()
+                self._signing_idle = trio.Event()
+        p.notify()
+        self.notify_data()
+        if p.queued:
+            self.mark_dirty(p)
+
+    def _finish(self, share: _Share) -> None:
+        """Publish one partition's new head, or take it offline when its commit failed."""
+        p, job, error = share.partition, share.job, share.error
+        p.writing = False
+        if error is not None:
+            if job is not None:
+                p.log.abandon(job)
+            # Too few replicas signed: the log keeps its unsigned tail (written, not
+            # poisoned) and the partition is offline until a quorum of its replicas
+            # is alive again (`retry_offline`), when the same leader asks for the
+            # same head again, on the same fork. Its batches' producers are told
+            # NOT_ENOUGH_REPLICAS_AFTER_APPEND (retriable: written, not yet
+            # acknowledged, as Kafka's), produces meanwhile NOT_ENOUGH_REPLICAS.
+            short = _quorum_short(error)
+            kept = short and p.log.writable
+            self.fail_partition(p, f"commit failed: {error}",
+                                retry=_disk_full(error) or short,
+                                code=NOT_ENOUGH_REPLICAS if short else KAFKA_STORAGE_ERROR,
+                                ended_code=NOT_ENOUGH_REPLICAS_AFTER_APPEND if kept else None)
+        elif job is not None and not p.failed:
+            p.log.publish(job)
+            p.settle_unsigned()
+            self.cluster.published(p.log.key, signed_blocks(p.log))
 
     def fail_partition(self, p: Partition, reason: str, *, retry: bool = False,
                        code: int = KAFKA_STORAGE_ERROR, ended_code: int | None = None) -> None:
@@ -1125,6 +1226,10 @@ class _Share:
     queued: list[tuple[Any, int]]
     job: CommitJob | None = None
     error: BaseException | None = None
+    pinned: PartitionLog | None = None  # the log the round pinned for it (`PartitionLog.pin`)
+    # A quorum-signed partition in a commit loop's round: its job waits for its replicas'
+    # signatures, so the round only writes (and hashes) it; `Node._sign_alone` runs it.
+    alone: bool = False
 
     def job_syncs(self) -> bool:
         """Whether running the job waits for an fsync."""
@@ -1132,7 +1237,7 @@ class _Share:
         return self.job.waits_for_fsync()
 
 
-async def _acquire(lock: trio.Lock) -> None:
+async def _acquire(lock: trio.Lock | trio.Semaphore) -> None:
     """Take `lock`, without the checkpoint `Lock.acquire` makes when it is free."""
     try:
         lock.acquire_nowait()
@@ -1140,7 +1245,7 @@ async def _acquire(lock: trio.Lock) -> None:
         await lock.acquire()
 
 
-async def _acquire_shielded(lock: trio.Lock) -> None:
+async def _acquire_shielded(lock: trio.Lock | trio.Semaphore) -> None:
     """`_acquire`, and a wait for it that cancellation does not interrupt."""
     try:
         lock.acquire_nowait()
@@ -1170,10 +1275,11 @@ def _write(work: list[_Share]) -> None:
 
 def _run(work: list[_Share]) -> None:
     """Run the prepared commit jobs (hash, index, tree, sign, head, fsync when due); the
-    leaves of every partition's new batches are hashed first, all in one native call."""
+    leaves of every partition's new batches are hashed first, all in one native call
+    (also those of the jobs left to `Node._sign_alone`, which this does not run)."""
     hash_jobs([s.job for s in work if s.job is not None and s.error is None])
     for share in work:
-        if share.job is not None and share.error is None:
+        if share.job is not None and share.error is None and not share.alone:
             try:
                 share.job.run()
             except Exception as exc:

@@ -717,8 +717,10 @@ async def run(config: BrokerConfig, *, task_status: trio.TaskStatus[list[trio.So
             nursery.start_soon(_watch_signals, server)
             task_status.started(listeners)
             await server.stopped.wait()
-            # Let the last produces see their heads published, then stop the loops.
+            # Let the last produces see their heads published (quorum heads too, signed in
+            # tasks of their own), then stop the loops.
             await node.commit_round()
+            await node.wait_signed()
             nursery.cancel_scope.cancel()
     finally:
         try:
