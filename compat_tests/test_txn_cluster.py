@@ -332,7 +332,7 @@ def _check_exactly_once(cluster: TxnCluster, sent: dict[str, list[bytes]], stats
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.matrix("transactions in a 3-broker cluster: exactly-once consume-transform-produce over partitions of 3 brokers", client="confluent")
+@pytest.mark.matrix("cluster: transactions, exactly-once consume-transform-produce over partitions of 3 brokers", client="confluent")
 def test_exactly_once_across_three_brokers(workdir: Path) -> None:
     with txn_cluster(workdir) as cluster:
         sent = _produce_inputs(cluster)
@@ -344,7 +344,7 @@ def test_exactly_once_across_three_brokers(workdir: Path) -> None:
 
 
 @pytest.mark.timeout(540)
-@pytest.mark.matrix("transactions in a 3-broker cluster: exactly-once through a kill -9 of the transaction coordinator", client="confluent")
+@pytest.mark.matrix("cluster: transactions, exactly-once through a kill -9 of the transaction coordinator", client="confluent")
 def test_exactly_once_through_a_coordinator_kill(workdir: Path, request: pytest.FixtureRequest) -> None:
     with txn_cluster(workdir) as cluster:
         sent = _produce_inputs(cluster)

@@ -621,6 +621,14 @@ async def test_write_txn_markers_aborts_an_open_transaction(broker: Broker) -> N
 
     assert await markers(-1, [("hang", [0])]) == [("hang", 0, INVALID_PRODUCER_EPOCH)]
     assert await list_latest(c, "hang", 1) == 0  # nothing written
+    # no producer has id -1, no coordinator epoch -1: a marker for them would be a
+    # malformed control batch signed for ever
+    for bad in ({"producer_id": -1}, {"coordinator_epoch": -1}):
+        r = await c.call("write_txn_markers", 1, {"markers": [{
+            "producer_id": pid, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": 0,
+            "topics": [{"name": "hang", "partition_indexes": [0]}], **bad}]})  # fmt: skip
+        assert [p.error_code for t in r.markers[0].topics for p in t.partitions] == [42], bad
+    assert await list_latest(c, "hang", 1) == 0
     markers_out = await markers(
         0, [("hang", [0, 5]), ("nope", [0]), ("__consumer_offsets", [0]), ("__transaction_state", [0])]
     )
