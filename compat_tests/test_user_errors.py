@@ -144,6 +144,10 @@ def _interrupt(
         env={**env(), **(extra_env or {})},
         cwd=ROOT,
         start_new_session=True,
+        # as a terminal's foreground job: a test run started in the background (`cmd &`
+        # in a script) passes SIGINT down ignored, and Python then never raises
+        # KeyboardInterrupt: the broker would rightly go on until its own handler is up
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         seen = read_until(proc, ready, timeout)
