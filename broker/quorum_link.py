@@ -30,6 +30,7 @@ May import trio, `broker.cluster`, `broker.config`, `broker.node`, `broker.mirro
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -527,6 +528,7 @@ class QuorumRole:
             lg.block,
             lambda: lg.published_length,
             timeout_s=PROPOSAL_TIMEOUT_S,
+            on_signed=functools.partial(self.cluster.signer_signed, lg.key),
         )
         self.assemblers[lg.key] = asm
 

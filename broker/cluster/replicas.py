@@ -103,6 +103,9 @@ class _Progress:
     """One peer's copy of one archive, as the writer knows it."""
 
     length: int = 0  # contiguous length the peer said it holds (range/bitfield)
+    # a quorum-signed archive: the longest head of the archive's newest fork this peer
+    # signed as a replica (it fsyncs those blocks before its signature leaves)
+    signed: int = 0
     connections: int = 0
     last_seen: float = float("-inf")  # monotonic time a connection was last open
 
@@ -116,6 +119,9 @@ class _Archive:
     heads: list[tuple[float, int]] = field(default_factory=list)
     peers: dict[int, _Progress] = field(default_factory=dict)
     changed: trio.Event = field(default_factory=trio.Event)
+    # quorum-signed (its replicas' signatures are reported, `signer_signed`): the newest
+    # fork they were reported on; None for a single-signer archive
+    quorum_fork: int | None = None
 
 
 @dataclass(eq=False)
@@ -431,6 +437,22 @@ class Cluster:
             p.last_seen = self.clock()
             self._wake(a)
 
+    def signer_signed(self, key: bytes, node_id: int, fork: int, length: int) -> None:
+        """Replica `node_id` signed the head of `length` blocks on `fork` of quorum-signed
+        archive `key` (written here): it holds those blocks durably. A newer fork forgets
+        what was signed on older ones (a cut may have dropped blocks a replica signed)."""
+        a = self._archive(key)
+        if a.quorum_fork is None or fork > a.quorum_fork:
+            a.quorum_fork = fork
+            for p in a.peers.values():
+                p.signed = 0
+        elif fork < a.quorum_fork:
+            return
+        p = a.peers.setdefault(node_id, _Progress())
+        if length > p.signed:
+            p.signed = length
+            self._wake(a)
+
     def _required(self, a: _Archive, now: float) -> int:
         """The head length the writer had published `lag` ago (the oldest it remembers
         when it has not been up that long: a peer must catch up with that first)."""
@@ -478,8 +500,16 @@ class Cluster:
         """acks=all after the append: wait until every in-sync follower holds `length`
         blocks (followers leaving the ISR meanwhile are not waited for), then tell whether
         at least `min_insync` replicas (the leader counts) hold them. The caller bounds
-        the wait with the request's timeout."""
+        the wait with the request's timeout.
+
+        A quorum-signed archive needs no more than its quorum-signed head and
+        `min_insync` replicas holding the blocks (the leader and every replica that
+        signed them count, as does a mirror's range): acks=all means a quorum of
+        independent brokers signed the batch (issue 17), and a slow third replica does
+        not hold every producer up. False once too few replicas are alive to get there."""
         a = self._archive(key)
+        if a.quorum_fork is not None:
+            return await self._wait_holders(a, length, min_insync)
         while True:
             isr = self.in_sync(key)
             if all(a.peers[i].length >= length for i in isr):
@@ -487,6 +517,18 @@ class Cluster:
             event = a.changed
             # a follower may leave the ISR by time alone: look again within the lag
             with trio.move_on_after(min(WAIT_TICK_MAX_S, max(self.lag_s / 10, 0.01))):
+                await event.wait()
+
+    async def _wait_holders(self, a: _Archive, length: int, min_insync: int) -> bool:
+        while True:
+            now = self.clock()
+            alive = [p for i, p in a.peers.items() if self.alive(i, now)]
+            if 1 + sum(max(p.length, p.signed) >= length for p in alive) >= min_insync:
+                return True
+            if 1 + len(alive) < min_insync:
+                return False
+            event = a.changed
+            with trio.move_on_after(WAIT_TICK_MAX_S):  # a replica may die by time alone
                 await event.wait()
 
     # -- read replicas (KIP-392) -------------------------------------------------

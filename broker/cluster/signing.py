@@ -312,6 +312,9 @@ class QuorumAssembler:
     timeout_s: float = 5.0
     max_bytes: int = MAX_PROPOSAL_BYTES
     held: dict[int, int] = field(default_factory=dict)  # what each replica said it holds
+    # told (replica, fork, length) of every verified partial signature: that replica holds
+    # the blocks durably (acks=all counts it, broker/cluster/replicas.py)
+    on_signed: Callable[[int, int, int], None] | None = None
 
     @property
     def key(self) -> bytes:
@@ -355,6 +358,8 @@ class QuorumAssembler:
                 ok = self.manifest.signers[a.signer].public_key == self._key_of(
                     node_id
                 ) and verify_partial(self.manifest, partial, th, length, fork)
+                if ok and self.on_signed is not None:
+                    self.on_signed(node_id, fork, length)
                 return partial if ok else None
             end = p.start + len(p.blocks)
             if end < length and a.held >= end:

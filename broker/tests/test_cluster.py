@@ -257,6 +257,46 @@ async def test_wait_replicated_waits_for_every_in_sync_follower(autojump_clock: 
     assert await c.wait_replicated(KEY, 3, 1) is True
 
 
+async def test_wait_replicated_of_a_quorum_archive_counts_its_signers(autojump_clock: trio.testing.MockClock) -> None:
+    # acks=all on a quorum-signed partition: the replicas that signed a head hold its
+    # blocks; with min.insync.replicas within the quorum nobody else is waited for, even
+    # a third replica in sync whose mirror has not said it holds them yet
+    c = Cluster(_membership(1), replica_lag_ms=LAG_MS, clock=trio.current_time)
+    c.published(KEY, 1)
+    for peer in (2, 3):
+        c.connected(KEY, peer)
+        c.acked(KEY, peer, 1)
+    c.signer_signed(KEY, 2, 0, 2)
+    c.published(KEY, 2)
+    with trio.fail_after(0.001):
+        assert await c.wait_replicated(KEY, 2, 2) is True
+    # min.insync.replicas=3: the third replica is waited for (its signature or its range)
+    async with trio.open_nursery() as nursery:
+        got: list[bool] = []
+
+        async def wait() -> None:
+            got.append(await c.wait_replicated(KEY, 2, 3))
+
+        nursery.start_soon(wait)
+        await trio.sleep(0.3)
+        assert got == []
+        c.acked(KEY, 3, 2)
+    assert got == [True]
+    # a newer fork forgets what was signed on the older one (a cut may have dropped it)
+    c.signer_signed(KEY, 3, 1, 3)
+    c.signer_signed(KEY, 2, 0, 9)  # (a late answer of the old fork counts for nothing)
+    with trio.fail_after(0.001):
+        assert await c.wait_replicated(KEY, 3, 2) is True
+    with trio.move_on_after(1):
+        await c.wait_replicated(KEY, 4, 2)
+        raise AssertionError("length 4 was signed by no replica")
+    # too few replicas alive to ever get there: False at once
+    c.membership.members.pop(2)
+    c.membership.members.pop(3)
+    with trio.fail_after(0.001):
+        assert await c.wait_replicated(KEY, 4, 2) is False
+
+
 # ------------------------------------------------------------ one broker of a cluster
 
 
