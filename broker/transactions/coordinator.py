@@ -89,7 +89,13 @@ import trio
 
 from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import EtcdError
-from broker.cluster.shards import partition_for, place_shards
+from broker.cluster.shards import (
+    TAKEOVER_ERRORS,
+    TakeoverNotReady,
+    follow_shards,
+    partition_for,
+    place_shards,
+)
 from broker.groups.offsets import Word, adopt, read_records
 from broker.transactions.records import (
     KEY_OFFSETS,
@@ -120,8 +126,6 @@ TXN_TOPIC = "__transaction_state"
 # Time and size retention would drop live transactional ids: never drop segments here.
 TXN_TOPIC_CONFIGS = {"retention.ms": "-1", "retention.bytes": "-1"}
 OFFSETS_TOPIC = "__consumer_offsets"  # a group's offsets: its partition of it (AddOffsetsToTxn)
-SHARDS_TICK_S = 0.1  # cluster mode: how often the coordinator looks at its partitions
-TAKEOVER_RETRY_S = 1.0  # after a takeover failed
 MARKER_BACKOFF_MIN_S = 0.05  # markers to other brokers: retried with backoff up to
 MARKER_BACKOFF_MAX_S = 1.0
 MAX_EPOCH = 32767
@@ -217,10 +221,6 @@ class CoordinatorError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class TakeoverNotReady(Exception):
-    """A takeover cannot adopt yet (no copy of the previous holder's archive here)."""
 
 
 def _check_id(tid: str) -> None:
@@ -476,41 +476,6 @@ class TxnCoordinator:
                 raise CoordinatorError(NOT_COORDINATOR, "This broker no longer coordinates this transactional id")
             fence[p] = revision
         return fence
-
-    @staticmethod
-    def _named_here(cluster: Cluster) -> dict[int, int]:
-        """Partitions etcd names this broker coordinator of -> their record revision
-        (none while our lease may have expired)."""
-        if not cluster.membership.lease_valid():
-            return {}
-        return {
-            p: s.revision
-            for p, s in cluster.membership.shards.get(TXN_TOPIC, {}).items()
-            if s.owner == cluster.me
-        }
-
-    async def _follow_shards(self, cluster: Cluster) -> None:
-        while True:
-            named = self._named_here(cluster)
-            gone = [p for p, rev in self.shards.items() if named.get(p) != rev]
-            if gone:
-                self.resign(gone)
-            wanted = {p: rev for p, rev in named.items() if p not in self.shards}
-            changed = cluster.membership.changed
-            if wanted:
-                try:
-                    if await self.take_over(cluster, wanted):
-                        continue
-                except (TakeoverNotReady, CoordinatorError, EtcdError) as exc:
-                    log.warning("taking over partitions of %s: %s; again", TXN_TOPIC, exc)
-                    await trio.sleep(TAKEOVER_RETRY_S)
-                    continue
-                except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
-                    log.exception("taking over partitions of %s failed", TXN_TOPIC)
-                    await trio.sleep(TAKEOVER_RETRY_S)
-                    continue
-            with trio.move_on_after(SHARDS_TICK_S):  # the lease also ends by time alone
-                await changed.wait()
 
     def resign(self, partitions: Iterable[int] | None = None) -> None:
         """Stop coordinating the transactional ids of these partitions of
@@ -934,7 +899,7 @@ class TxnCoordinator:
         one for this producer there. Stop completing (Kafka's TransactionMarkerChannelManager
         cancels the transaction's markers); in a cluster, give up the id's partition of
         __transaction_state if still held at that epoch (the newer coordinator serves it;
-        should etcd still name us, `_follow_shards` takes it over again at a new epoch).
+        should etcd still name us, `follow_shards` takes it over again at a new epoch).
         Alone there is no rival: the epoch came from an admin's WriteTxnMarkers, and `run`
         retries the completion."""
         log.warning("transaction %s: marker into %s refused: coordinator epoch %d is fenced", tid, where, coordinator_epoch)
@@ -1249,7 +1214,10 @@ class TxnCoordinator:
                     TXN_TOPIC,
                     self.settings.num_partitions,
                 )
-                nursery.start_soon(self._follow_shards, cluster)
+                from broker.node import TopicError  # (it imports us): our archive failed
+
+                retriable = (*TAKEOVER_ERRORS, CoordinatorError, TopicError)
+                nursery.start_soon(follow_shards, cluster, TXN_TOPIC, self, retriable)
             task_status.started()
             await self._sweep_forever()
 
