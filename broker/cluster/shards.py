@@ -208,6 +208,21 @@ def named_here(cluster: Cluster, topic: str) -> dict[int, int]:
     return {p: s.revision for p, s in cluster.membership.shards.get(topic, {}).items() if s.owner == cluster.me}
 
 
+def still_named(cluster: Cluster, topic: str, wanted: Mapping[int, int]) -> tuple[dict[int, int], dict[int, set[int]]]:
+    """For a takeover of the partitions `wanted` of `topic` (partition -> the revision of
+    the record naming us): those whose record still has that revision, and their
+    previous holders other than us (holder -> its partitions), whose archives hold their
+    latest state."""
+    records = cluster.membership.shards.get(topic, {})
+    named = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
+    by_holder: dict[int, set[int]] = {}
+    for p in named:
+        holder = records[p].holder
+        if holder is not None and holder != cluster.me:
+            by_holder.setdefault(holder, set()).add(p)
+    return named, by_holder
+
+
 async def follow_shards(
     cluster: Cluster,
     topic: str,

@@ -86,6 +86,7 @@ from broker.cluster.shards import (
     named_here,
     partition_for,
     place_shards,
+    still_named,
 )
 from broker.groups import codes, consumer_records
 from broker.groups.consumer_group import ConsumerGroup, ConsumerSettings, Heartbeat, HeartbeatResult
@@ -348,15 +349,9 @@ class GroupCoordinator:
         started = trio.current_time()
         if not await cluster.wait_handed_over(cluster.session_s):
             log.warning("taking over groups with copies of the peers' offsets that may be behind")
-        records = cluster.membership.shards.get(OFFSETS_TOPIC, {})
-        wanted = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
+        wanted, by_holder = still_named(cluster, OFFSETS_TOPIC, wanted)
         if not wanted:
             return False
-        by_holder: dict[int, set[int]] = {}
-        for p in wanted:
-            holder = records[p].holder
-            if holder is not None and holder != cluster.me:
-                by_holder.setdefault(holder, set()).add(p)
         adopted = []
         own = {k: w for k, w in self.archive.words().items() if self._in_shards(w.key, wanted)}
         for holder, parts in sorted(by_holder.items()):

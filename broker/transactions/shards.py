@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from broker.cluster.shards import TakeoverNotReady, partition_for
+from broker.cluster.shards import TakeoverNotReady, partition_for, still_named
 from broker.groups.offsets import Word, adopt, read_records
 from broker.transactions.codes import (
     COORDINATOR_LOAD_IN_PROGRESS,
@@ -183,15 +183,9 @@ class TxnShards:
         started = trio.current_time()
         if not await cluster.wait_handed_over(cluster.session_s, TXN_TOPIC):
             log.warning("taking over transactions with copies of the peers' archives that may be behind")
-        records = cluster.membership.shards.get(TXN_TOPIC, {})
-        wanted = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
+        wanted, by_holder = still_named(cluster, TXN_TOPIC, wanted)
         if not wanted:
             return False
-        by_holder: dict[int, set[int]] = {}
-        for p in wanted:
-            holder = records[p].holder
-            if holder is not None and holder != cluster.me:
-                by_holder.setdefault(holder, set()).add(p)
         adopted: list[Word] = []
         own = last_words(self._archive().log)
         for holder, parts in sorted(by_holder.items()):
