@@ -1,6 +1,7 @@
 """Sharded coordinators (broker/cluster/shards.py): Kafka's mapping of a key to a partition
 of an internal topic, the controller's placement of those partitions, and the fencing of a
-coordinator by its partition's record revision, against a real etcd."""
+coordinator by its partition's record revision, against a real etcd; the coordinators'
+loop that follows the records (`follow_shards`), against a fake view of them."""
 
 from __future__ import annotations
 
