@@ -2,7 +2,8 @@
 on (``hyperkafka.quorum.partitions.enable=true``), for the compat tests of issue 17
 (test_cluster_quorum.py, test_cluster_failover.py), and the helpers they share: a
 client script run in a subprocess (`py`), a wait (`wait`), the brokers a broker's
-Metadata lists (`brokers_listed`).
+Metadata lists (`brokers_listed`, `wait_listed`), and a broker paused by SIGSTOP for
+the length of a block (`stopped`).
 
 `quorum_cluster` starts etcd, broker 1 (which becomes the controller, hence the writer
 of the topics created while it is), then brokers 2 and 3, and yields once broker 1's
@@ -15,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,6 +74,24 @@ def brokers_listed(b: Broker) -> list[int]:
         return []
 
 
+def wait_listed(what: str, b: Broker, ids: Sequence[int | None], timeout: float = 60) -> None:
+    """Wait until `b`'s Metadata lists exactly the brokers `ids`."""
+    wait(what, lambda: brokers_listed(b) == list(ids), timeout=timeout)
+
+
+@contextlib.contextmanager
+def stopped(b: Broker) -> Iterator[float]:
+    """`b` paused (SIGSTOP) for the block, resumed (SIGCONT) however the block ends; yields
+    the time it was stopped."""
+    assert b.proc is not None
+    at = time.time()
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield at
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+
+
 @dataclass
 class QuorumCluster:
     etcd: EtcdServer
@@ -108,10 +128,10 @@ def quorum_cluster(workdir: Path, session_ms: int, **props: Any) -> Iterator[Quo
                                               extra=("--config", str(path))))  # fmt: skip
         b1, b2, b3 = brokers
         b1.start()
-        wait("broker 1 is controller", lambda: brokers_listed(b1) == [1])
+        wait_listed("broker 1 is controller", b1, [1])
         b2.start()
         b3.start()
-        wait("three brokers", lambda: brokers_listed(b1) == [1, 2, 3])
+        wait_listed("three brokers", b1, [1, 2, 3])
         yield QuorumCluster(etcd, brokers, rports)
     finally:
         for b in brokers:

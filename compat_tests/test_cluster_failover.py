@@ -25,6 +25,7 @@ by broker 1, and an idempotent acks=all confluent-kafka producer writing it all 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,7 +39,14 @@ from typing import Any
 import pytest
 
 from compat_tests.harness import ROOT, Broker
-from compat_tests.quorum_cluster import QuorumCluster, brokers_listed, py, quorum_cluster, wait
+from compat_tests.quorum_cluster import (
+    QuorumCluster,
+    py,
+    quorum_cluster,
+    stopped,
+    wait,
+    wait_listed,
+)
 
 SESSION_MS = 4000
 TOPIC = "failover"
@@ -183,44 +191,39 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
 
         wait("the producer's first 200 acknowledgements", lambda: len(acked()) >= 200, timeout=90)
         assert b1.proc is not None
-        lost_at = time.time()
-        if how.startswith("kill"):
-            b1.kill()
-        else:
-            b1.proc.send_signal(signal.SIGSTOP)
-        # (answers already on the wire when the leader was lost arrive within milliseconds:
-        # an acknowledgement GRACE_S later comes from the new leader)
-        wait("an acknowledgement after the failover",
-             lambda: [r for r in acked() if r["t"] > lost_at + GRACE_S], timeout=60)  # fmt: skip
-        first = min(r["t"] for r in acked() if r["t"] > lost_at + GRACE_S)
-        print(f"failover ({how}): the producer writes again {first - lost_at:.2f} s after the "
-              f"leader was lost (session timeout {SESSION_MS / 1000:.1f} s)")  # fmt: skip
         b2, b3 = cluster.brokers[1:]
         leaders: list[int | None] = []
+        with contextlib.ExitStack() as paused:  # a SIGSTOPped leader: SIGCONT at its end
+            if how.startswith("kill"):
+                lost_at = time.time()
+                b1.kill()
+            else:
+                lost_at = paused.enter_context(stopped(b1))
+            # (answers already on the wire when the leader was lost arrive within
+            # milliseconds: an acknowledgement GRACE_S later comes from the new leader)
+            wait("an acknowledgement after the failover",
+                 lambda: [r for r in acked() if r["t"] > lost_at + GRACE_S], timeout=60)  # fmt: skip
+            first = min(r["t"] for r in acked() if r["t"] > lost_at + GRACE_S)
+            print(f"failover ({how}): the producer writes again {first - lost_at:.2f} s after the "
+                  f"leader was lost (session timeout {SESSION_MS / 1000:.1f} s)")  # fmt: skip
 
-        def named() -> bool:
-            leaders[:] = [_leader(b2), _leader(b3)]
-            return leaders[0] == leaders[1] and leaders[0] in (2, 3)
+            def named() -> bool:
+                leaders[:] = [_leader(b2), _leader(b3)]
+                return leaders[0] == leaders[1] and leaders[0] in (2, 3)
 
-        wait("both replicas name the same new leader", named, timeout=30)
-        new_leader = cluster.brokers[leaders[0] - 1]  # type: ignore[operator]
+            wait("both replicas name the same new leader", named, timeout=30)
+            new_leader = cluster.brokers[leaders[0] - 1]  # type: ignore[operator]
         if how == "stop":
-            b1.proc.send_signal(signal.SIGCONT)
-            wait("the old leader back in the cluster", lambda: brokers_listed(b2) == [1, 2, 3])
+            wait_listed("the old leader back in the cluster", b2, [1, 2, 3])
             wait("the old leader names the new one", lambda: _leader(b1) == leaders[0], timeout=30)
         n = len(acked())
         wait("200 more acknowledgements", lambda: len(acked()) >= n + 200, timeout=60)
         if how == "kill+stall":
             other = next(b for b in (b2, b3) if b is not new_leader)
-            assert other.proc is not None
-            other.proc.send_signal(signal.SIGSTOP)
-            stalled_at = time.time()
-            try:
-                wait("the replica's lease gone", lambda: brokers_listed(new_leader) == [leaders[0]], timeout=30)
+            with stopped(other) as stalled_at:
+                wait_listed("the replica's lease gone", new_leader, [leaders[0]], timeout=30)
                 time.sleep(PROPOSAL_TIMEOUT_S)  # the leader's commit in flight gives up meanwhile
-            finally:
-                other.proc.send_signal(signal.SIGCONT)
-            wait("the replica back in the cluster", lambda: brokers_listed(new_leader) == [2, 3], timeout=30)
+            wait_listed("the replica back in the cluster", new_leader, [2, 3], timeout=30)
             n = len(acked())
             wait("200 acknowledgements after the stall", lambda: len(acked()) >= n + 200, timeout=90)
             first = min(r["t"] for r in acked()[n:])
@@ -262,31 +265,22 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
              timeout=30)  # fmt: skip
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.matrix(
-    "cluster: quorum-signed partition, its leader SIGKILLed under an idempotent acks=all producer",
-    client="confluent",
-)
-def test_failover_after_sigkill(workdir: Path) -> None:
+def _scenario(how: str, scenario: str, timeout_s: int) -> Any:
+    return pytest.param(how, marks=[pytest.mark.timeout(timeout_s), pytest.mark.matrix(scenario, client="confluent")],
+                        id=how)  # fmt: skip
+
+
+@pytest.mark.parametrize("how", [
+    # 1. SIGKILL of the leader
+    _scenario("kill", "cluster: quorum-signed partition, its leader SIGKILLed under an idempotent acks=all producer",
+              300),
+    # 2. SIGSTOP of the leader past the session timeout
+    _scenario("stop", "cluster: quorum-signed partition, its leader SIGSTOPped past the session timeout, then SIGCONT",
+              300),
+    # 3. SIGKILL of the leader, then SIGSTOP of the elected leader's only live replica
+    _scenario("kill+stall", "cluster: quorum-signed partition, its elected leader's only live replica SIGSTOPped "
+              "past the session timeout", 360),
+])  # fmt: skip
+def test_failover(workdir: Path, how: str) -> None:
     with quorum_cluster(workdir, SESSION_MS) as cluster:
-        _run(cluster, workdir, "kill")
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.matrix(
-    "cluster: quorum-signed partition, its leader SIGSTOPped past the session timeout, then SIGCONT",
-    client="confluent",
-)
-def test_failover_after_sigstop(workdir: Path) -> None:
-    with quorum_cluster(workdir, SESSION_MS) as cluster:
-        _run(cluster, workdir, "stop")
-
-
-@pytest.mark.timeout(360)
-@pytest.mark.matrix(
-    "cluster: quorum-signed partition, its elected leader's only live replica SIGSTOPped past the session timeout",
-    client="confluent",
-)
-def test_elected_leader_takes_back_its_partition_after_a_stalled_replica(workdir: Path) -> None:
-    with quorum_cluster(workdir, SESSION_MS) as cluster:
-        _run(cluster, workdir, "kill+stall")
+        _run(cluster, workdir, how)

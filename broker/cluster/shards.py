@@ -6,7 +6,9 @@ topic's partition count, as Kafka's GroupCoordinatorShard and TransactionStateMa
 `Shard` (the etcd record of one partition of an internal topic: the broker that
 coordinates it, the broker whose offsets archive holds its latest state, and the record's
 mod revision, which is that partition's epoch), `plan` (the controller's choice of
-coordinators) and `place_shards` (the controller's loop that records them in etcd).
+coordinators), `place_shards` (the controller's loop that records them in etcd) and
+`follow_shards` (a coordinator's loop that takes over the partitions etcd names it and
+gives up the others, for any `ShardHolder`: the group and the transaction coordinators).
 
 Nothing here is specific to ``__consumer_offsets``: every function takes the topic name
 and its partition count, so a transaction coordinator sharded by ``__transaction_state``
@@ -20,14 +22,16 @@ dead; it moves back once the preferred broker is alive again (Kafka's
 controller epoch and by each moved record's mod revision, so it never overwrites a change
 it has not seen (a coordinator's claim, another controller's move).
 
-The coordinator's side (broker/groups/coordinator.py): the broker a record names `claim`s
+The coordinator's side (broker/groups/coordinator.py, broker/transactions/coordinator.py):
+`follow_shards` watches the records; the broker a record names `claim`s
 it (a transaction comparing the revision it saw, which writes itself as the holder: a new
 revision, its epoch), and every later act (a commit, a generation stored) is answered only
 if a transaction comparing that revision succeeds (`Membership.check_shards`). The
 controller moving the partition changes the revision: a paused or cut-off ex-coordinator
 can then acknowledge nothing, and steps down when its transaction fails.
 
-May import trio and `broker.cluster.membership`, `broker.cluster.etcd`.
+May import trio, `storage` (its error types), `broker.cluster.membership`,
+`broker.cluster.etcd` and `broker.cluster.replicas` (for typing).
 """
 
 from __future__ import annotations
@@ -35,20 +39,24 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from broker.cluster.etcd import EtcdError
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from broker.cluster.membership import Membership
+    from broker.cluster.replicas import Cluster
 
 log = logging.getLogger("hyperkafka.cluster")
 
 PLACE_RETRY_S = 1.0  # after etcd failed, or to look again at time-only changes (a lease)
+SHARDS_TICK_S = 0.1  # how often a coordinator looks at its partitions (a lease ends by time)
+TAKEOVER_RETRY_S = 1.0  # after a takeover failed (its archive failed, say)
 INT32_MIN = -(2**31)
 
 
@@ -160,4 +168,87 @@ async def place_shards(m: Membership, topic: str, partitions: int, *, legacy: bo
                     )
                     continue
         with trio.move_on_after(PLACE_RETRY_S):
+            await changed.wait()
+
+
+class TakeoverNotReady(Exception):
+    """A takeover cannot adopt yet (no copy of the previous holder's archive here)."""
+
+
+# What a takeover may meet that a later attempt can get past: no copy of the previous
+# holder's archive yet, etcd not answering, our archive failing to take or make durable
+# the adopted records in time. A holder adds its own (the node's TopicError, which this
+# package may not import). Anything else is a bug: it propagates, it is not retried.
+TAKEOVER_ERRORS: tuple[type[Exception], ...] = (
+    TakeoverNotReady,
+    EtcdError,
+    StorageError,
+    OSError,
+    trio.TooSlowError,
+)
+
+
+class ShardHolder(Protocol):
+    """A coordinator sharded by an internal topic (groups, transactions): the partitions
+    it serves (partition -> the revision it claimed it at), and how it takes some over
+    and gives some up."""
+
+    shards: dict[int, int]
+
+    def resign(self, partitions: Iterable[int] | None = None) -> None: ...
+
+    async def take_over(self, cluster: Cluster, wanted: dict[int, int]) -> bool: ...
+
+
+def named_here(cluster: Cluster, topic: str) -> dict[int, int]:
+    """Partitions of `topic` etcd names this broker coordinator of -> their record
+    revision (none while our lease may have expired)."""
+    if not cluster.membership.lease_valid():
+        return {}
+    return {p: s.revision for p, s in cluster.membership.shards.get(topic, {}).items() if s.owner == cluster.me}
+
+
+def still_named(cluster: Cluster, topic: str, wanted: Mapping[int, int]) -> tuple[dict[int, int], dict[int, set[int]]]:
+    """For a takeover of the partitions `wanted` of `topic` (partition -> the revision of
+    the record naming us): those whose record still has that revision, and their
+    previous holders other than us (holder -> its partitions), whose archives hold their
+    latest state."""
+    records = cluster.membership.shards.get(topic, {})
+    named = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
+    by_holder: dict[int, set[int]] = {}
+    for p in named:
+        holder = records[p].holder
+        if holder is not None and holder != cluster.me:
+            by_holder.setdefault(holder, set()).add(p)
+    return named, by_holder
+
+
+async def follow_shards(
+    cluster: Cluster,
+    topic: str,
+    holder: ShardHolder,
+    retriable: tuple[type[Exception], ...] = TAKEOVER_ERRORS,
+) -> None:
+    """A coordinator's loop for internal topic `topic` (run on every broker of a cluster):
+    `holder` gives up the partitions no longer named to it at the revision it serves them
+    at, and takes over those newly named, again at every membership change (or tick: the
+    lease ends by time alone). A takeover failing with one of the `retriable` errors is
+    logged and tried again after `TAKEOVER_RETRY_S` (its partitions answer
+    COORDINATOR_LOAD_IN_PROGRESS meanwhile); any other error propagates."""
+    while True:
+        named = named_here(cluster, topic)
+        gone = [p for p, rev in holder.shards.items() if named.get(p) != rev]
+        if gone:
+            holder.resign(gone)
+        wanted = {p: rev for p, rev in named.items() if p not in holder.shards}
+        changed = cluster.membership.changed
+        if wanted:
+            try:
+                if await holder.take_over(cluster, wanted):
+                    continue
+            except retriable as exc:
+                log.warning("cluster: taking over partitions of %s: %s; again", topic, exc)
+                await trio.sleep(TAKEOVER_RETRY_S)
+                continue
+        with trio.move_on_after(SHARDS_TICK_S):
             await changed.wait()

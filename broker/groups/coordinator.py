@@ -24,9 +24,9 @@ tombstones are answered once the in-sync peers hold them too (`_wait_stored`, Ka
 acks=-1 for the offsets topic; refused before the append when the ISR is below the
 topic's min.insync.replicas) and then only if a transaction in etcd confirms that the
 partition's record still has the revision we claimed it at (its epoch; else
-NOT_COORDINATOR, and this broker gives the partition up). `_follow_shards` watches the
-records: this broker `take_over`s the partitions newly named to it (waits for
-`Cluster.handed_over`, adopts their groups' state from its copy of the archive of the
+NOT_COORDINATOR, and this broker gives the partition up). `follow_shards`
+(broker/cluster/shards.py) watches the records: this broker `take_over`s the partitions
+newly named to it (waits for `Cluster.handed_over`, adopts their groups' state from its copy of the archive of the
 partition's previous holder, `broker.groups.offsets.adopt`, by log order, never by clocks;
 claims them in etcd, a new revision; loads; their groups' requests answer
 COORDINATOR_LOAD_IN_PROGRESS meanwhile, `refusal`) and `resign`s those moved elsewhere.
@@ -60,7 +60,8 @@ holds more superseded records than live ones (checked after every append), compa
 (`compact`; the design is in broker.groups.offsets). Wall-clock time (commit and state
 timestamps, expiry) comes from `self.wall`, which tests replace.
 
-Imports trio, the node's types (for typing only), `broker.groups.*`; no protocol classes.
+Imports trio, the node's types (for typing only; its TopicError at run time, one of a
+takeover's retriable errors), `broker.groups.*`; no protocol classes.
 """
 
 from __future__ import annotations
@@ -78,7 +79,15 @@ import trio
 
 from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import EtcdError
-from broker.cluster.shards import partition_for, place_shards
+from broker.cluster.shards import (
+    TAKEOVER_ERRORS,
+    TakeoverNotReady,
+    follow_shards,
+    named_here,
+    partition_for,
+    place_shards,
+    still_named,
+)
 from broker.groups import codes, consumer_records
 from broker.groups.consumer_group import ConsumerGroup, ConsumerSettings, Heartbeat, HeartbeatResult
 from broker.groups.offsets import (
@@ -127,8 +136,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hyperkafka.groups")
 
-SHARDS_TICK_S = 0.1  # cluster mode: how often the coordinator looks at its partitions
-TAKEOVER_RETRY_S = 1.0  # after a takeover failed (its archive failed, say)
 
 
 class Waiter:
@@ -227,7 +234,10 @@ class GroupCoordinator:
                 membership = self.sharded.membership
                 partitions = self.settings.offsets_topic_num_partitions
                 nursery.start_soon(place_shards, membership, OFFSETS_TOPIC, partitions)
-                nursery.start_soon(self._follow_shards, self.sharded)
+                from broker.node import TopicError  # (the node imports us): our archive failed
+
+                retriable = (*TAKEOVER_ERRORS, TopicError)
+                nursery.start_soon(follow_shards, self.sharded, OFFSETS_TOPIC, self, retriable)
             nursery.start_soon(self.maintain)
             task_status.started()
             try:
@@ -294,36 +304,8 @@ class GroupCoordinator:
         cluster = self.sharded
         if cluster is None:
             return codes.NONE
-        mine = self._named_here(cluster)
+        mine = named_here(cluster, OFFSETS_TOPIC)
         return codes.COORDINATOR_LOAD_IN_PROGRESS if any(p not in self.shards for p in mine) else codes.NONE
-
-    @staticmethod
-    def _named_here(cluster: Cluster) -> dict[int, int]:
-        """Partitions etcd names this broker coordinator of -> their record revision
-        (none while our lease may have expired)."""
-        if not cluster.membership.lease_valid():
-            return {}
-        return {p: s.revision for p, s in cluster.membership.shards.get(OFFSETS_TOPIC, {}).items()
-                if s.owner == cluster.me}
-
-    async def _follow_shards(self, cluster: Cluster) -> None:
-        while True:
-            named = self._named_here(cluster)
-            gone = [p for p, rev in self.shards.items() if named.get(p) != rev]
-            if gone:
-                self.resign(gone)
-            wanted = {p: rev for p, rev in named.items() if p not in self.shards}
-            changed = cluster.membership.changed
-            if wanted:
-                try:
-                    if await self.take_over(cluster, wanted):
-                        continue
-                except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
-                    log.exception("taking over partitions of %s failed", OFFSETS_TOPIC)
-                    await trio.sleep(TAKEOVER_RETRY_S)
-                    continue
-            with trio.move_on_after(SHARDS_TICK_S):  # the lease also ends by time alone
-                await changed.wait()
 
     def resign(self, partitions: Iterable[int] | None = None) -> None:
         """Stop coordinating the groups of these partitions of __consumer_offsets (all:
@@ -367,21 +349,15 @@ class GroupCoordinator:
         started = trio.current_time()
         if not await cluster.wait_handed_over(cluster.session_s):
             log.warning("taking over groups with copies of the peers' offsets that may be behind")
-        records = cluster.membership.shards.get(OFFSETS_TOPIC, {})
-        wanted = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
+        wanted, by_holder = still_named(cluster, OFFSETS_TOPIC, wanted)
         if not wanted:
             return False
-        by_holder: dict[int, set[int]] = {}
-        for p in wanted:
-            holder = records[p].holder
-            if holder is not None and holder != cluster.me:
-                by_holder.setdefault(holder, set()).add(p)
         adopted = []
         own = {k: w for k, w in self.archive.words().items() if self._in_shards(w.key, wanted)}
         for holder, parts in sorted(by_holder.items()):
             copy = cluster.offsets_copies.get(holder)
             if copy is None:
-                raise RuntimeError(f"no copy of the offsets archive of broker {holder}, the previous coordinator")
+                raise TakeoverNotReady(f"no copy of the offsets archive of broker {holder}, the previous coordinator")
             words = last_words(copy.log, name=f"{OFFSETS_TOPIC} of broker {holder}")
             theirs = {k: w for k, w in words.items() if self._in_shards(w.key, dict.fromkeys(parts))}
             adopted += adopt({k: w for k, w in own.items() if self._in_shards(w.key, dict.fromkeys(parts))}, theirs)

@@ -367,7 +367,7 @@ CLUSTER_ACTION_BIT = 1 << 9  # Kafka's AclOperation.CLUSTER_ACTION
 @api(27, "WriteTxnMarkers", (1, 1))
 async def write_txn_markers(ctx: RequestContext, req: Any) -> Reply:
     """Kafka's coordinators send this to partition leaders, and so do ours in a cluster
-    (broker/transactions/coordinator.py `_send_markers`; alone the coordinator writes its
+    (broker/transactions/markers.py `_send_markers`; alone the coordinator writes its
     own markers); it also serves `kafka-transactions abort` (Admin.abortTransaction: an
     ABORT marker for a hanging transaction found by `find-hanging`). CLUSTER_ACTION on the
     cluster is needed, as in Kafka (a super user, or a node without an authorizer). Each

@@ -11,28 +11,26 @@ answered."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from broker.api import Deferred, Encoded, RequestContext
-from broker.cluster.signing import Answer, Proposal, QuorumAssembler, ReplicaSigner
-from broker.compose import open_node
-from broker.config import BrokerConfig
+from broker.api import Deferred
+from broker.cluster.signing import Answer, Proposal, ReplicaSigner
 from broker.handlers import errors
-from broker.handlers.produce import produce
-from broker.node import Node, Partition, ms_now
-from broker.protocol.codec import decode_response
-from broker.shape import shape
-from broker.tests.conftest import request_class
-from broker.tests.test_quorum_signing import KPS, LEADER, Net
-from storage.batch import build_batch
-from storage.follower import FollowerLog
-from storage.quorum import partition_manifest
+from broker.node import Node, Partition
+from broker.tests.quorum_fixtures import (
+    answer,
+    assembler,
+    open_quorum_node,
+    open_replicas,
+    replica_signers,
+    send_produce,
+    wire,
+)
+from broker.tests.test_quorum_signing import Net
 
 # The stalled partition's signing window: long, so that "answered while q-0 still waits"
 # holds on a loaded machine, and a round that waited for it (the bug) is plain to see.
@@ -54,11 +52,7 @@ class StallNet(Net):
 
 class TwoTopics:
     def __init__(self, tmp_path: Path) -> None:
-        keys = [kp.public_key for kp in KPS[:3]]
-        self.node: Node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
-        self.node.partition_manifests = lambda name, tid, count: (
-            [partition_manifest(keys, tid, i) for i in range(count)] if name == "q" else None
-        )
+        self.node: Node = open_quorum_node(tmp_path)
         q = self.node.create_topic("q", 2)
         s = self.node.create_topic("s", 1)
         assert q is not None and s is not None
@@ -66,44 +60,15 @@ class TwoTopics:
         self.b: Partition = q.partitions[1]  # quorum-signed, healthy replicas
         self.s: Partition = s.partitions[0]  # single-signer
         assert self.s.log.quorum_sign is None
-        self.replicas: dict[tuple[int, bytes], FollowerLog] = {}
+        self.replicas = open_replicas(tmp_path, (self.a, self.b))
+        self.net = StallNet(replica_signers(self.replicas), self.a.log.key)
         for p in (self.a, self.b):
-            manifest = p.log.manifest
-            assert manifest is not None
-            for i in (2, 3):
-                self.replicas[i, p.log.key] = FollowerLog.open_replica(
-                    tmp_path / f"r{i}-{p.index}", manifest
-                )
-        signers = {
-            i: ReplicaSigner(KPS[i - 1], self._archive(i), lambda _k: LEADER) for i in (2, 3)
-        }
-        self.net = StallNet(signers, self.a.log.key)
-        for p in (self.a, self.b):
-            self._wire(p)
-
-    def _archive(self, i: int) -> Any:
-        return lambda key: self.replicas.get((i, key))
-
-    def _wire(self, p: Partition) -> None:
-        manifest = p.log.manifest
-        assert manifest is not None
-        lg = p.log
-        asm = QuorumAssembler(
-            LEADER, KPS[0], manifest, [1, 2, 3], self.net, lg.block,
-            lambda: lg.published_length, timeout_s=SIGN_S,
-        )  # fmt: skip
-        lg.quorum_sign = lambda th, n, f: trio.from_thread.run(asm.sign, th, n, f)
+            lg = p.log
+            wire(lg, assembler(self.net, lambda lg=lg: lg, timeout_s=SIGN_S))
 
     async def send(self, topic: str, index: int, value: bytes, seq: int) -> Deferred:
         """An idempotent acks=all Produce (v9) of one batch; its answer is the Deferred's."""
-        ctx = RequestContext(self.node, 0, 9, seq + 1, "test", "test")
-        batch = build_batch([value], timestamp_ms=ms_now(), producer_id=7 + index,
-                            producer_epoch=0, base_sequence=seq)  # fmt: skip
-        req = shape(request_class("produce", 9), {
-            "transactional_id": None, "acks": -1, "timeout": 60_000,
-            "topic_data": [{"name": topic, "partition_data": [{"index": index, "records": batch}]}],
-        })  # fmt: skip
-        d = await produce(ctx, req)
+        d = await send_produce(self.node, topic, index, [value], seq, timeout_ms=60_000, producer_id=7 + index)
         assert isinstance(d, Deferred)
         return d
 
@@ -111,17 +76,6 @@ class TwoTopics:
         self.node.close()
         for r in self.replicas.values():
             r.close()
-
-
-async def answer(d: Deferred) -> tuple[int, int]:
-    """(error code, base offset) of a one-partition Produce answer."""
-    enc = await d.finish()
-    assert isinstance(enc, Encoded)
-    frame = enc.frame
-    (size,) = struct.unpack_from(">i", frame)
-    _, r = decode_response(frame[4 : 4 + size], 0, 9)
-    pr = r.responses[0].partition_responses[0]
-    return pr.error_code, pr.base_offset
 
 
 def _head_length(p: Partition) -> int:

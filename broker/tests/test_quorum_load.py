@@ -9,7 +9,6 @@ ReplicaSigner over the in-process transport of test_quorum_signing.py."""
 from __future__ import annotations
 
 import dataclasses
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,30 +16,27 @@ from typing import Any
 import pytest
 import trio
 
-from broker.api import Deferred, Encoded, RequestContext
-from broker.cluster.signing import (
-    MAX_PROPOSAL_BYTES,
-    Answer,
-    Proposal,
-    QuorumAssembler,
-    ReplicaSigner,
-)
+from broker.api import Deferred
+from broker.cluster.signing import MAX_PROPOSAL_BYTES, Answer, Proposal, ReplicaSigner
 from broker.compose import open_node
 from broker.config import BrokerConfig
 from broker.handlers import errors
-from broker.handlers.produce import produce
 from broker.node import Node, Partition, ms_now
 from broker.protocol import records
-from broker.protocol.codec import decode_response
 from broker.quorum_link import Queued, serve_proposals
-from broker.shape import shape
-from broker.tests.conftest import request_class
-from broker.tests.test_quorum_signing import KPS, LEADER, Net
+from broker.tests.quorum_fixtures import (
+    answer,
+    assembler,
+    open_quorum_node,
+    open_replicas,
+    replica_signers,
+    send_produce,
+    wire,
+)
+from broker.tests.test_quorum_signing import LEADER, Net
 from storage.batch import build_batch
 from storage.epochs import EpochCache
-from storage.follower import FollowerLog
 from storage.hypercore import Frontier
-from storage.quorum import partition_manifest
 
 
 class QuorumNode:
@@ -48,37 +44,18 @@ class QuorumNode:
     brokers 2 and 3 are follower archives signing through `net`."""
 
     def __init__(self, tmp_path: Path) -> None:
-        keys = [kp.public_key for kp in KPS[:3]]
-        self.node: Node = open_node(BrokerConfig(data_dir=tmp_path / "data", listen_port=0))
-        self.node.partition_manifests = lambda _n, tid, count: [
-            partition_manifest(keys, tid, i) for i in range(count)
-        ]
+        self.node: Node = open_quorum_node(tmp_path)
         topic = self.node.create_topic("q", 1)
         assert topic is not None
         self.p: Partition = topic.partitions[0]
-        manifest = self.p.log.manifest
-        assert manifest is not None
-        self.replicas = {
-            i: FollowerLog.open_replica(tmp_path / f"r{i}", manifest) for i in (2, 3)
-        }
-        signers = {
-            i: ReplicaSigner(KPS[i - 1], self._archive(i), lambda _k: LEADER) for i in (2, 3)
-        }
-        self.net: Net = Net(signers)
-        self.asm = QuorumAssembler(
-            LEADER, KPS[0], manifest, [1, 2, 3], self.net,
-            lambda i: self.p.log.block(i), lambda: self.p.log.published_length,
-            timeout_s=0.5,
-        )  # fmt: skip
+        self.replicas = {i: r for (i, _), r in open_replicas(tmp_path, [self.p]).items()}
+        self.net: Net = Net(replica_signers({(i, self.p.log.key): r for i, r in self.replicas.items()}))
+        self.asm = assembler(self.net, lambda: self.p.log, timeout_s=0.5)
         self.wire()
-
-    def _archive(self, i: int) -> Any:
-        key = self.p.log.key
-        return lambda k: self.replicas[i] if k == key else None
 
     def wire(self) -> None:
         """Give the (possibly reopened) log its quorum signer, as QuorumRole.run does."""
-        self.p.log.quorum_sign = lambda th, n, f: trio.from_thread.run(self.asm.sign, th, n, f)
+        wire(self.p.log, self.asm)
 
     async def send(self, values: list[bytes], seq: int, timeout_ms: int = 30_000) -> Deferred:
         """A Produce (v9, acks=all) of one idempotent batch (producer 7, epoch 0); its
@@ -89,14 +66,22 @@ class QuorumNode:
 
     async def produce(self, values: list[bytes], seq: int, acks: int, timeout_ms: int = 30_000) -> Any:
         """The produce handler's reply to a Produce (v9) of one idempotent batch."""
-        ctx = RequestContext(self.node, 0, 9, seq + 1, "test", "test")
-        batch = build_batch(values, timestamp_ms=ms_now(), producer_id=7, producer_epoch=0,
-                            base_sequence=seq)  # fmt: skip
-        req = shape(request_class("produce", 9), {
-            "transactional_id": None, "acks": acks, "timeout": timeout_ms,
-            "topic_data": [{"name": "q", "partition_data": [{"index": 0, "records": batch}]}],
-        })  # fmt: skip
-        return await produce(ctx, req)
+        return await send_produce(self.node, "q", 0, values, seq, acks=acks, timeout_ms=timeout_ms)
+
+    async def acked(self, value: bytes, seq: int) -> None:
+        """A batch of `value` (sequence `seq`) and a commit round: acknowledged, at offset `seq`."""
+        d = await self.send([value], seq)
+        with trio.fail_after(10):
+            await self.node.commit_round()
+            assert await answer(d) == (errors.NONE, seq)
+
+    async def not_signed(self, value: bytes, seq: int) -> None:
+        """A batch of `value` and a commit round whose head no quorum signs (the caller
+        saw to it): written, not acknowledged."""
+        d = await self.send([value], seq)
+        with trio.fail_after(10):
+            await self.node.commit_round()
+            assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
     def close(self) -> None:
         self.net.dead = set()
@@ -104,17 +89,6 @@ class QuorumNode:
         self.node.close()
         for r in self.replicas.values():
             r.close()
-
-
-async def answer(d: Deferred) -> tuple[int, int]:
-    """(error code, base offset) of a one-partition Produce answer."""
-    enc = await d.finish()
-    assert isinstance(enc, Encoded)
-    frame = enc.frame
-    (size,) = struct.unpack_from(">i", frame)
-    _, r = decode_response(frame[4 : 4 + size], 0, 9)
-    pr = r.responses[0].partition_responses[0]
-    return pr.error_code, pr.base_offset
 
 
 @pytest.fixture
@@ -127,9 +101,7 @@ def q(tmp_path: Path) -> Iterator[QuorumNode]:
 async def test_a_head_no_quorum_signed_is_answered_and_asked_again_once_the_replicas_are_back(
     q: QuorumNode,
 ) -> None:
-    d = await q.send([b"a"], 0)
-    await q.node.commit_round()
-    assert await answer(d) == (errors.NONE, 0)
+    await q.acked(b"a", 0)
     # both replicas gone: the head over "b" cannot be quorum-signed
     q.net.dead = {2, 3}
     d = await q.send([b"b"], 1)
@@ -156,14 +128,8 @@ async def test_a_head_no_quorum_signed_is_answered_and_asked_again_once_the_repl
     assert q.p.failed is None and q.p.log is log_before and q.p.log.fork == 0
     # the idempotent producer's retry of "b" is a duplicate of offset 1, acknowledged by
     # the head the next round has signed over the kept tail; the next batch follows it
-    d = await q.send([b"b"], 1)
-    with trio.fail_after(10):
-        await q.node.commit_round()
-        assert await answer(d) == (errors.NONE, 1)
-    d = await q.send([b"c"], 2)
-    with trio.fail_after(10):
-        await q.node.commit_round()
-        assert await answer(d) == (errors.NONE, 2)
+    await q.acked(b"b", 1)
+    await q.acked(b"c", 2)
     head = q.p.log.head
     assert head is not None and (head.fork, head.length) == (0, 3) and q.p.high_watermark == 3
     assert all(r.length == 3 for r in q.replicas.values())
@@ -177,21 +143,13 @@ async def test_an_elected_leader_whose_head_no_quorum_signed_takes_its_partition
     next failover; it comes back as the original writer's does."""
     q.p.topic.mirrored = True
     q.p.led = True
-    d = await q.send([b"a"], 0)
-    await q.node.commit_round()
-    assert await answer(d) == (errors.NONE, 0)
+    await q.acked(b"a", 0)
     q.net.dead = {2, 3}
-    d = await q.send([b"b"], 1)
-    with trio.fail_after(10):
-        await q.node.commit_round()
-        assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    await q.not_signed(b"b", 1)
     q.net.dead = {3}  # one replica back: with the leader, a quorum
     q.p.retry_at = 0.0
     assert await q.node.retry_offline() == 1 and q.p.failed is None
-    d = await q.send([b"c"], 2)
-    with trio.fail_after(10):
-        await q.node.commit_round()
-        assert await answer(d) == (errors.NONE, 2)
+    await q.acked(b"c", 2)
     assert q.p.log.fork == 0 and q.p.high_watermark == 3 and q.replicas[2].length == 3
 
 
@@ -221,14 +179,9 @@ async def test_a_leader_that_cut_a_tail_replicas_signed_late_writes_on_a_new_for
     q = QuorumNode(tmp_path)
     try:
         q.net = q.asm.peers = LateNet(q.net.signers)
-        d = await q.send([b"a"], 0)
-        await q.node.commit_round()
-        assert await answer(d) == (errors.NONE, 0)
+        await q.acked(b"a", 0)
         q.net.late = {2, 3}
-        d = await q.send([b"b"], 1)
-        with trio.fail_after(10):
-            await q.node.commit_round()
-            assert (await answer(d))[0] == errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        await q.not_signed(b"b", 1)
         assert all(r.length == 2 for r in q.replicas.values())  # they hold and signed "b"
         q.net.late = set()
         # the leader restarts (its unsigned tail durable past its last head)
@@ -238,10 +191,7 @@ async def test_a_leader_that_cut_a_tail_replicas_signed_late_writes_on_a_new_for
         q.p = q.node.topics["q"].partitions[0]
         assert q.p.log.log_end_offset == 1 and q.p.log.cut_at_open == 1
         q.wire()
-        d = await q.send([b"c"], 1)  # (the producer's retry of "b" may differ: "c")
-        with trio.fail_after(10):
-            await q.node.commit_round()
-            assert await answer(d) == (errors.NONE, 1)
+        await q.acked(b"c", 1)  # (the producer's retry of "b" may differ: "c")
         head = q.p.log.head
         assert head is not None and (head.fork, head.length) == (1, 2)
         assert q.p.log.fork == 1 and q.p.log.cut_at_open == 0

@@ -23,7 +23,8 @@ from broker.cluster.quorum import (
 )
 from broker.config import BrokerConfig, apply_properties
 from broker.protocol import records
-from broker.tests.test_cluster import _controller, _create, _free_ports, _metadata, _serve, _until
+from broker.tests.quorum_fixtures import Brokers, create_q, three_brokers
+from broker.tests.test_cluster import _create, _metadata, _until
 from broker.tests.test_server import fetch_body
 from compat_tests.etcd import EtcdServer
 from storage.batch import build_batch
@@ -85,23 +86,10 @@ async def test_a_quorum_topic_gets_a_manifest_of_its_replicas_keys(
     with each partition's replicas, the writer makes each archive with a v2 manifest of
     their node keys (placement order, majority quorum, userData naming the partition),
     and Metadata reports those replicas. Replication factor 4 is refused."""
-    ports = _free_ports(3)
     on = {"hyperkafka.quorum.partitions.enable": "true"}
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            c1 = await _serve(nursery, tmp_path, 1, ports, etcd.endpoint, **on)
-
-            async def elected() -> bool:
-                return await _controller(c1) == 1
-
-            await _until(elected)
-            await _serve(nursery, tmp_path, 2, ports, etcd.endpoint, **on)
-            await _serve(nursery, tmp_path, 3, ports, etcd.endpoint, **on)
-
-            async def three() -> bool:
-                return len((await _metadata(c1, "x")).brokers) == 3
-
-            await _until(three)
+            c1 = (await three_brokers(Brokers(nursery, tmp_path, etcd.endpoint, **on)))[1]
             r = await _create(
                 c1,
                 [
@@ -183,57 +171,12 @@ async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdS
     channel of real replication connections; the head verifies against the manifest;
     each replica's signing record holds what it signed; with two replicas' brokers gone
     a produce is refused NOT_ENOUGH_REPLICAS before anything is written."""
-    ports = _free_ports(3)
     on = {"hyperkafka.quorum.partitions.enable": "true"}
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            scopes = {}
-
-            async def start(i: int) -> Any:
-                scope = trio.CancelScope()
-                scopes[i] = scope
-                client: list[Any] = []
-
-                async def serve(
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-                ) -> None:
-                    with scope:
-                        async with trio.open_nursery() as inner:
-                            client.append(
-                                await _serve(inner, tmp_path, i, ports, etcd.endpoint, **on)
-                            )
-                            task_status.started()
-                            await trio.sleep_forever()
-
-                await nursery.start(serve)
-                return client[0]
-
-            c1 = await start(1)
-
-            async def elected() -> bool:
-                return await _controller(c1) == 1
-
-            await _until(elected)
-            await start(2)
-            await start(3)
-
-            async def three() -> bool:
-                return len((await _metadata(c1, "x")).brokers) == 3
-
-            await _until(three)
-            r = await _create(
-                c1,
-                [
-                    {
-                        "name": "q",
-                        "num_partitions": -1,
-                        "replication_factor": -1,
-                        "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]}],
-                        "configs": [],
-                    }
-                ],
-            )
-            assert r.topics[0].error_code == 0
+            brokers = Brokers(nursery, tmp_path, etcd.endpoint, **on)
+            c1 = (await three_brokers(brokers))[1]
+            await create_q(c1)
 
             async def acked() -> bool:
                 code, _ = await _produce(c1, "q", -1, b"v0")
@@ -249,7 +192,7 @@ async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdS
             assert res.ok and res.signed_length >= 3, res
             signed = [i for i in (2, 3) if list((tmp_path / f"b{i}").rglob("q-0/signed"))]
             assert signed, "no replica signed"
-            scopes[3].cancel()  # one replica gone: 2 of 3 still sign
+            brokers.stop(3)  # one replica gone: 2 of 3 still sign
 
             async def gone(i: int) -> Callable[[], Awaitable[bool]]:
                 async def check() -> bool:
@@ -259,7 +202,7 @@ async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdS
 
             await _until(await gone(3))
             assert (await _produce(c1, "q", -1, b"after-one"))[0] == 0
-            scopes[2].cancel()
+            brokers.stop(2)
             await _until(await gone(2))
             code, msg = await _produce(c1, "q", -1, b"after-two")
             assert code == 19 and msg is not None and "live replicas" in msg  # NOT_ENOUGH_REPLICAS

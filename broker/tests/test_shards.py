@@ -1,13 +1,28 @@
 """Sharded coordinators (broker/cluster/shards.py): Kafka's mapping of a key to a partition
 of an internal topic, the controller's placement of those partitions, and the fencing of a
-coordinator by its partition's record revision, against a real etcd."""
+coordinator by its partition's record revision, against a real etcd; the coordinators'
+loop that follows the records (`follow_shards`), against a fake view of them."""
 
 from __future__ import annotations
 
-import trio
+from collections.abc import Iterable
+from typing import Any
 
-from broker.cluster.etcd import Etcd
-from broker.cluster.shards import Shard, java_string_hash, partition_for, place_shards, plan
+import pytest
+import trio
+import trio.testing
+
+from broker.cluster.etcd import Etcd, EtcdError
+from broker.cluster.shards import (
+    TAKEOVER_RETRY_S,
+    Shard,
+    TakeoverNotReady,
+    follow_shards,
+    java_string_hash,
+    partition_for,
+    place_shards,
+    plan,
+)
 from broker.tests.test_membership import _members, _until
 from compat_tests.etcd import EtcdServer
 
@@ -100,3 +115,81 @@ async def test_the_controller_places_and_moves_partitions_and_a_moved_coordinato
             assert all(ctl.shards[topic][p].holder == other.me.node_id for p in mine)
             assert not await other.check_shards(topic, fence)
             nursery.cancel_scope.cancel()
+
+
+class _FollowedMembership:
+    """What `follow_shards` reads of a cluster's membership: the records and a change event."""
+
+    def __init__(self, records: dict[int, Shard]) -> None:
+        self.shards = {"__transaction_state": records}
+        self.changed = trio.Event()
+
+    def lease_valid(self) -> bool:
+        return True
+
+
+class _FollowedCluster:
+    def __init__(self, records: dict[int, Shard]) -> None:
+        self.me = 1
+        self.membership = _FollowedMembership(records)
+
+
+class _Holder:
+    """A coordinator whose takeovers fail with the errors given, in turn, then succeed."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        self.shards: dict[int, int] = {}
+        self.failures = failures
+        self.attempts = 0
+        self.resigned: list[list[int]] = []
+
+    def resign(self, partitions: Iterable[int] | None = None) -> None:
+        gone = list(self.shards) if partitions is None else list(partitions)
+        self.resigned.append(sorted(gone))
+        for p in gone:
+            self.shards.pop(p, None)
+
+    async def take_over(self, cluster: Any, wanted: dict[int, int]) -> bool:
+        self.attempts += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.shards.update(wanted)
+        return True
+
+
+def _txn_shards(owners: dict[int, int]) -> dict[int, Shard]:
+    return {p: Shard("__transaction_state", p, o, o, 10 + p) for p, o in owners.items()}
+
+
+async def test_follow_shards_retries_expected_errors_and_resigns_what_moved(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The coordinators' shared loop: a takeover failing with a retriable error (no copy of
+    the previous holder's archive yet, etcd away, the archive failing) is tried again
+    after TAKEOVER_RETRY_S, then the partitions named here are served; one moved away is
+    given up at the next change."""
+    cluster = _FollowedCluster(_txn_shards({0: 1, 1: 2, 2: 1}))
+    holder = _Holder([TakeoverNotReady("no copy yet"), EtcdError("etcd away"), OSError("disk")])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_shards, cluster, "__transaction_state", holder)  # type: ignore[arg-type]
+        with trio.fail_after(10):
+            await _until(lambda: holder.shards == {0: 10, 2: 12})
+        assert holder.attempts == 4
+        assert trio.current_time() >= 3 * TAKEOVER_RETRY_S
+        cluster.membership.shards["__transaction_state"][2] = Shard("__transaction_state", 2, 2, 1, 20)
+        changed, cluster.membership.changed = cluster.membership.changed, trio.Event()
+        changed.set()
+        with trio.fail_after(10):
+            await _until(lambda: holder.shards == {0: 10})
+        assert holder.resigned == [[2]]
+        nursery.cancel_scope.cancel()
+
+
+async def test_follow_shards_lets_an_unexpected_error_propagate(autojump_clock: trio.testing.MockClock) -> None:
+    """Anything but the retriable errors is a bug: it ends the loop (and the coordinator)
+    instead of being logged and retried forever."""
+    cluster = _FollowedCluster(_txn_shards({0: 1}))
+    holder = _Holder([KeyError("a bug")])
+    with pytest.raises(KeyError), trio.fail_after(10):
+        await follow_shards(cluster, "__transaction_state", holder)  # type: ignore[arg-type]
+    assert holder.attempts == 1

@@ -15,7 +15,8 @@ import trio
 from broker import compose
 from broker.protocol import records
 from broker.takeover import step_down
-from broker.tests.test_cluster import _controller, _create, _free_ports, _metadata, _serve, _until
+from broker.tests.quorum_fixtures import Brokers, create_q, three_brokers
+from broker.tests.test_cluster import _metadata, _until
 from broker.tests.test_server import fetch_body
 from compat_tests.etcd import EtcdServer
 from storage.batch import build_batch
@@ -63,43 +64,12 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
     follows its heads; broker 1 back (its data dir kept) steps down: its copy, reopened
     as a replica, follows the new leader. Then that leader fails too: epoch 2 among the
     other two, and the deposed leader of epoch 1, back, follows epoch 2."""
-    ports = _free_ports(3)
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
-            scopes: dict[int, trio.CancelScope] = {}
-
-            async def start(i: int) -> Any:
-                scope = trio.CancelScope()
-                scopes[i] = scope
-                client: list[Any] = []
-
-                async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-                    with scope:
-                        async with trio.open_nursery() as inner:
-                            client.append(await _serve(inner, tmp_path, i, ports, etcd.endpoint, session_ms=2000, **ON))
-                            task_status.started()
-                            await trio.sleep_forever()
-
-                await nursery.start(serve)
-                return client[0]
-
-            c1 = await start(1)
-
-            async def elected() -> bool:
-                return await _controller(c1) == 1
-
-            await _until(elected)
-            c2 = await start(2)
-            c3 = await start(3)
-
-            async def three() -> bool:
-                return len((await _metadata(c1, "x")).brokers) == 3
-
-            await _until(three)
-            r = await _create(c1, [{"name": "q", "num_partitions": -1, "replication_factor": -1,
-                                    "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]}],
-                                    "configs": []}])
-            assert r.topics[0].error_code == 0
+            brokers = Brokers(nursery, tmp_path, etcd.endpoint, session_ms=2000, **ON)
+            clients = await three_brokers(brokers)
+            c1, c2, c3 = clients[1], clients[2], clients[3]
+            await create_q(c1)
 
             async def first() -> bool:
                 return (await _produce(c1, b"v0", 0))[0] == 0
@@ -113,7 +83,7 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
                 return (await _produce(c2, b"no", 3))[0] == 6
 
             await _until(refused_at_2)
-            scopes[1].cancel()  # the leader stops
+            brokers.stop(1)  # the leader stops
 
             async def failed_over() -> bool:
                 md = await _metadata(c2, "q")
@@ -145,7 +115,7 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
             await _until(followed)
             # the old leader back (same data dir): it names the new leader, refuses
             # produces, and its copy, reopened as a replica, follows the new fork
-            c1 = await start(1)
+            c1 = await brokers.start(1)
 
             async def back() -> bool:
                 p = (await _metadata(c1, "q")).topics[0].partitions[0]
@@ -166,7 +136,7 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
             await _until(old_follows_on)
             # the new leader fails in turn: epoch 2, among broker 1 and the other replica
             clients = {1: c1, 2: c2, 3: c3}
-            scopes[lead].cancel()
+            brokers.stop(lead)
 
             async def second() -> bool:
                 p = (await _metadata(c1, "q")).topics[0].partitions[0]
@@ -176,7 +146,7 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
             lead2 = int((await _metadata(c1, "q")).topics[0].partitions[0].leader_id)
             assert await _produce(clients[lead2], b"v6", 6) == (0, 6)
             # the deposed leader of epoch 1 back: it steps down and follows epoch 2
-            clients[lead] = await start(lead)
+            clients[lead] = await brokers.start(lead)
 
             async def deposed_follows() -> bool:
                 return len(await _values(clients[lead])) == 7
@@ -185,7 +155,7 @@ async def test_the_controller_fails_a_dead_leader_over_and_the_elected_replica_w
             # a quorum of 2 signs: with the two others gone, nothing is written
             for i in (1, 2, 3):
                 if i != lead2:
-                    scopes[i].cancel()
+                    brokers.stop(i)
 
             async def alone() -> bool:
                 return [b.node_id for b in (await _metadata(clients[lead2], "q")).brokers] == [lead2]
@@ -214,48 +184,18 @@ async def test_a_deposed_elected_leader_steps_down_in_place(
 
     real_failover = compose.run_failover
     monkeypatch.setattr(compose, "run_failover", recording)
-    ports = _free_ports(3)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            scopes: dict[int, trio.CancelScope] = {}
-
-            async def start(i: int) -> Any:
-                scope = trio.CancelScope()
-                scopes[i] = scope
-                client: list[Any] = []
-
-                async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-                    with scope:
-                        async with trio.open_nursery() as inner:
-                            client.append(await _serve(inner, tmp_path, i, ports, etcd.endpoint, session_ms=2000, **ON))
-                            task_status.started()
-                            await trio.sleep_forever()
-
-                await nursery.start(serve)
-                return client[0]
-
-            c1 = await start(1)
-
-            async def elected() -> bool:
-                return await _controller(c1) == 1
-
-            await _until(elected)
-            clients = {1: c1, 2: await start(2), 3: await start(3)}
-
-            async def three() -> bool:
-                return len((await _metadata(c1, "x")).brokers) == 3
-
-            await _until(three)
-            r = await _create(c1, [{"name": "q", "num_partitions": -1, "replication_factor": -1,
-                                    "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]}],
-                                    "configs": []}])
-            assert r.topics[0].error_code == 0
+            brokers = Brokers(nursery, tmp_path, etcd.endpoint, session_ms=2000, **ON)
+            clients = await three_brokers(brokers)
+            c1 = clients[1]
+            await create_q(c1)
 
             async def first() -> bool:
                 return (await _produce(c1, b"v0", 0))[0] == 0
 
             await _until(first)
-            scopes[1].cancel()  # the writer stops: a failover elects 2 or 3 in epoch 1
+            brokers.stop(1)  # the writer stops: a failover elects 2 or 3 in epoch 1
 
             async def failed_over() -> bool:
                 p = (await _metadata(clients[2], "q")).topics[0].partitions[0]

@@ -1,4 +1,4 @@
-"""Transactions in cluster mode, below the cluster (broker/transactions/coordinator.py
+"""Transactions in cluster mode, below the cluster (broker/transactions/shards.py
 "Where the coordinator lives"), with a fake etcd view: a broker named coordinator of a
 partition of __transaction_state takes it over from the previous holder's archive (by log
 order), completes its prepared transactions and times out its open ones as a restart

@@ -41,25 +41,11 @@ states are completed at once (their markers again: a marker without an open tran
 at a partition changes nothing); Ongoing ones time out by their start time and timeout
 and are aborted, so a transaction is never half visible after a crash.
 
-Where the coordinator lives: `coordinator_node` (one function) names the broker that
-coordinates a transactional id: the coordinator of its partition of `__transaction_state`
-as the cluster names it (single-node, this one). Cluster mode follows the groups' model
-(broker/groups/coordinator.py "Cluster mode"): a transactional id maps to a partition of
-``__transaction_state`` (Kafka's hash over ``transaction.state.log.num.partitions``,
-default 50); the controller names each partition's coordinator in etcd
-(`broker.cluster.shards.place_shards`, started here); every broker keeps one
-``__transaction_state`` archive (all the partitions it coordinates write there), created
-at start, that every other broker copies (broker/mirror.py, `Cluster.copies`). A broker
-named coordinator of a partition `take_over`s it: waits until its copies of the live
-peers' archives are caught up, adopts from its copy of the previous holder's archive
-every transactional id of that partition whose last word differs from its own (by log
-order, `broker.groups.offsets.adopt`), writes them into its own archive, claims the
-partition in etcd (a new revision: its epoch) and loads them; their requests answer
-COORDINATOR_LOAD_IN_PROGRESS meanwhile. Loaded, a Prepare* transaction is completed and
-an Ongoing one timed out exactly as after a restart. Every state change is answered only
-once the in-sync peers hold it and a transaction in etcd confirms the partition's record
-still has the revision we claimed (else NOT_COORDINATOR, and the partition is given up):
-a paused or cut-off ex-coordinator acknowledges nothing.
+Where the coordinator lives, and how a broker takes over or gives up the transactional
+ids of a partition of `__transaction_state` in a cluster: broker/transactions/shards.py.
+The markers of the second phase, and WriteTxnMarkers: broker/transactions/markers.py.
+`TxnCoordinator` is assembled from both (`MarkerSender` over `TxnShards`); this module
+holds the state machine (requests, the archive, completion, timeouts and expiry).
 
 Producer ids: a new producer id comes from this broker's own range (`Node.allocate_producer_id`:
 ``broker id << 40`` in a cluster, `Cluster.producer_id_base`), so ids stay unique across
@@ -89,17 +75,35 @@ import trio
 
 from broker.cluster import Cluster, signed_blocks
 from broker.cluster.etcd import EtcdError
-from broker.cluster.shards import partition_for, place_shards
-from broker.groups.offsets import Word, adopt, read_records
+from broker.cluster.shards import TAKEOVER_ERRORS, follow_shards, place_shards
+from broker.groups.offsets import read_records
+from broker.transactions.codes import (
+    CONCURRENT_TRANSACTIONS,
+    COORDINATOR_LOAD_IN_PROGRESS,
+    COORDINATOR_NOT_AVAILABLE,
+    INVALID_PRODUCER_EPOCH,
+    INVALID_PRODUCER_ID_MAPPING,
+    INVALID_REQUEST,
+    INVALID_TRANSACTION_TIMEOUT,
+    INVALID_TXN_STATE,
+    NONE,
+    NOT_COORDINATOR,
+    NOT_ENOUGH_REPLICAS,
+    OPERATION_NOT_ATTEMPTED,
+    PRODUCER_FENCED,
+    REQUEST_TIMED_OUT,
+    TRANSACTION_COORDINATOR_FENCED,
+    TRANSACTIONAL_ID_NOT_FOUND,
+    CoordinatorError,
+)
+from broker.transactions.markers import MarkerSender
 from broker.transactions.records import (
     KEY_OFFSETS,
-    MarkerType,
     RecordFormatError,
     Status,
     TxnOffset,
     TxnValue,
     build_state_batch,
-    control_batch,
     decode_key,
     decode_offsets,
     decode_value,
@@ -109,49 +113,35 @@ from broker.transactions.records import (
     state_key,
 )
 from broker.transactions.settings import TxnSettings
+from broker.transactions.shards import (
+    OFFSETS_TOPIC,
+    TXN_TOPIC,
+    TXN_TOPIC_CONFIGS,
+    coordinator_node,
+)
 
 if TYPE_CHECKING:
     from broker.node import Node, Partition
-    from storage import PartitionLog
+
+# Names other modules import from here (the handlers, the node, tests).
+__all__ = [
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "NOT_COORDINATOR",
+    "OFFSETS_TOPIC",
+    "OPERATION_NOT_ATTEMPTED",
+    "PRODUCER_FENCED",
+    "REQUEST_TIMED_OUT",
+    "TRANSACTION_COORDINATOR_FENCED",
+    "TXN_TOPIC",
+    "CoordinatorError",
+    "Txn",
+    "TxnCoordinator",
+    "coordinator_node",
+]
 
 log = logging.getLogger("hyperkafka.transactions")
 
-TXN_TOPIC = "__transaction_state"
-# Time and size retention would drop live transactional ids: never drop segments here.
-TXN_TOPIC_CONFIGS = {"retention.ms": "-1", "retention.bytes": "-1"}
-OFFSETS_TOPIC = "__consumer_offsets"  # a group's offsets: its partition of it (AddOffsetsToTxn)
-SHARDS_TICK_S = 0.1  # cluster mode: how often the coordinator looks at its partitions
-TAKEOVER_RETRY_S = 1.0  # after a takeover failed
-MARKER_BACKOFF_MIN_S = 0.05  # markers to other brokers: retried with backoff up to
-MARKER_BACKOFF_MAX_S = 1.0
 MAX_EPOCH = 32767
-ADOPT_BATCH_RECORDS = 1000
-# Kafka's error codes (kafka.common.protocol.Errors); the handlers' errors module is not
-# imported here (it would import every handler, and they import the node).
-NONE = 0
-INVALID_REQUEST = 42
-REQUEST_TIMED_OUT = 7
-COORDINATOR_NOT_AVAILABLE = 15
-INVALID_PRODUCER_EPOCH = 47
-KAFKA_STORAGE_ERROR = 56
-CONCURRENT_TRANSACTIONS = 51
-INVALID_PRODUCER_ID_MAPPING = 49
-INVALID_TRANSACTION_TIMEOUT = 50
-INVALID_TXN_STATE = 48
-PRODUCER_FENCED = 90
-TRANSACTIONAL_ID_NOT_FOUND = 105
-NOT_COORDINATOR = 16
-UNKNOWN_TOPIC_OR_PARTITION = 3
-OPERATION_NOT_ATTEMPTED = 55
-INVALID_TOPIC_EXCEPTION = 17
-NOT_LEADER_OR_FOLLOWER = 6
-COORDINATOR_LOAD_IN_PROGRESS = 14
-NOT_ENOUGH_REPLICAS = 19  # what Kafka's produce answers while a verification cannot be made
-TRANSACTION_COORDINATOR_FENCED = 52  # a marker from an older coordinator epoch than the partition's
-# The coordinator epoch of every marker of a broker alone (it coordinates every partition
-# of __transaction_state, with no rival); in a cluster it is the revision of the etcd
-# record this broker claimed the transactional id's partition at (`coordinator_epoch`).
-ALONE_COORDINATOR_EPOCH = 0
 
 
 @dataclass
@@ -180,47 +170,8 @@ class Txn:
         )
 
 
-def coordinator_node(node: Node, transactional_id: str) -> int | None:
-    """The broker that coordinates `transactional_id` (None: none can now). The one place
-    that decides it: as Kafka's TransactionStateManager, the id's partition of
-    `__transaction_state` (``abs(hashCode) % partitions``, broker/cluster/shards.py) and
-    the broker the cluster names for that partition, as groups are sharded by
-    `__consumer_offsets`. Alone (`shard_count` None) this broker coordinates every
-    partition; a cluster with no partition of `__transaction_state` placed (0) names
-    nobody."""
-    count = node.cluster.shard_count(TXN_TOPIC)
-    if count is None:
-        return node.cluster.coordinator(TXN_TOPIC, 0)
-    if count < 1:
-        return None
-    return node.cluster.coordinator(TXN_TOPIC, partition_for(transactional_id, count))
-
-
-def last_words(plog: PartitionLog, name: str = TXN_TOPIC) -> dict[bytes, Word]:
-    """Every key's last word in a __transaction_state archive (ours or a peer's verified
-    copy), tombstones included; records that do not parse are left out."""
-    words: dict[bytes, Word] = {}
-    for _, timestamp, key, value in read_records(plog, name=name):
-        try:
-            decode_key(key)
-        except RecordFormatError:
-            continue
-        words[key] = Word(timestamp, key, value)
-    return words
-
-
 def wall_ms() -> int:
     return math.floor(time.time() * 1000)
-
-
-class CoordinatorError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class TakeoverNotReady(Exception):
-    """A takeover cannot adopt yet (no copy of the previous holder's archive here)."""
 
 
 def _check_id(tid: str) -> None:
@@ -228,7 +179,7 @@ def _check_id(tid: str) -> None:
         raise CoordinatorError(INVALID_REQUEST, "The transactional id must not be empty")
 
 
-class TxnCoordinator:
+class TxnCoordinator(MarkerSender):
     """Create with the node (replays the archive if it exists); run `run` in a nursery."""
 
     def __init__(self, node: Node, settings: TxnSettings | None = None) -> None:
@@ -436,157 +387,6 @@ class TxnCoordinator:
             raise CoordinatorError(code, "This broker is loading this transactional id's partition")
         if code != NONE:
             raise CoordinatorError(code, "This broker does not coordinate this transactional id")
-
-    # ------------------------------------------------------------------ cluster mode
-
-    def shard_of(self, tid: str) -> int:
-        """The partition of __transaction_state `tid` maps to (cluster mode: how many
-        partitions etcd records; before any, the configured count)."""
-        count = self.node.cluster.shard_count(TXN_TOPIC) or self.settings.num_partitions
-        return partition_for(tid, count)
-
-    def refusal(self, tid: str) -> int:
-        """NONE when this broker serves `tid` now; else NOT_COORDINATOR (another broker's
-        partition, or our lease may be gone) or COORDINATOR_LOAD_IN_PROGRESS (named
-        here, not loaded yet). Alone: always NONE."""
-        cluster = self.sharded
-        if cluster is None:
-            return NONE
-        p = self.shard_of(tid)
-        record = cluster.membership.shards.get(TXN_TOPIC, {}).get(p)
-        if record is None or record.owner != cluster.me or not cluster.membership.lease_valid():
-            if p in self.shards:
-                self.resign([p])
-            return NOT_COORDINATOR
-        if p in self.shards and self.shards[p] != record.revision:
-            self.resign([p])  # moved away and back meanwhile: take it over again first
-        return NONE if p in self.shards else COORDINATOR_LOAD_IN_PROGRESS
-
-    def _fence(self, tids: Iterable[str]) -> dict[int, int]:
-        """Cluster mode: the partitions of these ids -> the revision we serve them at
-        (what `_append` has etcd compare); NOT_COORDINATOR when one is not served here.
-        Alone: {}."""
-        if self.sharded is None:
-            return {}
-        fence: dict[int, int] = {}
-        for tid in tids:
-            p = self.shard_of(tid)
-            revision = self.shards.get(p)
-            if revision is None:
-                raise CoordinatorError(NOT_COORDINATOR, "This broker no longer coordinates this transactional id")
-            fence[p] = revision
-        return fence
-
-    @staticmethod
-    def _named_here(cluster: Cluster) -> dict[int, int]:
-        """Partitions etcd names this broker coordinator of -> their record revision
-        (none while our lease may have expired)."""
-        if not cluster.membership.lease_valid():
-            return {}
-        return {
-            p: s.revision
-            for p, s in cluster.membership.shards.get(TXN_TOPIC, {}).items()
-            if s.owner == cluster.me
-        }
-
-    async def _follow_shards(self, cluster: Cluster) -> None:
-        while True:
-            named = self._named_here(cluster)
-            gone = [p for p, rev in self.shards.items() if named.get(p) != rev]
-            if gone:
-                self.resign(gone)
-            wanted = {p: rev for p, rev in named.items() if p not in self.shards}
-            changed = cluster.membership.changed
-            if wanted:
-                try:
-                    if await self.take_over(cluster, wanted):
-                        continue
-                except (TakeoverNotReady, CoordinatorError, EtcdError) as exc:
-                    log.warning("taking over partitions of %s: %s; again", TXN_TOPIC, exc)
-                    await trio.sleep(TAKEOVER_RETRY_S)
-                    continue
-                except Exception:  # try again a little later; meanwhile LOAD_IN_PROGRESS
-                    log.exception("taking over partitions of %s failed", TXN_TOPIC)
-                    await trio.sleep(TAKEOVER_RETRY_S)
-                    continue
-            with trio.move_on_after(SHARDS_TICK_S):  # the lease also ends by time alone
-                await changed.wait()
-
-    def resign(self, partitions: Iterable[int] | None = None) -> None:
-        """Stop coordinating the transactional ids of these partitions of
-        __transaction_state (all: None): another broker coordinates them now, from the
-        state it adopted from our archive."""
-        gone = set(self.shards) if partitions is None else set(partitions)
-        served = gone & set(self.shards)
-        for p in gone:
-            self.shards.pop(p, None)
-        for tid in [t for t in self.txns if partitions is None or self.shard_of(t) in gone]:
-            self._forget(tid)
-        if served:
-            log.info("no longer the coordinator of %s partitions %s", TXN_TOPIC, sorted(served))
-
-    async def take_over(self, cluster: Cluster, wanted: dict[int, int]) -> bool:
-        """Become the coordinator of partitions `wanted` of __transaction_state (partition
-        -> the revision of the record naming us), as the group coordinator takes over
-        partitions of __consumer_offsets: wait (at most a session timeout) until our
-        copies of the live peers' archives hold what they have; adopt from the copy of
-        each partition's previous holder every key of its transactional ids whose last
-        word differs from ours (`adopt`: log order, no clocks), into our own archive;
-        claim the partitions in etcd (a new revision, their epoch); load them. Whether
-        they were claimed (not: moved again meanwhile, or our lease is gone)."""
-        started = trio.current_time()
-        if not await cluster.wait_handed_over(cluster.session_s, TXN_TOPIC):
-            log.warning("taking over transactions with copies of the peers' archives that may be behind")
-        records = cluster.membership.shards.get(TXN_TOPIC, {})
-        wanted = {p: rev for p, rev in wanted.items() if (r := records.get(p)) is not None and r.revision == rev}
-        if not wanted:
-            return False
-        by_holder: dict[int, set[int]] = {}
-        for p in wanted:
-            holder = records[p].holder
-            if holder is not None and holder != cluster.me:
-                by_holder.setdefault(holder, set()).add(p)
-        adopted: list[Word] = []
-        own = last_words(self._archive().log)
-        for holder, parts in sorted(by_holder.items()):
-            copy = cluster.copies[TXN_TOPIC].get(holder)
-            if copy is None:
-                raise TakeoverNotReady(f"no copy of the {TXN_TOPIC} archive of broker {holder}, the previous coordinator")
-            theirs = {k: w for k, w in last_words(copy.log, f"{TXN_TOPIC} of broker {holder}").items()
-                      if self._key_shard(k) in parts}
-            adopted += adopt({k: w for k, w in own.items() if self._key_shard(k) in parts}, theirs)
-        if adopted:
-            # Durable here is enough to serve them (as the groups' takeover): the peers
-            # copy them from our archive as they copy everything else.
-            await self._append_adopted(adopted)
-        revision = await cluster.membership.claim_shards(TXN_TOPIC, wanted)
-        if revision is None:
-            return False  # fenced: moved again meanwhile (the loop looks again at the next change)
-        self.resign(wanted)  # (nothing of them should be in memory; a replay replaces all)
-        self._replay(set(wanted))
-        self.shards.update(dict.fromkeys(wanted, revision))
-        self.takeovers += 1
-        self._poke.set()  # Prepare* completed, Ongoing timed out: as after a restart
-        log.info("transaction coordinator of %s partitions %s now, revision %d (took over in %.2fs): "
-                 "%d records adopted from brokers %s", TXN_TOPIC, sorted(wanted), revision,
-                 trio.current_time() - started, len(adopted), sorted(by_holder) or "-")
-        return True
-
-    def _key_shard(self, raw_key: bytes) -> int | None:
-        try:
-            return self.shard_of(decode_key(raw_key)[1])
-        except RecordFormatError:
-            return None
-
-    async def _append_adopted(self, words: Sequence[Word]) -> None:
-        partition = self._archive()
-        last = -1
-        for i in range(0, len(words), ADOPT_BATCH_RECORDS):
-            chunk = words[i : i + ADOPT_BATCH_RECORDS]
-            _, last = partition.log.append(build_state_batch([(w.key, w.value) for w in chunk], self.wall()))
-            self.node.mark_dirty(partition)
-        with trio.fail_after(max(self.settings.state_write_timeout_ms / 1000, 1) * 6):
-            await partition.wait_durable(last)
 
     def _new_producer_id(self) -> int:
         try:
@@ -823,196 +623,6 @@ class TxnCoordinator:
             return
         await self._transition(txn, finish, extra)
 
-    async def _send_markers(
-        self,
-        producer_id: int,
-        epoch: int,
-        commit: bool,
-        partitions: Sequence[tuple[str, int]],
-        tid: str,
-    ) -> None:
-        """Kafka's TransactionMarkerChannelManager: a marker into every partition of the
-        transaction, each acknowledged by its current leader (this broker for those it
-        leads; a group's coordinator for a partition of __consumer_offsets), sent again
-        with backoff through leader moves, NOT_LEADER and NOT_COORDINATOR answers and
-        unreachable brokers until every one acknowledged or `state_write_timeout_ms`
-        ran out (CoordinatorError; `run` tries again later). A partition whose topic was
-        deleted is dropped. Before each round, the coordinator checks that it still
-        serves `tid` (its lease, its view of etcd) at the same epoch. Every marker carries
-        the coordinator epoch (`coordinator_epoch`): a partition that took a newer
-        coordinator's marker for this producer refuses it (TRANSACTION_COORDINATOR_FENCED,
-        writing nothing), so a marker sent after a pause past that check cannot close the
-        producer's next transaction; on that answer the coordinator stops, as Kafka's
-        TransactionMarkerChannelManager does, and in a cluster gives the partition of
-        __transaction_state up (`_fenced`)."""
-        coordinator_epoch = self.coordinator_epoch(tid)
-        marker = MarkerType.COMMIT if commit else MarkerType.ABORT
-        left = dict.fromkeys(partitions)
-        backoff = MARKER_BACKOFF_MIN_S
-        last_error = ""
-        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000):
-            while left:
-                if (code := self.refusal(tid)) != NONE or self.coordinator_epoch(tid) != coordinator_epoch:
-                    raise CoordinatorError(code or NOT_COORDINATOR, f"no longer the coordinator of {tid}: its markers stop")
-                remote: dict[int, list[tuple[str, int]]] = {}
-                local: list[tuple[tuple[str, int], Partition, int]] = []
-                groups: list[tuple[str, int]] = []
-                now = self.wall()
-                for topic, index in list(left):
-                    where = self._marker_destination(topic, index)
-                    if where is None:
-                        log.info("marker of producer %d for %s-%d dropped: the topic is gone", producer_id, topic, index)
-                        del left[(topic, index)]
-                    elif where != self.node.config.node_id:
-                        remote.setdefault(where, []).append((topic, index))
-                    elif topic == OFFSETS_TOPIC:
-                        groups.append((topic, index))
-                    else:
-                        p = self.node.partition(topic, index)
-                        if p is None:  # (placed, not here yet)
-                            last_error = f"{topic}-{index} is not here yet"
-                        elif p.failed:
-                            last_error = f"{topic}-{index}: {p.failed}"
-                        elif p.topic.mirrored and not p.led:
-                            last_error = f"{topic}-{index} is led elsewhere"
-                        elif p.txns.coordinator_fenced(producer_id, coordinator_epoch):
-                            self._fenced(tid, coordinator_epoch, f"{topic}-{index}")
-                        else:
-                            local.append(
-                                ((topic, index), p, self._admit_marker(p, marker, producer_id, epoch, coordinator_epoch, now))
-                            )
-                for key, p, base in local:
-                    try:
-                        await p.wait_durable(base)
-                        del left[key]
-                    except Exception as exc:
-                        last_error = f"{key[0]}-{key[1]}: marker not durable: {exc}"
-                for key in groups:
-                    self._verified.pop((producer_id, *key), None)
-                    code = await self.node.groups.complete_transaction(
-                        producer_id, epoch, commit, key[1], coordinator_epoch
-                    )
-                    if code == NONE:
-                        del left[key]
-                    elif code == TRANSACTION_COORDINATOR_FENCED:
-                        self._fenced(tid, coordinator_epoch, f"{key[0]}-{key[1]}")
-                    else:
-                        last_error = f"{key[0]}-{key[1]}: the group coordinator answered {code}"
-                for broker, keys in remote.items():
-                    acked, error, fenced = await self._markers_to(
-                        broker, producer_id, epoch, commit, keys, coordinator_epoch
-                    )
-                    for key in acked:
-                        left.pop(key, None)
-                    if fenced:
-                        self._fenced(tid, coordinator_epoch, f"{fenced[0][0]}-{fenced[0][1]} (broker {broker})")
-                    if error:
-                        last_error = error
-                if left:
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, MARKER_BACKOFF_MAX_S)
-        if left:
-            raise CoordinatorError(
-                REQUEST_TIMED_OUT,
-                f"markers not acknowledged by {', '.join(f'{t}-{i}' for t, i in left)} in time ({last_error})",
-            )
-
-    def coordinator_epoch(self, tid: str) -> int:
-        """The coordinator epoch this broker's markers for `tid` carry: alone a constant
-        (`ALONE_COORDINATOR_EPOCH`); in a cluster the revision of the etcd record it
-        claimed the id's partition of __transaction_state at (NOT_COORDINATOR when it
-        does not serve it). etcd revisions only grow, so a later coordinator's is larger."""
-        if self.sharded is None:
-            return ALONE_COORDINATOR_EPOCH
-        (revision,) = self._fence([tid]).values()
-        if revision > 0x7FFFFFFF:  # (the field is an int32; etcd's revision an int64)
-            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, f"coordinator epoch {revision} does not fit a marker")
-        return revision
-
-    def _fenced(self, tid: str, coordinator_epoch: int, where: str) -> None:
-        """A partition refused our marker for `tid`: a coordinator of a newer epoch wrote
-        one for this producer there. Stop completing (Kafka's TransactionMarkerChannelManager
-        cancels the transaction's markers); in a cluster, give up the id's partition of
-        __transaction_state if still held at that epoch (the newer coordinator serves it;
-        should etcd still name us, `_follow_shards` takes it over again at a new epoch).
-        Alone there is no rival: the epoch came from an admin's WriteTxnMarkers, and `run`
-        retries the completion."""
-        log.warning("transaction %s: marker into %s refused: coordinator epoch %d is fenced", tid, where, coordinator_epoch)
-        if self.sharded is not None:
-            p = self.shard_of(tid)
-            if self.shards.get(p) == coordinator_epoch:
-                self.resign([p])
-        raise CoordinatorError(
-            TRANSACTION_COORDINATOR_FENCED, f"a newer transaction coordinator wrote markers of {tid} into {where}"
-        )
-
-    def _marker_destination(self, topic: str, index: int) -> int | None:
-        """The broker that takes the marker for `topic`-`index` now: a partition of
-        __consumer_offsets goes to its group coordinator, a data partition to its leader
-        (the writer placement names, or the leader a failover recorded). None: the topic
-        was deleted (placement no longer knows it), or no coordinator is named now
-        (-1: ask again)."""
-        cluster = self.node.cluster
-        if topic == OFFSETS_TOPIC:
-            owner = cluster.coordinator(OFFSETS_TOPIC, index)
-            return -1 if owner is None else owner
-        writer = cluster.placed_writer(topic)
-        if writer is None or (writer == self.node.config.node_id and self.node.partition(topic, index) is None):
-            return None
-        leader = cluster.placed_leader(topic, index)
-        return writer if leader is None else leader
-
-    async def _markers_to(
-        self,
-        broker: int,
-        producer_id: int,
-        epoch: int,
-        commit: bool,
-        keys: Sequence[tuple[str, int]],
-        coordinator_epoch: int,
-    ) -> tuple[list[tuple[str, int]], str, list[tuple[str, int]]]:
-        """One WriteTxnMarkers v1 to `broker` for `keys`: the partitions it acknowledged,
-        why the others were not (empty when all were), and those that refused our
-        coordinator epoch (TRANSACTION_COORDINATOR_FENCED)."""
-        from broker.forwarding import forward_to  # (it imports the node, which imports us)
-        from broker.node import TopicError
-
-        if broker < 0 or not self.node.cluster.alive(broker):
-            return [], f"broker {broker} is not alive", []
-        by_topic: dict[str, list[int]] = {}
-        for topic, index in keys:
-            by_topic.setdefault(topic, []).append(index)
-        body = {
-            "markers": [
-                {
-                    "producer_id": producer_id,
-                    "producer_epoch": epoch,
-                    "transaction_result": commit,
-                    "topics": [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()],
-                    "coordinator_epoch": coordinator_epoch,
-                }
-            ]
-        }
-        try:
-            resp = await forward_to(self.node.cluster, broker, 27, 1, "write_txn_markers", body)
-        except TopicError as exc:
-            return [], exc.message, []
-        acked: list[tuple[str, int]] = []
-        fenced: list[tuple[str, int]] = []
-        errors: list[str] = []
-        for m in resp.markers:
-            for t in m.topics:
-                for part in t.partitions:
-                    if part.error_code in (NONE,):
-                        acked.append((t.name, part.partition_index))
-                    elif part.error_code == TRANSACTION_COORDINATOR_FENCED:
-                        fenced.append((t.name, part.partition_index))
-                    elif part.error_code == UNKNOWN_TOPIC_OR_PARTITION and self._marker_destination(t.name, part.partition_index) is None:
-                        acked.append((t.name, part.partition_index))  # deleted meanwhile: dropped
-                    else:
-                        errors.append(f"{t.name}-{part.partition_index}: error {part.error_code} from broker {broker}")
-        return acked, "; ".join(errors), fenced
-
     def pending_offsets(self, group: str) -> set[tuple[str, int]]:
         """The (topic, partition)s of `group` with transactional offsets of an archive
         written before the group coordinator kept them (a PrepareCommit replayed with its
@@ -1024,103 +634,6 @@ class TxnCoordinator:
             for g, topic, partition in txn.offsets
             if g == group
         }
-
-    def _admit_marker(
-        self, p: Partition, marker: MarkerType, producer_id: int, epoch: int, coordinator_epoch: int, now: int
-    ) -> int:
-        """Queue a marker of `producer_id`'s transaction into `p` (closing its open
-        transaction there; the caller checked `coordinator_epoch` is not fenced there) and
-        fence older producer epochs; its offset, to await durable."""
-        self._verified.pop((producer_id, p.topic.name, p.index), None)
-        base, _ = p.admit(control_batch(marker, producer_id, epoch, coordinator_epoch, now), 0)
-        p.txns.on_marker(producer_id, marker, base, coordinator_epoch)
-        p.producers.fence(producer_id, epoch)
-        self.node.mark_dirty(p)
-        return base
-
-    async def write_markers(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        commit: bool,
-        partitions: Sequence[tuple[str, int]],
-        coordinator_epoch: int,
-    ) -> dict[tuple[str, int], int]:
-        """WriteTxnMarkers (`kafka-transactions abort`, Kafka's Admin.abortTransaction): a
-        marker written into each partition as Kafka's broker writes one its coordinator
-        sends, which closes a transaction there that no coordinator will (a hanging one);
-        where the producer has no open transaction the answer is success and nothing is
-        written, unless the coordinator epoch is newer than the producer's there (then a
-        marker that closes nothing records it, as Kafka's).
-        Also what a transaction coordinator on another broker sends (`_send_markers`) for
-        the partitions this broker leads, and for a partition of __consumer_offsets whose
-        groups it coordinates (their pending transactional offsets are committed or
-        dropped: `GroupCoordinator.complete_transaction`). The error code of each
-        partition: an epoch older than the producer's at the partition is refused
-        INVALID_PRODUCER_EPOCH; a `coordinator_epoch` older than that of the producer's
-        last marker there TRANSACTION_COORDINATOR_FENCED (Kafka's leaders: a stale
-        coordinator's marker), writing nothing; a partition led elsewhere
-        NOT_LEADER_OR_FOLLOWER; __transaction_state takes no marker
-        (INVALID_TOPIC_EXCEPTION). `kafka-transactions abort --start-offset` sends the
-        coordinator epoch DescribeProducers reports for the producer (0 when none), so it
-        is never fenced by the markers already there."""
-        codes: dict[tuple[str, int], int] = {}
-        waits: list[tuple[tuple[str, int], Partition, int]] = []
-        marker = MarkerType.COMMIT if commit else MarkerType.ABORT
-        now = self.wall()
-        for topic, index in partitions:
-            if topic == OFFSETS_TOPIC:
-                self._verified.pop((producer_id, topic, index), None)
-                codes[(topic, index)] = await self.node.groups.complete_transaction(
-                    producer_id, producer_epoch, commit, index, coordinator_epoch
-                )
-                continue
-            p = self.node.partition(topic, index)
-            if p is None:
-                codes[(topic, index)] = UNKNOWN_TOPIC_OR_PARTITION
-                continue
-            if topic == TXN_TOPIC:
-                codes[(topic, index)] = INVALID_TOPIC_EXCEPTION
-                continue
-            if p.topic.mirrored and not p.led:
-                codes[(topic, index)] = NOT_LEADER_OR_FOLLOWER
-                continue
-            if p.failed:
-                codes[(topic, index)] = p.failed_code
-                continue
-            entry = p.producers.entry(producer_id)
-            if entry is not None and producer_epoch < entry.epoch:
-                codes[(topic, index)] = INVALID_PRODUCER_EPOCH
-                continue
-            if p.txns.coordinator_fenced(producer_id, coordinator_epoch):
-                codes[(topic, index)] = TRANSACTION_COORDINATOR_FENCED
-                continue
-            self._verified.pop((producer_id, topic, index), None)
-            if producer_id not in p.txns.ongoing and coordinator_epoch <= p.txns.coordinator_epochs.get(producer_id, -1):
-                # Nothing of this producer's is open here (never was, or a retried marker
-                # already closed it) and its coordinator epoch is known: Kafka would still
-                # append a marker that closes nothing; we sign nothing an outside request
-                # asks for that changes nothing. A newer coordinator epoch is written (it
-                # closes nothing) so that it fences the older coordinator's markers, a
-                # restart included.
-                codes[(topic, index)] = NONE
-                continue
-            log.debug(
-                "WriteTxnMarkers: %s marker of producer %d epoch %d into %s-%d",
-                marker.name, producer_id, producer_epoch, topic, index,
-            )
-            waits.append(
-                ((topic, index), p, self._admit_marker(p, marker, producer_id, producer_epoch, coordinator_epoch, now))
-            )
-        with trio.move_on_after(self.settings.state_write_timeout_ms / 1000):
-            for key, p, base in waits:
-                try:
-                    await p.wait_durable(base)
-                    codes[key] = NONE
-                except Exception as exc:
-                    log.warning("WriteTxnMarkers: marker into %s-%d not durable: %s", *key, exc)
-                    codes[key] = KAFKA_STORAGE_ERROR
-        return {key: codes.get(key, REQUEST_TIMED_OUT) for key in partitions}  # in request order
 
     # ------------------------------------------------------------------ produce checks
 
@@ -1249,7 +762,10 @@ class TxnCoordinator:
                     TXN_TOPIC,
                     self.settings.num_partitions,
                 )
-                nursery.start_soon(self._follow_shards, cluster)
+                from broker.node import TopicError  # (it imports us): our archive failed
+
+                retriable = (*TAKEOVER_ERRORS, CoordinatorError, TopicError)
+                nursery.start_soon(follow_shards, cluster, TXN_TOPIC, self, retriable)
             task_status.started()
             await self._sweep_forever()
 
