@@ -57,6 +57,7 @@ log = logging.getLogger("hyperkafka.cluster")
 PLACE_RETRY_S = 1.0  # after etcd failed, or to look again at time-only changes (a lease)
 SHARDS_TICK_S = 0.1  # how often a coordinator looks at its partitions (a lease ends by time)
 TAKEOVER_RETRY_S = 1.0  # after a takeover failed (its archive failed, say)
+UNEXPECTED_RETRY_S = 10.0  # after it failed with an error none of the retriable ones
 INT32_MIN = -(2**31)
 
 
@@ -234,7 +235,8 @@ async def follow_shards(
     at, and takes over those newly named, again at every membership change (or tick: the
     lease ends by time alone). A takeover failing with one of the `retriable` errors is
     logged and tried again after `TAKEOVER_RETRY_S` (its partitions answer
-    COORDINATOR_LOAD_IN_PROGRESS meanwhile); any other error propagates."""
+    COORDINATOR_LOAD_IN_PROGRESS meanwhile); any other error is logged with its traceback
+    and tried again after UNEXPECTED_RETRY_S."""
     while True:
         named = named_here(cluster, topic)
         gone = [p for p, rev in holder.shards.items() if named.get(p) != rev]
@@ -249,6 +251,14 @@ async def follow_shards(
             except retriable as exc:
                 log.warning("cluster: taking over partitions of %s: %s; again", topic, exc)
                 await trio.sleep(TAKEOVER_RETRY_S)
+                continue
+            except Exception:
+                # A bug, or state nobody foresaw (a peer's archive, say): logged with its
+                # traceback and tried again more slowly. Never the broker's end: every
+                # broker named after it would take the same partitions over and die too.
+                log.exception("cluster: taking over partitions of %s failed unexpectedly; "
+                              "again in %.0f s", topic, UNEXPECTED_RETRY_S)
+                await trio.sleep(UNEXPECTED_RETRY_S)
                 continue
         with trio.move_on_after(SHARDS_TICK_S):
             await changed.wait()

@@ -15,6 +15,7 @@ import trio.testing
 from broker.cluster.etcd import Etcd, EtcdError
 from broker.cluster.shards import (
     TAKEOVER_RETRY_S,
+    UNEXPECTED_RETRY_S,
     Shard,
     TakeoverNotReady,
     follow_shards,
@@ -185,11 +186,21 @@ async def test_follow_shards_retries_expected_errors_and_resigns_what_moved(
         nursery.cancel_scope.cancel()
 
 
-async def test_follow_shards_lets_an_unexpected_error_propagate(autojump_clock: trio.testing.MockClock) -> None:
-    """Anything but the retriable errors is a bug: it ends the loop (and the coordinator)
-    instead of being logged and retried forever."""
+async def test_follow_shards_logs_an_unexpected_error_and_tries_again_slowly(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anything but the retriable errors is a bug or state nobody foresaw: logged with its
+    traceback (an ERROR) and tried again after UNEXPECTED_RETRY_S, never the broker's end
+    (every broker named after it would take the same partitions over and die too)."""
     cluster = _FollowedCluster(_txn_shards({0: 1}))
     holder = _Holder([KeyError("a bug")])
-    with pytest.raises(KeyError), trio.fail_after(10):
-        await follow_shards(cluster, "__transaction_state", holder)  # type: ignore[arg-type]
-    assert holder.attempts == 1
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_shards, cluster, "__transaction_state", holder)  # type: ignore[arg-type]
+        with trio.fail_after(UNEXPECTED_RETRY_S + 5):
+            await _until(lambda: holder.shards == {0: 10})
+        assert trio.current_time() >= UNEXPECTED_RETRY_S
+        assert holder.attempts == 2
+        nursery.cancel_scope.cancel()
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert "a bug" in caplog.text
