@@ -179,7 +179,7 @@ class TakeoverNotReady(Exception):
 # What a takeover may meet that a later attempt can get past: no copy of the previous
 # holder's archive yet, etcd not answering, our archive failing to take or make durable
 # the adopted records in time. A holder adds its own (the node's TopicError, which this
-# package may not import). Anything else is a bug: it propagates, it is not retried.
+# package may not import). Anything else is logged with its traceback and retried slowly (follow_shards).
 TAKEOVER_ERRORS: tuple[type[Exception], ...] = (
     TakeoverNotReady,
     EtcdError,
