@@ -180,6 +180,9 @@ async def create_placed(
         replicas = quorum_replicas(
             node, cluster, writer, partitions, replication_factor, assignments
         )
+    # A quorum-signed topic's id is chosen here and recorded with it: every broker tells
+    # this topic from a later one of the same name by it (broker/placed_topics.py).
+    topic_id = uuid.uuid4() if replicas else None
     placement = Placement(
         name,
         writer,
@@ -187,6 +190,7 @@ async def create_placed(
         {k: v for k, v in (configs or {}).items() if v is not None},
         replication_factor,
         replicas,
+        topic_id=str(topic_id) if topic_id else "",
     )
     cluster.placing.add(name)  # `follow_placements` leaves it to us
     try:
@@ -203,7 +207,9 @@ async def create_placed(
         log.info("placed topic %s (%d partitions) on broker %d", name, partitions, writer)
         if writer != node.config.node_id:
             return None
-        return await node.create_topic_off_loop(name, partitions, replication_factor, configs)
+        return await node.create_topic_off_loop(
+            name, partitions, replication_factor, configs, topic_id=topic_id
+        )
     finally:
         cluster.placing.discard(name)
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
@@ -310,13 +316,16 @@ async def forward_create(
 async def forward_delete(cluster: ClusterView, name: str, timeout_s: float) -> None:
     """Ask the controller to delete `name` (this broker is not the controller); its
     refusal as a TopicError. The controller may wait `timeout_s` for the topic's writer
-    (broker/handlers/admin.py), so the exchange is given that much more."""
+    (broker/handlers/admin.py), so the exchange is given that much more; and it is told
+    a little less than one exchange may last (`kafka_request`'s bound), so that its answer
+    after waiting comes back instead of a time-out."""
+    waited = max(0.1, min(timeout_s, FORWARD_TIMEOUT_S - 1.5))
     resp = await forward_to_controller(
         cluster,
         20,
         4,
         "delete_topics",
-        {"topic_names": [name], "timeout": int(timeout_s * 1000)},
+        {"topic_names": [name], "timeout": int(waited * 1000)},
         timeout_s + FORWARD_TIMEOUT_S,
     )
     r = next((t for t in resp.responses if t.name == name), None)
@@ -356,7 +365,11 @@ async def follow_placements(node: Node, cluster: Cluster) -> None:
                 continue
             try:
                 await node.create_topic_off_loop(
-                    p.name, p.partitions, p.replication_factor, p.configs
+                    p.name,
+                    p.partitions,
+                    p.replication_factor,
+                    p.configs,
+                    topic_id=uuid.UUID(p.topic_id) if p.topic_id else None,
                 )
                 log.info("created topic %s, placed here by the controller", p.name)
             except TopicError as exc:
