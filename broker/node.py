@@ -735,12 +735,14 @@ class Node:
         """A quorum-signed topic's configs as its etcd record holds them (validated by the
         controller that wrote them): applied to the produce path and the logs, in place of
         the catalog's (broker/placed_topics.py)."""
+        before = dict(topic.configs)
         topic.placed_configs = dict(overrides)
         self._apply_configs(topic)
         log_config = self.config.log_config(topic.configs)
         for p in topic.partitions:
             p.log.set_config(log_config)
-        log.info("topic %s: configs now %s (its etcd record)", topic.name, topic.placed_configs)
+        if before != topic.placed_configs:
+            log.info("topic %s: configs now %s (its etcd record)", topic.name, topic.placed_configs)
 
     async def drop_topic(self, topic: Topic) -> None:
         """A quorum-signed topic whose etcd record is gone (or names another topic id) is

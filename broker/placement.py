@@ -23,7 +23,7 @@ every CreateTopics to the old controller, which answered NOT_CONTROLLER for ever
 DeleteTopics is forwarded the same way (`forward_delete`); both go through
 broker/forwarding.py, whose requests the controller never forwards again.
 
-May import trio, `broker.node`, `broker.cluster`, `broker.forwarding`.
+May import trio, `broker.node`, `broker.config`, `broker.cluster`, `broker.forwarding`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from broker.cluster.quorum import (
     partition_manifests,
     replication_factor,
 )
+from broker.config import validate_topic_configs
 from broker.forwarding import FORWARD_TIMEOUT_S, forward_to_controller
 from broker.node import (
     INTERNAL_TOPICS,
@@ -183,11 +184,14 @@ async def create_placed(
     # A quorum-signed topic's id is chosen here and recorded with it: every broker tells
     # this topic from a later one of the same name by it (broker/placed_topics.py).
     topic_id = uuid.uuid4() if replicas else None
+    placed_configs = {k: v for k, v in (configs or {}).items() if v is not None}
+    if replicas:  # (the record holds its configs: as the catalog would, validated above)
+        placed_configs = validate_topic_configs(placed_configs)
     placement = Placement(
         name,
         writer,
         partitions,
-        {k: v for k, v in (configs or {}).items() if v is not None},
+        placed_configs,
         replication_factor,
         replicas,
         topic_id=str(topic_id) if topic_id else "",

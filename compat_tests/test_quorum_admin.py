@@ -1,19 +1,23 @@
 """Administration of a quorum-signed topic whose first writer is dead, as real processes
 (docs/clusters.md "Quorum-signed partitions", broker/placed_topics.py): three brokers on
 one etcd with quorum-signed partitions on (compat_tests/quorum_cluster.py), a topic of
-replication factor 3 written by broker 1, which is killed (SIGKILL); once a failover
-elected another leader, confluent-kafka's AdminClient alters the topic's configs
-(IncrementalAlterConfigs) and deletes it (DeleteTopics) through a surviving broker, and
-both succeed without the writer. Broker 1 restarted with its data dir: the topic stays
-deleted on every broker and its files are gone from broker 1's data dir; a topic of the
-same name created afterwards is intact on every broker."""
+replication factor 3 written by broker 1, which is killed (SIGKILL), or paused (SIGSTOP)
+past the session timeout; once a failover elected another leader, confluent-kafka's
+AdminClient alters the topic's configs (IncrementalAlterConfigs) and deletes it
+(DeleteTopics) through a surviving broker, and both succeed without the writer. Broker 1
+back (restarted with its data dir, or SIGCONT): the topic stays deleted on every broker
+and its files are gone from broker 1's data dir; a topic of the same name created
+afterwards is intact on every broker."""
 
 from __future__ import annotations
 
 import json
+import signal
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from compat_tests.harness import Broker
 from compat_tests.quorum_cluster import py, quorum_cluster, topics_listed, wait
@@ -101,7 +105,8 @@ def _leader(b: Broker) -> int | None:
     return int(out["leader"]) if out["error"] is None else None
 
 
-def test_a_topic_whose_writer_is_dead_is_altered_and_deleted(workdir: Path) -> None:
+@pytest.mark.parametrize("how", ["kill", "pause"])
+def test_a_topic_whose_writer_is_dead_is_altered_and_deleted(workdir: Path, how: str) -> None:
     with quorum_cluster(workdir, SESSION_MS) as cluster:
         b1, b2, b3 = cluster.brokers
         assert py(CREATE, b1.bootstrap, TOPIC) == "ok"
@@ -113,10 +118,14 @@ def test_a_topic_whose_writer_is_dead_is_altered_and_deleted(workdir: Path) -> N
         listed = topics_listed(b2)
         assert listed is not None and TOPIC in listed
         old_id = listed[TOPIC]
-        b1.kill()
+        assert b1.proc is not None
+        if how == "kill":
+            b1.kill()
+        else:
+            b1.proc.send_signal(signal.SIGSTOP)
         killed = time.monotonic()
         wait("a failover elected 2 or 3", lambda: _leader(b2) in (2, 3), timeout=60)
-        print(f"failover: {time.monotonic() - killed:.1f} s after the kill (session {SESSION_MS / 1000:.0f} s)")
+        print(f"failover: {time.monotonic() - killed:.1f} s after the {how} (session {SESSION_MS / 1000:.0f} s)")
         # altered through a survivor: written into the topic's etcd record, described everywhere
         t0 = time.monotonic()
         assert py(ALTER, b2.bootstrap, TOPIC) == "ok"
@@ -133,8 +142,12 @@ def test_a_topic_whose_writer_is_dead_is_altered_and_deleted(workdir: Path) -> N
         for b in (b2, b3):
             assert b.data_dir is not None
             assert not list(b.data_dir.rglob(f"{TOPIC}-*")), list(b.data_dir.rglob(f"{TOPIC}-*"))
-        # the writer back, data dir kept: it deletes its own copy, serves it nowhere
-        b1.start()
+        # the writer back (data dir kept; or resumed, its lease long gone): it deletes its own
+        # copy, serves it nowhere
+        if how == "kill":
+            b1.start()
+        else:
+            b1.proc.send_signal(signal.SIGCONT)
         wait("broker 1 deletes its files of the topic", lambda: not (b1.data_dir / f"{TOPIC}-0").exists())
         wait("broker 1 does not list it", lambda: _lacks(b1))
         time.sleep(3)  # (its mirrors reconnected to it meanwhile: nothing comes back)

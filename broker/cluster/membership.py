@@ -17,7 +17,9 @@ Owns `Membership`: this broker's session in etcd and its view of everyone else's
   clock (the time it sent its last successful keep-alive plus the TTL): a broker that
   was paused knows, when it resumes, that it must not act before asking etcd.
 * ``topics/<name>``: placement, one record per topic (writer, partitions, configs), created
-  only if absent by the controller under its epoch: one name never has two writers.
+  only if absent by the controller under its epoch: one name never has two writers. A
+  quorum-signed topic's also holds its replicas, its topic id and, after a failover, its
+  leaders; it is the truth of that topic's existence and configs (broker/placed_topics.py).
 * ``internal/<topic>/<partition>``: who coordinates each partition of an internal topic
   (``__consumer_offsets``: the groups that map to it) and whose archive holds its latest
   state (`Shard`, broker/cluster/shards.py). Moved by the controller under its epoch;

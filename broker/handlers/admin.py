@@ -11,7 +11,10 @@ so is DeleteTopics (`forward_delete`). On the controller, only a
 topic's writer can change its catalog: a topic written by another broker (created while
 the first controller was down) is deleted by forwarding the request to its writer, and
 the answer comes once this broker's mirror has dropped it. With the writer down it is
-refused with LEADER_NOT_AVAILABLE (retriable).
+refused with LEADER_NOT_AVAILABLE (retriable). A quorum-signed topic needs no writer:
+the controller deletes its etcd record and every broker drops it on seeing that
+(broker/placed_topics.py); the answer comes once the live brokers did (`_wait_dropped`).
+DescribeConfigs of such a topic answers the configs of its record.
 """
 
 from __future__ import annotations
