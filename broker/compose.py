@@ -9,7 +9,8 @@ broker/placement.py, or the node's own `LocalTopics`), the
 replays ``__consumer_offsets``) and its `TxnCoordinator` (broker/transactions/, which
 replays ``__transaction_state``). `run_node` runs everything that keeps them moving: for
 the etcd view, its session first (a cluster broker registers before anything else) and
-placement (broker/placement.py), which a NullCluster needs neither of; the node's commit, retention, cleaner and offline-retry loops, the group
+placement (broker/placement.py) and the records of quorum-signed topics
+(broker/placed_topics.py), which a NullCluster needs none of; the node's commit, retention, cleaner and offline-retry loops, the group
 and transaction coordinators, and replication (broker/mirror.py) when the config asks for it.
 
 Lower layers never import this module, nor each other upwards: broker.node imports neither
@@ -29,6 +30,7 @@ from broker.config import BrokerConfig
 from broker.groups.coordinator import GroupCoordinator
 from broker.mirror import run_replication
 from broker.node import Node
+from broker.placed_topics import follow_records
 from broker.placement import PlacedTopics, follow_placements, manifest_hook
 from broker.quorum_link import own_partitions, quorum_role
 from broker.takeover import run_failover
@@ -75,6 +77,7 @@ async def run_node(
         if isinstance(node.cluster, Cluster):  # registered in etcd before anything else
             await nursery.start(node.cluster.membership.run)
             nursery.start_soon(follow_placements, node, node.cluster)
+            nursery.start_soon(follow_records, node, node.cluster)  # quorum-signed topics
         nursery.start_soon(node.commit_loop)
         nursery.start_soon(node.retention_loop)
         if node.config.log_cleaner_enable:

@@ -7,7 +7,8 @@ again only on a new connection, never on NOT_CONTROLLER: a client whose controll
 was refused for ever. Here the controller places and deletes topics
 (broker/placement.py, broker/handlers/admin.py), and a topic's writer alone signs its
 catalog, so config changes and new partitions go to the writer
-(broker/handlers/configs.py, partitions.py).
+(broker/handlers/configs.py, partitions.py); a quorum-signed topic's config changes go to
+the controller, which writes them into its etcd record (broker/placed_topics.py).
 
 A forwarded request carries `BROKER_CLIENT_ID` (broker/mirror.py) and is never forwarded
 again: two brokers whose views of the cluster differ for a moment do not bounce it.

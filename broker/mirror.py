@@ -61,6 +61,7 @@ import os
 import shutil
 import socket
 import struct
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -552,6 +553,8 @@ class NodeMirror:
         # the coordinator that takes a partition over from it; never Kafka topics here.
         self.copies: dict[str, PeerCopy] = {}
         self._copy_followers: dict[str, FollowerLog] = {}  # the sinks of the copies' logs
+        if broker_id is not None:  # quorum-signed topics whose etcd record went (Node.drop_topic)
+            node.topic_dropped.append(self._dropped)
 
     # -- persistence of the trusted key ---------------------------------------
 
@@ -666,10 +669,27 @@ class NodeMirror:
             shutil.rmtree(self._partition_dir(name, p), ignore_errors=True)
         log.info("topic %s was deleted on %s; deleted our copy", name, self.target.address)
 
+    def _dropped(self, name: str, topic_id: uuid.UUID | None) -> None:
+        """Cluster mode: quorum-signed topic `name` was deleted (its etcd record is gone,
+        broker/placed_topics.py). `topic_id`: if it is the one we mirror, stop serving it
+        and delete our copy (its writer may be dead, and never say so in its catalog).
+        None: the name is free here again, so a topic of that name this mirror skipped
+        (it clashed with the deleted one) is attached now."""
+        if topic_id is None:
+            if name in self.skipped:
+                self.skipped.discard(name)
+                self._catalog_changed.set()
+            return
+        attached = self.attached.get(name)
+        if attached is not None and attached[0].topic_id == topic_id:
+            self._detach(name)
+
     def _attach(self, rec: TopicRecord, public_keys: list[HeadSigner]) -> bool:
         """Open the follower archives of `rec` and serve them. False on a name clash."""
         if rec.name.startswith("__"):
             return False  # the writer's internal topics (its group offsets) stay its own
+        if rec.topic_id in self.node.dropped_ids:
+            return False  # deleted in etcd; its old writer's catalog lists it until it drops it
         if rec.name in self.node.topics:
             log.error("mirror of %s: topic %s exists here already; not mirroring it",
                       self.target.address, rec.name)
@@ -879,7 +899,7 @@ class NodeMirror:
                         log.info("mirror of %s: its %s archive not followed yet: %s", self.target.address, name, exc)
                         self._catalog_changed.set()
                         await trio.sleep(BACKOFF_MAX_S / 5)
-                if name in self.skipped or name.startswith("__"):
+                if name in self.skipped or name.startswith("__") or rec.topic_id in self.node.dropped_ids:
                     continue
                 try:
                     if name in self.attached:

@@ -294,6 +294,9 @@ class Topic:
     mirrored: bool = False
     # Cluster mode: the broker id of the writer (the partitions' leader); None = this node.
     leader_id: int | None = None
+    # A quorum-signed topic's configs as its etcd record holds them, which win over the
+    # catalog's (broker/placed_topics.py); None: the catalog's.
+    placed_configs: dict[str, str] | None = None
     stats: TopicStats = field(default_factory=TopicStats)  # Kafka's BrokerTopicMetrics (broker/metrics.py)
 
     @property
@@ -303,6 +306,11 @@ class Topic:
     @property
     def topic_id(self) -> uuid.UUID:
         return self.record.topic_id
+
+    @property
+    def configs(self) -> Mapping[str, str]:
+        """The topic's config overrides in effect."""
+        return self.placed_configs if self.placed_configs is not None else self.record.configs
 
 
 class TopicMaker(Protocol):
@@ -387,6 +395,11 @@ class Node:
         self.cleaner = Cleaner(self)  # compacted topics (broker/cleaner.py)
         self.store = store
         self.topics: dict[str, Topic] = {}
+        # Topic ids of quorum-signed topics deleted while this broker ran (`drop_topic`),
+        # and whom to tell of such a deletion (its mirrors, broker/mirror.py: a topic id
+        # to detach, or None: a name whose new topic may be attached now).
+        self.dropped_ids: set[uuid.UUID] = set()
+        self.topic_dropped: list[Callable[[str, uuid.UUID | None], None]] = []
         self._dirty: dict[int, Partition] = {}
         self._commit_lock = trio.Lock()
         self._commit_wanted = trio.Event()
@@ -468,6 +481,7 @@ class Node:
         configs: Mapping[str, str | None] | None = None,
         *,
         validate_only: bool = False,
+        topic_id: uuid.UUID | None = None,
     ) -> Topic | None:
         """`create_topic` for CreateTopics: the archives (a directory, files and fsyncs per
         partition) are made in a worker thread, so thousands of partitions do not stall
@@ -481,7 +495,7 @@ class Node:
         if validate_only:
             return None
         overrides = validate_topic_configs(configs or {})
-        tid = uuid.uuid4()
+        tid = topic_id or uuid.uuid4()  # (a quorum-signed topic's: chosen by the controller)
         self._creating[name] = partitions
         try:
             manifests = self.partition_manifests(name, tid, partitions)
@@ -528,7 +542,7 @@ class Node:
         return topic
 
     def _apply_configs(self, topic: Topic) -> None:
-        overrides = topic.record.configs
+        overrides = topic.configs
         eff = self.config.effective
         topic.max_message_bytes = int(eff(overrides, "max.message.bytes"))
         topic.log_append_time = eff(overrides, "message.timestamp.type") == "LogAppendTime"
@@ -556,7 +570,7 @@ class Node:
         topic = self.topics[record.name]
         topic.record = record
         self._apply_configs(topic)
-        log_config = self.config.log_config(record.configs)
+        log_config = self.config.log_config(topic.configs)
         for p in topic.partitions:
             p.log.set_config(log_config)
         for lg in more:
@@ -685,7 +699,7 @@ class Node:
         self._creating[name] = more
         try:
             logs = await trio.to_thread.run_sync(
-                self.store.prepare_more_partitions, name, count, self.config.log_config(topic.record.configs),
+                self.store.prepare_more_partitions, name, count, self.config.log_config(topic.configs),
                 limiter=self._create_limiter)
             if self.topics.get(name) is not topic:  # deleted meanwhile
                 self.store.discard_more(logs)
@@ -713,9 +727,52 @@ class Node:
         except (StorageError, OSError) as exc:
             raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot record configs of '{topic.name}': {exc}") from None
         self._apply_configs(topic)
-        log_config = self.config.log_config(topic.record.configs)
+        log_config = self.config.log_config(topic.configs)
         for p in topic.partitions:
             p.log.set_config(log_config)
+
+    def set_placed_configs(self, topic: Topic, overrides: Mapping[str, str]) -> None:
+        """A quorum-signed topic's configs as its etcd record holds them (validated by the
+        controller that wrote them): applied to the produce path and the logs, in place of
+        the catalog's (broker/placed_topics.py)."""
+        before = dict(topic.configs)
+        topic.placed_configs = dict(overrides)
+        self._apply_configs(topic)
+        log_config = self.config.log_config(topic.configs)
+        for p in topic.partitions:
+            p.log.set_config(log_config)
+        if before != topic.placed_configs:
+            log.info("topic %s: configs now %s (its etcd record)", topic.name, topic.placed_configs)
+
+    async def drop_topic(self, topic: Topic) -> None:
+        """A quorum-signed topic whose etcd record is gone (or names another topic id) is
+        deleted here, written here or mirrored (broker/placed_topics.py decides, from etcd
+        itself): no produce, fetch or commit goes on on it, its files are deleted (a
+        mirrored topic's by its mirror, through `topic_dropped`), and its topic id is
+        remembered so that no mirror attaches it again from a catalog that still lists it
+        (its old writer's, until that one drops it too)."""
+        name = topic.name
+        if self.topics.get(name) is not topic:
+            return
+        self.dropped_ids.add(topic.topic_id)
+        if not topic.mirrored:
+            await self._remove_topic(name)
+        else:
+            for p in topic.partitions:
+                async with p.lock:  # no commit is left running on its files
+                    self._dirty.pop(id(p), None)
+                    p.queued.clear()
+                    p.failed = "topic deleted"
+                    p.failed_code = UNKNOWN_TOPIC_OR_PARTITION
+                p.notify()
+            for hook in list(self.topic_dropped):
+                hook(name, topic.topic_id)
+            if self.topics.get(name) is topic:  # no mirror holds it: served no more anyway
+                del self.topics[name]
+        for hook in list(self.topic_dropped):
+            hook(name, None)  # mirrors that skipped the name may attach a new topic of it
+        self.notify_data()
+        log.warning("deleted topic %s (id %s): its etcd record is gone", name, topic.topic_id)
 
     async def delete_topic(self, name: str) -> None:
         if not self.config.delete_topic_enable:
@@ -728,9 +785,14 @@ class Node:
             raise TopicError(NOT_CONTROLLER, f"This is not the correct controller for this cluster: topics are deleted on broker {self.cluster.controller_id}.")
         if name in self.topics and self.topics[name].mirrored:
             raise TopicError(NOT_LEADER_OR_FOLLOWER, f"Topic {name} is mirrored from another node; delete it there")
-        topic = self.topics.pop(name, None)
-        if topic is None:
+        if name not in self.topics:
             raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, "This server does not host this topic-partition.")
+        await self._remove_topic(name)
+
+    async def _remove_topic(self, name: str) -> None:
+        """Delete topic `name`, written here: its partitions stop, the catalog records
+        the deletion, its files go."""
+        topic = self.topics.pop(name)
         self._deleting.add(name)
         before = [(p.failed, p.failed_code) for p in topic.partitions]
         try:
@@ -1134,7 +1196,7 @@ class Node:
                 if not (p.failed and p.retry) or self.topics.get(topic.name) is not topic:
                     continue
                 old = p.log
-                config = self.config.log_config(topic.record.configs)
+                config = self.config.log_config(topic.configs)
                 new: PartitionLog | None = None
                 try:
                     new = await trio.to_thread.run_sync(self.store.open_fresh_log, topic.name, p.index, config)

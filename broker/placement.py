@@ -23,7 +23,7 @@ every CreateTopics to the old controller, which answered NOT_CONTROLLER for ever
 DeleteTopics is forwarded the same way (`forward_delete`); both go through
 broker/forwarding.py, whose requests the controller never forwards again.
 
-May import trio, `broker.node`, `broker.cluster`, `broker.forwarding`.
+May import trio, `broker.node`, `broker.config`, `broker.cluster`, `broker.forwarding`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from broker.cluster.quorum import (
     partition_manifests,
     replication_factor,
 )
+from broker.config import validate_topic_configs
 from broker.forwarding import FORWARD_TIMEOUT_S, forward_to_controller
 from broker.node import (
     INTERNAL_TOPICS,
@@ -180,13 +181,20 @@ async def create_placed(
         replicas = quorum_replicas(
             node, cluster, writer, partitions, replication_factor, assignments
         )
+    # A quorum-signed topic's id is chosen here and recorded with it: every broker tells
+    # this topic from a later one of the same name by it (broker/placed_topics.py).
+    topic_id = uuid.uuid4() if replicas else None
+    placed_configs = {k: v for k, v in (configs or {}).items() if v is not None}
+    if replicas:  # (the record holds its configs: as the catalog would, validated above)
+        placed_configs = validate_topic_configs(placed_configs)
     placement = Placement(
         name,
         writer,
         partitions,
-        {k: v for k, v in (configs or {}).items() if v is not None},
+        placed_configs,
         replication_factor,
         replicas,
+        topic_id=str(topic_id) if topic_id else "",
     )
     cluster.placing.add(name)  # `follow_placements` leaves it to us
     try:
@@ -203,7 +211,9 @@ async def create_placed(
         log.info("placed topic %s (%d partitions) on broker %d", name, partitions, writer)
         if writer != node.config.node_id:
             return None
-        return await node.create_topic_off_loop(name, partitions, replication_factor, configs)
+        return await node.create_topic_off_loop(
+            name, partitions, replication_factor, configs, topic_id=topic_id
+        )
     finally:
         cluster.placing.discard(name)
         cluster.membership.poke()  # whatever `follow_placements` skipped meanwhile
@@ -310,13 +320,16 @@ async def forward_create(
 async def forward_delete(cluster: ClusterView, name: str, timeout_s: float) -> None:
     """Ask the controller to delete `name` (this broker is not the controller); its
     refusal as a TopicError. The controller may wait `timeout_s` for the topic's writer
-    (broker/handlers/admin.py), so the exchange is given that much more."""
+    (broker/handlers/admin.py), so the exchange is given that much more; and it is told
+    a little less than one exchange may last (`kafka_request`'s bound), so that its answer
+    after waiting comes back instead of a time-out."""
+    waited = max(0.1, min(timeout_s, FORWARD_TIMEOUT_S - 1.5))
     resp = await forward_to_controller(
         cluster,
         20,
         4,
         "delete_topics",
-        {"topic_names": [name], "timeout": int(timeout_s * 1000)},
+        {"topic_names": [name], "timeout": int(waited * 1000)},
         timeout_s + FORWARD_TIMEOUT_S,
     )
     r = next((t for t in resp.responses if t.name == name), None)
@@ -356,7 +369,11 @@ async def follow_placements(node: Node, cluster: Cluster) -> None:
                 continue
             try:
                 await node.create_topic_off_loop(
-                    p.name, p.partitions, p.replication_factor, p.configs
+                    p.name,
+                    p.partitions,
+                    p.replication_factor,
+                    p.configs,
+                    topic_id=uuid.UUID(p.topic_id) if p.topic_id else None,
                 )
                 log.info("created topic %s, placed here by the controller", p.name)
             except TopicError as exc:

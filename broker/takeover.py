@@ -251,7 +251,7 @@ async def step_down(node: Node, role: QuorumRole, name: str, index: int) -> bool
         old = p.log
         old.quorum_sign = None
         old.discard()  # (writes nothing: its unsigned tail is for the replica's open to cut)
-        config = node.config.log_config(p.topic.record.configs)
+        config = node.config.log_config(p.topic.configs)
         lg = await trio.to_thread.run_sync(
             lambda: FollowerLog.open_replica(old.path, manifest, config=config)
         )

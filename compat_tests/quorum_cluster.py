@@ -1,9 +1,9 @@
 """A cluster of three broker processes on a throw-away etcd with quorum-signed partitions
 on (``hyperkafka.quorum.partitions.enable=true``), for the compat tests of issue 17
-(test_cluster_quorum.py, test_cluster_failover.py), and the helpers they share: a
-client script run in a subprocess (`py`), a wait (`wait`), the brokers a broker's
-Metadata lists (`brokers_listed`, `wait_listed`), and a broker paused by SIGSTOP for
-the length of a block (`stopped`).
+(test_cluster_quorum.py, test_cluster_failover.py, test_quorum_admin.py), and the
+helpers they share: a client script run in a subprocess (`py`), a wait (`wait`), the
+brokers and the topics a broker's Metadata lists (`brokers_listed`, `wait_listed`,
+`topics_listed`), and a broker paused by SIGSTOP for the length of a block (`stopped`).
 
 `quorum_cluster` starts etcd, broker 1 (which becomes the controller, hence the writer
 of the topics created while it is), then brokers 2 and 3, and yields once broker 1's
@@ -90,6 +90,33 @@ def stopped(b: Broker) -> Iterator[float]:
         yield at
     finally:
         b.proc.send_signal(signal.SIGCONT)
+
+
+# Asked of that one broker (a client's AdminClient may ask any broker it learnt of).
+_LIST_TOPICS = textwrap.dedent(
+    """
+    import json, sys
+    import trio
+    from broker.mirror import kafka_request
+    host, port = sys.argv[1].split(":")
+    async def main():
+        md = await kafka_request(host, int(port), 3, 10, "metadata", {
+            "topics": None, "allow_auto_topic_creation": False, "include_cluster_authorized_operations": False,
+            "include_topic_authorized_operations": False})
+        print(json.dumps({t.name: str(t.topic_id) for t in md.topics
+                          if not t.error_code and not t.name.startswith("__")}))
+    trio.run(main)
+    """
+)
+
+
+def topics_listed(b: Broker) -> dict[str, str] | None:
+    """The topics `b` itself lists in its Metadata, with their topic ids (None when it
+    does not answer)."""
+    try:
+        return json.loads(py(_LIST_TOPICS, b.bootstrap, timeout=30))  # type: ignore[no-any-return]
+    except (AssertionError, subprocess.TimeoutExpired):
+        return None
 
 
 @dataclass

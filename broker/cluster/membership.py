@@ -17,7 +17,9 @@ Owns `Membership`: this broker's session in etcd and its view of everyone else's
   clock (the time it sent its last successful keep-alive plus the TTL): a broker that
   was paused knows, when it resumes, that it must not act before asking etcd.
 * ``topics/<name>``: placement, one record per topic (writer, partitions, configs), created
-  only if absent by the controller under its epoch: one name never has two writers.
+  only if absent by the controller under its epoch: one name never has two writers. A
+  quorum-signed topic's also holds its replicas, its topic id and, after a failover, its
+  leaders; it is the truth of that topic's existence and configs (broker/placed_topics.py).
 * ``internal/<topic>/<partition>``: who coordinates each partition of an internal topic
   (``__consumer_offsets``: the groups that map to it) and whose archive holds its latest
   state (`Shard`, broker/cluster/shards.py). Moved by the controller under its epoch;
@@ -100,6 +102,15 @@ class Placement:
     # partition's leader and leader epoch (empty: the writer, epoch 0)
     leaders: tuple[int, ...] = ()
     leader_epochs: tuple[int, ...] = ()
+    # A quorum-signed topic's id, chosen by the controller (its writer makes the topic
+    # with it): the record is then the truth of the topic's existence and configs
+    # (broker/placed_topics.py); "" for a single-signer topic or an older record.
+    topic_id: str = ""
+
+    @property
+    def authoritative(self) -> bool:
+        """Whether this record, not the writer's catalog, holds the topic's configs."""
+        return bool(self.replicas) and self.topic_id != ""
 
     def leader_of(self, partition: int) -> int:
         return self.leaders[partition] if partition < len(self.leaders) else self.writer
@@ -128,6 +139,8 @@ class Placement:
         if self.leaders:
             d["leaders"] = list(self.leaders)
             d["leader_epochs"] = list(self.leader_epochs)
+        if self.topic_id:
+            d["topic_id"] = self.topic_id
         return json.dumps(d).encode()
 
     @classmethod
@@ -142,6 +155,7 @@ class Placement:
             tuple(tuple(int(i) for i in r) for r in d.get("replicas", ())),
             tuple(int(i) for i in d.get("leaders", ())),
             tuple(int(i) for i in d.get("leader_epochs", ())),
+            str(d.get("topic_id", "")),
         )
 
 
@@ -526,6 +540,24 @@ class Membership:
         ok = await self.fenced([Compare.create_revision(key, 0, "GREATER")], [Op.delete(key)])
         if ok:
             self.placements.pop(name, None)
+        return ok
+
+    async def read_placement(self, name: str) -> Placement | None:
+        """Topic `name`'s record as etcd holds it now (a linearizable read, not the
+        watched view, which may lag): None when there is none. Raises EtcdError when etcd
+        cannot be read (then nothing may be concluded from absence)."""
+        kvs, _ = await self.etcd.get(self.topic_key(name))
+        return Placement.decode(name, kvs[0].value) if kvs else None
+
+    async def set_configs(self, old: Placement, configs: dict[str, str]) -> bool | None:
+        """Record new configs of a quorum-signed topic (controller only): one transaction,
+        fenced by the controller's epoch and by the record being `old` (a concurrent
+        change fails it: False). None when we are not the controller."""
+        new = replace(old, configs=dict(configs))
+        key = self.topic_key(old.name)
+        ok = await self.fenced([Compare.value(key, old.encode())], [Op.put(key, new.encode())])
+        if ok and self.placements.get(old.name) == old:
+            self.placements[old.name] = new
         return ok
 
     async def place_shards(

@@ -97,6 +97,12 @@ class NullCluster:
     async def unplace(self, name: str) -> bool | None:
         return True
 
+    def record_configs(self, name: str) -> tuple[str, dict[str, str]] | None:
+        return None
+
+    async def set_record_configs(self, name: str, configs: dict[str, str]) -> bool | None:
+        return False
+
     # -- coordinators of internal topics ---------------------------------------------
 
     def shard_count(self, topic: str) -> int | None:

@@ -344,6 +344,18 @@ class Cluster:
     async def unplace(self, name: str) -> bool | None:
         return await self.membership.unplace(name)
 
+    def record_configs(self, name: str) -> tuple[str, dict[str, str]] | None:
+        placed = self.membership.placements.get(name)
+        if placed is None or not placed.authoritative:
+            return None
+        return placed.topic_id, dict(placed.configs)
+
+    async def set_record_configs(self, name: str, configs: dict[str, str]) -> bool | None:
+        placed = self.membership.placements.get(name)
+        if placed is None or not placed.authoritative:
+            return False
+        return await self.membership.set_configs(placed, configs)
+
     # -- coordinators of internal topics (broker/cluster/shards.py) ----------------
 
     def shard_count(self, topic: str) -> int | None:

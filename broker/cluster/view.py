@@ -106,6 +106,16 @@ class ClusterView(Protocol):
         """Drop topic `name`'s placement, fenced by the controller epoch (None: fenced)."""
         ...
 
+    def record_configs(self, name: str) -> tuple[str, dict[str, str]] | None:
+        """For a quorum-signed topic whose etcd record is its truth (broker/placed_topics.py):
+        (its topic id, its configs) as the view holds them; None otherwise."""
+        ...
+
+    async def set_record_configs(self, name: str, configs: dict[str, str]) -> bool | None:
+        """Record new configs in such a topic's record, fenced by the controller epoch and
+        by the record the view holds (False: it changed, or there is none; None: fenced)."""
+        ...
+
     # -- coordinators of internal topics ---------------------------------------------
 
     def shard_count(self, topic: str) -> int | None:

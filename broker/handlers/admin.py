@@ -11,11 +11,17 @@ so is DeleteTopics (`forward_delete`). On the controller, only a
 topic's writer can change its catalog: a topic written by another broker (created while
 the first controller was down) is deleted by forwarding the request to its writer, and
 the answer comes once this broker's mirror has dropped it. With the writer down it is
-refused with LEADER_NOT_AVAILABLE (retriable).
+refused with LEADER_NOT_AVAILABLE (retriable). A quorum-signed topic needs no writer:
+the controller deletes its etcd record and every broker drops it on seeing that
+(broker/placed_topics.py); the answer comes once the live brokers did (`_wait_dropped`).
+DescribeConfigs of such a topic answers the configs of its record.
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -27,12 +33,14 @@ from broker.config import ConfigEntry, ConfigSource
 from broker.forwarding import FORWARD_TIMEOUT_S, forward_to
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
-from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, TopicError
+from broker.node import MAX_PARTITIONS_PER_REQUEST, Node, Topic, TopicError
 from broker.placement import forward_create, forward_delete
 from broker.replication_server import replication_config_entries
 from broker.security.authz import Operation
 from broker.security.session import authorize
 from broker.shape import field_of
+
+log = logging.getLogger("hyperkafka.admin")
 
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
@@ -149,6 +157,47 @@ async def _delete_on_writer(node: Node, cluster: ClusterView, name: str, writer:
             await node.wait_for_data()  # detaching a mirrored topic wakes it
 
 
+async def _wait_dropped(node: Node, cluster: ClusterView, name: str, topic_id: uuid.UUID | None,
+                        timeout_s: float) -> None:
+    """On the controller, once the record of quorum-signed topic `name` is deleted: return
+    when this broker and every live one dropped that topic (their Metadata no longer
+    lists it with that id), or the timeout passed (they will shortly: the deletion is
+    recorded; a live broker that is cut from etcd keeps it until it reads etcd again)."""
+    from broker.mirror import DiscoveryError, kafka_request  # (the mirror's client side)
+
+    def gone_here() -> bool:
+        t = node.topics.get(name)
+        return t is None or (topic_id is not None and t.topic_id != topic_id)
+
+    async def gone_at(broker_id: int) -> bool:
+        b = cluster.brokers.get(broker_id)
+        if b is None or not cluster.alive(broker_id):
+            return True
+        try:
+            resp = await kafka_request(b.host, b.port, 3, 10, "metadata", {
+                "topics": [{"topic_id": None, "name": name}],
+                "allow_auto_topic_creation": False, "include_cluster_authorized_operations": False,
+                "include_topic_authorized_operations": False,
+            })
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, DiscoveryError):
+            return False  # (not answering now: asked again)
+        t = resp.topics[0] if resp.topics else None
+        return t is None or int(t.error_code) == errors.UNKNOWN_TOPIC_OR_PARTITION or (
+            topic_id is not None and t.topic_id != topic_id)
+
+    with trio.move_on_after(timeout_s) as scope:
+        while not gone_here():
+            with trio.move_on_after(0.5):
+                await node.wait_for_data()  # (dropping a topic wakes it)
+        waiting = [i for i in cluster.live_ids() if i != cluster.me]
+        while waiting:
+            waiting = [i for i in waiting if not await gone_at(i)]
+            if waiting:
+                await trio.sleep(0.1)
+    if scope.cancelled_caught:
+        log.info("DeleteTopics %s: not every live broker dropped it within %.1f s", name, timeout_s)
+
+
 @api(20, "DeleteTopics", (1, 6))
 async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
     node = ctx.node
@@ -191,6 +240,18 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
                     while name in node.topics:
                         await node.wait_for_data()  # detaching a mirrored topic wakes it
                 continue
+            if (cluster.is_controller and node.config.delete_topic_enable
+                    and cluster.placed_replicas(name, 0) is not None):
+                # Quorum-signed: its record is its truth (broker/placed_topics.py), so its
+                # deletion needs no writer alive: every broker drops it once it is gone.
+                record = cluster.record_configs(name)
+                tid = (topic.topic_id if topic is not None
+                       else uuid.UUID(record[0]) if record is not None else None)
+                await _unplace(cluster, name)
+                entry["topic_id"] = tid
+                log.info("deleted the record of quorum-signed topic %s (id %s)", name, tid)
+                await _wait_dropped(node, cluster, name, tid, timeout_s)
+                continue
             if (cluster.is_controller and topic is not None and topic.mirrored
                     and topic.leader_id is not None and node.config.delete_topic_enable):
                 if not cluster.alive(topic.leader_id):
@@ -205,6 +266,15 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Reply:
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)
     return {"throttle_time": 0, "responses": responses}
+
+
+def topic_configs(node: Node, topic: Topic) -> Mapping[str, str]:
+    """A topic's config overrides: a quorum-signed topic's as its etcd record holds them
+    (this broker may not have applied the latest yet), else the catalog's."""
+    record = node.cluster.record_configs(topic.name)
+    if record is not None and record[0] == str(topic.topic_id):
+        return record[1]
+    return topic.configs
 
 
 def _describe(entries: list[ConfigEntry], keys: Any, synonyms: bool, documentation: bool) -> list[dict[str, Any]]:
@@ -260,7 +330,7 @@ async def describe_configs(ctx: RequestContext, req: Any) -> Reply:
             if topic is None:
                 entry.update(error_code=errors.UNKNOWN_TOPIC_OR_PARTITION, error_message=f"Topic {r.resource_name} does not exist")
                 continue
-            configs = node.config.describe_topic(topic.record.configs)
+            configs = node.config.describe_topic(topic_configs(node, topic))
         elif r.resource_type == RESOURCE_BROKER:
             if r.resource_name not in ("", str(node.config.node_id)):
                 entry.update(error_code=errors.INVALID_REQUEST, error_message=f"Unexpected broker id {r.resource_name}")

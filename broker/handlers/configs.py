@@ -17,15 +17,21 @@ by another broker is forwarded to that broker (broker/forwarding.py), as Kafka's
 forward it to the controller since KIP-590 (a client sends it to any broker, or to the
 controller, and would not know to ask the writer). Forwarded once: a request another
 broker forwarded here for a topic not written here is refused, naming its writer.
+A quorum-signed topic is the exception: its etcd record holds its configs
+(broker/placed_topics.py), which the controller changes (`_alter_record`): its writer
+may be dead.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from broker.api import Reply, RequestContext, api
+from broker.cluster.etcd import EtcdError
 from broker.config import TOPIC_CONFIGS, ConfigError, ConfigType, validate_topic_configs
-from broker.forwarding import forward_to
+from broker.forwarding import forward_to, forward_to_controller
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
 from broker.node import Node, Topic, TopicError
@@ -66,9 +72,9 @@ def _writer_to_ask(ctx: RequestContext, topic: Topic) -> int | None:
 
 
 async def _forward(
-    ctx: RequestContext, writer: int, r: Any, incremental: bool, validate_only: bool
+    ctx: RequestContext, writer: int | None, r: Any, incremental: bool, validate_only: bool
 ) -> None:
-    """Have `writer` apply resource `r`; its refusal as a TopicError."""
+    """Have `writer` (None: the controller) apply resource `r`; its refusal as a TopicError."""
     cluster = ctx.node.cluster
     if incremental:
         configs = [
@@ -79,28 +85,68 @@ async def _forward(
     else:
         configs = [{"name": c.name, "value": c.value} for c in r.configs]
         api_key, version, schema = 33, 2, "alter_configs"
-    resp = await forward_to(
-        cluster,
-        writer,
-        api_key,
-        version,
-        schema,
-        {
-            "resources": [
-                {
-                    "resource_type": RESOURCE_TOPIC,
-                    "resource_name": r.resource_name,
-                    "configs": configs,
-                }
-            ],
-            "validate_only": validate_only,
-        },
-    )
+    body = {
+        "resources": [
+            {
+                "resource_type": RESOURCE_TOPIC,
+                "resource_name": r.resource_name,
+                "configs": configs,
+            }
+        ],
+        "validate_only": validate_only,
+    }
+    if writer is None:
+        resp = await forward_to_controller(cluster, api_key, version, schema, body)
+    else:
+        resp = await forward_to(cluster, writer, api_key, version, schema, body)
     answer = resp.responses[0]
     if answer.error_code:
-        raise TopicError(
-            int(answer.error_code), answer.error_message or f"Broker {writer} refused the change"
-        )
+        who = "The controller" if writer is None else f"Broker {writer}"
+        raise TopicError(int(answer.error_code), answer.error_message or f"{who} refused the change")
+
+
+async def _alter_record(ctx: RequestContext, r: Any, incremental: bool, validate_only: bool) -> None:
+    """A quorum-signed topic whose etcd record holds its configs (broker/placed_topics.py):
+    the controller validates the change as for any topic and writes it into the record
+    (fenced by its epoch and by the record it read); every broker applies it from there,
+    so it needs no writer alive. Another broker forwards it to the controller (once)."""
+    node, name = ctx.node, r.resource_name
+    if not authorize(ctx, Operation.CREATE, name):
+        raise TopicError(errors.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
+    cluster = node.cluster
+    if not cluster.is_controller:
+        if ctx.client_id == BROKER_CLIENT_ID:
+            raise TopicError(errors.NOT_CONTROLLER, "This broker is not the controller (any more); ask again.")
+        await _forward(ctx, None, r, incremental, validate_only)
+        return
+    for _ in range(3):  # (again when another change of the record came first)
+        record = cluster.record_configs(name)
+        if record is None:
+            raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
+        topic_id, current = record
+        if incremental:
+            wanted = _incremental(node, current, r.configs)
+        else:
+            wanted = {c.name: c.value for c in r.configs if c.value is not None}
+        try:
+            overrides = validate_topic_configs(wanted)
+        except ConfigError as exc:
+            raise TopicError(errors.INVALID_CONFIG, str(exc)) from None
+        if validate_only or overrides == current:
+            return
+        try:
+            ok = await cluster.set_record_configs(name, overrides)
+        except EtcdError as exc:
+            raise TopicError(errors.NOT_CONTROLLER, f"The controller cannot reach etcd: {exc}") from None
+        if ok is None:
+            raise TopicError(errors.NOT_CONTROLLER, "This broker is no longer the controller (its epoch was fenced).")
+        if ok:
+            topic = node.topics.get(name)
+            if topic is not None and str(topic.topic_id) == topic_id and topic.placed_configs != overrides:
+                node.set_placed_configs(topic, overrides)
+            return
+        await trio.sleep(0.1)  # the view learns the newer record from the watch
+    raise TopicError(errors.INVALID_REQUEST, f"The configs of {name} changed meanwhile; try again.")
 
 
 def _list(value: str | None) -> list[str]:
@@ -167,6 +213,9 @@ async def _alter(ctx: RequestContext, req: Any, incremental: bool) -> Reply:
                 raise TopicError(
                     errors.INVALID_REQUEST, f"Unsupported resource type {r.resource_type}"
                 )
+            if node.cluster.record_configs(r.resource_name) is not None:
+                await _alter_record(ctx, r, incremental, req.validate_only)
+                continue
             topic = _topic(ctx, r.resource_name)
             writer = None if topic is None else _writer_to_ask(ctx, topic)
             if writer is not None:  # its writer alone signs its catalog: it applies the change

@@ -17,7 +17,8 @@ written by another broker is forwarded to that broker (broker/forwarding.py), fr
 broker: a client sends it to the controller (Kafka's brokers forward it there since
 KIP-590), and librdkafka never asks for Metadata again on NOT_CONTROLLER. Forwarded
 once: a request another broker forwarded here for a topic not written here is refused,
-naming its writer. DeleteRecords goes to a partition's leader, which here is its writer
+naming its writer. A topic whose partitions are quorum-signed is refused INVALID_REQUEST
+(docs/clusters.md): its new partitions would be single-signer. DeleteRecords goes to a partition's leader, which here is its writer
 (NOT_LEADER_OR_FOLLOWER elsewhere).
 """
 
@@ -32,6 +33,7 @@ import trio
 
 from broker.api import Reply, RequestContext, api
 from broker.cluster import ClusterView
+from broker.cluster.quorum import is_quorum_signed
 from broker.forwarding import FORWARD_TIMEOUT_S, forward_to
 from broker.handlers import errors
 from broker.mirror import BROKER_CLIENT_ID
@@ -78,6 +80,18 @@ async def _grow(ctx: RequestContext, node: Node, t: Any, validate_only: bool) ->
     topic = node.topics.get(t.name)
     if topic is None or t.name.startswith("__"):
         raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{t.name}' does not exist.")
+    first = topic.partitions[0].log if topic.partitions else None
+    if cluster.placed_replicas(t.name, 0) is not None or (
+        first is not None and is_quorum_signed(first.manifest, first.public_key)
+    ):
+        # Decided: refused, on every broker. A new partition would need replicas placed
+        # and a manifest of their keys, signed by a quorum as the others; the catalog
+        # path would make it single-signer, whose writer alone holds its key.
+        raise TopicError(
+            errors.INVALID_REQUEST,
+            f"Topic {t.name} has quorum-signed partitions: CreatePartitions is not supported for "
+            "them (new partitions would not be quorum-signed); create a new topic with more partitions.",
+        )
     if (
         topic.mirrored
         and topic.leader_id is not None
