@@ -84,7 +84,7 @@ def _topics(node: Node, readable: Callable[[str], bool]) -> Iterator[dict[str, A
             "topic": name,
             "topic_id": str(topic.topic_id),
             "mirrored": topic.mirrored,
-            "configs": dict(topic.record.configs),
+            "configs": dict(topic.configs),  # in effect: a quorum topic's are its etcd record's
             "partitions": [_partition(p.index, p.log) for p in topic.partitions[:MAX_ITEMS]],
         }
 

@@ -649,8 +649,9 @@ class NodeMirror:
                         self.target.address, name)
         self.topics.update(topics)
 
-    def _detach(self, name: str) -> None:
-        """Stop following, stop serving and delete our copy of topic `name`."""
+    def _detach(self, name: str, why: str = "") -> None:
+        """Stop following, stop serving and delete our copy of topic `name` (`why`: where
+        the deletion was seen, for the log; its writer's catalog by default)."""
         self.topics.pop(name, None)
         self.skipped.discard(name)
         attached = self.attached.pop(name, None)
@@ -667,7 +668,7 @@ class NodeMirror:
             with contextlib.suppress(Exception):
                 lg.close()
             shutil.rmtree(self._partition_dir(name, p), ignore_errors=True)
-        log.info("topic %s was deleted on %s; deleted our copy", name, self.target.address)
+        log.info("topic %s was deleted %s; deleted our copy", name, why or f"on {self.target.address}")
 
     def _dropped(self, name: str, topic_id: uuid.UUID | None) -> None:
         """Cluster mode: quorum-signed topic `name` was deleted (its etcd record is gone,
@@ -682,7 +683,7 @@ class NodeMirror:
             return
         attached = self.attached.get(name)
         if attached is not None and attached[0].topic_id == topic_id:
-            self._detach(name)
+            self._detach(name, "in etcd (its record is gone)")
 
     def _attach(self, rec: TopicRecord, public_keys: list[HeadSigner]) -> bool:
         """Open the follower archives of `rec` and serve them. False on a name clash."""

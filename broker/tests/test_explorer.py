@@ -6,7 +6,9 @@ in Chromium in compat_tests/test_explorer.py."""
 from __future__ import annotations
 
 import base64
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -85,9 +87,8 @@ async def test_topics_and_groups(broker: Broker, monkeypatch: pytest.MonkeyPatch
     assert topic["topic"] == "seen" and topic["mirrored"] is False
     p0, p1 = topic["partitions"]
     assert (p0["high_watermark"], p0["length"], p0["log_start_offset"]) == (3, 2, 0)
-    assert (
-        len(p0["signature"]) == 136
-    )  # Hypercore 11 multiSignature of one signer and len(p0["tree_hash"]) == 64 and len(p0["archive_key"]) == 64
+    # a Hypercore 11 multiSignature of one signer
+    assert len(p0["signature"]) == 136 and len(p0["tree_hash"]) == 64 and len(p0["archive_key"]) == 64
     assert (p1["high_watermark"], p1["length"], p1["signature"]) == (0, 0, None)
     _, head = await get_json(broker, "/v1/partitions/seen/0/head")
     assert (head["tree_hash"], head["signature"]) == (p0["tree_hash"], p0["signature"])
@@ -101,11 +102,22 @@ async def test_topics_and_groups(broker: Broker, monkeypatch: pytest.MonkeyPatch
         {"topic": "seen", "partition": 0, "committed": 1, "high_watermark": 3, "lag": 2}
     ]
 
+    assert topic["configs"] == {}
     await create(broker, "more")
     monkeypatch.setattr(explorer, "MAX_ITEMS", 1)
     _, doc = await get_json(broker, "/v1/topics")
     assert doc["truncated"] is True and [t["topic"] for t in doc["topics"]] == ["more"]
     assert (await get_json(broker, "/v1/nope"))[0] == 404
+
+
+def test_a_topic_shows_the_configs_in_effect() -> None:
+    # a quorum-signed topic's configs are its etcd record's (Topic.placed_configs), not
+    # the ones its writer's catalog signed when it was created
+    topic = SimpleNamespace(topic_id=uuid.uuid4(), mirrored=True, partitions=[],
+                            record=SimpleNamespace(configs={"retention.ms": "1000"}),
+                            configs={"retention.ms": "60000"})  # fmt: skip
+    [doc] = explorer._topics(SimpleNamespace(topics={"t": topic}), lambda name: True)  # type: ignore[arg-type]
+    assert doc["configs"] == {"retention.ms": "60000"}
 
 
 def _check_catalog(cat: dict[str, Any]) -> None:
