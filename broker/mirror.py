@@ -258,6 +258,14 @@ class _Sink:
             deferred, self._deferred = self._deferred, None
             self.put_head(*deferred)
 
+    def held_length(self) -> int:
+        return self.log.held_length()
+
+    def holds_tree(self, start: int, length: int, roots: Sequence[TreeNode]) -> bool:
+        """The blocks under a verified head are held already (FollowerLog.holds_tree: a
+        quorum-signed archive's replica took them in proposals): none is fetched again."""
+        return self._deferred is None and self.log.holds_tree(start, length, roots)
+
     def put_removed(self, index: int, leaf: TreeNode) -> None:
         """A block the writer's cleaner removed: its verified leaf, no bytes (FollowerLog)."""
         self.log.put_removed(index, leaf)

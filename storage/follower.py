@@ -665,6 +665,22 @@ class FollowerLog:
             self._deferred_head = None
             self.accept_head(*deferred)
 
+    def held_length(self) -> int:
+        """Blocks held, under the stored head or delivered after it (a quorum-signed
+        archive's replica: the ones its leader proposed)."""
+        return self.log.length
+
+    def holds_tree(self, start: int, length: int, roots: Sequence[Node]) -> bool:
+        """Whether the blocks from `start` (the next one the follower would deliver) up to
+        a verified head of `length` are held here already and, with the ones before,
+        make that head's tree (`roots`): a replica that took them in proposals. The
+        follower then fetches none of them and delivers the head alone; storing it
+        checks the tree once more (`accept_head`). False when it cannot tell now (a head
+        being stored): they are fetched as usual."""
+        if self._holes or self.frozen or not start <= length <= self.log.length:
+            return False
+        return self.log.held_tree_at(length) == tree_hash(roots)
+
     def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:
         if not self.head_ready(length):
             self._deferred_head = (length, fork, signature, list(roots))

@@ -51,7 +51,12 @@ class ArchiveSource(Protocol):
 class ArchiveSink(Protocol):
     """Write side of a follower. Calls come in order: blocks 0, 1, 2, … and, once every
     block below a verified head's length was delivered, that head. A block's `value` may
-    be a read-only view into the message it came in (immutable: keeping it is safe)."""
+    be a read-only view into the message it came in (immutable: keeping it is safe).
+
+    A sink may also hold blocks no delivered head covers yet (a quorum-signed archive's
+    replica stores what its leader proposes): `held_length()` and `holds_tree(start,
+    length, roots)` (optional) tell the follower so, and a verified head whose tree those
+    blocks make is then delivered without fetching them (storage/replication/follow.py)."""
 
     def put_block(self, index: int, value: bytes | memoryview, leaf: Node) -> None: ...
 

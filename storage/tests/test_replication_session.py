@@ -5,13 +5,14 @@ key's signature, a manifest for another key, invalid requests)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 import trio
 import trio.testing
 
 from storage.batch import build_batch
-from storage.hypercore import KeyPair, Manifest, sign_head
+from storage.hypercore import KeyPair, Manifest, Node, sign_head
 from storage.hypercore.proofs import BlockRequest, UpgradeRequest
 from storage.log import FsyncPolicy, PartitionLog
 from storage.replication import (
@@ -79,6 +80,68 @@ def test_resume_from_verified_prefix() -> None:
     _s2, c2, sink2 = _follow(src, sink, have=sink.frontier.copy())
     assert sink2 is sink and sink.blocks == src.blocks and c2.stats.blocks == 2
     assert [h.length for h in sink.heads] == [12, 14]
+
+
+class _Replica(MemoryArchive):
+    """A sink that, as a quorum-signed archive's replica, holds blocks its leader proposed
+    past what the follower delivered (`proposed`); delivered blocks that differ replace
+    them, as FollowerLog.put_block does."""
+
+    def __init__(self, proposed: list[bytes]) -> None:
+        super().__init__(KP.public_key)
+        self.proposed = list(proposed)
+
+    def held_length(self) -> int:
+        return len(self.blocks) + len(self.proposed)
+
+    def holds_tree(self, start: int, length: int, roots: Sequence[Node]) -> bool:
+        f = self.frontier.copy()
+        if not start == len(self.blocks) <= length <= self.held_length():
+            return False
+        for b in self.proposed[: length - len(self.blocks)]:
+            f.append_data(b)
+        return f.roots() == list(roots)
+
+    def put_block(self, index: int, value: bytes | memoryview, leaf: Node) -> None:
+        self.proposed.clear()
+        super().put_block(index, value, leaf)
+
+    def put_head(self, length: int, fork: int, signature: bytes, roots: Sequence[Node]) -> None:
+        while len(self.blocks) < length and self.proposed:  # adopt the held blocks
+            b = self.proposed.pop(0)
+            self.blocks.append(b)
+            self.frontier.append_data(b)
+        super().put_head(length, fork, signature, roots)
+
+
+def test_a_sink_holding_the_signed_blocks_is_sent_none_of_them() -> None:
+    # A quorum-signed archive's replica took the blocks in proposals before their head
+    # reached its follower: the head is fetched alone, the blocks are not sent again.
+    src = _archive(12)
+    server, client, sink = _follow(src, _Replica(src.blocks))  # type: ignore[arg-type]
+    assert client.done and sink.blocks == src.blocks and sink.heads[-1] == src.head()
+    assert server.stats.blocks == 0 and client.stats.bytes == 0
+    # live: the next blocks proposed, then appended and announced
+    server = ReplicationSession.serve(src)
+    client = ReplicationSession.follow(src.key, sink, live=True, have=sink.frontier.copy())
+    _pump(client, server)
+    src.append(b"x" * 10, b"y" * 20, b"z")
+    sink.proposed = list(src.blocks[12:])
+    server.notify_append()
+    _pump(client, server)
+    assert sink.blocks == src.blocks and sink.heads[-1].length == 15
+    assert server.stats.blocks == 0
+
+
+def test_a_sink_holding_other_blocks_gets_the_signed_ones() -> None:
+    # held blocks that do not make the verified tree (a deposed leader's tail) are
+    # fetched as usual and replaced; so are they when the sink holds only some of them
+    src = _archive(12)
+    server, client, sink = _follow(src, _Replica([b"other"] * 12))  # type: ignore[arg-type]
+    assert client.done and sink.blocks == src.blocks and sink.heads[-1] == src.head()
+    assert server.stats.blocks == 12
+    server, client, sink = _follow(src, _Replica(src.blocks[:5]))  # type: ignore[arg-type]
+    assert client.done and sink.blocks == src.blocks and server.stats.blocks == 12
 
 
 def test_live_follow_sees_appends() -> None:
