@@ -772,7 +772,7 @@ class Node:
         for hook in list(self.topic_dropped):
             hook(name, None)  # mirrors that skipped the name may attach a new topic of it
         self.notify_data()
-        log.warning("deleted topic %s (id %s): its etcd record is gone", name, topic.topic_id)
+        log.info("deleted topic %s (id %s): its etcd record is gone", name, topic.topic_id)
 
     async def delete_topic(self, name: str) -> None:
         if not self.config.delete_topic_enable:

@@ -93,7 +93,7 @@ async def follow_records(node: Node, cluster: Cluster) -> None:
             said.discard(name)
             if same_topic(now, topic) or node.topics.get(name) is not topic:
                 continue
-            log.warning(
+            log.info(
                 "topic %s (id %s): its etcd record is %s; deleting it here", name,
                 topic.topic_id, "gone" if now is None else f"another topic's ({now.topic_id})",
             )  # fmt: skip
