@@ -124,14 +124,7 @@ async def _alter_record(ctx: RequestContext, r: Any, incremental: bool, validate
         if record is None:
             raise TopicError(errors.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
         topic_id, current = record
-        if incremental:
-            wanted = _incremental(node, current, r.configs)
-        else:
-            wanted = {c.name: c.value for c in r.configs if c.value is not None}
-        try:
-            overrides = validate_topic_configs(wanted)
-        except ConfigError as exc:
-            raise TopicError(errors.INVALID_CONFIG, str(exc)) from None
+        overrides = _overrides(node, current, r, incremental)
         if validate_only or overrides == current:
             return
         try:
@@ -147,6 +140,19 @@ async def _alter_record(ctx: RequestContext, r: Any, incremental: bool, validate
             return
         await trio.sleep(0.1)  # the view learns the newer record from the watch
     raise TopicError(errors.INVALID_REQUEST, f"The configs of {name} changed meanwhile; try again.")
+
+
+def _overrides(node: Node, current: dict[str, str], r: Any, incremental: bool) -> dict[str, str]:
+    """The topic overrides resource `r` of an (Incremental)AlterConfigs asks for, over
+    `current`, validated (INVALID_CONFIG otherwise)."""
+    if incremental:
+        wanted = _incremental(node, current, r.configs)
+    else:
+        wanted = {c.name: c.value for c in r.configs if c.value is not None}
+    try:
+        return validate_topic_configs(wanted)
+    except ConfigError as exc:
+        raise TopicError(errors.INVALID_CONFIG, str(exc)) from None
 
 
 def _list(value: str | None) -> list[str]:
@@ -222,14 +228,7 @@ async def _alter(ctx: RequestContext, req: Any, incremental: bool) -> Reply:
                 await _forward(ctx, writer, r, incremental, req.validate_only)
                 continue
             current = dict(topic.record.configs) if topic is not None else {}
-            if incremental:
-                wanted = _incremental(node, current, r.configs)
-            else:
-                wanted = {c.name: c.value for c in r.configs if c.value is not None}
-            try:
-                overrides = validate_topic_configs(wanted)
-            except ConfigError as exc:
-                raise TopicError(errors.INVALID_CONFIG, str(exc)) from None
+            overrides = _overrides(node, current, r, incremental)
             # As Kafka's controller: the configs are validated before the topic is
             # looked up, so a bad config on a missing topic is INVALID_CONFIG.
             if topic is None:
