@@ -21,6 +21,12 @@ by broker 1, and an idempotent acks=all confluent-kafka producer writing it all 
    replica is back the same leader takes the partition back on its own, with no
    election (no lease of a leader was lost): the producer writes again and every check
    of 1 holds.
+4. SIGKILL of the leader as in 1, then SIGKILL of the elected leader and its restart at
+   once (its old lease still alive): the controller sees it registered again since its
+   election and has the replicas (it among them) vote again, the new leader writes in
+   epoch 2, and the producer writes again within the session timeout and a few seconds
+   (before, the restarted leader never took the partition back and, alive, was never
+   failed over: no leader for good); every check of 1 holds.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from compat_tests.harness import ROOT, Broker
 from compat_tests.quorum_cluster import QuorumCluster, brokers_listed, py, quorum_cluster, wait
 
 SESSION_MS = 4000
+RESTART_BOUND_S = 6.0  # a restarted leader's partition writes again within SESSION_MS + this
 TOPIC = "failover"
 GRACE_S = 0.5
 PROPOSAL_TIMEOUT_S = 5.0  # broker/quorum_link.py: a replica's answer to one proposal
@@ -154,6 +161,33 @@ LEADER = textwrap.dedent(
 )
 
 
+LEADER_EPOCH = textwrap.dedent(
+    """
+    import json, sys
+    import trio
+    from broker.mirror import kafka_request
+    host, port = sys.argv[1].split(":")
+    async def main():
+        md = await kafka_request(host, int(port), 3, 9, "metadata", {
+            "topics": [{"name": sys.argv[2]}], "allow_auto_topic_creation": False,
+            "include_cluster_authorized_operations": False,
+            "include_topic_authorized_operations": False})
+        p = md.topics[0].partitions[0]
+        print(json.dumps([p.leader_id, p.leader_epoch, p.error_code]))
+    trio.run(main)
+    """
+)
+
+
+def _leader_epoch(b: Broker) -> tuple[int, int] | None:
+    """(leader, leader epoch) of partition 0 as `b`'s Metadata says (Metadata v7+)."""
+    try:
+        out = json.loads(py(LEADER_EPOCH, b.bootstrap, TOPIC, timeout=30))
+    except (AssertionError, subprocess.TimeoutExpired):
+        return None
+    return (int(out[0]), int(out[1])) if out[2] == 0 else None
+
+
 def _leader(b: Broker) -> int | None:
     try:
         out = json.loads(py(LEADER, b.bootstrap, TOPIC, timeout=30))
@@ -227,6 +261,26 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
             print(f"stalled replica: the producer writes again {first - stalled_at:.2f} s after "
                   f"it was stopped; same leader {_leader(other)}")  # fmt: skip
             assert _leader(other) == leaders[0]  # no election: the same leader
+        if how == "kill+restart":
+            new_leader.kill()
+            new_leader.start()  # at once: its lease of before the kill still lives
+            restarted_at = time.time()
+            n = len(acked())
+            wait("acknowledgements after the restart",
+                 lambda: [r for r in acked()[n:] if r["t"] > restarted_at + GRACE_S], timeout=60)  # fmt: skip
+            first = min(r["t"] for r in acked()[n:] if r["t"] > restarted_at + GRACE_S)
+            print(f"restarted leader: the producer writes again {first - restarted_at:.2f} s after "
+                  f"it was restarted (session timeout {SESSION_MS / 1000:.1f} s)")  # fmt: skip
+            assert first - restarted_at < SESSION_MS / 1000 + RESTART_BOUND_S, first - restarted_at
+            wait("200 acknowledgements after the restart", lambda: len(acked()) >= n + 200, timeout=60)
+            epochs: list[tuple[int, int] | None] = []
+
+            def named_again() -> bool:
+                epochs[:] = [_leader_epoch(b2), _leader_epoch(b3)]
+                return epochs[0] == epochs[1] and epochs[0] is not None and epochs[0][1] >= 2
+
+            wait("both replicas name a leader in epoch 2 or later", named_again, timeout=30)
+            new_leader = cluster.brokers[epochs[0][0] - 1]  # type: ignore[index]
     finally:
         producer.send_signal(signal.SIGTERM)
         try:
@@ -290,3 +344,13 @@ def test_failover_after_sigstop(workdir: Path) -> None:
 def test_elected_leader_takes_back_its_partition_after_a_stalled_replica(workdir: Path) -> None:
     with quorum_cluster(workdir, SESSION_MS) as cluster:
         _run(cluster, workdir, "kill+stall")
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.matrix(
+    "cluster: quorum-signed partition, its elected leader SIGKILLed and restarted at once",
+    client="confluent",
+)
+def test_a_restarted_elected_leader_is_voted_for_again(workdir: Path) -> None:
+    with quorum_cluster(workdir, SESSION_MS) as cluster:
+        _run(cluster, workdir, "kill+restart")
