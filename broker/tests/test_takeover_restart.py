@@ -147,6 +147,43 @@ async def test_a_restarted_elected_leader_writes_again_on_a_new_epoch(
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("down_s", [0.0, SESSION_MS / 1000 + 1], ids=["at-once", "after-its-lease"])
+async def test_a_restarted_writer_writes_again(
+    tmp_path: Path, etcd: EtcdServer, crash_keeps_lease: None, down_s: float
+) -> None:
+    """The topic's writer (epoch 0, no failover yet; the controller too) crashes and
+    starts again at once (its old lease still alive: it never looks gone, so nothing is
+    failed over and it leads on, its store's log reopened) or once its lease expired (a
+    failover elected 2 or 3 meanwhile: it steps down and follows): either way the
+    partition takes produces again within the session timeout and a few seconds of
+    the restart, and nothing acknowledged is lost."""
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            b = Brokers(nursery, tmp_path, etcd.endpoint)
+            await _cluster_with_q(b)
+            for seq in (1, 2):
+                assert await _produce(b.clients[1], b"v%d" % seq, seq) == (0, seq)
+            b.crash(1)
+            await trio.sleep(down_s)
+            await b.start(1)
+            restarted_at = trio.current_time()
+            lead = await _writes_again(b, 2, 3, -1)
+            took = trio.current_time() - restarted_at
+            assert took < SESSION_MS / 1000 + 8, took
+            lead_now, epoch = await b.leader(2)
+            assert lead_now == lead
+            if down_s:
+                assert lead in (2, 3) and epoch >= 1  # failed over while it was down
+            else:
+                assert (lead, epoch) == (1, 0)  # never gone: the writer leads on
+            assert await _values(b.clients[lead]) == [b"v0", b"v1", b"v2", b"v3"]
+
+            async def follows() -> bool:
+                return await _values(b.clients[1 if lead != 1 else 2]) == [b"v0", b"v1", b"v2", b"v3"]
+
+            await _until(follows)
+            nursery.cancel_scope.cancel()
+
 async def test_a_restarted_broker_never_looks_gone_and_gets_a_new_session(etcd: EtcdServer) -> None:
     """A broker restarted while its registration of before still lives (SIGKILL: the
     lease not revoked) replaces it in one transaction: a watcher never sees it absent
