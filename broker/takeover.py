@@ -67,6 +67,16 @@ async def run_failover(node: Node, cluster: Cluster, role: QuorumRole) -> None:
         nursery.start_soon(_controller_loop, node, cluster, role)
         nursery.start_soon(_takeover_loop, node, cluster, role)
         nursery.start_soon(_follow_moved_loop, node, cluster, role)
+        nursery.start_soon(_resume_loop, node, cluster)
+
+
+async def _resume_loop(node: Node, cluster: Cluster) -> None:
+    """A leader whose commit no quorum signed takes its partition back once a quorum of
+    its replicas is alive (`Node.retry_offline`): looked at as soon as the view changes
+    (a replica registered again), not only at the retry loop's next tick."""
+    while True:
+        await cluster.membership.changed.wait()
+        node.wake_offline()
 
 
 async def _controller_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None:

@@ -254,12 +254,14 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
                 time.sleep(PROPOSAL_TIMEOUT_S)  # the leader's commit in flight gives up meanwhile
             finally:
                 other.proc.send_signal(signal.SIGCONT)
+                back_at = time.time()
             wait("the replica back in the cluster", lambda: brokers_listed(new_leader) == [2, 3], timeout=30)
             n = len(acked())
             wait("200 acknowledgements after the stall", lambda: len(acked()) >= n + 200, timeout=90)
             first = min(r["t"] for r in acked()[n:])
             print(f"stalled replica: the producer writes again {first - stalled_at:.2f} s after "
-                  f"it was stopped; same leader {_leader(other)}")  # fmt: skip
+                  f"it was stopped, {first - back_at:.2f} s after it was continued; same leader "
+                  f"{_leader(other)}")  # fmt: skip
             assert _leader(other) == leaders[0]  # no election: the same leader
         if how == "kill+restart":
             new_leader.kill()

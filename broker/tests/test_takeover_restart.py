@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 
+from broker import node as node_module
 from broker.cluster.etcd import Etcd
 from broker.cluster.failover import restarted
 from broker.cluster.membership import Member, Membership, Placement
@@ -25,8 +26,10 @@ class Brokers:
     """Brokers 1..3 in this process, each stopped (cancelled) and started again on its
     data dir and ports."""
 
-    def __init__(self, nursery: trio.Nursery, tmp_path: Path, endpoint: str) -> None:
+    def __init__(self, nursery: trio.Nursery, tmp_path: Path, endpoint: str,
+                 session_ms: int = SESSION_MS) -> None:  # fmt: skip
         self.nursery, self.tmp_path, self.endpoint = nursery, tmp_path, endpoint
+        self.session_ms = session_ms
         self.ports = _free_ports(3)
         self.scopes: dict[int, trio.CancelScope] = {}
         self.clients: dict[int, Any] = {}
@@ -40,7 +43,7 @@ class Brokers:
             with scope:
                 async with trio.open_nursery() as inner:
                     client.append(await _serve(inner, self.tmp_path, i, self.ports, self.endpoint,
-                                               session_ms=SESSION_MS, **ON))  # fmt: skip
+                                               session_ms=self.session_ms, **ON))  # fmt: skip
                     task_status.started()
                     await trio.sleep_forever()
 
@@ -182,6 +185,40 @@ async def test_a_restarted_writer_writes_again(
                 return await _values(b.clients[1 if lead != 1 else 2]) == [b"v0", b"v1", b"v2", b"v3"]
 
             await _until(follows)
+            nursery.cancel_scope.cancel()
+
+async def test_a_leader_whose_head_no_quorum_signed_resumes_when_a_replica_registers(
+    tmp_path: Path, etcd: EtcdServer, crash_keeps_lease: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writer 1's replicas 2 and 3 crash (their leases still alive, so its produce is
+    appended): its head cannot be quorum-signed, the partition goes offline
+    (NOT_ENOUGH_REPLICAS_AFTER_APPEND). Once 3 is back and registered in etcd, the
+    leader takes the partition back at that change of the view, not at the next tick of
+    its offline retry (made 10 minutes here: before, only that tick, every 5 s, looked)."""
+    monkeypatch.setattr(node_module, "OFFLINE_RETRY_S", 600.0)
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            b = Brokers(nursery, tmp_path, etcd.endpoint, session_ms=6000)
+            await _cluster_with_q(b)
+            b.crash(2)
+            b.crash(3)
+            # NOT_ENOUGH_REPLICAS_AFTER_APPEND: written, its head not signed, offline
+            assert (await _produce(b.clients[1], b"v1", 1))[0] == 20
+
+            async def leases_gone() -> bool:
+                return [x.node_id for x in (await _metadata(b.clients[1], "x")).brokers] == [1]
+
+            await _until(leases_gone)
+            await b.start(3)
+            back = trio.current_time()
+
+            async def writes() -> bool:
+                return (await _produce(b.clients[1], b"v1", 1)) == (0, 1)
+
+            await _until(writes)
+            took = trio.current_time() - back
+            assert took < 20, took
+            assert await _values(b.clients[1]) == [b"v0", b"v1"]
             nursery.cancel_scope.cancel()
 
 async def test_a_restarted_broker_never_looks_gone_and_gets_a_new_session(etcd: EtcdServer) -> None:
