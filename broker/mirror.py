@@ -68,6 +68,7 @@ from typing import Any
 import trio
 
 from broker.cluster import Cluster, PeerCopy, signed_blocks
+from broker.cluster.membership import Member
 from broker.cluster.replicas import COPIED_TOPICS
 from broker.config import ClusterBroker, ConfigError, parse_host_port
 from broker.node import Node, Topic
@@ -989,11 +990,20 @@ async def run_replication(node: Node, task_status: trio.TaskStatus[None] = trio.
 async def _mirror_members(node: Node, cluster: Cluster, nursery: trio.Nursery) -> None:
     """Cluster mode: every broker mirrors every other one registered in etcd, from the
     moment it first registers (its node key, from its registration, is pinned: the chain
-    of trust starts in etcd, not at first use)."""
+    of trust starts in etcd, not at first use). A broker of the cluster that is down
+    (``members/<id>`` only) is mirrored too when this broker holds copies of its
+    archives: they are opened and served at once (`NodeMirror.open_local`), so a broker
+    started while a topic's writer is down still votes, signs and leads for the
+    quorum-signed partitions a failover moved away from that writer
+    (broker/takeover.py); the mirror connects once that broker is back at the address it
+    last registered."""
     started: set[int] = set()
+    root = os.path.join(str(node.config.data_dir), MIRRORS_DIR)
     while True:
         changed = cluster.membership.changed
-        for member in list(cluster.membership.members.values()):
+        live = cluster.membership.members
+        down = _holding_copies(root, [m for i, m in cluster.membership.known.items() if i not in live])
+        for member in [*live.values(), *down]:
             if member.node_id == cluster.me or member.node_id in started:
                 continue
             try:
@@ -1009,6 +1019,12 @@ async def _mirror_members(node: Node, cluster: Cluster, nursery: trio.Nursery) -
                                               cluster).run)
             nursery.start_soon(poll_leader_isr, cluster, peer)
         await changed.wait()
+
+
+def _holding_copies(root: str, members: Sequence[Member]) -> list[Member]:
+    """The `members` whose archives this broker holds copies of (under `root`)."""
+    return [m for m in members
+            if len(m.node_key) == 64 and os.path.isdir(os.path.join(root, m.node_key.lower()))]
 
 
 async def poll_leader_isr(cluster: Cluster, peer: ClusterBroker) -> None:

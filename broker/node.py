@@ -423,6 +423,7 @@ class Node:
         self._deleting: set[str] = set()
         # Partitions a full disk took offline, which `retry_offline` reopens.
         self._offline: dict[int, Partition] = {}
+        self._offline_wake = trio.Event()  # `wake_offline`: look again before the tick
         self._creating: dict[str, int] = {}  # topic -> partitions, made in a worker thread
         # One topic's archives are made at a time: each holds a few descriptors while it is
         # made, outside the partition-file budget, and concurrent creations only contend
@@ -1163,8 +1164,18 @@ class Node:
 
     async def offline_retry_loop(self) -> None:
         while True:
-            await trio.sleep(OFFLINE_RETRY_S)
+            with trio.move_on_after(OFFLINE_RETRY_S):
+                await self._offline_wake.wait()
+            self._offline_wake = trio.Event()
             await self.retry_offline()
+
+    def wake_offline(self) -> None:
+        """Look at the offline partitions again now rather than at the next tick of
+        `offline_retry_loop`: the cluster changed (a replica registered again in etcd),
+        so a quorum-signed partition whose commit no quorum signed may take produces
+        again (`_resume_signing`). A disk-full partition still waits for its `retry_at`."""
+        if self._offline:
+            self._offline_wake.set()
 
     async def retry_offline(self) -> int:
         """Reopen every partition a disk error took offline (a failed commit, retention,

@@ -4,16 +4,19 @@ item 3, docs/clusters.md "Failover"). Part of the quorum role: it runs only with
 
 Owns `run_failover`, two loops woken by every change of the etcd view (and a tick):
 
-* the controller's (`_fail_over_dead_leaders`): a quorum-signed partition whose leader
-  (its placement's recorded leader, else the topic's writer) holds no lease any more is
-  failed over by `broker.cluster.failover.fail_over`: a vote of its live replicas for
+* the controller's (`_controller_loop`): a quorum-signed partition whose leader
+  (its placement's recorded leader, else the topic's writer) holds no lease any more,
+  or restarted since the vote that elected it (`failover.leader_lost`), is failed over by `broker.cluster.failover.fail_over`: a vote of its live replicas for
   the next leader epoch, over the ``hyperkafka/quorum`` links (the controller's own copy
   answers in process), and the winner and epoch recorded in the placement, fenced by
   the controller's epoch. Tried again every `RETRY_S` while it fails (no majority
   answered yet, a link not up yet).
-* every broker's (`_take_over_elected`): a partition the placement names this broker
-  leader of, in an epoch this broker does not write yet, held here as a mirror's copy,
-  is taken over: the mirror's session of that archive ends (`QuorumRole.release`: only
+* every broker's (`_takeover_loop`): a partition the placement names this broker
+  leader of, in an epoch this broker does not write yet, by a vote of its current etcd
+  session (never of a session before a restart: that one may have appended past what it
+  stored and had blocks signed that it no longer holds; it waits for the vote its restart
+  brings), held here as a mirror's copy, is taken over (a copy it still writes on an
+  older fork, an elected leader whose lease was lost and taken again, first steps down): the mirror's session of that archive ends (`QuorumRole.release`: only
   the leader writes it from then on), the copy answers its vote again (the same epoch:
   its longest head, which the election saw or a longer one), `PartitionLog.take_over`
   makes it the writer on fork = epoch (cutting what no quorum signed), the producer and
@@ -40,7 +43,7 @@ import logging
 import trio
 
 from broker.cluster import Cluster, signed_blocks
-from broker.cluster.failover import fail_over
+from broker.cluster.failover import fail_over, leader_lost
 from broker.cluster.quorum import is_quorum_signed
 from broker.idempotence import ProducerStates
 from broker.mirror import follow_forever
@@ -64,6 +67,16 @@ async def run_failover(node: Node, cluster: Cluster, role: QuorumRole) -> None:
         nursery.start_soon(_controller_loop, node, cluster, role)
         nursery.start_soon(_takeover_loop, node, cluster, role)
         nursery.start_soon(_follow_moved_loop, node, cluster, role)
+        nursery.start_soon(_resume_loop, node, cluster)
+
+
+async def _resume_loop(node: Node, cluster: Cluster) -> None:
+    """A leader whose commit no quorum signed takes its partition back once a quorum of
+    its replicas is alive (`Node.retry_offline`): looked at as soon as the view changes
+    (a replica registered again), not only at the retry loop's next tick."""
+    while True:
+        await cluster.membership.changed.wait()
+        node.wake_offline()
 
 
 async def _controller_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None:
@@ -101,13 +114,14 @@ async def _controller_loop(node: Node, cluster: Cluster, role: QuorumRole) -> No
 
 def dead_leaders(node: Node, cluster: Cluster) -> list[tuple[str, int]]:
     """(topic, partition) of every quorum-signed partition held here whose leader holds
-    no etcd lease."""
+    no etcd lease, or restarted since it was elected."""
     out = []
-    for name, placement in list(cluster.membership.placements.items()):
+    membership = cluster.membership
+    for name, placement in list(membership.placements.items()):
         if not placement.replicas:
             continue
         for index in range(len(placement.replicas)):
-            if cluster.alive(placement.leader_of(index)):
+            if not leader_lost(membership, cluster.alive, placement, index):
                 continue
             p = node.partition(name, index)
             if p is not None and is_quorum_signed(p.log.manifest, p.log.public_key):
@@ -121,11 +135,17 @@ async def _takeover_loop(node: Node, cluster: Cluster, role: QuorumRole) -> None
         changed = cluster.membership.changed
         for name, placement in list(cluster.membership.placements.items()):
             for index in range(len(placement.leaders)):
-                if placement.epoch_of(index) < 1:
+                epoch = placement.epoch_of(index)
+                if epoch < 1:
                     continue
                 try:
                     if placement.leader_of(index) == cluster.me:
-                        await take_over(node, cluster, role, name, index, placement.epoch_of(index))
+                        if placement.session_of(index) not in (0, cluster.membership.lease):
+                            continue  # elected before this broker restarted: a vote comes
+                        p = node.partition(name, index)
+                        if p is not None and not p.log.replica and p.log.fork < epoch:
+                            await step_down(node, role, name, index)  # (then leads epoch)
+                        await take_over(node, cluster, role, name, index, epoch)
                     else:
                         await step_down(node, role, name, index)
                 except (StorageError, OSError) as exc:

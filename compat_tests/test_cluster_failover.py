@@ -21,6 +21,12 @@ by broker 1, and an idempotent acks=all confluent-kafka producer writing it all 
    replica is back the same leader takes the partition back on its own, with no
    election (no lease of a leader was lost): the producer writes again and every check
    of 1 holds.
+4. SIGKILL of the leader as in 1, then SIGKILL of the elected leader and its restart at
+   once (its old lease still alive): the controller sees it registered again since its
+   election and has the replicas (it among them) vote again, the new leader writes in
+   epoch 2, and the producer writes again within the session timeout and a few seconds
+   (before, the restarted leader never took the partition back and, alive, was never
+   failed over: no leader for good); every check of 1 holds.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from compat_tests.quorum_cluster import (
 )
 
 SESSION_MS = 4000
+RESTART_BOUND_S = 6.0  # a restarted leader's partition writes again within SESSION_MS + this
 TOPIC = "failover"
 GRACE_S = 0.5
 PROPOSAL_TIMEOUT_S = 5.0  # broker/quorum_link.py: a replica's answer to one proposal
@@ -162,6 +169,33 @@ LEADER = textwrap.dedent(
 )
 
 
+LEADER_EPOCH = textwrap.dedent(
+    """
+    import json, sys
+    import trio
+    from broker.mirror import kafka_request
+    host, port = sys.argv[1].split(":")
+    async def main():
+        md = await kafka_request(host, int(port), 3, 9, "metadata", {
+            "topics": [{"name": sys.argv[2]}], "allow_auto_topic_creation": False,
+            "include_cluster_authorized_operations": False,
+            "include_topic_authorized_operations": False})
+        p = md.topics[0].partitions[0]
+        print(json.dumps([p.leader_id, p.leader_epoch, p.error_code]))
+    trio.run(main)
+    """
+)
+
+
+def _leader_epoch(b: Broker) -> tuple[int, int] | None:
+    """(leader, leader epoch) of partition 0 as `b`'s Metadata says (Metadata v7+)."""
+    try:
+        out = json.loads(py(LEADER_EPOCH, b.bootstrap, TOPIC, timeout=30))
+    except (AssertionError, subprocess.TimeoutExpired):
+        return None
+    return (int(out[0]), int(out[1])) if out[2] == 0 else None
+
+
 def _leader(b: Broker) -> int | None:
     try:
         out = json.loads(py(LEADER, b.bootstrap, TOPIC, timeout=30))
@@ -223,13 +257,35 @@ def _run(cluster: QuorumCluster, workdir: Path, how: str) -> None:
             with stopped(other) as stalled_at:
                 wait_listed("the replica's lease gone", new_leader, [leaders[0]], timeout=30)
                 time.sleep(PROPOSAL_TIMEOUT_S)  # the leader's commit in flight gives up meanwhile
+            back_at = time.time()
             wait_listed("the replica back in the cluster", new_leader, [2, 3], timeout=30)
             n = len(acked())
             wait("200 acknowledgements after the stall", lambda: len(acked()) >= n + 200, timeout=90)
             first = min(r["t"] for r in acked()[n:])
             print(f"stalled replica: the producer writes again {first - stalled_at:.2f} s after "
-                  f"it was stopped; same leader {_leader(other)}")  # fmt: skip
+                  f"it was stopped, {first - back_at:.2f} s after it was continued; same leader "
+                  f"{_leader(other)}")  # fmt: skip
             assert _leader(other) == leaders[0]  # no election: the same leader
+        if how == "kill+restart":
+            new_leader.kill()
+            new_leader.start()  # at once: its lease of before the kill still lives
+            restarted_at = time.time()
+            n = len(acked())
+            wait("acknowledgements after the restart",
+                 lambda: [r for r in acked()[n:] if r["t"] > restarted_at + GRACE_S], timeout=60)  # fmt: skip
+            first = min(r["t"] for r in acked()[n:] if r["t"] > restarted_at + GRACE_S)
+            print(f"restarted leader: the producer writes again {first - restarted_at:.2f} s after "
+                  f"it was restarted (session timeout {SESSION_MS / 1000:.1f} s)")  # fmt: skip
+            assert first - restarted_at < SESSION_MS / 1000 + RESTART_BOUND_S, first - restarted_at
+            wait("200 acknowledgements after the restart", lambda: len(acked()) >= n + 200, timeout=60)
+            epochs: list[tuple[int, int] | None] = []
+
+            def named_again() -> bool:
+                epochs[:] = [_leader_epoch(b2), _leader_epoch(b3)]
+                return epochs[0] == epochs[1] and epochs[0] is not None and epochs[0][1] >= 2
+
+            wait("both replicas name a leader in epoch 2 or later", named_again, timeout=30)
+            new_leader = cluster.brokers[epochs[0][0] - 1]  # type: ignore[index]
     finally:
         producer.send_signal(signal.SIGTERM)
         try:
@@ -280,6 +336,9 @@ def _scenario(how: str, scenario: str, timeout_s: int) -> Any:
     # 3. SIGKILL of the leader, then SIGSTOP of the elected leader's only live replica
     _scenario("kill+stall", "cluster: quorum-signed partition, its elected leader's only live replica SIGSTOPped "
               "past the session timeout", 360),
+    # 4. SIGKILL of the leader, then SIGKILL of the elected leader and its restart at once
+    _scenario("kill+restart", "cluster: quorum-signed partition, its elected leader SIGKILLed and restarted at once",
+              360),
 ])  # fmt: skip
 def test_failover(workdir: Path, how: str) -> None:
     with quorum_cluster(workdir, SESSION_MS) as cluster:

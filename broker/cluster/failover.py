@@ -12,6 +12,13 @@ records (`Placement.leaders`, `Placement.leader_epochs`, written by
 `Membership.record_leader` in a transaction fenced by the controller's epoch and the
 placement's revision).
 
+A leader is lost when its lease is gone, and also when it registered again since the
+vote that elected it (`leader_lost`: a restart, or a lease lost and taken again): it
+may then no longer write in the epoch it was elected in (it may have appended past what
+it stored, and replicas may have signed blocks it no longer holds), so it is voted
+for again, as a candidate like the others (its copy is a replica's after its restart),
+and leads, if elected, only in the new epoch.
+
 Why a majority, as a Raft vote: an acknowledged write was signed by a quorum (a
 majority) of the signers, each of which holds it durably and recorded it in `signed`;
 any majority of voters holds one of them, whose vote is at least that head. And a
@@ -32,7 +39,7 @@ from typing import Protocol
 
 import trio
 
-from broker.cluster.membership import Membership
+from broker.cluster.membership import Membership, Placement
 from broker.cluster.signing import MAX_REASON, MessageError, read_reason, read_sized
 from storage.errors import StorageError
 from storage.follower import FollowerLog
@@ -186,9 +193,10 @@ async def elect(
     voters: Voters,
     timeout_s: float = VOTE_TIMEOUT_S,
 ) -> Election | None:
-    """Ask every broker of `candidates` (the partition's live replicas, never the leader
-    being replaced) at once to vote for `epoch`, each within `timeout_s`; the Election
-    once every one answered or the time is up, None when fewer than `need` granted."""
+    """Ask every broker of `candidates` (the partition's live replicas: a restarted
+    leader among them, never one whose lease is gone) at once to vote for `epoch`, each
+    within `timeout_s`; the Election once every one answered or the time is up, None
+    when fewer than `need` granted."""
     votes: dict[int, VoteAnswer] = {}
 
     async def ask(node_id: int) -> None:
@@ -211,6 +219,25 @@ async def elect(
         return None
     v = votes[leader]
     return Election(leader, epoch, v.fork, v.length, votes)
+
+
+def restarted(membership: Membership, placement: Placement, index: int) -> bool:
+    """Whether the leader a vote elected for partition `index` (epoch >= 1) registered
+    in etcd again since that vote (its session is not the one the placement recorded).
+    False when either session is not known."""
+    recorded = placement.session_of(index)
+    if placement.epoch_of(index) < 1 or not recorded:
+        return False
+    now = membership.sessions.get(placement.leader_of(index), 0)
+    return now != 0 and now != recorded
+
+
+def leader_lost(
+    membership: Membership, alive: Callable[[int], bool], placement: Placement, index: int
+) -> bool:
+    """Whether partition `index`'s leader must be failed over: its lease is gone, or
+    it restarted since the vote that elected it (`restarted`)."""
+    return not alive(placement.leader_of(index)) or restarted(membership, placement, index)
 
 
 async def fail_over(
@@ -239,9 +266,11 @@ async def fail_over(
     if placement is None or not 0 <= index < len(placement.replicas):
         return None
     leader = placement.leader_of(index)
-    if alive(leader):
+    if not leader_lost(membership, alive, placement, index):
         return None
-    candidates = [r for r in placement.replicas[index] if r != leader and alive(r)]
+    # A restarted leader votes as any replica (its copy holds what it stored); one whose
+    # lease is gone cannot.
+    candidates = [r for r in placement.replicas[index] if alive(r)]
     epoch = placement.epoch_of(index) + 1
     for _ in range(2):
         e = await elect(manifest.hash(), epoch, candidates, majority(manifest), voters, timeout_s)
@@ -253,10 +282,12 @@ async def fail_over(
         epoch = e.fork + 1
     else:
         return None
-    if not await membership.record_leader(topic, index, e.leader, epoch):
+    session = membership.sessions.get(e.leader, 0)
+    if not await membership.record_leader(topic, index, e.leader, epoch, session):
         return None
     log.warning(
-        "failover of %s-%d: broker %d leads it in epoch %d from length %d (leader %d lost)",
+        "failover of %s-%d: broker %d leads it in epoch %d from length %d (leader %d %s)",
         topic, index, e.leader, epoch, e.length, leader,
+        "restarted" if alive(leader) else "lost",
     )  # fmt: skip
     return e

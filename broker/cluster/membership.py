@@ -7,7 +7,11 @@ Owns `Membership`: this broker's session in etcd and its view of everyone else's
   attached to its lease; ``members/<id>``: the same, without a lease (the brokers that
   belong to the cluster, alive or not: every archive's replicas). Liveness is the lease, as Kafka's broker.session.timeout.ms is
   the KRaft controller's heartbeat deadline: a broker whose lease expires (killed, paused,
-  cut off from etcd) leaves the cluster at once in every broker's view.
+  cut off from etcd) leaves the cluster at once in every broker's view. The lease of
+  ``brokers/<id>`` is that broker's session (`Membership.sessions`): a broker that
+  registers again (restarted, or back after losing its lease) does on a new lease. A
+  restarted broker whose registration of before still lives (its lease not expired yet)
+  replaces it in one transaction: it never looks gone meanwhile.
 * ``controller``: the elected controller's id, created only if absent (a transaction)
   and attached to its lease. Its create revision is the controller epoch: every act of a
   controller (placing or deleting a topic) and of the group coordinator (acknowledging a
@@ -99,9 +103,12 @@ class Placement:
     replication_factor: int = -1
     replicas: tuple[tuple[int, ...], ...] = ()
     # a quorum-signed topic after a failover (broker/cluster/failover.py): each
-    # partition's leader and leader epoch (empty: the writer, epoch 0)
+    # partition's leader and leader epoch (empty: the writer, epoch 0), and the session
+    # (`Membership.sessions`) the leader was elected in (0: not known): a leader that
+    # registered again since (a restart) leads no more until a vote elects it again
     leaders: tuple[int, ...] = ()
     leader_epochs: tuple[int, ...] = ()
+    leader_sessions: tuple[int, ...] = ()
     # A quorum-signed topic's id, chosen by the controller (its writer makes the topic
     # with it): the record is then the truth of the topic's existence and configs
     # (broker/placed_topics.py); "" for a single-signer topic or an older record.
@@ -119,13 +126,21 @@ class Placement:
         e = self.leader_epochs
         return e[partition] if partition < len(e) else 0
 
-    def with_leader(self, partition: int, leader: int, epoch: int) -> Placement:
-        """This placement with `leader` in leader epoch `epoch` for `partition`."""
+    def session_of(self, partition: int) -> int:
+        """The session its recorded leader was elected in (0: not known)."""
+        s = self.leader_sessions
+        return s[partition] if partition < len(s) else 0
+
+    def with_leader(self, partition: int, leader: int, epoch: int, session: int = 0) -> Placement:
+        """This placement with `leader` (elected in its session `session`) in leader
+        epoch `epoch` for `partition`."""
         n = self.partitions
         leaders = [self.leader_of(p) for p in range(n)]
         epochs = [self.epoch_of(p) for p in range(n)]
-        leaders[partition], epochs[partition] = leader, epoch
-        return replace(self, leaders=tuple(leaders), leader_epochs=tuple(epochs))
+        sessions = [self.session_of(p) for p in range(n)]
+        leaders[partition], epochs[partition], sessions[partition] = leader, epoch, session
+        return replace(self, leaders=tuple(leaders), leader_epochs=tuple(epochs),
+                       leader_sessions=tuple(sessions))  # fmt: skip
 
     def encode(self) -> bytes:
         d: dict[str, Any] = {
@@ -139,6 +154,7 @@ class Placement:
         if self.leaders:
             d["leaders"] = list(self.leaders)
             d["leader_epochs"] = list(self.leader_epochs)
+            d["leader_sessions"] = list(self.leader_sessions)
         if self.topic_id:
             d["topic_id"] = self.topic_id
         return json.dumps(d).encode()
@@ -155,6 +171,7 @@ class Placement:
             tuple(tuple(int(i) for i in r) for r in d.get("replicas", ())),
             tuple(int(i) for i in d.get("leaders", ())),
             tuple(int(i) for i in d.get("leader_epochs", ())),
+            tuple(int(i) for i in d.get("leader_sessions", ())),
             str(d.get("topic_id", "")),
         )
 
@@ -180,6 +197,8 @@ class Membership:
         self.ttl_s = max(1, ttl_s)
         self.clock = clock
         self.members: dict[int, Member] = {}  # live: registered on a lease
+        # each live broker's session: the lease its registration is attached to
+        self.sessions: dict[int, int] = {}
         # Every broker that ever registered (a key without lease, as KRaft keeps a fenced
         # broker's registration): the replicas of every archive, alive or not.
         self.known: dict[int, Member] = {}
@@ -258,8 +277,12 @@ class Membership:
                 table = self.members if kind == "brokers" else self.known
                 if deleted:
                     table.pop(node_id, None)
+                    if kind == "brokers":
+                        self.sessions.pop(node_id, None)
                 else:
                     table[node_id] = Member.decode(kv.value)
+                    if kind == "brokers":
+                        self.sessions[node_id] = kv.lease
             elif rel == "controller":
                 if deleted:
                     self.controller, self.controller_epoch = None, 0
@@ -364,10 +387,24 @@ class Membership:
                 except (ValueError, KeyError, TypeError):
                     same = False
                 if same:
-                    # our own registration from before a restart: replace it
-                    await self.etcd.txn(
-                        [Compare.mod_revision(key, old.mod_revision)], [Op.delete(key)]
+                    # our own registration from before a restart: replace it, in one
+                    # transaction (deleted first, we would look gone for a moment, and a
+                    # controller could fail over what we lead meanwhile)
+                    r = await self.etcd.txn(
+                        [Compare.mod_revision(key, old.mod_revision)],
+                        [
+                            Op.put(key, self.me.encode(), self.lease),
+                            Op.put(self._key("members", str(self.me.node_id)), self.me.encode()),
+                        ],
                     )
+                    if r.succeeded:
+                        log.info(
+                            "cluster: broker %d registered in etcd again (lease %x, TTL %d s)",
+                            self.me.node_id,
+                            self.lease,
+                            self.ttl_s,
+                        )
+                        return
                     continue
                 log.error(
                     "cluster: node.id %d is registered by another broker (%s); waiting for it to leave",
@@ -413,6 +450,7 @@ class Membership:
                 await trio.sleep(RETRY_MIN_S)
                 continue
             self.members.clear()
+            self.sessions.clear()
             self.known.clear()
             self.placements.clear()
             self.shards.clear()
@@ -516,19 +554,20 @@ class Membership:
         return ok
 
     async def record_leader(
-        self, name: str, partition: int, leader: int, epoch: int
+        self, name: str, partition: int, leader: int, epoch: int, session: int = 0
     ) -> bool | None:
-        """Record `leader` in leader epoch `epoch` for `partition` of quorum-signed topic
-        `name` (controller only, after a failover vote): one transaction, fenced by the
-        controller's epoch and by the placement being the one this view holds (a
-        concurrent change fails it). False when it changed or `epoch` is not newer than
-        the recorded one; None when we are not the controller."""
+        """Record `leader` (voted for in its session `session`) in leader epoch `epoch`
+        for `partition` of quorum-signed topic `name` (controller only, after a failover
+        vote): one transaction, fenced by the controller's epoch and by the placement
+        being the one this view holds (a concurrent change fails it). False when it
+        changed or `epoch` is not newer than the recorded one; None when we are not the
+        controller."""
         old = self.placements.get(name)
         if old is None or not 0 <= partition < old.partitions:
             return False
         if epoch <= old.epoch_of(partition):
             return False
-        new = old.with_leader(partition, leader, epoch)
+        new = old.with_leader(partition, leader, epoch, session)
         key = self.topic_key(name)
         ok = await self.fenced([Compare.value(key, old.encode())], [Op.put(key, new.encode())])
         if ok and self.placements.get(name) == old:

@@ -346,7 +346,7 @@ async def test_the_epoch_moves_past_the_fork_of_every_head_voted() -> None:
             fork = 4 if node_id == 2 else 0
             return VoteAnswer(request.archive, request.epoch, fork, 9, b"\x01" * 32)
 
-    async def record_leader(topic: str, index: int, leader: int, epoch: int) -> bool:
+    async def record_leader(topic: str, index: int, leader: int, epoch: int, session: int = 0) -> bool:
         recorded.append((topic, index, leader, epoch))
         return True
 
@@ -354,6 +354,7 @@ async def test_the_epoch_moves_past_the_fork_of_every_head_voted() -> None:
         is_controller=True,
         placements={"q": Placement("q", 1, 1, {}, 3, ((1, 2, 3),)).with_leader(0, 1, 2)},
         record_leader=record_leader,
+        sessions={},
     )
     e = await fail_over(m, lambda i: i != 1, "q", 0, manifest, Voters())  # type: ignore[arg-type]
     assert e is not None and e.leader == 2 and e.fork == 4
