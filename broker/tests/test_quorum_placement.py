@@ -149,7 +149,7 @@ async def test_a_quorum_topic_gets_a_manifest_of_its_replicas_keys(
             nursery.cancel_scope.cancel()
 
 
-async def _produce(c: Any, topic: str, acks: int, value: bytes) -> tuple[int, str | None]:
+async def _produce(c: Any, topic: str, acks: int, value: bytes, index: int = 0) -> tuple[int, str | None]:
     batch = bytes(build_batch([value], timestamp_ms=1_700_000_000_000))
     r = await c.call(
         "produce",
@@ -158,7 +158,7 @@ async def _produce(c: Any, topic: str, acks: int, value: bytes) -> tuple[int, st
             "acks": acks,
             "timeout": 10000,
             "transactional_id": None,
-            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+            "topic_data": [{"name": topic, "partition_data": [{"index": index, "records": batch}]}],
         },
     )
     p = r.responses[0].partition_responses[0]
@@ -218,4 +218,26 @@ async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdS
                 for r in records.decode_records(b)
             ]
             assert values == [b"v0", b"v2", b"v3", b"after-one"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_new_topic_takes_its_first_produce_at_once(tmp_path: Path, etcd: EtcdServer) -> None:
+    """A cluster's new quorum-signed topic: its writer sets up each partition's signer as
+    it creates it, so the first produce, sent as soon as CreateTopics answered, is
+    acknowledged (not refused NOT_ENOUGH_REPLICAS because the
+    signer would come with the next scan for unsigned partitions)."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            on = {"hyperkafka.quorum.partitions.enable": "true"}
+            c1 = (await three_brokers(Brokers(nursery, tmp_path, etcd.endpoint, **on)))[1]
+            for name in ("q", "r"):  # written by broker 1 (the controller: made as it answers)
+                r = await _create(c1, [{"name": name, "num_partitions": -1, "replication_factor": -1,
+                                        "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]},
+                                                        {"partition_index": 1, "broker_ids": [1, 3, 2]}],
+                                        "configs": []}])  # fmt: skip
+                assert r.topics[0].error_code == 0
+                for index in (0, 1):  # (acks=1: it is answered on a quorum-signed head too)
+                    assert await _produce(c1, name, 1, b"first", index=index) == (0, None)
+                manifest = read_manifest(OsFileSystem(), str(tmp_path / "b1" / f"{name}-0"))
+                assert manifest is not None and (len(manifest.signers), manifest.quorum) == (3, 2)
             nursery.cancel_scope.cancel()
