@@ -35,9 +35,11 @@ from storage.store import partition_key_name
 from storage.verify import verify_partition
 
 
-def test_the_setting_is_off_by_default_and_parsed() -> None:
-    assert BrokerConfig().quorum_partitions is False
-    on = apply_properties(BrokerConfig(), {"hyperkafka.quorum.partitions.enable": "true"})
+def test_the_setting_is_on_by_default_and_parsed() -> None:
+    assert BrokerConfig().quorum_partitions is True
+    off = apply_properties(BrokerConfig(), {"hyperkafka.quorum.partitions.enable": "false"})
+    assert off.quorum_partitions is False
+    on = apply_properties(off, {"hyperkafka.quorum.partitions.enable": "true"})
     assert on.quorum_partitions is True
 
 
@@ -222,14 +224,13 @@ async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdS
 
 
 async def test_a_new_topic_takes_its_first_produce_at_once(tmp_path: Path, etcd: EtcdServer) -> None:
-    """A cluster's new quorum-signed topic: its writer sets up each partition's signer as
-    it creates it, so the first produce, sent as soon as CreateTopics answered, is
-    acknowledged (not refused NOT_ENOUGH_REPLICAS because the
+    """With the default settings a cluster's new topic is quorum-signed, and its writer
+    sets up each partition's signer as it creates it, so the first produce, sent as soon
+    as CreateTopics answered, is acknowledged (not refused NOT_ENOUGH_REPLICAS because the
     signer would come with the next scan for unsigned partitions)."""
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            on = {"hyperkafka.quorum.partitions.enable": "true"}
-            c1 = (await three_brokers(Brokers(nursery, tmp_path, etcd.endpoint, **on)))[1]
+            c1 = (await three_brokers(Brokers(nursery, tmp_path, etcd.endpoint)))[1]
             for name in ("q", "r"):  # written by broker 1 (the controller: made as it answers)
                 r = await _create(c1, [{"name": name, "num_partitions": -1, "replication_factor": -1,
                                         "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]},
