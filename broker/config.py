@@ -241,10 +241,11 @@ class BrokerConfig:
     # there to serve reads), Kafka's LeaderSelector to keep every fetch on the leader.
     replica_selector: str = RACK_AWARE_SELECTOR
     # hyperkafka.quorum.partitions.enable: a topic created in a cluster gets, per
-    # partition, an archive signed by a quorum of its replicas (docs/clusters.md). Off
-    # until failover exists: with it on, a partition takes writes only while a quorum of
-    # its replicas signs, and its leader still never moves.
-    quorum_partitions: bool = False
+    # partition, an archive signed by a quorum of its replicas (docs/clusters.md): it
+    # takes writes while a quorum of its replicas signs, and a dead leader's partitions
+    # elect a live replica. On by default (issue 17); false keeps single-signer topics,
+    # whose writes wait for their one writer. A broker without etcd is not affected.
+    quorum_partitions: bool = True
     # hyperkafka.quorum.unsigned.max.bytes: how many bytes a quorum-signed partition's
     # leader admits that no quorum-signed head covers yet before a produce to it waits
     # (the connection's reads with it) for its replicas to sign (Node.wait_room).

@@ -687,7 +687,10 @@ class Node:
             raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot create topic {name}: {exc}") from None
         self.store.adopt(name, prepared)
         log.info("created topic %s with %d partition(s), id %s", name, partitions, record.topic_id)
-        return self._attach(record)
+        topic = self._attach(record)
+        if self.quorum is not None and manifests:  # its signer from the first produce on
+            self.quorum.lead_created(name, [(p.index, p.log) for p in topic.partitions])
+        return topic
 
     async def add_partitions(self, topic: Topic, count: int) -> None:
         """CreatePartitions on a topic written here: the archives and the catalog change

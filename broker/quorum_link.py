@@ -505,6 +505,23 @@ class QuorumRole:
                         self._lead(name, index, lg, token)
                 await trio.sleep(SCAN_S)
 
+    def lead_created(self, name: str, logs: list[tuple[int, PartitionLog]]) -> None:
+        """Sign the partitions (index, log) of topic `name`, just created here, by a quorum
+        of their placed replicas from their first commit: at once, so that a produce
+        right after CreateTopics is not refused NOT_ENOUGH_REPLICAS for want of a signer
+        until `run`'s next scan. Before `run` started (or without a placement yet) the
+        scan sets them up instead."""
+        if self.peers is None:
+            return
+        token = trio.lowlevel.current_trio_token()
+        for index, lg in logs:
+            if (
+                lg.quorum_sign is None
+                and not lg.replica
+                and is_quorum_signed(lg.manifest, lg.public_key)
+            ):
+                self._lead(name, index, lg, token)
+
     def lead(self, name: str, index: int, lg: PartitionLog) -> None:
         """Sign partition `index` of `name` (written here: a takeover made `lg` its
         writer) by a quorum of its placed replicas from its next commit."""

@@ -3,7 +3,9 @@
 Each broker's server.properties names the etcd (`hyperkafka.cluster.etcd.endpoints`), its
 own rack, a replication port, and a short `replica.lag.time.max.ms` so that the ISR shrinks
 within the test. Broker 1 starts first, so etcd elects it controller. One scenario, in
-steps that build on each other:
+steps that build on each other, with quorum-signed partitions switched off
+(`hyperkafka.quorum.partitions.enable=false`): it covers single-signer topics in a cluster,
+whose writes wait for their writer:
 
 1. Topics are created through a broker that is not the controller (confluent's
    AdminClient routes CreateTopics to the controller Metadata names), one of them with
@@ -41,7 +43,7 @@ steps that build on each other:
 A second scenario, with two brokers: Java's kafka-clients consumer (kafka-console-consumer)
 with client.rack=rack-2, bootstrapped at the leader, is sent to broker 2 (its FetchCollector
 logs the preferred read replica) and reads every record there, the last ones with the
-leader stopped.
+leader stopped; its topic is quorum-signed (the default).
 """
 
 from __future__ import annotations
@@ -323,7 +325,8 @@ def _py(code: str, *args: str, timeout: float = 60) -> str:
     return out.stdout
 
 
-def _properties(path: Path, node_id: int, rack: str, etcd: EtcdServer, rport: int) -> Path:
+def _properties(path: Path, node_id: int, rack: str, etcd: EtcdServer, rport: int,
+                quorum: bool = True) -> Path:
     path.write_text(textwrap.dedent(f"""\
         node.id={node_id}
         broker.rack={rack}
@@ -331,6 +334,7 @@ def _properties(path: Path, node_id: int, rack: str, etcd: EtcdServer, rport: in
         hyperkafka.replication.listen=127.0.0.1:{rport}
         replica.lag.time.max.ms={LAG_MS}
         broker.session.timeout.ms={SESSION_MS}
+        hyperkafka.quorum.partitions.enable={str(quorum).lower()}
         """))
     return path
 
@@ -380,7 +384,12 @@ def test_three_broker_cluster(workdir: Path) -> None:
     try:
         etcd.start()
         for i in range(3):
-            props = _properties(workdir / f"b{i + 1}.properties", i + 1, racks[i], etcd, rports[i])
+            # Single-signer topics on purpose (quorum partitions are on by default): this
+            # scenario is their coverage, a writer's writes waiting for it through a kill
+            # (step 4) and min.insync.replicas over mirrors (step 5); quorum-signed
+            # failover is compat_tests/test_cluster_failover.py's.
+            props = _properties(workdir / f"b{i + 1}.properties", i + 1, racks[i], etcd, rports[i],
+                                quorum=False)
             brokers.append(harness.new_broker(workdir / f"broker-{i + 1}", port=ports[i],
                                               extra=("--config", str(props))))
         leader, m2, m3 = brokers

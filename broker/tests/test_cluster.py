@@ -494,17 +494,21 @@ async def test_topic_changes_forwarded_to_its_writer(tmp_path: Path, etcd: EtcdS
     """AlterConfigs, IncrementalAlterConfigs and CreatePartitions for a topic another
     broker writes are forwarded to it (only the writer signs the topic's catalog): a
     client sends them to the controller or any broker (Kafka's brokers forward them to
-    the controller, KIP-590) and would not know to ask the writer."""
+    the controller, KIP-590) and would not know to ask the writer. Single-signer topics on
+    purpose (quorum-signed partitions are on by default): a quorum-signed topic's configs
+    are its etcd record's, changed by any broker (test_quorum_admin.py), and it is not
+    grown."""
     ports = _free_ports(2)
+    single = {"hyperkafka.quorum.partitions.enable": "false"}
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            c1 = await _serve(nursery, tmp_path, 1, ports, etcd.endpoint)
+            c1 = await _serve(nursery, tmp_path, 1, ports, etcd.endpoint, **single)
 
             async def elected() -> bool:
                 return await _controller(c1) == 1
 
             await _until(elected)
-            c2 = await _serve(nursery, tmp_path, 2, ports, etcd.endpoint)
+            c2 = await _serve(nursery, tmp_path, 2, ports, etcd.endpoint, **single)
 
             async def both() -> bool:
                 return [b.node_id for b in (await _metadata(c1, "w")).brokers] == [1, 2]
@@ -706,12 +710,15 @@ async def test_failover_when_the_writer_dies(tmp_path: Path, etcd: EtcdServer) -
     session timeout, leads its partition for reads, refuses produce there with a retriable
     error, becomes controller (CreateTopics) and coordinator of broker 1's groups with their
     committed offsets; broker 1 back leads again and coordinates its groups again (its
-    partitions of __consumer_offsets move back) with broker 2's commits."""
+    partitions of __consumer_offsets move back) with broker 2's commits. Single-signer
+    topics on purpose (quorum-signed partitions are on by default): their writes wait for
+    their writer; a quorum-signed partition's failover elects a leader (test_takeover.py,
+    compat_tests/test_cluster_failover.py)."""
     ports = _free_ports(2)
 
     async def serve(nursery: trio.Nursery, node_id: int) -> RawClient:
         return await _serve(nursery, tmp_path, node_id, ports, etcd.endpoint, session_ms=2000,
-                            **{"replica.lag.time.max.ms": "5000"})
+                            **{"replica.lag.time.max.ms": "5000", "hyperkafka.quorum.partitions.enable": "false"})
 
     batch = bytes(build_batch([b"v"], timestamp_ms=1_700_000_000_000))
 

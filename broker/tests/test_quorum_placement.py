@@ -35,9 +35,11 @@ from storage.store import partition_key_name
 from storage.verify import verify_partition
 
 
-def test_the_setting_is_off_by_default_and_parsed() -> None:
-    assert BrokerConfig().quorum_partitions is False
-    on = apply_properties(BrokerConfig(), {"hyperkafka.quorum.partitions.enable": "true"})
+def test_the_setting_is_on_by_default_and_parsed() -> None:
+    assert BrokerConfig().quorum_partitions is True
+    off = apply_properties(BrokerConfig(), {"hyperkafka.quorum.partitions.enable": "false"})
+    assert off.quorum_partitions is False
+    on = apply_properties(off, {"hyperkafka.quorum.partitions.enable": "true"})
     assert on.quorum_partitions is True
 
 
@@ -149,7 +151,7 @@ async def test_a_quorum_topic_gets_a_manifest_of_its_replicas_keys(
             nursery.cancel_scope.cancel()
 
 
-async def _produce(c: Any, topic: str, acks: int, value: bytes) -> tuple[int, str | None]:
+async def _produce(c: Any, topic: str, acks: int, value: bytes, index: int = 0) -> tuple[int, str | None]:
     batch = bytes(build_batch([value], timestamp_ms=1_700_000_000_000))
     r = await c.call(
         "produce",
@@ -158,7 +160,7 @@ async def _produce(c: Any, topic: str, acks: int, value: bytes) -> tuple[int, st
             "acks": acks,
             "timeout": 10000,
             "transactional_id": None,
-            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+            "topic_data": [{"name": topic, "partition_data": [{"index": index, "records": batch}]}],
         },
     )
     p = r.responses[0].partition_responses[0]
@@ -218,4 +220,25 @@ async def test_three_brokers_sign_acks_all_by_quorum(tmp_path: Path, etcd: EtcdS
                 for r in records.decode_records(b)
             ]
             assert values == [b"v0", b"v2", b"v3", b"after-one"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_new_topic_takes_its_first_produce_at_once(tmp_path: Path, etcd: EtcdServer) -> None:
+    """With the default settings a cluster's new topic is quorum-signed, and its writer
+    sets up each partition's signer as it creates it, so the first produce, sent as soon
+    as CreateTopics answered, is acknowledged (not refused NOT_ENOUGH_REPLICAS because the
+    signer would come with the next scan for unsigned partitions)."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            c1 = (await three_brokers(Brokers(nursery, tmp_path, etcd.endpoint)))[1]
+            for name in ("q", "r"):  # written by broker 1 (the controller: made as it answers)
+                r = await _create(c1, [{"name": name, "num_partitions": -1, "replication_factor": -1,
+                                        "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]},
+                                                        {"partition_index": 1, "broker_ids": [1, 3, 2]}],
+                                        "configs": []}])  # fmt: skip
+                assert r.topics[0].error_code == 0
+                for index in (0, 1):  # (acks=1: it is answered on a quorum-signed head too)
+                    assert await _produce(c1, name, 1, b"first", index=index) == (0, None)
+                manifest = read_manifest(OsFileSystem(), str(tmp_path / "b1" / f"{name}-0"))
+                assert manifest is not None and (len(manifest.signers), manifest.quorum) == (3, 2)
             nursery.cancel_scope.cancel()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import crc32c
@@ -25,7 +26,7 @@ from broker.protocol import records as batches
 from broker.server import run
 from broker.tests.conftest import Broker, RawClient
 from broker.tests.test_consumer_group_handlers import hb_body
-from broker.transactions.partition import PartitionTxns
+from broker.transactions.partition import PartitionTxns, last_stable_offset, rebuild_txns
 from broker.transactions.records import (
     MarkerType,
     Status,
@@ -751,6 +752,30 @@ class _FakeCopy:
 
     def read_bytes(self, offset: int, max_bytes: int) -> bytes:
         return next(b for b in self.batches if struct.unpack_from(">q", b, 0)[0] == offset)
+
+
+def test_a_deposed_leaders_copy_follows_the_new_leaders_transactions() -> None:
+    """A quorum-signed partition whose leader a failover deposed (broker/takeover.py
+    step_down): its copy is a replica's log, of a topic this broker wrote (not
+    `mirrored`), and follows the new leader's batches; its LSO and aborted transactions
+    follow them too. (They stayed where the step-down's rebuild left them: a transaction
+    open then held every read_committed consumer of it there for good, and ListOffsets
+    answered that LSO as its end: compat_tests/test_txn_cluster.py's coordinator kill
+    with quorum-signed partitions.) What the rebuild took in is not counted twice."""
+    copy = _FakeCopy()
+    copy.add(txn_batch(7, 0, 0, b"a"))
+    copy.add(control_batch(MarkerType.ABORT, 7, 0, 0, 1))
+    copy.add(txn_batch(7, 0, 1, b"b", b"c"))  # open when its leader stepped down
+    copy.replica = True  # type: ignore[attr-defined]
+    p = SimpleNamespace(topic=SimpleNamespace(mirrored=False), log=copy,
+                        txns=rebuild_txns(copy))  # type: ignore[arg-type]
+    assert last_stable_offset(p) == 2  # type: ignore[arg-type]
+    copy.add(control_batch(MarkerType.COMMIT, 7, 0, 0, 1))  # the new leader's marker
+    assert last_stable_offset(p) == 5  # type: ignore[arg-type]
+    copy.add(txn_batch(7, 0, 3, b"d"))
+    copy.add(control_batch(MarkerType.ABORT, 7, 0, 0, 1))
+    assert last_stable_offset(p) == 7  # type: ignore[arg-type]
+    assert [(a.first_offset, a.last_offset) for a in p.txns.aborted_in(0, 7)] == [(0, 1), (5, 6)]
 
 
 def test_a_mirror_follows_the_writers_transactions() -> None:

@@ -172,14 +172,27 @@ def _headers_below(plog: PartitionLog, start: int, end: int) -> Iterator[bytes]:
 
 
 def rebuild_txns(plog: PartitionLog) -> PartitionTxns:
-    """The transactions of a partition archive, from what it stores."""
+    """The transactions of a partition archive, from what it stores; a copy that then
+    follows its writer (`follow`) takes in only the batches after those."""
     txns = PartitionTxns()
-    txns.rebuild(plog.batch_headers(plog.log_start_offset), _marker_reader(plog))
+    end = plog.log_start_offset
+
+    def headers() -> Iterator[bytes]:
+        nonlocal end
+        for header in plog.batch_headers(plog.log_start_offset):
+            end = struct.unpack_from(">q", header, 0)[0] + struct.unpack_from(">i", header, 23)[0] + 1
+            yield header
+
+    txns.rebuild(headers(), _marker_reader(plog))
+    txns._followed = end
     return txns
 
 
 def last_stable_offset(partition: Partition) -> int:
-    """The partition's LSO; a mirrored partition first takes in what it verified since."""
-    if partition.topic.mirrored:
+    """The partition's LSO; a copy this broker does not write (a mirrored partition no
+    failover made it lead, or a quorum-signed one whose leader it was until a failover
+    deposed it: its log is a replica's) first takes in what it verified since. A
+    partition written here knows its transactions as it admits them."""
+    if (partition.topic.mirrored and not partition.led) or partition.log.replica:
         partition.txns.follow(partition.log)
     return partition.txns.lso(partition.log.high_watermark)

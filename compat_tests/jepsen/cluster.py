@@ -2,9 +2,9 @@
 
 Owns `JepsenCluster`: it lays out hosts ``n1..nN`` (brokers), ``e1..eM`` (etcd members) and ``c`` (the clients, never cut off from anyone, as Jepsen's control
 node), writes each broker's server.properties (``hyperkafka.cluster.etcd.endpoints``
-names the etcd members, ``broker.session.timeout.ms`` is the brokers' lease TTL; with
-`quorum`, ``hyperkafka.quorum.partitions.enable``: partitions signed by a quorum of their
-replicas), finds who leads a topic's partitions (`leaders`), starts,
+names the etcd members, ``broker.session.timeout.ms`` is the brokers' lease TTL;
+``hyperkafka.quorum.partitions.enable`` is `quorum`: partitions signed by a quorum of their
+replicas, else single-signer), finds who leads a topic's partitions (`leaders`), starts,
 kills (SIGKILL), pauses (SIGSTOP/SIGCONT) and restarts the processes by pid, and on
 `close` stops every process it started and deletes the network.
 
@@ -113,8 +113,9 @@ class JepsenCluster:
             f"http://{self.addr(e)}:{ETCD_CLIENT_PORT}" for e in self.etcd_hosts
         )
         props["hyperkafka.cluster.name"] = "hkj"
-        if self.quorum:
-            props["hyperkafka.quorum.partitions.enable"] = "true"
+        # explicit both ways: quorum-signed partitions are on by default, and the
+        # single-signer runs are the coverage of writes that wait for their writer
+        props["hyperkafka.quorum.partitions.enable"] = str(self.quorum).lower()
         path = self.workdir / f"{host}.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
