@@ -367,7 +367,7 @@ class QuorumRole:
         self.cluster = cluster
         self.address_of = address_of  # a peer's replication port
         self.followers: dict[bytes, tuple[str, FollowerLog]] = {}
-        self.signer = ReplicaSigner(keypair, self._follower, self._leader_of)
+        self.signer = ReplicaSigner(keypair, self._follower, self._leader_of, self._epoch_of)
         self.voter = ReplicaVoter(self._follower, lambda: cluster.membership.controller)
         self.peers: LinkPeers | None = None
         self.assemblers: dict[bytes, QuorumAssembler] = {}
@@ -450,6 +450,13 @@ class QuorumRole:
         if placement is None:
             return None
         return placement.leader_of(index) if index is not None else placement.writer
+
+    def _epoch_of(self, key: bytes) -> int:
+        """The leader epoch the placement of archive `key` records (0: none, or unknown)."""
+        placement, index = self._placement(key)
+        if placement is None or index is None:
+            return 0
+        return placement.epoch_of(index)
 
     def identify(self, public_key: bytes) -> int | None:
         """The broker whose published node key (etcd) is this Noise static key."""

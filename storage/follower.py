@@ -66,7 +66,7 @@ from storage.hypercore.multisig import (
 from storage.hypercore.proofs import Proof, UpgradeRequest, generate_proof, verify_proof
 from storage.log import CommitJob, FileRange, FsyncPolicy, Head, LogConfig, PartitionLog
 from storage.manifest_file import MANIFEST_FILE, write_manifest
-from storage.quorum import Vote, promise, sign_proposal
+from storage.quorum import Vote, promise, read_promise, sign_proposal
 
 log = logging.getLogger(__name__)
 
@@ -360,6 +360,10 @@ class FollowerLog:
         return sign_proposal(
             lg.fs, self.path, keypair, manifest, fork, length, tree_hash_, lg.held_tree_at
         )
+
+    def promised_epoch(self) -> int:
+        """The leader epoch this replica last promised a failover vote for (0: none)."""
+        return read_promise(self.log.fs, self.path)
 
     @property
     def busy(self) -> bool:

@@ -192,11 +192,14 @@ class ReplicaSigner:
     fsyncs, run it in a worker thread, one proposal per archive at a time).
 
     `archive(key)`: this broker's copy of archive `key` (its mirror's FollowerLog), or
-    None; `leader(key)`: the broker id placed as the leader of that archive, or None."""
+    None; `leader(key)`: the broker id placed as the leader of that archive, or None;
+    `epoch(key)`: the leader epoch its placement records (None: a signer that does not
+    know the placement, in tests of signing alone)."""
 
     keypair: KeyPair
     archive: Callable[[bytes], FollowerLog | None]
     leader: Callable[[bytes], int | None]
+    epoch: Callable[[bytes], int] | None = None
     max_bytes: int = MAX_PROPOSAL_BYTES
     max_message_bytes: Callable[[bytes], int] = field(
         default=lambda _key: DEFAULT_MAX_MESSAGE_BYTES
@@ -226,6 +229,17 @@ class ReplicaSigner:
             return refuse("this broker is not one of the archive's signers")
         if self.leader(p.archive) != sender:
             return refuse(f"broker {sender} is not the placed leader of this archive")
+        if self.epoch is not None:
+            # A vote for epoch E is under way (this replica promised it, no leader of E is
+            # recorded yet): no head is signed, on any fork, until one is. The promise
+            # alone refuses forks older than E; but the placed leader may move to a fork
+            # of E or newer by itself (its restart cut an unsigned tail), and heads it got
+            # signed on fork E could disagree with those of the leader the vote elects
+            # in E: two quorum-signed histories in one fork.
+            promised, placed = lg.promised_epoch(), self.epoch(p.archive)
+            if promised > placed:
+                return refuse(f"a vote for leader epoch {promised} is under way "
+                              f"(the placement records epoch {placed})")  # fmt: skip
         if not lg.log.replica:
             # This broker writes it (a failover elected it) while the placement names
             # another leader already: a later failover deposed it (paused past the

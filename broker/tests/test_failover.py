@@ -436,3 +436,29 @@ async def test_a_deposed_leader_not_stepped_down_yet_refuses_proposals(s: Setup)
     assert a.signature == b"" and "has not stepped down" in a.reason
     assert s.replicas[2].length == 1  # nothing taken
     lg2.discard()  # (its close would commit, and only a quorum signs it)
+
+
+async def test_a_replica_signs_nothing_while_a_vote_it_promised_is_under_way(s: Setup) -> None:
+    """Replica 3 promised epoch 1 to a vote whose leader is not recorded yet; the placed
+    leader (1, the writer) moved to fork 1 by itself meanwhile (a restart cut an unsigned
+    tail, PartitionLog.next_fork). Its proposals on fork 1 are refused until a leader of
+    epoch 1 is recorded: signed, they could make a quorum-signed history of fork 1 that
+    disagrees with the one of the leader the vote elects in epoch 1. (The promise alone
+    only refuses forks older than 1.)"""
+    from broker.cluster.signing import Proposal, ReplicaSigner
+    from broker.tests.test_quorum_signing import KPS
+
+    await s.produce(b"a")
+    await trio.to_thread.run_sync(s.replicas[3].vote, 1)
+    recorded = [0]
+    signer3 = ReplicaSigner(KPS[2], lambda k: s.replicas[3] if k == s.manifest.hash() else None,
+                            lambda _k: 1, lambda _k: recorded[0])  # fmt: skip
+    block = bytes(build_batch([b"b"], timestamp_ms=1_700_000_000_001, base_offset=1))
+    p = Proposal(s.manifest.hash(), 1, 2, bytes(32), 1, (block,))
+    a = signer3.handle(1, p)
+    assert a.signature == b"" and "a vote for leader epoch 1 is under way" in a.reason
+    assert s.replicas[3].length == 1  # nothing taken
+    # recorded: the gate opens (this proposal's tree is made up, so it is refused for that)
+    recorded[0] = 1
+    a = signer3.handle(1, p)
+    assert a.signature == b"" and "under way" not in a.reason and "tree" in a.reason
