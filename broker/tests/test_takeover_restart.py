@@ -15,44 +15,30 @@ from broker import node as node_module
 from broker.cluster.etcd import Etcd
 from broker.cluster.failover import restarted
 from broker.cluster.membership import Member, Membership, Placement
-from broker.tests.test_cluster import _controller, _create, _free_ports, _metadata, _serve, _until
+from broker.tests import quorum_fixtures
+from broker.tests.test_cluster import _metadata, _until
 from broker.tests.test_takeover import ON, _produce, _values
 from compat_tests.etcd import EtcdServer
 
 SESSION_MS = 2000
 
 
-class Brokers:
-    """Brokers 1..3 in this process, each stopped (cancelled) and started again on its
-    data dir and ports."""
+class Brokers(quorum_fixtures.Brokers):
+    """Brokers 1..3 in this process with quorum-signed partitions, each crashed
+    (cancelled) and started again on its data dir and ports; `clients` holds the client
+    of each one's latest start."""
 
     def __init__(self, nursery: trio.Nursery, tmp_path: Path, endpoint: str,
                  session_ms: int = SESSION_MS) -> None:  # fmt: skip
-        self.nursery, self.tmp_path, self.endpoint = nursery, tmp_path, endpoint
-        self.session_ms = session_ms
-        self.ports = _free_ports(3)
-        self.scopes: dict[int, trio.CancelScope] = {}
+        super().__init__(nursery, tmp_path, endpoint, session_ms=session_ms, **ON)
         self.clients: dict[int, Any] = {}
 
     async def start(self, i: int) -> Any:
-        scope = trio.CancelScope()
-        self.scopes[i] = scope
-        client: list[Any] = []
-
-        async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                async with trio.open_nursery() as inner:
-                    client.append(await _serve(inner, self.tmp_path, i, self.ports, self.endpoint,
-                                               session_ms=self.session_ms, **ON))  # fmt: skip
-                    task_status.started()
-                    await trio.sleep_forever()
-
-        await self.nursery.start(serve)
-        self.clients[i] = client[0]
-        return client[0]
+        self.clients[i] = client = await super().start(i)
+        return client
 
     def crash(self, i: int) -> None:
-        self.scopes[i].cancel()
+        self.stop(i)
 
     async def leader(self, via: int, topic: str = "q") -> tuple[int, int]:
         p = (await _metadata(self.clients[via], topic)).topics[0].partitions[0]
@@ -73,23 +59,8 @@ def crash_keeps_lease(monkeypatch: pytest.MonkeyPatch) -> None:
 async def _cluster_with_q(b: Brokers) -> None:
     """Brokers 1, 2, 3 up, broker 1 controller, topic q (replicas 1, 2, 3) written by 1
     with v0."""
-    c1 = await b.start(1)
-
-    async def elected() -> bool:
-        return await _controller(c1) == 1
-
-    await _until(elected)
-    await b.start(2)
-    await b.start(3)
-
-    async def three() -> bool:
-        return len((await _metadata(c1, "x")).brokers) == 3
-
-    await _until(three)
-    r = await _create(c1, [{"name": "q", "num_partitions": -1, "replication_factor": -1,
-                            "assignments": [{"partition_index": 0, "broker_ids": [1, 2, 3]}],
-                            "configs": []}])  # fmt: skip
-    assert r.topics[0].error_code == 0
+    c1 = (await quorum_fixtures.three_brokers(b))[1]
+    await quorum_fixtures.create_q(c1)
 
     async def first() -> bool:
         return (await _produce(c1, b"v0", 0))[0] == 0
