@@ -503,12 +503,7 @@ class QuorumRole:
             )
             while True:
                 for name, index, lg, own in topics():
-                    if (
-                        own
-                        and lg.quorum_sign is None
-                        and not lg.replica
-                        and is_quorum_signed(lg.manifest, lg.public_key)
-                    ):
+                    if own and _needs_signer(lg):
                         self._lead(name, index, lg, token)
                 await trio.sleep(SCAN_S)
 
@@ -522,11 +517,7 @@ class QuorumRole:
             return
         token = trio.lowlevel.current_trio_token()
         for index, lg in logs:
-            if (
-                lg.quorum_sign is None
-                and not lg.replica
-                and is_quorum_signed(lg.manifest, lg.public_key)
-            ):
+            if _needs_signer(lg):
                 self._lead(name, index, lg, token)
 
     def lead(self, name: str, index: int, lg: PartitionLog) -> None:
@@ -562,6 +553,12 @@ class QuorumRole:
 
         lg.quorum_sign = quorum_sign
         log.info("partition %s-%d is signed by a quorum of %s", name, index, replicas)
+
+
+def _needs_signer(lg: PartitionLog) -> bool:
+    """A quorum-signed partition written here (not a replica's copy) with no quorum
+    signer set up yet."""
+    return lg.quorum_sign is None and not lg.replica and is_quorum_signed(lg.manifest, lg.public_key)
 
 
 def quorum_role(node: Node, cluster: Cluster) -> QuorumRole:
