@@ -553,6 +553,14 @@ class Node:
         topic.compression, topic.compression_level = topic_compression(lambda name: eff(overrides, name))
         topic.compaction = compaction_policy(lambda name: eff(overrides, name))
 
+    def _reconfigure(self, topic: Topic) -> None:
+        """The topic's configs in effect changed: apply them to its produce path and to
+        its partitions' logs."""
+        self._apply_configs(topic)
+        log_config = self.config.log_config(topic.configs)
+        for p in topic.partitions:
+            p.log.set_config(log_config)
+
     def attach_mirrored(self, record: TopicRecord, logs: list[PartitionLog],
                         leader_id: int | None = None) -> Topic:
         """Serve a topic another node writes from this node's verified copies (`logs`,
@@ -570,10 +578,7 @@ class Node:
         (`more`, follower archives of the partitions past the ones served)."""
         topic = self.topics[record.name]
         topic.record = record
-        self._apply_configs(topic)
-        log_config = self.config.log_config(topic.configs)
-        for p in topic.partitions:
-            p.log.set_config(log_config)
+        self._reconfigure(topic)
         for lg in more:
             topic.partitions.append(Partition(topic, len(topic.partitions), lg))
         self.notify_data()
@@ -730,10 +735,7 @@ class Node:
             topic.record = self.store.set_topic_configs(topic.name, overrides)
         except (StorageError, OSError) as exc:
             raise TopicError(KAFKA_STORAGE_ERROR, f"Cannot record configs of '{topic.name}': {exc}") from None
-        self._apply_configs(topic)
-        log_config = self.config.log_config(topic.configs)
-        for p in topic.partitions:
-            p.log.set_config(log_config)
+        self._reconfigure(topic)
 
     def set_placed_configs(self, topic: Topic, overrides: Mapping[str, str]) -> None:
         """A quorum-signed topic's configs as its etcd record holds them (validated by the
@@ -741,10 +743,7 @@ class Node:
         the catalog's (broker/placed_topics.py)."""
         before = dict(topic.configs)
         topic.placed_configs = dict(overrides)
-        self._apply_configs(topic)
-        log_config = self.config.log_config(topic.configs)
-        for p in topic.partitions:
-            p.log.set_config(log_config)
+        self._reconfigure(topic)
         if before != topic.placed_configs:
             log.info("topic %s: configs now %s (its etcd record)", topic.name, topic.placed_configs)
 
