@@ -26,6 +26,7 @@ from functools import partial
 import trio
 
 from broker.cluster import Cluster, ClusterView, NullCluster
+from broker.cluster.liveness import watch_peers
 from broker.config import BrokerConfig
 from broker.groups.coordinator import GroupCoordinator
 from broker.mirror import run_replication
@@ -76,6 +77,8 @@ async def run_node(
     async with trio.open_nursery() as nursery:
         if isinstance(node.cluster, Cluster):  # registered in etcd before anything else
             await nursery.start(node.cluster.membership.run)
+            if node.config.death_evidence:
+                nursery.start_soon(watch_peers, node.cluster.membership)
             nursery.start_soon(follow_placements, node, node.cluster)
             nursery.start_soon(follow_records, node, node.cluster)  # quorum-signed topics
         nursery.start_soon(node.commit_loop)

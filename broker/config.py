@@ -237,6 +237,11 @@ class BrokerConfig:
     # Kafka's broker.session.timeout.ms: the TTL of each broker's etcd lease; a broker
     # whose lease expires is dead (its partitions' reads move to a live mirror).
     session_timeout_ms: int = 9_000
+    # hyperkafka.cluster.death.evidence.enable: a peer whose Kafka listener refuses
+    # connections, after it answered in its current session, is dead (its process is
+    # gone): its lease is revoked at once instead of expiring a session timeout later
+    # (broker/cluster/liveness.py). False: only the lease decides.
+    death_evidence: bool = True
     # KIP-392's replica.selector.class: rack-aware by default in a cluster (mirrors are
     # there to serve reads), Kafka's LeaderSelector to keep every fetch on the leader.
     replica_selector: str = RACK_AWARE_SELECTOR
@@ -339,6 +344,9 @@ class BrokerConfig:
                            "A follower not holding what the leader signed this long ago leaves the ISR."))
             values.append(("broker.session.timeout.ms", str(self.session_timeout_ms), ConfigType.INT,
                            "A broker not heard from this long is dead: it leaves Metadata and every ISR."))
+            values.append(("hyperkafka.cluster.death.evidence.enable", str(self.death_evidence).lower(),
+                           ConfigType.BOOLEAN, "A broker whose listener refuses connections is dead at once "
+                           "(its lease is revoked), not a session timeout later."))
             values.append(("replica.selector.class", self.replica_selector, ConfigType.CLASS,
                            "How the leader picks a replica for a consumer to fetch from (KIP-392)."))
             values.append(("hyperkafka.quorum.partitions.enable", str(self.quorum_partitions).lower(),
@@ -506,6 +514,8 @@ def apply_properties(config: BrokerConfig, props: Mapping[str, str]) -> BrokerCo
                     raise ConfigError("replica.lag.time.max.ms must be positive")
             elif key == "hyperkafka.quorum.partitions.enable":
                 changes["quorum_partitions"] = _BOOL[value.lower()]
+            elif key == "hyperkafka.cluster.death.evidence.enable":
+                changes["death_evidence"] = _BOOL[value.lower()]
             elif key == "hyperkafka.quorum.unsigned.max.bytes":
                 changes["quorum_unsigned_max_bytes"] = _at_least(key, value, 1)
             elif key == "broker.session.timeout.ms":

@@ -68,6 +68,7 @@ from typing import Any
 import trio
 
 from broker.cluster import Cluster, PeerCopy, signed_blocks
+from broker.cluster.liveness import open_peer_stream
 from broker.cluster.membership import Member
 from broker.cluster.replicas import COPIED_TOPICS
 from broker.config import ClusterBroker, ConfigError, parse_host_port
@@ -155,7 +156,7 @@ async def kafka_request(host: str, port: int, api_key: int, version: int, schema
     req = shape(getattr(module, name), body)
     header = RequestHeader(api_key, version, REQUEST_CORRELATION_ID, BROKER_CLIENT_ID)
     with trio.fail_after(CONNECT_TIMEOUT_S):
-        stream = await _open_tcp(host, port)
+        stream = await open_peer_stream(host, port)
         try:
             await stream.send_all(encode_request(header, req))
             buf = bytearray()
@@ -177,23 +178,6 @@ async def kafka_request(host: str, port: int, api_key: int, version: int, schema
     if correlation_id != REQUEST_CORRELATION_ID:
         raise DiscoveryError(f"{host}:{port} answered correlation id {correlation_id}, not {REQUEST_CORRELATION_ID}")
     return resp
-
-
-async def _open_tcp(host: str, port: int) -> trio.SocketStream:
-    """A TCP connection to a peer, never one to itself: probing a dead peer's port on this
-    host, the kernel may pick that very port as the source port, and TCP then connects
-    the socket to itself (our request would come back as the answer, our Noise handshake
-    would meet itself). Refused, as the dead port would have been."""
-    stream = await trio.open_tcp_stream(host, port)
-    sock = stream.socket
-    try:
-        looped = sock.getsockname() == sock.getpeername()
-    except OSError:
-        looped = False
-    if looped:
-        await trio.aclose_forcefully(stream)
-        raise ConnectionRefusedError(f"{host}:{port} is not listening (the connection reached itself)")
-    return stream
 
 
 async def discover_configs(host: str, port: int) -> dict[str, str]:
@@ -408,7 +392,7 @@ async def _drive(link: ConnectionDriver, ch: ReplicationChannel, *,
 async def _connect(address: str) -> trio.SocketStream:
     host, port = parse_host_port(address)
     with trio.fail_after(CONNECT_TIMEOUT_S):
-        stream = await _open_tcp(host, port)
+        stream = await open_peer_stream(host, port)
     # A live connection may rightly see nothing for hours (an idle writer), so no read
     # timeout; TCP keepalive finds a writer whose host vanished (~25 s on Linux).
     sock = stream.socket
