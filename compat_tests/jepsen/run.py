@@ -244,6 +244,9 @@ def _past_session(c: JepsenCluster, hold: float) -> float:
     return max(hold, c.session_ms / 1000 + 3)
 
 
+KILL_LEADER = "kill -9"  # how fault_kill_leader's faults are named
+
+
 def fault_kill_leader(c: JepsenCluster, hold: float) -> Step:
     victim, led = _leader(c)
 
@@ -252,7 +255,7 @@ def fault_kill_leader(c: JepsenCluster, hold: float) -> Step:
         c.wait_broker(victim, 60)
 
     return (
-        f"kill -9 {victim} (leader of {led})",
+        f"{KILL_LEADER} {victim} (leader of {led})",
         lambda: c.kill(victim),
         restart,
         _past_session(c, hold),
@@ -360,6 +363,7 @@ def run(
         "faults": [f.__dict__ for f in faults],
         "final": final,
         "failover_bound_s": session_ms / 1000 + FAILOVER_MARGIN_S,
+        "session_s": session_ms / 1000,
     }
     if quorum:
         # The brokers stopped (cluster.close): their data dirs are read as they left them.
@@ -432,10 +436,19 @@ def evaluate(workdir: Path) -> Report:
     }
     rows = checker.unavailability(faults, sends, commits, creates)
     if any(f.partitions is not None for f in faults):
-        bound = state["failover_bound_s"]
-        violations[f"producers write again within {bound:.0f} s of a leader fault"] = (
-            checker.failover_bound(rows, faults, bound)
-        )
+        # A killed leader's peers see its port refuse connections and revoke its lease
+        # (broker/cluster/liveness.py): the producers write again within the session
+        # timeout. A paused or cut off one is silence: the session timeout, then the margin.
+        bound, session = state["failover_bound_s"], state["session_s"]
+        killed = [f.name.startswith(KILL_LEADER) for f in faults]
+        for label, limit, which in (
+            (f"within the session timeout ({session:.0f} s) of a leader's kill -9", session, True),
+            (f"within {bound:.0f} s of a leader paused or cut off", bound, False),
+        ):
+            chosen = [(f, r) for f, r, k in zip(faults, rows, killed, strict=True) if k == which]
+            violations[f"producers write again {label}"] = checker.failover_bound(
+                [r for _, r in chosen], [f for f, _ in chosen], limit
+            )
     if "copies" in state:
         copies = state["copies"]
         violations["quorum-signed heads agree within a fork"] = checker.quorum_heads_agree(copies)
