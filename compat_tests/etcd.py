@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+
+from compat_tests.ports import free_port
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 START_TIMEOUT_S = 30.0
@@ -32,10 +33,6 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class EtcdServer:
@@ -71,8 +68,8 @@ class EtcdServer:
         self.binary = binary
         self.data_dir = Path(data_dir)
         self.host = host
-        self.client_port = client_port or _free_port(host)
-        self.peer_port = peer_port or _free_port(host)
+        self.client_port = client_port or free_port(host)
+        self.peer_port = peer_port or free_port(host)
         self.prefix = list(prefix)
         self.name = name
         self.members = dict(members) if members is not None else None

@@ -26,6 +26,9 @@ from pathlib import Path
 import pytest
 
 from compat_tests import broker_logs
+from compat_tests.ports import (
+    free_port as free_port,  # re-exported: the tests call harness.free_port
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPAT_DIR = ROOT / "compat_tests"
@@ -41,11 +44,6 @@ class BrokerError(Exception):
     """The broker under test did not start, did not answer, or did not stop cleanly."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def hyperkafka(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from compat_tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 JAVA_DIR = ROOT / "compat_tests" / "java"
 DEFAULT_LIB = ROOT / "compat_tests" / ".tools" / "java-lib"
@@ -197,11 +199,6 @@ def require_java(lib_dir: Path | None = None) -> Path:
     return lib
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------- the tools

@@ -4,7 +4,6 @@ wait, the read-replica choice, and the config that turns it on. Processes and re
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from broker.mirror import kafka_request
 from broker.server import run
 from broker.tests.conftest import RawClient
 from compat_tests.etcd import EtcdServer
+from compat_tests.ports import free_port
 from storage.batch import build_batch
 
 KEY = b"k" * 32
@@ -320,14 +320,7 @@ async def _controller(c: RawClient) -> int:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return [free_port() for _ in range(n)]
 
 
 async def test_controller_alone_answers_as_a_cluster(tmp_path: Path, etcd: EtcdServer) -> None:
