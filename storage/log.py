@@ -1266,7 +1266,11 @@ class PartitionLog:
             if self.damage is None and self._poisoned is None and self._job is None:
                 self._ensure_open()  # a parked log writes its clean head too
                 # a quorum-signed tail no quorum signed (nobody to ask at shutdown) stays
-                # durable past the clean head below; the next open cuts it
+                # durable past the clean head below; the next open cuts it. Its signer is
+                # not asked: it reaches the replicas through the event loop, which may be
+                # the very thread waiting for this close (Store.close from a broker's
+                # shutdown: asked, the close waited for ever).
+                self.quorum_sign = None
                 with contextlib.suppress(NotQuorumSigned):
                     self.commit(force_sync=True)
                 if self._head is not None:
