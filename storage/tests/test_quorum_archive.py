@@ -315,6 +315,32 @@ def test_a_quorum_signature_that_does_not_verify_is_never_stored(tmp_path: Path)
     st.close()
 
 
+def test_close_does_not_ask_the_quorum_signer(tmp_path: Path) -> None:
+    """At close nobody is asked to sign: the signer reaches the replicas through the
+    broker's event loop, which waits for the close (asked, a broker's shutdown hung for
+    ever). The unsigned tail stays on disk past the clean head; the next open cuts it."""
+    held: list[bytes] = []
+    st, lg, m = _quorum_log(tmp_path, None, held)
+    b = build_batch([b"a"], timestamp_ms=1)
+    lg.append(b)
+    held.append(bytes(b))
+    lg.commit()
+
+    asked: list[int] = []
+
+    def sign(th: bytes, n: int, f: int) -> bytes:
+        asked.append(n)
+        raise AssertionError("the signer was asked at close")
+
+    lg.quorum_sign = sign
+    lg.append(build_batch([b"b"], timestamp_ms=2))  # appended, not committed
+    st.close()
+    assert asked == []
+    st, lg, m = _quorum_log(tmp_path, m, held)
+    assert lg.head is not None and lg.head.length == 1 and lg.log_end_offset == 1
+    st.close()
+
+
 def test_a_replica_signs_only_the_blocks_it_holds(tmp_path: Path) -> None:
     """A replica (FollowerLog of the quorum archive) takes the leader's blocks before any
     head covers them, signs the proposed head over them, and the quorum head it helped
