@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from compat_tests.ports import free_port
-
 ROOT = Path(__file__).resolve().parent.parent
 JAVA_DIR = ROOT / "compat_tests" / "java"
 DEFAULT_LIB = ROOT / "compat_tests" / ".tools" / "java-lib"
@@ -511,10 +509,11 @@ class KafkaOracle:
         self.workdir = workdir
         self.node_id = node_id
         self.heap = heap
+        # (imported here: run as scripts/kafka-tools, this module has no package)
+        from compat_tests.ports import free_port
+
         self.port = free_port()
-        self.controller_port = free_port()
-        while self.controller_port == self.port:
-            self.controller_port = free_port()
+        self.controller_port = free_port()  # never the same: ports hands none out twice
         self.cluster_id = random_cluster_id()
         self.log_path = workdir / "kafka.log"
         self.properties_path = workdir / "server.properties"
