@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from broker.cluster.etcd import Etcd
-from broker.cluster.liveness import open_peer_stream, refused, watch_peers
+from broker.cluster.liveness import HELD_MIN_S, open_peer_stream, refused, watch_peers
 from broker.cluster.membership import Member, Membership
 from broker.config import BrokerConfig, apply_properties
 from compat_tests.etcd import EtcdServer
@@ -81,29 +81,37 @@ async def _cluster(etcd: EtcdServer, peer_port: int) -> AsyncIterator[tuple[Memb
         nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def _listening_peer(etcd: EtcdServer) -> AsyncIterator[tuple[Listener, Membership, Membership]]:
+    """A `Listener` as broker 2's Kafka port, and `_cluster` on it."""
+    async with trio.open_nursery() as outer:
+        listener = Listener()
+        await outer.start(listener.run)
+        async with _cluster(etcd, listener.port) as (me, peer):
+            yield listener, me, peer
+        outer.cancel_scope.cancel()
+
+
 async def _gone(me: Membership, node_id: int) -> None:
     while node_id in me.members:
         await me.changed.wait()
 
 
 async def test_a_killed_peer_loses_its_lease_at_once(etcd: EtcdServer) -> None:
-    async with trio.open_nursery() as outer:
-        listener = Listener()
-        await outer.start(listener.run)
-        async with _cluster(etcd, listener.port) as (me, peer):
-            lease = me.sessions[2]
-            await listener.wait_accepted(1)
-            started = trio.current_time()
-            listener.kill()
-            with trio.fail_after(5):  # the lease's TTL is 30 s
-                await _gone(me, 2)
-            assert trio.current_time() - started < 2
-            assert await Etcd([etcd.endpoint]).keepalive(lease) == 0  # revoked
-            # the peer (alive after all, in this test) registers again on a new lease
-            with trio.fail_after(TTL_S / 2):
-                while me.sessions.get(2, lease) == lease:
-                    await me.changed.wait()
-            assert peer.lease != lease
+    async with _listening_peer(etcd) as (listener, me, peer):
+        lease = me.sessions[2]
+        await listener.wait_accepted(1)
+        started = trio.current_time()
+        listener.kill()
+        with trio.fail_after(5):  # the lease's TTL is 30 s
+            await _gone(me, 2)
+        assert trio.current_time() - started < 2
+        assert await Etcd([etcd.endpoint]).keepalive(lease) == 0  # revoked
+        # the peer (alive after all, in this test) registers again on a new lease
+        with trio.fail_after(TTL_S / 2):
+            while me.sessions.get(2, lease) == lease:
+                await me.changed.wait()
+        assert peer.lease != lease
 
 
 async def test_a_peer_that_never_answered_is_not_thought_dead(etcd: EtcdServer) -> None:
@@ -122,24 +130,17 @@ async def test_a_peer_that_never_answered_is_not_thought_dead(etcd: EtcdServer) 
 
 
 async def test_a_connection_the_peer_closes_is_not_death(etcd: EtcdServer) -> None:
-    async with trio.open_nursery() as outer:
-        listener = Listener()
-        await outer.start(listener.run)
-        async with _cluster(etcd, listener.port) as (me, _):
-            lease = me.sessions[2]
-            with trio.fail_after(5):
-                for n in range(1, 4):
-                    await listener.wait_accepted(n)
-                    await trio.sleep(HELD_S)
-                    await listener.hang_up()  # the watcher connects again
-            assert me.sessions.get(2) == lease
-            listener.kill()  # and after all that, death still counts
-            with trio.fail_after(5):
-                await _gone(me, 2)
-        outer.cancel_scope.cancel()
-
-
-HELD_S = 1.1  # past liveness.HELD_MIN_S: reconnected at once, not after a backoff
+    async with _listening_peer(etcd) as (listener, me, _):
+        lease = me.sessions[2]
+        with trio.fail_after(5):
+            for n in range(1, 4):
+                await listener.wait_accepted(n)
+                await trio.sleep(HELD_MIN_S + 0.1)  # held long enough: reconnected at once
+                await listener.hang_up()  # the watcher connects again
+        assert me.sessions.get(2) == lease
+        listener.kill()  # and after all that, death still counts
+        with trio.fail_after(5):
+            await _gone(me, 2)
 
 
 def test_the_setting_is_on_by_default_and_can_be_turned_off() -> None:

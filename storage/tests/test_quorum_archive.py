@@ -297,13 +297,20 @@ def test_verify_command_checks_a_quorum_signed_topic(
     st.close()
 
 
-def test_a_quorum_signature_that_does_not_verify_is_never_stored(tmp_path: Path) -> None:
+def _one_signed(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """`_quorum_log` with one batch appended and quorum-signed: (store, log, manifest,
+    the batches its replicas hold)."""
     held: list[bytes] = []
     st, lg, m = _quorum_log(tmp_path, None, held)
     b = build_batch([b"a"], timestamp_ms=1)
     lg.append(b)
     held.append(bytes(b))
     lg.commit()
+    return st, lg, m, held
+
+
+def test_a_quorum_signature_that_does_not_verify_is_never_stored(tmp_path: Path) -> None:
+    st, lg, m, held = _one_signed(tmp_path)
     assert lg.head is not None and lg.head.length == 1
     lg.quorum_sign = lambda th, n, f: assemble([sign_partial(KPS[1], m, th, n, f)])  # one signer
     lg.append(build_batch([b"b"], timestamp_ms=2))
@@ -319,12 +326,7 @@ def test_close_does_not_ask_the_quorum_signer(tmp_path: Path) -> None:
     """At close nobody is asked to sign: the signer reaches the replicas through the
     broker's event loop, which waits for the close (asked, a broker's shutdown hung for
     ever). The unsigned tail stays on disk past the clean head; the next open cuts it."""
-    held: list[bytes] = []
-    st, lg, m = _quorum_log(tmp_path, None, held)
-    b = build_batch([b"a"], timestamp_ms=1)
-    lg.append(b)
-    held.append(bytes(b))
-    lg.commit()
+    st, lg, m, held = _one_signed(tmp_path)
 
     asked: list[int] = []
 
